@@ -1,0 +1,32 @@
+# Two commands: `make up` runs the product, `make test` runs the tests.
+# Both create .venv and install what they need on a fresh clone.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: up test test-slow bench venv clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+up: $(STAMP)
+	$(BIN)/shapewatch up
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+# Slow suites (SIGKILL crash test and friends): their own script, not the default run.
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow
+
+bench: $(STAMP)
+	$(BIN)/python bench/ingest.py
+
+clean:
+	rm -rf $(VENV) var .pytest_cache

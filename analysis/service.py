@@ -1,0 +1,82 @@
+"""The service process: the HTTP app (collector routes, /metrics), assembled here.
+
+``analysis`` is the highest backend layer, so this is where the routers that
+each package exposes are put together with the store, the writer and the
+metrics registry. The scheduler joins here when the analyzer lands.
+
+>>> app = create_app(settings)          # doctest: +SKIP
+>>> run(settings)                       # doctest: +SKIP  (uvicorn, blocks)
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import timedelta
+
+import uvicorn
+from fastapi import Depends, FastAPI
+from fastapi.responses import Response
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from collector import (CollectorApi, CollectorMetrics, RollupConfig, Settings, Store, Writer,
+                       install_error_handlers, limits_from_settings, require_token)
+
+__all__ = ["create_app", "open_store", "run"]
+
+log = logging.getLogger(__name__)
+
+
+def open_store(settings: Settings, *, read_only: bool = False) -> Store:
+    return Store.open(
+        settings.db_path, memory_limit=settings.memory_limit, threads=settings.duckdb_threads,
+        bucket_seconds=settings.bucket_seconds, read_only=read_only,
+        rollup=RollupConfig(enum_value_max_length=settings.enum_value_max_length,
+                            enum_values_per_path=settings.enum_values_per_path, max_depth=settings.max_depth))
+
+
+def create_app(settings: Settings, *, store: Store | None = None,
+               registry: CollectorRegistry | None = None) -> FastAPI:
+    """The service's ASGI app; opens the store now (so a locked file fails at start-up)."""
+    registry = registry or CollectorRegistry()
+    store = store or open_store(settings)
+    metrics = CollectorMetrics(registry)
+    writer = Writer(store, max_events=settings.batch_max_events, max_wait=settings.batch_max_wait_ms / 1000,
+                    max_queued=settings.writer_queue_events, on_batch=metrics.observe_batch)
+    api = CollectorApi(store, writer, metrics, limits_from_settings(settings),
+                       max_body_bytes=settings.max_body_bytes)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        writer.start()
+        purged = store.purge(raw_retention=timedelta(days=settings.raw_retention_days))
+        if purged:
+            log.info("purged %d raw events older than %s days", purged, settings.raw_retention_days)
+        try:
+            yield
+        finally:
+            writer.stop()
+            store.close()
+
+    app = FastAPI(title="shapewatch", version="0.1.0", lifespan=lifespan,
+                  description="Schema-drift monitor for language-model structured outputs.")
+    install_error_handlers(app)
+    app.include_router(api.router(settings.tokens))
+    app.include_router(api.health_router())
+
+    @app.get("/metrics", summary="Prometheus metrics", dependencies=[Depends(require_token(settings.tokens))])
+    async def metrics_endpoint() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    app.state.store = store
+    app.state.writer = writer
+    return app
+
+
+def run(settings: Settings) -> None:
+    """Serve until interrupted (SIGINT/SIGTERM commit what is queued, then exit)."""
+    app = create_app(settings)
+    log.info("shapewatch serving %s on http://%s:%d", settings.db_path, settings.host, settings.port)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning", access_log=False)

@@ -1,0 +1,432 @@
+"""The envelope: the one point where incoming events are validated.
+
+Every path into shapewatch (HTTP body, NDJSON line, JSONL file, provider
+adapter) ends here. Parsing is orjson's (fast, refuses NaN, Infinity and
+invalid UTF-8); the two things orjson lets through silently, duplicate keys
+and integers too large for 64 bits (it turns them into floats), are caught by
+a cheap test on the raw text and, only when that test is not conclusive, by
+an exact re-parse that marks them so the walk can name the field.
+
+>>> env = parse_envelope(b'{"model": "m", "prompt_version": "p", "output": {"a": 1}}', LIMITS)
+>>> env.contract, env.output_json
+('default', '{"a":1}')
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, NamedTuple
+
+import orjson
+
+from . import _speedups
+from .errors import EnvelopeInvalid, FieldError
+from .settings import Settings
+
+__all__ = [
+    "Envelope",
+    "Limits",
+    "LIMITS",
+    "SOURCES",
+    "parse_envelope",
+    "parse_body",
+    "validate_envelope",
+    "limits_from_settings",
+]
+
+SOURCES = frozenset({"production", "probe", "shadow"})
+_TAGS = ("served_model", "contract_version", "run_id", "agent_release", "finish_reason")
+_KNOWN = frozenset(
+    {"event_id", "ts", "model", "prompt_version", "contract", "output", "source", "attributes", *_TAGS})
+_MAX_SAFE_INT = 2**64  # orjson parses up to u64; beyond that it silently yields a float
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds an envelope must respect; built from Settings (see ``limits_from_settings``)."""
+
+    max_event_bytes: int = 1024 * 1024
+    max_depth: int = 32
+    max_array_length: int = 10_000
+    max_key_length: int = 256
+    max_leaves: int = 10_000
+    max_attributes: int = 32
+    max_tag_length: int = 256
+
+
+LIMITS = Limits()
+
+
+def limits_from_settings(s: Settings) -> Limits:
+    return Limits(
+        max_event_bytes=s.max_event_bytes, max_depth=s.max_depth,
+        max_array_length=s.max_array_length, max_key_length=s.max_key_length,
+        max_leaves=s.max_leaves, max_attributes=s.max_attributes, max_tag_length=s.max_tag_length)
+
+
+class Envelope(NamedTuple):
+    """A validated event, ready for the store. ``output_json`` is the output's JSON text.
+
+    A NamedTuple rather than a frozen dataclass: bulk import builds a million of
+    these, and a frozen dataclass's ``__init__`` costs more than the parse.
+    """
+
+    event_id: str
+    generated_id: bool
+    ts: datetime
+    model: str
+    prompt_version: str
+    contract: str
+    output_json: str
+    payload_hash: str
+    served_model: str | None = None
+    contract_version: str | None = None
+    source: str | None = None
+    run_id: str | None = None
+    agent_release: str | None = None
+    finish_reason: str | None = None
+    attributes_json: str | None = None
+
+
+# --- exact re-parse markers -------------------------------------------------------------
+
+
+class _DupKeys(dict[str, Any]):
+    """A JSON object that had a key twice (only built by the exact re-parse)."""
+
+    dup: str = ""
+
+
+class _BigInt:
+    """An integer literal too large to keep exactly (only built by the exact re-parse)."""
+
+    def __init__(self, text: str) -> None:
+        self.digits = len(text.lstrip("-"))
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    d = dict(pairs)
+    if len(d) == len(pairs):
+        return d
+    marked = _DupKeys(d)
+    seen: set[str] = set()
+    for k, _ in pairs:
+        if k in seen:
+            marked.dup = k
+            break
+        seen.add(k)
+    return marked
+
+
+def _int(text: str) -> int | _BigInt:
+    v = int(text)
+    return _BigInt(text) if not -(2**63) <= v < _MAX_SAFE_INT else v
+
+
+def _exact_loads(raw: bytes) -> Any:
+    return json.loads(raw, object_pairs_hook=_pairs, parse_int=_int)
+
+
+def _may_hide_something(raw: bytes, keys: int, huge_float: bool) -> bool:
+    """Cheap test: could orjson have merged duplicate keys or rounded a huge integer?
+
+    When no quote is escaped and no key has blanks before its colon, every key
+    is written exactly as ``":`` and nothing else in the text is, so counting
+    that pair against the keys orjson kept is exact.
+    """
+    return huge_float or _speedups.count_keys(raw) != keys
+
+
+# --- the walk over an output --------------------------------------------------------------
+
+
+class _Bad(Exception):
+    def __init__(self, code: str, reason: str, parts: list[str] | None = None) -> None:
+        self.code = code
+        self.reason = reason
+        self.parts = parts or []
+
+
+class _Walk:
+    """Counts keys and leaves and enforces limits; names the field on failure."""
+
+    __slots__ = ("lim", "keys", "leaves", "huge_float")
+
+    def __init__(self, lim: Limits) -> None:
+        self.lim = lim
+        self.keys = 0
+        self.leaves = 0
+        self.huge_float = False
+
+    def value(self, v: Any, depth: int) -> None:
+        # Hot path: scalars are counted inline, only containers recurse.
+        t = type(v)
+        lim = self.lim
+        if depth > lim.max_depth:
+            raise _Bad("too_deep", f"nested deeper than {lim.max_depth} levels")
+        if t is dict:
+            self.keys += len(v)
+            maxk = lim.max_key_length
+            items: Any = v.items()
+        elif t is list:
+            if len(v) > lim.max_array_length:
+                raise _Bad("too_large", f"array has {len(v)} items; the limit is {lim.max_array_length}")
+            maxk = -1
+            items = enumerate(v)
+        elif t is _DupKeys:
+            raise _Bad("duplicate_key", "duplicate key", [_key(v.dup)])
+        else:
+            raise _Bad("number_too_large", f"integer with {v.digits} digits is too large to keep exactly (64-bit limit)")
+        leaves = 0
+        for k, x in items:
+            if maxk >= 0 and len(k) > maxk:
+                raise _Bad("too_large", f"key is {len(k)} characters long; the limit is {maxk}", [_key(k[:40] + "...")])
+            tx = type(x)
+            if tx is dict or tx is list or tx is _DupKeys or tx is _BigInt:
+                try:
+                    self.value(x, depth + 1)
+                except _Bad as e:
+                    e.parts.append(_key(k) if maxk >= 0 else f"[{k}]")
+                    raise
+            else:
+                leaves += 1
+                if tx is float and (x >= 9.2e18 or x <= -9.2e18):
+                    self.huge_float = True
+        self.leaves += leaves
+        if self.leaves > lim.max_leaves:
+            raise _Bad("too_large", f"has more than {lim.max_leaves} leaf values")
+
+
+def _key(k: str) -> str:
+    return "." + k
+
+
+def _field_path(base: str, parts: list[str]) -> str:
+    return base + "".join(reversed(parts))
+
+
+# --- envelope validation --------------------------------------------------------------------
+
+
+def _tag(obj: dict[str, Any], name: str, errors: list[FieldError], lim: Limits, required: bool) -> str | None:
+    v = obj.get(name)
+    if type(v) is str and 0 < len(v) <= lim.max_tag_length and "\x00" not in v and not v.isspace():
+        return v  # the common case, checked in one line
+    if v is None:
+        if required:
+            errors.append(FieldError(name, "is required" if name not in obj else "must not be null", code="missing"))
+        return None
+    if type(v) is not str:
+        errors.append(FieldError(name, f"must be a string, got {_jtype(v)}", code="wrong_type"))
+    elif not v.strip():
+        errors.append(FieldError(name, "must not be empty", code="invalid_value"))
+    elif len(v) > lim.max_tag_length:
+        errors.append(FieldError(name, f"is {len(v)} characters long; the limit is {lim.max_tag_length}", code="too_large"))
+    else:
+        errors.append(FieldError(name, "must not contain NUL characters", code="invalid_value"))
+    return None
+
+
+def _jtype(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, int):
+        return "integer"
+    if isinstance(v, float):
+        return "number"
+    if isinstance(v, str):
+        return "string"
+    if isinstance(v, list):
+        return "array"
+    return "object"
+
+
+def _parse_ts(v: Any, errors: list[FieldError], now: datetime) -> datetime:
+    if v is None:
+        return now
+    if type(v) is not str:
+        errors.append(FieldError("ts", f"must be an ISO 8601 string with a zone, got {_jtype(v)}", code="invalid_timestamp"))
+        return now
+    try:
+        ts = datetime.fromisoformat(v)
+    except ValueError:
+        errors.append(FieldError("ts", f"{v[:40]!r} is not an ISO 8601 timestamp", code="invalid_timestamp"))
+        return now
+    if ts.tzinfo is None:
+        errors.append(FieldError("ts", f"{v[:40]!r} has no time zone; add 'Z' or an offset like +00:00", code="invalid_timestamp"))
+        return now
+    return ts.astimezone(UTC)
+
+
+def validate_envelope(
+    obj: Any, lim: Limits, *, keys_seen: list[int] | None = None, now: datetime | None = None,
+    default_id: str | None = None,
+) -> Envelope:
+    """Check one parsed envelope; raise EnvelopeInvalid naming every failing field.
+
+    ``keys_seen`` (a one-item counter) accumulates the keys of the document so
+    the caller can run the duplicate-key test over a whole body at once.
+    """
+    now = now or datetime.now(UTC)
+    if type(obj) is _DupKeys:
+        raise EnvelopeInvalid([FieldError(obj.dup, "duplicate key", code="duplicate_key")])
+    if type(obj) is not dict:
+        raise EnvelopeInvalid([FieldError("", f"an envelope must be a JSON object, got {_jtype(obj)}", code="wrong_type")])
+    errors: list[FieldError] = []
+    for k in () if _KNOWN.issuperset(obj) else obj:
+        if k not in _KNOWN:
+            errors.append(FieldError(k[:80], "unknown envelope field; known fields: " + ", ".join(sorted(_KNOWN)), code="unknown_field"))
+    model = _tag(obj, "model", errors, lim, True)
+    prompt_version = _tag(obj, "prompt_version", errors, lim, True)
+    contract = _tag(obj, "contract", errors, lim, False) or "default"
+    tags = {n: _tag(obj, n, errors, lim, False) for n in _TAGS}
+    source = _tag(obj, "source", errors, lim, False)
+    if source is not None and source not in SOURCES:
+        errors.append(FieldError("source", f"{source[:40]!r} is not one of {', '.join(sorted(SOURCES))}", code="invalid_value"))
+    event_id = obj.get("event_id")
+    generated = event_id is None
+    if generated:
+        # Without a client key a retry cannot be recognised: the server makes one up.
+        event_id = default_id or uuid.uuid4().hex
+    elif type(event_id) is not str or not event_id.strip():
+        errors.append(FieldError("event_id", "must be a non-empty string", code="invalid_value"))
+    elif len(event_id) > 128:
+        errors.append(FieldError("event_id", f"is {len(event_id)} characters long; the limit is 128", code="too_large"))
+    ts = _parse_ts(obj.get("ts"), errors, now)
+    attrs = obj.get("attributes")
+    attributes_json = None
+    if attrs is not None:
+        if type(attrs) is _DupKeys:
+            errors.append(FieldError("attributes." + attrs.dup, "duplicate key", code="duplicate_key"))
+        elif type(attrs) is not dict:
+            errors.append(FieldError("attributes", f"must be an object of strings, got {_jtype(attrs)}", code="wrong_type"))
+        elif len(attrs) > lim.max_attributes:
+            errors.append(FieldError("attributes", f"has {len(attrs)} entries; the limit is {lim.max_attributes}", code="too_large"))
+        else:
+            for k, v in attrs.items():
+                if type(v) is not str:
+                    errors.append(FieldError(f"attributes.{k[:64]}", f"must be a string, got {_jtype(v)}", code="wrong_type"))
+                elif len(v) > lim.max_tag_length or len(k) > 64:
+                    errors.append(FieldError(f"attributes.{k[:64]}", "key over 64 or value over "
+                                             f"{lim.max_tag_length} characters", code="too_large"))
+            attributes_json = orjson.dumps(attrs, option=orjson.OPT_SORT_KEYS).decode()
+    if "output" not in obj:
+        errors.append(FieldError("output", "is required", code="missing"))
+    output = obj.get("output")
+    walk = _Walk(lim)
+    if "output" in obj:
+        if type(output) is _DupKeys:
+            errors.append(FieldError("output." + output.dup, "duplicate key", code="duplicate_key"))
+        elif type(output) is not dict:
+            errors.append(FieldError("output", f"must be a JSON object, got {_jtype(output)}", code="wrong_type"))
+        else:
+            fast = _speedups.walk(output, lim.max_depth, lim.max_array_length, lim.max_key_length,
+                                  lim.max_leaves)
+            if fast is not None:
+                walk.keys, walk.leaves, walk.huge_float = fast[0], fast[1], bool(fast[2])
+            else:  # something is off: the Python walk names it
+                try:
+                    walk.value(output, 1)
+                except _Bad as bad:
+                    errors.append(FieldError(_field_path("output", bad.parts), bad.reason, bad.code))
+    if keys_seen is not None:
+        keys_seen[0] += len(obj) + walk.keys + (len(attrs) if type(attrs) is dict else 0)
+        if walk.huge_float:
+            keys_seen[1] = 1
+    if errors:
+        raise EnvelopeInvalid(errors)
+    assert isinstance(event_id, str) and model and prompt_version
+    output_bytes = orjson.dumps(output)
+    # The payload hash tells a retry (same payload) from a reused key (different payload).
+    # It covers what the client sent, formatting aside; a defaulted ts is not part of it.
+    ts_given = obj.get("ts")
+    h = hashlib.blake2b(output_bytes, digest_size=16)
+    h.update("\x1f".join([model, prompt_version, contract, ts_given or "", source or "",
+                           attributes_json or "", *[t or "" for t in tags.values()]]).encode())
+    return Envelope(
+        event_id=event_id, generated_id=generated, ts=ts, model=model, prompt_version=prompt_version,
+        contract=contract, output_json=output_bytes.decode(), payload_hash=h.hexdigest(),
+        source=source, attributes_json=attributes_json, **tags)
+
+
+def _loads(raw: bytes, path: str) -> Any:
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        msg = str(exc)
+        if "recursion" in msg:
+            msg = "nested too deeply to parse"
+        raise EnvelopeInvalid([FieldError(path, f"not valid JSON: {msg}", code="invalid_json")], status=400) from None
+
+
+def parse_envelope(raw: bytes, lim: Limits, *, now: datetime | None = None,
+                   default_id: str | None = None) -> Envelope:
+    """Parse and validate one envelope given as JSON text (a JSONL line, an HTTP body)."""
+    if len(raw) > lim.max_event_bytes:
+        raise EnvelopeInvalid([FieldError("", f"envelope is {len(raw)} bytes; the limit is {lim.max_event_bytes}", code="too_large")],
+                              status=413)
+    obj = _loads(raw, "")
+    counter = [0, 0]
+    try:
+        env = validate_envelope(obj, lim, keys_seen=counter, now=now, default_id=default_id)
+    except EnvelopeInvalid:
+        if counter[0] and _may_hide_something(raw, counter[0], bool(counter[1])):
+            validate_envelope(_exact_loads(raw), lim, now=now)  # names a hidden fault, if any
+        raise
+    if _may_hide_something(raw, counter[0], bool(counter[1])):
+        return validate_envelope(_exact_loads(raw), lim, now=now, default_id=default_id)
+    return env
+
+
+def parse_body(raw: bytes, lim: Limits, *, ndjson: bool, now: datetime | None = None
+               ) -> Iterator[Envelope | EnvelopeInvalid]:
+    """Split an HTTP body into validated envelopes or the error of each item, in order.
+
+    A body is one envelope, a JSON array of envelopes, or NDJSON (one per line).
+    A body that is not JSON at all raises EnvelopeInvalid (status 400).
+    """
+    now = now or datetime.now(UTC)
+    if ndjson:
+        for n, line in enumerate(raw.split(b"\n")):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                yield parse_envelope(line, lim, now=now)
+            except EnvelopeInvalid as exc:
+                yield _prefix(exc, f"line {n + 1}")
+        return
+    stripped = raw.lstrip()
+    if not stripped.startswith(b"["):
+        yield parse_envelope(raw, lim, now=now)
+        return
+    items = _loads(raw, "body")
+    assert isinstance(items, list)
+    counter = [0, 0]
+    results: list[Envelope | EnvelopeInvalid] = []
+    for obj in items:
+        try:
+            results.append(validate_envelope(obj, lim, keys_seen=counter, now=now))
+        except EnvelopeInvalid as exc:
+            results.append(exc)
+    if _may_hide_something(raw, counter[0], bool(counter[1])):
+        exact = _exact_loads(raw)
+        for i, obj in enumerate(exact):
+            if not isinstance(results[i], EnvelopeInvalid):
+                try:
+                    validate_envelope(obj, lim, now=now)
+                except EnvelopeInvalid as exc:
+                    results[i] = exc
+    yield from results
+
+
+def _prefix(exc: EnvelopeInvalid, where: str) -> EnvelopeInvalid:
+    fields = [FieldError(f.path, f"{where}: {f.reason}", f.code) for f in exc.fields]
+    return EnvelopeInvalid(fields, status=exc.status)

@@ -1,0 +1,100 @@
+"""Errors of the collector, and the base error every shapewatch package subclasses.
+
+Messages are built in ``__init__`` so that every raise site says the same thing
+the same way; the HTTP layer and the CLI translate these into their own shapes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = [
+    "FieldError",
+    "ShapewatchError",
+    "EnvelopeInvalid",
+    "StoreError",
+    "StoreLocked",
+    "StoreVersionTooNew",
+    "StoreUnavailable",
+    "SettingsInvalid",
+]
+
+
+class ShapewatchError(Exception):
+    """Base of every error shapewatch raises on purpose."""
+
+
+@dataclass(frozen=True)
+class FieldError:
+    """One reason an input was refused: where (a field path) and why."""
+
+    path: str
+    reason: str
+    #: a short stable name for the kind of reason, from a closed set (metrics and
+    #: summaries group by it): missing, wrong_type, invalid_value, invalid_json,
+    #: invalid_timestamp, too_large, too_deep, duplicate_key, number_too_large,
+    #: unknown_field, conflict, body_too_large
+    code: str = "invalid_value"
+
+    def as_dict(self) -> dict[str, str]:
+        return {"path": self.path, "reason": self.reason}
+
+
+class EnvelopeInvalid(ShapewatchError, ValueError):
+    """An envelope (or a whole body) was refused; ``fields`` names each failing field."""
+
+    def __init__(self, fields: list[FieldError], *, status: int = 422) -> None:
+        self.fields = fields
+        self.status = status
+        super().__init__("; ".join(f"{f.path}: {f.reason}" for f in fields))
+
+
+class StoreError(ShapewatchError):
+    """The DuckDB store failed; the message says what was being done."""
+
+    def __init__(self, doing: str, cause: BaseException | str) -> None:
+        self.doing = doing
+        super().__init__(f"store error while {doing}: {cause}")
+
+
+class StoreLocked(StoreError):
+    """Another process holds the database file (DuckDB allows one writer per file)."""
+
+    def __init__(self, path: str, cause: BaseException | str) -> None:
+        self.path = path
+        ShapewatchError.__init__(
+            self,
+            f"database {path} is in use by another process (is `shapewatch serve` running on it?). "
+            f"Stop that process, or talk to it with --url instead of --db. ({cause})",
+        )
+        self.doing = "opening"
+
+
+class StoreVersionTooNew(StoreError):
+    """The file was written by a newer shapewatch whose schema this one does not know."""
+
+    def __init__(self, path: str, found: int, supported: int) -> None:
+        self.path, self.found, self.supported = path, found, supported
+        ShapewatchError.__init__(
+            self,
+            f"database {path} has schema version {found}, but this shapewatch supports up to "
+            f"version {supported}; upgrade shapewatch to a release that knows schema version {found}",
+        )
+        self.doing = "opening"
+
+
+class StoreUnavailable(StoreError):
+    """The store cannot take writes right now (disk full, I/O error); clients should retry."""
+
+    def __init__(self, cause: BaseException | str, retry_after: int = 5) -> None:
+        self.retry_after = retry_after
+        ShapewatchError.__init__(self, f"store cannot write right now: {cause}")
+        self.doing = "writing"
+
+
+class SettingsInvalid(ShapewatchError, ValueError):
+    """A setting has a bad value; the message names the key and the fix."""
+
+    def __init__(self, key: str, problem: str) -> None:
+        self.key = key
+        super().__init__(f"setting {key!r}: {problem}")

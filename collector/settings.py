@@ -1,0 +1,141 @@
+"""Settings of the collector and the service: one frozen value built once at start-up.
+
+Precedence: explicit overrides (CLI options) > ``SHAPEWATCH_*`` environment
+variables > a TOML file (``[shapewatch]`` table or top level) > defaults.
+
+>>> s = load_settings({"db_path": "var/x.duckdb"}, env={})
+>>> s.bucket_seconds
+60
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from .errors import SettingsInvalid
+
+__all__ = ["Settings", "load_settings", "settings_help"]
+
+
+def _s(default: Any, help: str, **kw: Any) -> Any:
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every knob of the collector and service, each with a default and help text."""
+
+    db_path: Path = _s(Path("var/shapewatch.duckdb"), "DuckDB database file the service owns.")
+    host: str = _s("127.0.0.1", "Address the HTTP service binds; loopback unless told otherwise.")
+    port: int = _s(8000, "Port of the HTTP service.", min=1, max=65535)
+    tokens: tuple[str, ...] = _s(
+        (), "Bearer tokens accepted by the HTTP API (comma-separated in the environment); "
+        "empty means no authentication.")
+    memory_limit: str = _s("2GB", "DuckDB memory_limit for the service's connection.")
+    duckdb_threads: int = _s(2, "DuckDB worker threads.", min=1, max=256)
+    max_body_bytes: int = _s(16 * 1024 * 1024, "Largest HTTP request body accepted (413 above).", min=1024)
+    max_event_bytes: int = _s(1024 * 1024, "Largest single envelope (one JSONL line) accepted.", min=256)
+    max_depth: int = _s(32, "Deepest nesting of objects and arrays inside an output.", min=1, max=512)
+    max_array_length: int = _s(10_000, "Longest array inside an output.", min=1)
+    max_key_length: int = _s(256, "Longest object key inside an output.", min=1)
+    max_leaves: int = _s(10_000, "Most leaf values (non-container values) inside one output.", min=1)
+    max_attributes: int = _s(32, "Most entries in an envelope's attributes map.", min=0)
+    max_tag_length: int = _s(256, "Longest string in the envelope's tag fields and attribute values.", min=1)
+    enum_value_max_length: int = _s(
+        64, "Strings up to this length are kept as values (enum candidates) in the rollups.", min=1)
+    enum_values_per_path: int = _s(
+        200, "Most distinct values kept per cohort, time bucket and path; more go to an overflow count.",
+        min=1)
+    bucket_seconds: int = _s(60, "Width of a rollup time bucket in seconds.", min=1, max=86_400)
+    dedup_ttl_days: float = _s(7.0, "How long an event_id is remembered for deduplication.", min=0.0)
+    raw_retention_days: float = _s(
+        30.0, "How long raw outputs are kept; at least dedup_ttl_days, since they hold the keys.",
+        min=0.0)
+    batch_max_events: int = _s(5000, "Most events one group-commit transaction holds.", min=1)
+    batch_max_wait_ms: float = _s(
+        2.0, "How long the writer waits for more requests before committing a batch.", min=0.0)
+    writer_queue_events: int = _s(
+        200_000, "Events waiting for the writer before new requests get 503.", min=1)
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            lo, hi = f.metadata.get("min"), f.metadata.get("max")
+            v = getattr(self, f.name)
+            if lo is not None and v < lo:
+                raise SettingsInvalid(f.name, f"{v!r} is below the minimum {lo}; set it to {lo} or more")
+            if hi is not None and v > hi:
+                raise SettingsInvalid(f.name, f"{v!r} is above the maximum {hi}; set it to {hi} or less")
+        if self.raw_retention_days < self.dedup_ttl_days:
+            raise SettingsInvalid(
+                "raw_retention_days",
+                f"{self.raw_retention_days} is shorter than dedup_ttl_days={self.dedup_ttl_days}; "
+                "raw events hold the idempotency keys, so keep them at least as long")
+        if self.host not in ("127.0.0.1", "localhost", "::1") and not self.tokens:
+            # Not an error (a reverse proxy may authenticate), but never silent.
+            import logging
+
+            logging.getLogger(__name__).warning(
+                "binding %s without tokens: anyone who reaches it can write", self.host)
+
+
+def settings_help() -> dict[str, str]:
+    """Each setting's name and help text (documentation and the docs test use it)."""
+    return {f.name: f.metadata["help"] for f in fields(Settings)}
+
+
+def _coerce(name: str, raw: Any) -> Any:
+    f = {f.name: f for f in fields(Settings)}.get(name)
+    if f is None:
+        raise SettingsInvalid(name, "unknown setting; known settings: " + ", ".join(settings_help()))
+    default = f.default
+    try:
+        if isinstance(default, bool):
+            return raw if isinstance(raw, bool) else str(raw).lower() in ("1", "true", "yes", "on")
+        if isinstance(default, Path):
+            return Path(raw)
+        if isinstance(default, tuple):
+            if isinstance(raw, str):
+                return tuple(t.strip() for t in raw.split(",") if t.strip())
+            return tuple(str(t) for t in raw)
+        if isinstance(default, int):
+            return int(raw)
+        if isinstance(default, float):
+            return float(raw)
+        return str(raw)
+    except (TypeError, ValueError) as exc:
+        raise SettingsInvalid(name, f"{raw!r} is not a valid {type(default).__name__}") from exc
+
+
+def load_settings(
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    env: Mapping[str, str],
+    toml_path: Path | None = None,
+) -> Settings:
+    """Build the settings: overrides > SHAPEWATCH_* env > TOML file > defaults."""
+    values: dict[str, Any] = {}
+    path = toml_path or (Path(env["SHAPEWATCH_CONFIG"]) if env.get("SHAPEWATCH_CONFIG") else None)
+    if path is not None:
+        try:
+            data = tomllib.loads(path.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise SettingsInvalid("config", f"cannot read {path}: {exc}") from exc
+        table = data.get("shapewatch", data)
+        for k, v in table.items():
+            if isinstance(v, dict):
+                continue  # other sections (analysis rules, contracts) belong to other packages
+            values[k] = _coerce(k, v)
+    for k, v in env.items():
+        if k.startswith("SHAPEWATCH_") and k != "SHAPEWATCH_CONFIG":
+            name = k[len("SHAPEWATCH_"):].lower()
+            if name in settings_help():
+                values[name] = _coerce(name, v)
+    for k, v in (overrides or {}).items():
+        if v is not None:
+            values[k] = _coerce(k, v)
+    return dataclasses.replace(Settings(), **values)
