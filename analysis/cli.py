@@ -113,3 +113,7 @@ def ingest(ctx: click.Context, files: tuple[Path, ...], db_path: str | None, fmt
 
 def main() -> None:
     cli(prog_name="shapewatch")
+
+
+if __name__ == "__main__":
+    main()

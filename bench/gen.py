@@ -32,7 +32,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import orjson
 
@@ -369,13 +369,14 @@ def make_envelopes(n: int, seed: int = 1, start: datetime | None = None) -> Iter
     r = rng.random
     pools = _Pools(rng, start)
 
-    cohort_table = _weight_table(COHORTS, [c.share for c in COHORTS])
-    intent_tables = {c: _weight_table(INTENTS, c.intent_weights, 200) for c in COHORTS}
+    cohort_table = _weight_table([(c, _weight_table(INTENTS, c.intent_weights, 200)) for c in COHORTS],
+                                 [c.share for c in COHORTS])
     priority_tables = {i: _weight_table(PRIORITIES, PRIORITY_WEIGHTS[i], 100) for i in INTENTS}
     language_table = _weight_table(LANGUAGES, (62, 10, 8, 7, 5, 4, 2, 2), 100)
     entity_count_table = _weight_table(range(7), (50, 30, 10, 5, 3, 1, 1), 100)
     tag_count_table = _weight_table(range(6), (15, 35, 28, 12, 7, 3), 100)
     entity_values = pools.entity_values
+    pii_types = {ENTITY_TYPES.index(t) for t in ("email", "phone", "person")}
     customers, mains, bodies = pools.customers, pools.mains, pools.bodies
     greetings, clauses = pools.greetings, _CLAUSES
     n_customers, n_greetings, n_clauses = len(customers), len(greetings), len(clauses)
@@ -395,8 +396,8 @@ def make_envelopes(n: int, seed: int = 1, start: datetime | None = None) -> Iter
             last_second = second
             second_prefix = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S")
 
-        cohort = cohort_table[int(r() * 1000)]
-        intent = intent_tables[cohort][int(r() * 200)]
+        cohort, intent_table = cohort_table[int(r() * 1000)]
+        intent = intent_table[int(r() * 200)]
         priority = priority_tables[intent][int(r() * 100)]
         cust_id, region, tier, age = customers[int(r() * n_customers)]
 
@@ -421,7 +422,7 @@ def make_envelopes(n: int, seed: int = 1, start: datetime | None = None) -> Iter
             end = pos + len(value)
             entities.append({"type": ENTITY_TYPES[t], "value": value, "start": pos, "end": end})
             pos = end + 1
-            has_pii = has_pii or t in (2, 3, 6)
+            has_pii = has_pii or t in pii_types
 
         sentiment = SENTIMENT_BASE[intent] + (r() - 0.5) * 0.9
         sentiment = -1.0 if sentiment < -1.0 else 1.0 if sentiment > 1.0 else int(sentiment * 100) / 100
@@ -492,8 +493,7 @@ def write_jsonl(path: Path, n: int, seed: int = 1, gz: bool = False,
     written = 0
     chunk: list[bytes] = []
     # gzip level 1: the file is an input, not an archive, and level 9 would triple the time.
-    out: BinaryIO = gzip.open(path, "wb", compresslevel=1) if gz else open(path, "wb")  # noqa: SIM115
-    with out:
+    with gzip.open(path, "wb", compresslevel=1) if gz else open(path, "wb") as out:
         for envelope in make_envelopes(n, seed=seed, start=start):
             chunk.append(dumps(envelope, option=newline))
             if len(chunk) == 10_000:

@@ -34,7 +34,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import httpx
 import orjson
@@ -93,7 +93,8 @@ class Finished:
 class MeasuredProcess:
     """A command started through the launcher, its output in ``workdir/NAME.out`` and ``.err``.
 
-    >>> MeasuredProcess(["true"], Path(tempfile.mkdtemp()), "true").wait().returncode
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     MeasuredProcess(["true"], Path(tmp), "true").wait().returncode
     0
     """
 
@@ -148,10 +149,6 @@ class Report:
     @property
     def passed(self) -> bool:
         return all(c.passed for c in self.checks)
-
-
-def _open(path: Path) -> BinaryIO:
-    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")  # noqa: SIM115
 
 
 def _tail(data: bytes, lines: int = 15) -> str:
@@ -216,7 +213,7 @@ def _free_port() -> int:
 def _read_batches(path: Path, limit: int, size: int) -> tuple[list[bytes], int]:
     """The first ``limit`` lines as JSON-array bodies of ``size`` envelopes, and their count."""
     lines: list[bytes] = []
-    with _open(path) as f:
+    with gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb") as f:
         for line in f:
             if len(lines) == limit:
                 break
@@ -276,7 +273,8 @@ def _post_all(base_url: str, bodies: list[bytes], clients: int) -> tuple[float, 
             else:
                 errors.append(f"{response.status_code}: {response.text[:300]}")
 
-    threads = [threading.Thread(target=client_loop, args=(s, t)) for s, t in zip(sessions, tallies)]
+    threads = [threading.Thread(target=client_loop, args=pair)
+               for pair in zip(sessions, tallies, strict=True)]
     began = time.perf_counter()
     for thread in threads:
         thread.start()
@@ -329,6 +327,11 @@ def measure_http(shapewatch: Path, path: Path, workdir: Path, limit: int, batch:
 
 def _mib(n: int) -> str:
     return f"{n / (1 << 20):,.0f} MiB"
+
+
+def _exit(returncode: int) -> str:
+    # uvicorn re-raises SIGTERM once it has shut down gracefully, so -15 is the normal end.
+    return f"ended by {signal.Signals(-returncode).name}" if returncode < 0 else f"exit {returncode}"
 
 
 def _count(value: object) -> str:
@@ -388,7 +391,7 @@ def render(report: Report) -> str:
                      f"{h['events']:,} events, {h['clients']} clients x {h['batch_size']}; "
                      f"accepted/duplicate/rejected {'/'.join(_count(h[k]) for k in ANSWER_KEYS)}; "
                      f"server peak RSS {_mib(h['server_peak_rss'])}, "
-                     f"exit {h['server_exit_code']}"))
+                     f"{_exit(h['server_exit_code'])}"))
     out = [f"{report.n:,} envelopes from {report.file}", ""]
     out += _table(("step", "time", "events/s", "notes"), rows)
     if report.http is not None and report.http["errors"]:
@@ -402,7 +405,7 @@ def render(report: Report) -> str:
     return "\n".join(out)
 
 
-def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     return [fmt.format(*header), fmt.format(*("-" * w for w in widths)),

@@ -9,6 +9,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <string.h>
+#include <math.h>
+#include <structmember.h>
 
 /* walk(obj, max_depth, max_array, max_key, max_leaves) -> (keys, leaves, huge) | None
  * None means: a limit is crossed or a value is of an unexpected kind; the Python
@@ -96,6 +98,300 @@ static PyObject *py_count_keys(PyObject *self, PyObject *arg) {
     return PyLong_FromLong(count);
 }
 
+
+/* ---------------------------------------------------------------------------------------
+ * Accumulator: flattens parsed outputs into mergeable rollup counts.
+ *
+ * Acc(namer, max_value_length). add(output, group) walks one output (already
+ * validated) and counts, per (group, path): presence, each JSON type, long
+ * strings; per (group, path, short string) and per (group, path, array
+ * length): occurrences. Paths are interned per parent: children[parent + 1] is
+ * a dict key -> id (str keys carry their hash, so no tuple is built per node)
+ * and items[parent + 1] the id of the parent's array items; parent -1 is the
+ * output itself. On a miss `namer(parent_id, key)` (Python, which owns the path
+ * syntax and escaping; key None for items) returns the new id. The reference
+ * definition of all of this is flatten.flatten_output; tests hold the two to
+ * each other.
+ * ------------------------------------------------------------------------------------- */
+
+enum { C_PRESENT, C_NULL, C_BOOLEAN, C_INTEGER, C_NUMBER, C_STRING, C_ARRAY, C_OBJECT, C_LONG, NCOUNT };
+
+typedef struct {
+    Py_ssize_t *slot_of_path; /* path id -> slot + 1 (0: none yet) */
+    Py_ssize_t cap;
+} group_map;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *namer;
+    PyObject *children;   /* list: parent id + 1 -> dict key -> int id */
+    Py_ssize_t *items;    /* parent id + 1 -> items id + 1 (0: none yet) */
+    Py_ssize_t items_cap;
+    group_map *groups;
+    Py_ssize_t ngroups;
+    long long *counts;    /* slot * NCOUNT */
+    Py_ssize_t *slot_group, *slot_path;
+    PyObject *values;     /* list: slot -> dict str -> int */
+    PyObject *lengths;    /* list: slot -> dict int -> int */
+    Py_ssize_t nslots, cap;
+    Py_ssize_t max_value_length;
+} Acc;
+
+static void acc_dealloc(Acc *self) {
+    Py_XDECREF(self->namer);
+    Py_XDECREF(self->children);
+    Py_XDECREF(self->values);
+    Py_XDECREF(self->lengths);
+    for (Py_ssize_t g = 0; g < self->ngroups; g++) PyMem_Free(self->groups[g].slot_of_path);
+    PyMem_Free(self->groups);
+    PyMem_Free(self->items);
+    PyMem_Free(self->counts);
+    PyMem_Free(self->slot_group);
+    PyMem_Free(self->slot_path);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int acc_init(Acc *self, PyObject *args, PyObject *kw) {
+    PyObject *namer;
+    Py_ssize_t maxlen;
+    if (!PyArg_ParseTuple(args, "On", &namer, &maxlen)) return -1;
+    Py_INCREF(namer);
+    self->namer = namer;
+    self->max_value_length = maxlen;
+    self->children = PyList_New(0);
+    self->values = PyList_New(0);
+    self->lengths = PyList_New(0);
+    if (!self->children || !self->values || !self->lengths) return -1;
+    return 0;
+}
+
+static Py_ssize_t new_path(Acc *self, Py_ssize_t parent, PyObject *key) {
+    PyObject *id = PyObject_CallFunction(self->namer, "nO", parent, key);
+    if (id == NULL) return -2;
+    Py_ssize_t r = PyLong_AsSsize_t(id);
+    Py_DECREF(id);
+    if (r < 0) { if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "namer returned a negative id"); return -2; }
+    /* make room for the new path's own children dict and items entry */
+    while (PyList_GET_SIZE(self->children) < r + 2) {
+        PyObject *d = PyDict_New();
+        if (!d || PyList_Append(self->children, d) < 0) { Py_XDECREF(d); return -2; }
+        Py_DECREF(d);
+    }
+    if (self->items_cap < r + 2) {
+        Py_ssize_t cap = (r + 2) * 2;
+        Py_ssize_t *it = PyMem_Realloc(self->items, sizeof(Py_ssize_t) * cap);
+        if (!it) { PyErr_NoMemory(); return -2; }
+        memset(it + self->items_cap, 0, sizeof(Py_ssize_t) * (cap - self->items_cap));
+        self->items = it;
+        self->items_cap = cap;
+    }
+    return r;
+}
+
+static int ensure_root(Acc *self) {
+    if (PyList_GET_SIZE(self->children) > 0) return 0;
+    PyObject *d = PyDict_New();
+    if (!d || PyList_Append(self->children, d) < 0) { Py_XDECREF(d); return -1; }
+    Py_DECREF(d);
+    if (self->items_cap < 1) {
+        self->items = PyMem_Calloc(16, sizeof(Py_ssize_t));
+        if (!self->items) { PyErr_NoMemory(); return -1; }
+        self->items_cap = 16;
+    }
+    return 0;
+}
+
+static Py_ssize_t child_id(Acc *self, Py_ssize_t parent, PyObject *key) {
+    PyObject *d = PyList_GET_ITEM(self->children, parent + 1);
+    PyObject *id = PyDict_GetItemWithError(d, key);
+    if (id != NULL) return PyLong_AsSsize_t(id);
+    if (PyErr_Occurred()) return -2;
+    Py_ssize_t r = new_path(self, parent, key);
+    if (r < 0) return -2;
+    PyObject *v = PyLong_FromSsize_t(r);
+    d = PyList_GET_ITEM(self->children, parent + 1); /* the list may have grown */
+    if (!v || PyDict_SetItem(d, key, v) < 0) { Py_XDECREF(v); return -2; }
+    Py_DECREF(v);
+    return r;
+}
+
+static Py_ssize_t items_id(Acc *self, Py_ssize_t parent) {
+    Py_ssize_t known = self->items[parent + 1];
+    if (known) return known - 1;
+    Py_ssize_t r = new_path(self, parent, Py_None);
+    if (r < 0) return -2;
+    self->items[parent + 1] = r + 1;
+    return r;
+}
+
+static Py_ssize_t slot_of(Acc *self, Py_ssize_t group, Py_ssize_t path) {
+    group_map *gm = &self->groups[group];
+    if (path >= gm->cap) {
+        Py_ssize_t cap = (path + 1) * 2;
+        Py_ssize_t *m = PyMem_Realloc(gm->slot_of_path, sizeof(Py_ssize_t) * cap);
+        if (!m) { PyErr_NoMemory(); return -1; }
+        memset(m + gm->cap, 0, sizeof(Py_ssize_t) * (cap - gm->cap));
+        gm->slot_of_path = m;
+        gm->cap = cap;
+    }
+    Py_ssize_t s = gm->slot_of_path[path];
+    if (s) return s - 1;
+    if (self->nslots == self->cap) {
+        Py_ssize_t cap = self->cap ? self->cap * 2 : 256;
+        long long *c = PyMem_Realloc(self->counts, sizeof(long long) * NCOUNT * cap);
+        if (!c) { PyErr_NoMemory(); return -1; }
+        self->counts = c;
+        Py_ssize_t *sg = PyMem_Realloc(self->slot_group, sizeof(Py_ssize_t) * cap);
+        if (!sg) { PyErr_NoMemory(); return -1; }
+        self->slot_group = sg;
+        Py_ssize_t *sp = PyMem_Realloc(self->slot_path, sizeof(Py_ssize_t) * cap);
+        if (!sp) { PyErr_NoMemory(); return -1; }
+        self->slot_path = sp;
+        self->cap = cap;
+    }
+    s = self->nslots;
+    PyObject *vd = PyDict_New(), *ld = PyDict_New();
+    if (!vd || !ld || PyList_Append(self->values, vd) < 0 || PyList_Append(self->lengths, ld) < 0) {
+        Py_XDECREF(vd); Py_XDECREF(ld); return -1;
+    }
+    Py_DECREF(vd);
+    Py_DECREF(ld);
+    self->nslots++;
+    memset(self->counts + s * NCOUNT, 0, sizeof(long long) * NCOUNT);
+    self->slot_group[s] = group;
+    self->slot_path[s] = path;
+    gm->slot_of_path[path] = s + 1;
+    return s;
+}
+
+static int bump(PyObject *dict, PyObject *key) {
+    PyObject *n = PyDict_GetItemWithError(dict, key);
+    long long v = 0;
+    if (n != NULL) v = PyLong_AsLongLong(n);
+    else if (PyErr_Occurred()) return -1;
+    PyObject *nv = PyLong_FromLongLong(v + 1);
+    int r = nv ? PyDict_SetItem(dict, key, nv) : -1;
+    Py_XDECREF(nv);
+    return r;
+}
+
+static int acc_value(Acc *self, PyObject *v, Py_ssize_t group, Py_ssize_t path);
+
+static int acc_children(Acc *self, PyObject *v, Py_ssize_t group, Py_ssize_t path) {
+    if (PyDict_CheckExact(v)) {
+        Py_ssize_t pos = 0;
+        PyObject *k, *x;
+        while (PyDict_Next(v, &pos, &k, &x)) {
+            Py_ssize_t child = child_id(self, path, k);
+            if (child < 0) return -1;
+            if (acc_value(self, x, group, child) < 0) return -1;
+        }
+        return 0;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(v);
+    if (n == 0) return 0;
+    Py_ssize_t child = items_id(self, path);
+    if (child < 0) return -1;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (acc_value(self, PyList_GET_ITEM(v, i), group, child) < 0) return -1;
+    return 0;
+}
+
+static int acc_value(Acc *self, PyObject *v, Py_ssize_t group, Py_ssize_t path) {
+    Py_ssize_t slot = slot_of(self, group, path);
+    if (slot < 0) return -1;
+    long long *c = self->counts + slot * NCOUNT;
+    c[C_PRESENT]++;
+    if (v == Py_None) {
+        c[C_NULL]++;
+    } else if (PyBool_Check(v)) {
+        c[C_BOOLEAN]++;
+    } else if (PyLong_CheckExact(v)) {
+        c[C_INTEGER]++;
+    } else if (PyFloat_CheckExact(v)) {
+        double d = PyFloat_AS_DOUBLE(v);
+        if (d == floor(d)) c[C_INTEGER]++; else c[C_NUMBER]++;
+    } else if (PyUnicode_CheckExact(v)) {
+        c[C_STRING]++;
+        if (PyUnicode_GET_LENGTH(v) <= self->max_value_length) {
+            if (bump(PyList_GET_ITEM(self->values, slot), v) < 0) return -1;
+        } else {
+            c[C_LONG]++;
+        }
+    } else if (PyList_CheckExact(v)) {
+        c[C_ARRAY]++;
+        PyObject *len = PyLong_FromSsize_t(PyList_GET_SIZE(v));
+        if (!len) return -1;
+        int r = bump(PyList_GET_ITEM(self->lengths, slot), len);
+        Py_DECREF(len);
+        if (r < 0) return -1;
+        return acc_children(self, v, group, path);
+    } else if (PyDict_CheckExact(v)) {
+        c[C_OBJECT]++;
+        return acc_children(self, v, group, path);
+    } else {
+        PyErr_Format(PyExc_TypeError, "unexpected %s in an output", Py_TYPE(v)->tp_name);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *acc_add(Acc *self, PyObject *args) {
+    PyObject *output;
+    Py_ssize_t group;
+    if (!PyArg_ParseTuple(args, "O!n", &PyDict_Type, &output, &group)) return NULL;
+    if (group < 0) { PyErr_SetString(PyExc_ValueError, "group must be >= 0"); return NULL; }
+    if (ensure_root(self) < 0) return NULL;
+    if (group >= self->ngroups) {
+        group_map *gs = PyMem_Realloc(self->groups, sizeof(group_map) * (group + 1));
+        if (!gs) return PyErr_NoMemory();
+        memset(gs + self->ngroups, 0, sizeof(group_map) * (group + 1 - self->ngroups));
+        self->groups = gs;
+        self->ngroups = group + 1;
+    }
+    if (acc_children(self, output, group, -1) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* counts() -> list of (group, path, present, null, boolean, integer, number, string, array, object, long) */
+static PyObject *acc_counts(Acc *self, PyObject *unused) {
+    PyObject *out = PyList_New(self->nslots);
+    if (!out) return NULL;
+    for (Py_ssize_t s = 0; s < self->nslots; s++) {
+        long long *c = self->counts + s * NCOUNT;
+        PyObject *row = Py_BuildValue("(nnLLLLLLLLL)", self->slot_group[s], self->slot_path[s],
+                                      c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8]);
+        if (!row) { Py_DECREF(out); return NULL; }
+        PyList_SET_ITEM(out, s, row);
+    }
+    return out;
+}
+
+static PyMethodDef acc_methods[] = {
+    {"add", (PyCFunction)acc_add, METH_VARARGS, "add(output: dict, group: int): count one output."},
+    {"counts", (PyCFunction)acc_counts, METH_NOARGS, "Per slot: (group, path, nine counts); slot i is row i."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef acc_members[] = {
+    {"values", T_OBJECT, offsetof(Acc, values), READONLY, "per slot: dict short string -> count"},
+    {"lengths", T_OBJECT, offsetof(Acc, lengths), READONLY, "per slot: dict array length -> count"},
+    {NULL},
+};
+
+static PyTypeObject AccType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "collector._speedups.Acc",
+    .tp_basicsize = sizeof(Acc),
+    .tp_dealloc = (destructor)acc_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Rollup accumulator: flattens outputs into counts per (group, path).",
+    .tp_methods = acc_methods,
+    .tp_members = acc_members,
+    .tp_init = (initproc)acc_init,
+    .tp_new = PyType_GenericNew,
+};
+
 static PyMethodDef methods[] = {
     {"walk", py_walk, METH_VARARGS, "Count keys and leaves of a parsed output within limits, or None."},
     {"count_keys", py_count_keys, METH_O, "Count `\":` in JSON text, or -1 when that is not exact."},
@@ -104,4 +400,11 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "collector._speedups", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__speedups(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__speedups(void) {
+    if (PyType_Ready(&AccType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (!m) return NULL;
+    Py_INCREF(&AccType);
+    if (PyModule_AddObject(m, "Acc", (PyObject *)&AccType) < 0) { Py_DECREF(&AccType); Py_DECREF(m); return NULL; }
+    return m;
+}

@@ -167,7 +167,7 @@ class CollectorApi:
                 counts["rejected"] += 1
                 for code in {f.code for f in item.fields}:
                     self.metrics.count_rejected(code)
-                out.append({"index": i, "event_id": None, "status": "rejected",
+                out.append({"index": i, "event_id": item.event_id, "status": "rejected",
                             "errors": [f.as_dict() for f in item.fields]})
                 continue
             res = next(by_pos)

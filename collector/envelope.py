@@ -91,6 +91,9 @@ class Envelope(NamedTuple):
     agent_release: str | None = None
     finish_reason: str | None = None
     attributes_json: str | None = None
+    #: the parsed output, kept while the event travels to the store (rollups count it
+    #: without parsing again); never stored as such
+    output: dict[str, Any] | None = None
 
 
 # --- exact re-parse markers -------------------------------------------------------------
@@ -341,7 +344,9 @@ def validate_envelope(
         if walk.huge_float:
             keys_seen[1] = 1
     if errors:
-        raise EnvelopeInvalid(errors)
+        exc = EnvelopeInvalid(errors)
+        exc.event_id = None if generated or type(event_id) is not str else event_id[:128]
+        raise exc
     assert isinstance(event_id, str) and model and prompt_version
     output_bytes = orjson.dumps(output)
     # The payload hash tells a retry (same payload) from a reused key (different payload).
@@ -353,7 +358,7 @@ def validate_envelope(
     return Envelope(
         event_id=event_id, generated_id=generated, ts=ts, model=model, prompt_version=prompt_version,
         contract=contract, output_json=output_bytes.decode(), payload_hash=h.hexdigest(),
-        source=source, attributes_json=attributes_json, **tags)
+        source=source, attributes_json=attributes_json, output=output, **tags)
 
 
 def _loads(raw: bytes, path: str) -> Any:

@@ -46,6 +46,8 @@ class EnvelopeInvalid(ShapewatchError, ValueError):
     def __init__(self, fields: list[FieldError], *, status: int = 422) -> None:
         self.fields = fields
         self.status = status
+        #: the envelope's own event_id, when it had a usable one
+        self.event_id: str | None = None
         super().__init__("; ".join(f"{f.path}: {f.reason}" for f in fields))
 
 

@@ -14,6 +14,7 @@ number and the line's bytes, so importing the same file again adds nothing.
 
 from __future__ import annotations
 
+import gc
 import gzip
 import hashlib
 import io
@@ -73,8 +74,17 @@ def import_files(paths: list[Path], store: Store, limits: Limits, *,
                  progress: Callable[[int], None] | None = None, batch_size: int = _BATCH) -> ImportSummary:
     """Import every file; return the summary. Raises StoreError if the store fails."""
     summary = ImportSummary()
-    for path in paths:
-        _import_one(path, store, limits, summary, progress, batch_size)
+    # Parsed JSON holds no reference cycles, so the cyclic collector only costs here:
+    # with a batch of parsed outputs alive it rescans them over and over (measured:
+    # validation 1.7x slower). Reference counting still frees everything.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for path in paths:
+            _import_one(path, store, limits, summary, progress, batch_size)
+    finally:
+        if was_enabled:
+            gc.enable()
     return summary
 
 

@@ -148,9 +148,9 @@ def _error_summary(response: httpx.Response) -> str:
         message = str(error.get("message", ""))
         fields = error.get("fields") or []
         if fields:
-            message += " " + ", ".join(
+            message += " [" + "; ".join(
                 f"{f.get('path', '?')}: {f.get('reason', '?')}" for f in fields[:5]
-            )
+            ) + "]"
         return message
     except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
         return response.text[:200]
@@ -308,7 +308,6 @@ class Client:
         self._wake = threading.Condition(self._lock)  # the sender waits here
         self._settled = threading.Condition(self._lock)  # flush() waits here
         self._stop = threading.Event()
-        self._pid = os.getpid()
         self._instance = uuid.uuid4().hex[:8]
         self._file_counter = 0
         self._seq = 0
@@ -866,7 +865,7 @@ class Client:
             return _Reply("transient", detail=f"{type(exc).__name__}: {exc}")
         status = response.status_code
         if 200 <= status < 300:
-            return self._parse_accepted(response, len(lines))
+            return self._parse_accepted(response, lines)
         if status == 413:
             return _Reply("too_large", detail=_error_summary(response))
         if status in (408, 429) or status >= 500:
@@ -877,8 +876,8 @@ class Client:
             )
         return _Reply("permanent", detail=f"HTTP {status}: {_error_summary(response)}")
 
-    @staticmethod
-    def _parse_accepted(response: httpx.Response, sent: int) -> _Reply:
+    @classmethod
+    def _parse_accepted(cls, response: httpx.Response, lines: list[bytes]) -> _Reply:
         try:
             payload = orjson.loads(response.content)
             results = payload.get("results")
@@ -890,11 +889,18 @@ class Client:
                     if status in counts:
                         counts[status] += 1
                     if status == "rejected":
+                        event_id = result.get("event_id")
+                        index = result.get("index")
+                        if event_id is None and isinstance(index, int):
+                            # The service may not name an event it could not
+                            # parse; the batch position does.
+                            if 0 <= index < len(lines):
+                                event_id = cls._event_id_of(lines[index])
                         errors = "; ".join(
                             f"{e.get('path', '?')}: {e.get('reason', '?')}"
                             for e in result.get("errors") or []
                         )
-                        rejections.append((str(result.get("event_id")), errors))
+                        rejections.append((str(event_id), errors))
             else:
                 counts = {
                     key: int(payload[key])
@@ -910,7 +916,9 @@ class Client:
         except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError):
             # A 2xx means durable; only the breakdown is unknown.
             return _Reply(
-                "done", accepted=sent, detail="unreadable reply body; counted as sent"
+                "done",
+                accepted=len(lines),
+                detail="unreadable reply body; counted as sent",
             )
 
     def _log_reply(self, reply: _Reply, lines: list[bytes]) -> None:

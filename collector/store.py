@@ -24,11 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import orjson
 import pyarrow as pa
 
 from .envelope import Envelope
 from .errors import StoreError, StoreLocked, StoreUnavailable, StoreVersionTooNew
-from .rollup import RollupConfig, apply_rollups
+from .rollup import RollupBatch, RollupConfig
 
 __all__ = ["Store", "WriteStatus", "WriteResult", "SCHEMA_VERSION", "MIGRATIONS"]
 
@@ -41,26 +42,31 @@ CREATE TABLE cohorts (
     cohort_id INTEGER PRIMARY KEY, model VARCHAR NOT NULL, prompt_version VARCHAR NOT NULL,
     contract VARCHAR NOT NULL, first_seen TIMESTAMPTZ NOT NULL,
     UNIQUE (model, prompt_version, contract));
+-- The idempotency key is indexed as md5_number(event_id), a 128-bit integer: an ART
+-- index on it costs about half of one on the string (measured), and a collision
+-- between two different ids is out of reach (2^-64 at 2^32 ids).
 CREATE TABLE events (
-    event_id VARCHAR PRIMARY KEY, payload_hash VARCHAR NOT NULL, generated_id BOOLEAN NOT NULL,
+    id_key UHUGEINT PRIMARY KEY, event_id VARCHAR NOT NULL, payload_hash VARCHAR NOT NULL, generated_id BOOLEAN NOT NULL,
     cohort_id INTEGER NOT NULL, ts TIMESTAMPTZ NOT NULL, received_at TIMESTAMPTZ NOT NULL,
     served_model VARCHAR, contract_version VARCHAR, source VARCHAR, run_id VARCHAR,
     agent_release VARCHAR, finish_reason VARCHAR, attributes VARCHAR, output VARCHAR NOT NULL);
 -- attributes and output hold JSON text validated at ingest; VARCHAR spares a second parse.
-CREATE TABLE cohort_buckets (
-    cohort_id INTEGER, bucket TIMESTAMPTZ, events BIGINT NOT NULL, PRIMARY KEY (cohort_id, bucket));
+-- Rollups are append-only: each batch adds its own rows, readers sum them, and
+-- compact_rollups() folds the rows of a bucket into one per key. No index: an
+-- ART index per rollup table made each commit several times slower.
+CREATE TABLE cohort_buckets (cohort_id INTEGER NOT NULL, bucket TIMESTAMPTZ NOT NULL, events BIGINT NOT NULL);
 CREATE TABLE field_rollups (
-    cohort_id INTEGER, bucket TIMESTAMPTZ, path VARCHAR, scope VARCHAR NOT NULL,
+    cohort_id INTEGER NOT NULL, bucket TIMESTAMPTZ NOT NULL, path VARCHAR NOT NULL, scope VARCHAR NOT NULL,
     present BIGINT NOT NULL, n_null BIGINT NOT NULL, n_boolean BIGINT NOT NULL,
     n_integer BIGINT NOT NULL, n_number BIGINT NOT NULL, n_string BIGINT NOT NULL,
     n_array BIGINT NOT NULL, n_object BIGINT NOT NULL, long_strings BIGINT NOT NULL,
-    values_overflow BIGINT NOT NULL, PRIMARY KEY (cohort_id, bucket, path));
+    values_overflow BIGINT NOT NULL);
 CREATE TABLE value_rollups (
-    cohort_id INTEGER, bucket TIMESTAMPTZ, path VARCHAR, value VARCHAR, n BIGINT NOT NULL,
-    PRIMARY KEY (cohort_id, bucket, path, value));
+    cohort_id INTEGER NOT NULL, bucket TIMESTAMPTZ NOT NULL, path VARCHAR NOT NULL, value VARCHAR NOT NULL,
+    n BIGINT NOT NULL);
 CREATE TABLE array_rollups (
-    cohort_id INTEGER, bucket TIMESTAMPTZ, path VARCHAR, length BIGINT, n BIGINT NOT NULL,
-    PRIMARY KEY (cohort_id, bucket, path, length));
+    cohort_id INTEGER NOT NULL, bucket TIMESTAMPTZ NOT NULL, path VARCHAR NOT NULL, length BIGINT NOT NULL,
+    n BIGINT NOT NULL);
 """
 
 _V2 = """
@@ -314,35 +320,55 @@ class Store:
                    SELECT 1 FROM cohorts c WHERE c.model = b.model
                    AND c.prompt_version = b.prompt_version AND c.contract = b.contract)
                GROUP BY model, prompt_version, contract""")
-        con.execute(
-            f"""CREATE OR REPLACE TEMP TABLE _b AS
-                SELECT b.*, c.cohort_id,
-                       time_bucket(INTERVAL {int(self.bucket_seconds)} SECOND, b.ts) AS bucket
-                FROM _batch b JOIN cohorts c USING (model, prompt_version, contract)""")
         rows = con.execute(
             """INSERT INTO events
-               SELECT event_id, payload_hash, generated_id, cohort_id, ts, $now, served_model,
+               SELECT md5_number(event_id), event_id, payload_hash, generated_id, c.cohort_id, ts, $now, served_model,
                       contract_version, source, run_id, agent_release, finish_reason, attributes, output
-               FROM _b ON CONFLICT DO NOTHING RETURNING event_id""", {"now": now}).fetchall()
+               FROM _batch JOIN cohorts c USING (model, prompt_version, contract)
+               ON CONFLICT DO NOTHING RETURNING event_id""", {"now": now}).fetchall()
         inserted = {r[0] for r in rows}
         existing: dict[str, str] = {}
         if len(inserted) < len(envelopes):
             existing = dict(con.execute(
                 """SELECT e.event_id, e.payload_hash FROM events e
-                   WHERE e.event_id IN (SELECT event_id FROM _b) AND e.received_at < $now""",
+                   WHERE e.id_key IN (SELECT md5_number(event_id) FROM _batch) AND e.received_at < $now""",
                 {"now": now}).fetchall())
-            # Only what was stored now is rolled up.
-            con.execute("DELETE FROM _b WHERE event_id IN (SELECT event_id FROM events "
-                        "WHERE received_at < $now AND event_id IN (SELECT event_id FROM _b))", {"now": now})
         if inserted:
-            con.execute(
-                """INSERT INTO served_models
-                   SELECT cohort_id, bucket, served_model, count(*) FROM _b
-                   WHERE served_model IS NOT NULL GROUP BY ALL
-                   ON CONFLICT DO UPDATE SET n = n + excluded.n""")
-            apply_rollups(con, "_b", self.rollup)
-        con.execute("DROP TABLE _b")
+            fresh = envelopes if len(inserted) == len(envelopes) else [
+                e for e in envelopes if e.event_id in inserted]
+            self._add_rollups(con, fresh)
         return inserted, existing
+
+    def _add_rollups(self, con: duckdb.DuckDBPyConnection, envelopes: Sequence[Envelope]) -> None:
+        batch = RollupBatch(self.rollup, bucket_seconds=self.bucket_seconds)
+        served: dict[tuple[str, str, str, int, str], int] = {}
+        step = self.bucket_seconds
+        for e in envelopes:
+            output = e.output if e.output is not None else orjson.loads(e.output_json)
+            cohort = (e.model, e.prompt_version, e.contract)
+            batch.add(output, cohort, e.ts)
+            if e.served_model is not None:
+                epoch = int(e.ts.timestamp())
+                key = (*cohort, epoch - epoch % step, e.served_model)
+                served[key] = served.get(key, 0) + 1
+        batch.merge_into(con)
+        if served:
+            keys = list(served)
+            con.register("_served", pa.table({
+                "model": pa.array([k[0] for k in keys], pa.string()),
+                "prompt_version": pa.array([k[1] for k in keys], pa.string()),
+                "contract": pa.array([k[2] for k in keys], pa.string()),
+                "epoch": pa.array([k[3] for k in keys], pa.int64()),
+                "served_model": pa.array([k[4] for k in keys], pa.string()),
+                "n": pa.array(list(served.values()), pa.int64())}))
+            try:
+                con.execute(
+                    """INSERT INTO served_models
+                       SELECT c.cohort_id, to_timestamp(epoch), served_model, n
+                       FROM _served JOIN cohorts c USING (model, prompt_version, contract)
+                       ON CONFLICT DO UPDATE SET n = n + excluded.n""")
+            finally:
+                con.unregister("_served")
 
     def record_outcomes(self, outcomes: Sequence[tuple[str, str, str, datetime, str]]) -> None:
         """Count provider outcomes: (model, prompt_version, contract, ts, kind) each."""

@@ -138,7 +138,7 @@ class Receiver:
         with self.lock:
             for index, envelope in enumerate(parsed):
                 errors = _validate(envelope)
-                event_id = envelope.get("event_id") if isinstance(envelope, dict) else None
+                event_id: Any = envelope.get("event_id") if isinstance(envelope, dict) else None
                 if errors:
                     status = "rejected"
                 elif event_id in self.store:
@@ -147,9 +147,13 @@ class Receiver:
                     status = "accepted"
                     self.store[event_id] = envelope
                     self.accepted_ids.append(event_id)
-                results.append(
-                    {"index": index, "event_id": event_id, "status": status, "errors": errors}
-                )
+                # Like the service, an invalid envelope is named by its index only.
+                results.append({
+                    "index": index,
+                    "event_id": None if errors else event_id,
+                    "status": status,
+                    "errors": errors,
+                })
         if fault == "store_then_drop":
             h.close_connection = True
             return
@@ -290,7 +294,9 @@ def record(client: Client, n: int, **kwargs: Any) -> list[str]:
 # -- the envelope --------------------------------------------------------------
 
 
-def test_envelope_carries_every_field_and_the_token(receiver: Receiver, make_client: MakeClient) -> None:
+def test_envelope_carries_every_field_and_the_token(
+    receiver: Receiver, make_client: MakeClient
+) -> None:
     receiver.token = "t0k"
     client = make_client(token="t0k")
     ts = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
@@ -343,9 +349,11 @@ def test_envelope_carries_every_field_and_the_token(receiver: Receiver, make_cli
     }
 
 
-def test_later_changes_to_the_output_are_not_sent(receiver: Receiver, make_client: MakeClient) -> None:
+def test_later_changes_to_the_output_are_not_sent(
+    receiver: Receiver, make_client: MakeClient
+) -> None:
     client = make_client()
-    output = {"tags": ["a"]}
+    output: dict[str, Any] = {"tags": ["a"]}
     event_id = client.record(output, model="m", prompt_version="p")
     output["tags"].append("b")
     output["extra"] = 1
@@ -353,7 +361,9 @@ def test_later_changes_to_the_output_are_not_sent(receiver: Receiver, make_clien
     assert receiver.store[event_id]["output"] == {"tags": ["a"]}
 
 
-def test_a_partial_batch_leaves_after_flush_interval(receiver: Receiver, make_client: MakeClient) -> None:
+def test_a_partial_batch_leaves_after_flush_interval(
+    receiver: Receiver, make_client: MakeClient
+) -> None:
     client = make_client(flush_interval=0.05)
     event_id = client.record({"a": 1}, model="m", prompt_version="p")
     wait_until(lambda: event_id in receiver.store)
