@@ -18,7 +18,6 @@ import orjson
 
 from collector import Settings, SettingsInvalid, ShapewatchError, import_files, limits_from_settings, load_settings
 
-from .service import open_store, run
 
 __all__ = ["main", "cli"]
 
@@ -49,6 +48,8 @@ def cli(ctx: click.Context, config: str | None, verbose: bool) -> None:
 @click.pass_context
 def serve(ctx: click.Context, db_path: str | None, host: str | None, port: int | None) -> None:
     """Run the collector API and /metrics on one DuckDB file (the only writer)."""
+    from .service import run
+
     settings = _settings(ctx, db_path=db_path, host=host, port=port)
     try:
         run(settings)
@@ -63,6 +64,8 @@ def serve(ctx: click.Context, db_path: str | None, host: str | None, port: int |
 @click.pass_context
 def up(ctx: click.Context, db_path: str | None, port: int | None) -> None:
     """Run the product locally: the service on ./var/shapewatch.duckdb."""
+    from .service import run
+
     settings = _settings(ctx, db_path=db_path, port=port)
     click.echo(f"shapewatch service: http://{settings.host}:{settings.port}  "
                f"(API docs at /docs, metrics at /metrics; database {settings.db_path})")
@@ -84,6 +87,8 @@ def ingest(ctx: click.Context, files: tuple[Path, ...], db_path: str | None, fmt
 
     Exit 0 when every line was stored or was a duplicate, 1 when any line was rejected.
     """
+    from .store_access import open_store
+
     settings = _settings(ctx, db_path=db_path)
     try:
         store = open_store(settings)

@@ -2,7 +2,8 @@
 
 ``analysis`` is the highest backend layer, so this is where the routers that
 each package exposes are put together with the store, the writer and the
-metrics registry. The scheduler joins here when the analyzer lands.
+metrics registry, and where the scheduler runs the store's upkeep
+(``maintenance.py``; the analyzer's evaluations join it).
 
 >>> app = create_app(settings)          # doctest: +SKIP
 >>> run(settings)                       # doctest: +SKIP  (uvicorn, blocks)
@@ -13,7 +14,6 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from datetime import timedelta
 
 import uvicorn
 from fastapi import Depends, FastAPI
@@ -21,20 +21,15 @@ from fastapi.responses import Response
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from collector import (CollectorApi, CollectorMetrics, RollupConfig, Settings, Store, Writer,
-                       install_error_handlers, limits_from_settings, require_token)
+from collector import (CollectorApi, CollectorMetrics, Settings, Store, Writer, install_error_handlers,
+                       limits_from_settings, require_token)
+
+from .maintenance import start_maintenance
+from .store_access import open_store
 
 __all__ = ["create_app", "open_store", "run"]
 
 log = logging.getLogger(__name__)
-
-
-def open_store(settings: Settings, *, read_only: bool = False) -> Store:
-    return Store.open(
-        settings.db_path, memory_limit=settings.memory_limit, threads=settings.duckdb_threads,
-        bucket_seconds=settings.bucket_seconds, read_only=read_only,
-        rollup=RollupConfig(enum_value_max_length=settings.enum_value_max_length,
-                            enum_values_per_path=settings.enum_values_per_path, max_depth=settings.max_depth))
 
 
 def create_app(settings: Settings, *, store: Store | None = None,
@@ -51,12 +46,11 @@ def create_app(settings: Settings, *, store: Store | None = None,
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         writer.start()
-        purged = store.purge(raw_retention=timedelta(days=settings.raw_retention_days))
-        if purged:
-            log.info("purged %d raw events older than %s days", purged, settings.raw_retention_days)
+        scheduler = start_maintenance(store, settings, registry)
         try:
             yield
         finally:
+            scheduler.shutdown(wait=True)
             writer.stop()
             store.close()
 

@@ -1,28 +1,65 @@
 """collector: observations. The envelope, provider adapters, flattening, the DuckDB
 store (schema, migrations, the one writer), idempotent ingest, rollups, the
 ingest HTTP routes, bulk import and the SDK. It knows nothing of baselines or
-alerts."""
+alerts.
 
-from .adapters import AdaptedResponse, AdapterError, OutcomeKind, Provider, ProviderOutcome, adapt_response
-from .api import ApiError, CollectorApi, error_body, install_error_handlers, require_token
-from .envelope import Envelope, Limits, limits_from_settings, parse_body, parse_envelope, validate_envelope
-from .errors import (EnvelopeInvalid, FieldError, SettingsInvalid, ShapewatchError, StoreError, StoreLocked,
-                     StoreUnavailable, StoreVersionTooNew)
-from .flatten import JsonType, Observation, flatten_output
-from .ingest import ImportSummary, import_files, quarantine_path
-from .metrics import CollectorMetrics
-from .rollup import RollupConfig
-from .sdk import Client
-from .settings import Settings, load_settings, settings_help
-from .store import SCHEMA_VERSION, Store, WriteResult, WriteStatus
-from .writer import Writer
+Names are loaded on first use (PEP 562), so a command that only imports files
+does not pay for the web framework, and an application using the SDK does
+not pay for DuckDB.
+"""
 
-__all__ = [
-    "AdaptedResponse", "AdapterError", "ApiError", "Client", "CollectorApi", "CollectorMetrics", "Envelope",
-    "EnvelopeInvalid", "FieldError", "ImportSummary", "JsonType", "Limits", "Observation", "OutcomeKind",
-    "Provider", "ProviderOutcome", "RollupConfig", "SCHEMA_VERSION", "Settings", "SettingsInvalid",
-    "ShapewatchError", "Store", "StoreError", "StoreLocked", "StoreUnavailable", "StoreVersionTooNew",
-    "WriteResult", "WriteStatus", "Writer", "adapt_response", "error_body", "flatten_output", "import_files",
-    "install_error_handlers", "limits_from_settings", "load_settings", "parse_body", "parse_envelope",
-    "quarantine_path", "require_token", "settings_help", "validate_envelope",
-]
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_WHERE = {
+    "AdaptedResponse": "adapters", "AdapterError": "adapters", "OutcomeKind": "adapters",
+    "Provider": "adapters", "ProviderOutcome": "adapters", "adapt_response": "adapters",
+    "ApiError": "api", "CollectorApi": "api", "error_body": "api", "install_error_handlers": "api",
+    "require_token": "api",
+    "Envelope": "envelope", "Limits": "envelope", "limits_from_settings": "envelope",
+    "parse_body": "envelope", "parse_envelope": "envelope", "validate_envelope": "envelope",
+    "EnvelopeInvalid": "errors", "FieldError": "errors", "SettingsInvalid": "errors",
+    "ShapewatchError": "errors", "StoreError": "errors", "StoreLocked": "errors",
+    "StoreUnavailable": "errors", "StoreVersionTooNew": "errors",
+    "JsonType": "flatten", "Observation": "flatten", "flatten_output": "flatten",
+    "ImportSummary": "ingest", "import_files": "ingest", "quarantine_path": "ingest",
+    "CollectorMetrics": "metrics",
+    "RollupConfig": "rollup", "compact_rollups": "rollup",
+    "Client": "sdk",
+    "Settings": "settings", "load_settings": "settings", "settings_help": "settings",
+    "SCHEMA_VERSION": "store", "Store": "store", "WriteResult": "store", "WriteStatus": "store",
+    "Writer": "writer",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'collector' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__
+
+
+if TYPE_CHECKING:
+    from .adapters import AdaptedResponse, AdapterError, OutcomeKind, Provider, ProviderOutcome, adapt_response
+    from .api import ApiError, CollectorApi, error_body, install_error_handlers, require_token
+    from .envelope import Envelope, Limits, limits_from_settings, parse_body, parse_envelope, validate_envelope
+    from .errors import (EnvelopeInvalid, FieldError, SettingsInvalid, ShapewatchError, StoreError,
+                         StoreLocked, StoreUnavailable, StoreVersionTooNew)
+    from .flatten import JsonType, Observation, flatten_output
+    from .ingest import ImportSummary, import_files, quarantine_path
+    from .metrics import CollectorMetrics
+    from .rollup import RollupConfig, compact_rollups
+    from .sdk import Client
+    from .settings import Settings, load_settings, settings_help
+    from .store import SCHEMA_VERSION, Store, WriteResult, WriteStatus
+    from .writer import Writer

@@ -367,7 +367,39 @@ static PyObject *acc_counts(Acc *self, PyObject *unused) {
     return out;
 }
 
+/* rows(which) -> (slots, keys, counts): the per-slot dicts of `values` (which=0) or
+ * `lengths` (which=1) flattened into three parallel lists, for building columns. */
+static PyObject *acc_rows(Acc *self, PyObject *arg) {
+    long which = PyLong_AsLong(arg);
+    if (which == -1 && PyErr_Occurred()) return NULL;
+    PyObject *src = which ? self->lengths : self->values;
+    PyObject *slots = PyList_New(0), *keys = PyList_New(0), *counts = PyList_New(0);
+    if (!slots || !keys || !counts) goto fail;
+    for (Py_ssize_t s = 0; s < self->nslots; s++) {
+        PyObject *d = PyList_GET_ITEM(src, s);
+        if (PyDict_GET_SIZE(d) == 0) continue;
+        PyObject *sv = PyLong_FromSsize_t(s);
+        if (!sv) goto fail;
+        Py_ssize_t pos = 0;
+        PyObject *k, *v;
+        while (PyDict_Next(d, &pos, &k, &v)) {
+            if (PyList_Append(slots, sv) < 0 || PyList_Append(keys, k) < 0 || PyList_Append(counts, v) < 0) {
+                Py_DECREF(sv);
+                goto fail;
+            }
+        }
+        Py_DECREF(sv);
+    }
+    return Py_BuildValue("(NNN)", slots, keys, counts);
+fail:
+    Py_XDECREF(slots);
+    Py_XDECREF(keys);
+    Py_XDECREF(counts);
+    return NULL;
+}
+
 static PyMethodDef acc_methods[] = {
+    {"rows", (PyCFunction)acc_rows, METH_O, "rows(0|1) -> (slots, keys, counts) of values (0) or lengths (1)."},
     {"add", (PyCFunction)acc_add, METH_VARARGS, "add(output: dict, group: int): count one output."},
     {"counts", (PyCFunction)acc_counts, METH_NOARGS, "Per slot: (group, path, nine counts); slot i is row i."},
     {NULL, NULL, 0, NULL},

@@ -99,35 +99,19 @@ class RollupBatch:
             "events": pa.array([self._events[i] for _, i in groups], pa.int64())})
         counts = self._acc.counts()
         cols = list(zip(*counts, strict=True)) if counts else [[] for _ in range(11)]
-        f = {"g": pa.array(cols[0], pa.int64()),
-             "path": pa.array([self._paths[p][0] for p in cols[1]], pa.string()),
-             "scope": pa.array([self._paths[p][1] for p in cols[1]], pa.string())}
+        names = pa.array([p for p, _ in self._paths], pa.string())
+        scopes = pa.array([s for _, s in self._paths], pa.string())
+        path_ids = pa.array(cols[1], pa.int64())
+        f = {"slot": pa.array(range(len(counts)), pa.int64()), "g": pa.array(cols[0], pa.int64()),
+             "path": names.take(path_ids), "scope": scopes.take(path_ids)}
         for i, name in enumerate(_FIELD_COLS):
             f[name] = pa.array(cols[2 + i], pa.int64())
-        vg: list[int] = []
-        vp: list[str] = []
-        vv: list[str] = []
-        vn: list[int] = []
-        ag: list[int] = []
-        ap: list[str] = []
-        al: list[int] = []
-        an: list[int] = []
-        for (grp, path, *_), values, lengths in zip(counts, self._acc.values, self._acc.lengths, strict=True):
-            name = self._paths[path][0]
-            if values:
-                vg.extend([grp] * len(values))
-                vp.extend([name] * len(values))
-                vv.extend(values.keys())
-                vn.extend(values.values())
-            if lengths:
-                ag.extend([grp] * len(lengths))
-                ap.extend([name] * len(lengths))
-                al.extend(lengths.keys())
-                an.extend(lengths.values())
-        v = pa.table({"g": pa.array(vg, pa.int64()), "path": pa.array(vp, pa.string()),
-                      "value": pa.array(vv, pa.string()), "n": pa.array(vn, pa.int64())})
-        a = pa.table({"g": pa.array(ag, pa.int64()), "path": pa.array(ap, pa.string()),
-                      "length": pa.array(al, pa.int64()), "n": pa.array(an, pa.int64())})
+        vs, vv, vn = self._acc.rows(0)
+        v = pa.table({"slot": pa.array(vs, pa.int64()), "value": pa.array(vv, pa.string()),
+                      "n": pa.array(vn, pa.int64())})
+        als, al, an = self._acc.rows(1)
+        a = pa.table({"slot": pa.array(als, pa.int64()), "length": pa.array(al, pa.int64()),
+                      "n": pa.array(an, pa.int64())})
         return g, pa.table(f), v, a
 
     def merge_into(self, con: duckdb.DuckDBPyConnection) -> None:
@@ -160,7 +144,8 @@ class RollupBatch:
         # room is left; the rest go to the overflow count.
         con.execute(
             """CREATE OR REPLACE TEMP TABLE _vr AS
-               WITH b AS (SELECT cohort_id, bucket, path, value, n FROM _rv JOIN _groups USING (g)),
+               WITH b AS (SELECT cohort_id, bucket, path, value, n
+                          FROM _rv JOIN _rf USING (slot) JOIN _groups USING (g)),
                old AS (SELECT DISTINCT cohort_id, bucket, path, value FROM value_rollups
                        WHERE bucket BETWEEN (SELECT min(bucket) FROM _groups) AND (SELECT max(bucket) FROM _groups)
                          AND (cohort_id, bucket) IN (SELECT cohort_id, bucket FROM _groups)),
@@ -184,7 +169,7 @@ class RollupBatch:
             "INSERT INTO value_rollups SELECT cohort_id, bucket, path, value, n FROM _vr WHERE admitted")
         con.execute(
             """INSERT INTO array_rollups
-               SELECT cohort_id, bucket, path, length, n FROM _ra JOIN _groups USING (g)""")
+               SELECT cohort_id, bucket, path, length, _ra.n FROM _ra JOIN _rf USING (slot) JOIN _groups USING (g)""")
         con.execute("DROP TABLE _vr")
         con.execute("DROP TABLE _groups")
 

@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from .envelope import Envelope
 from .errors import StoreError, StoreLocked, StoreUnavailable, StoreVersionTooNew
-from .rollup import RollupBatch, RollupConfig
+from .rollup import RollupBatch, RollupConfig, compact_rollups
 
 __all__ = ["Store", "WriteStatus", "WriteResult", "SCHEMA_VERSION", "MIGRATIONS"]
 
@@ -103,19 +103,25 @@ _COLUMNS = ["event_id", "payload_hash", "generated_id", "model", "prompt_version
             "attributes", "output"]
 
 
-def _arrow(envelopes: Sequence[Envelope]) -> pa.Table:
-    cols = list(zip(*envelopes, strict=True)) if envelopes else [[] for _ in Envelope._fields]
-    f = {name: cols[i] for i, name in enumerate(Envelope._fields)}
+def _arrow(envelopes: Sequence[Envelope], cohort_ids: Sequence[int]) -> pa.Table:
     s = pa.string()
+
+    def col(i: int) -> pa.Array:
+        return pa.array([e[i] for e in envelopes], s)
+
+    f = {name: i for i, name in enumerate(Envelope._fields)}
+    # Timestamps go over as integers: converting datetime objects is the slow part of
+    # building the batch, and an int64 -> timestamp cast is free in Arrow.
+    ts = pa.array([round(e.ts.timestamp() * 1_000_000) for e in envelopes], pa.int64())
     return pa.table({
-        "event_id": pa.array(f["event_id"], s), "payload_hash": pa.array(f["payload_hash"], s),
-        "generated_id": pa.array(f["generated_id"], pa.bool_()), "model": pa.array(f["model"], s),
-        "prompt_version": pa.array(f["prompt_version"], s), "contract": pa.array(f["contract"], s),
-        "ts": pa.array(f["ts"], pa.timestamp("us", tz="UTC")),
-        "served_model": pa.array(f["served_model"], s), "contract_version": pa.array(f["contract_version"], s),
-        "source": pa.array(f["source"], s), "run_id": pa.array(f["run_id"], s),
-        "agent_release": pa.array(f["agent_release"], s), "finish_reason": pa.array(f["finish_reason"], s),
-        "attributes": pa.array(f["attributes_json"], s), "output": pa.array(f["output_json"], s),
+        "event_id": col(f["event_id"]), "payload_hash": col(f["payload_hash"]),
+        "generated_id": pa.array([e.generated_id for e in envelopes], pa.bool_()),
+        "cohort_id": pa.array(cohort_ids, pa.int32()),
+        "ts": ts.cast(pa.timestamp("us", tz="UTC")),
+        "served_model": col(f["served_model"]), "contract_version": col(f["contract_version"]),
+        "source": col(f["source"]), "run_id": col(f["run_id"]), "agent_release": col(f["agent_release"]),
+        "finish_reason": col(f["finish_reason"]), "attributes": col(f["attributes_json"]),
+        "output": col(f["output_json"]),
     })
 
 
@@ -146,6 +152,8 @@ class Store:
         self.read_only = read_only
         self._write_lock = threading.Lock()
         self._local = threading.local()
+        self._cohorts: dict[tuple[str, str, str], int] = {}
+        self._pending_cohorts: dict[tuple[str, str, str], int] = {}
 
     # --- opening --------------------------------------------------------------------------
 
@@ -293,12 +301,15 @@ class Store:
         con = self._con
         try:
             con.execute("BEGIN TRANSACTION")
+            self._pending_cohorts = {}
             try:
                 inserted, existing = self._insert(con, envelopes, now)
                 con.execute("COMMIT")
             except BaseException:
                 con.execute("ROLLBACK")
                 raise
+            # Only committed cohorts enter the cache: a rolled-back id must never be reused.
+            self._cohorts.update(self._pending_cohorts)
         except duckdb.Error as exc:
             if _is_space_error(exc):
                 raise StoreUnavailable(exc) from exc
@@ -312,20 +323,14 @@ class Store:
 
     def _insert(self, con: duckdb.DuckDBPyConnection, envelopes: list[Envelope],
                 now: datetime) -> tuple[set[str], dict[str, str]]:
-        con.register("_batch", _arrow(envelopes))
-        con.execute(
-            """INSERT INTO cohorts
-               SELECT nextval('cohort_seq'), model, prompt_version, contract, min(ts)
-               FROM _batch b WHERE NOT EXISTS (
-                   SELECT 1 FROM cohorts c WHERE c.model = b.model
-                   AND c.prompt_version = b.prompt_version AND c.contract = b.contract)
-               GROUP BY model, prompt_version, contract""")
+        ids = self._cohort_ids(con, envelopes)
+        con.register("_batch", _arrow(envelopes, ids))
         rows = con.execute(
             """INSERT INTO events
-               SELECT md5_number(event_id), event_id, payload_hash, generated_id, c.cohort_id, ts, $now, served_model,
-                      contract_version, source, run_id, agent_release, finish_reason, attributes, output
-               FROM _batch JOIN cohorts c USING (model, prompt_version, contract)
-               ON CONFLICT DO NOTHING RETURNING event_id""", {"now": now}).fetchall()
+               SELECT md5_number(event_id), event_id, payload_hash, generated_id, cohort_id, ts, $now,
+                      served_model, contract_version, source, run_id, agent_release, finish_reason,
+                      attributes, output
+               FROM _batch ON CONFLICT DO NOTHING RETURNING event_id""", {"now": now}).fetchall()
         inserted = {r[0] for r in rows}
         existing: dict[str, str] = {}
         if len(inserted) < len(envelopes):
@@ -338,6 +343,29 @@ class Store:
                 e for e in envelopes if e.event_id in inserted]
             self._add_rollups(con, fresh)
         return inserted, existing
+
+    def _cohort_ids(self, con: duckdb.DuckDBPyConnection, envelopes: Sequence[Envelope]) -> list[int]:
+        """The cohort id of each envelope, creating cohorts not seen before (in this transaction)."""
+        known = self._cohorts
+        pending: dict[tuple[str, str, str], int] = {}
+        out: list[int] = []
+        for e in envelopes:
+            key = (e.model, e.prompt_version, e.contract)
+            cid = known.get(key)
+            if cid is None:
+                cid = pending.get(key)
+                if cid is None:
+                    row = con.execute(
+                        """INSERT INTO cohorts VALUES (nextval('cohort_seq'), ?, ?, ?, ?)
+                           ON CONFLICT DO NOTHING RETURNING cohort_id""", [*key, e.ts]).fetchone()
+                    if row is None:  # created by an earlier transaction this cache has not seen
+                        row = con.execute("SELECT cohort_id FROM cohorts WHERE model = ? AND prompt_version = ? "
+                                          "AND contract = ?", list(key)).fetchone()
+                    assert row is not None
+                    cid = pending[key] = int(row[0])
+            out.append(cid)
+        self._pending_cohorts.update(pending)
+        return out
 
     def _add_rollups(self, con: duckdb.DuckDBPyConnection, envelopes: Sequence[Envelope]) -> None:
         batch = RollupBatch(self.rollup, bucket_seconds=self.bucket_seconds)
@@ -406,6 +434,21 @@ class Store:
                 raise StoreError("recording provider outcomes", exc) from exc
             finally:
                 con.unregister("_outc")
+
+    def compact(self, since: datetime | None = None) -> int:
+        """Fold rollup rows (buckets from ``since`` on, or all) into one per key; returns rows removed."""
+        with self._write_lock:
+            con = self._con
+            try:
+                con.execute("BEGIN TRANSACTION")
+                removed = compact_rollups(con, since)
+                con.execute("COMMIT")
+            except duckdb.Error as exc:
+                con.execute("ROLLBACK")
+                if _is_space_error(exc):
+                    raise StoreUnavailable(exc) from exc
+                raise StoreError("compacting rollups", exc) from exc
+        return removed
 
     def purge(self, *, raw_retention: timedelta, now: datetime | None = None) -> int:
         """Delete raw events received before ``now - raw_retention``; rollups stay."""

@@ -1,0 +1,15 @@
+"""Opening the store from settings: the one place that maps Settings onto Store.open."""
+
+from __future__ import annotations
+
+from collector import RollupConfig, Settings, Store
+
+__all__ = ["open_store"]
+
+
+def open_store(settings: Settings, *, read_only: bool = False) -> Store:
+    return Store.open(
+        settings.db_path, memory_limit=settings.memory_limit, threads=settings.duckdb_threads,
+        bucket_seconds=settings.bucket_seconds, read_only=read_only,
+        rollup=RollupConfig(enum_value_max_length=settings.enum_value_max_length,
+                            enum_values_per_path=settings.enum_values_per_path, max_depth=settings.max_depth))
