@@ -31,7 +31,7 @@ import orjson
 
 from .envelope import Envelope, Limits, parse_envelope
 from .errors import EnvelopeInvalid, FieldError, StoreError
-from .store import Store, WriteStatus
+from .store import PreparedBatch, Store, WriteStatus
 
 __all__ = ["ImportSummary", "import_files", "quarantine_path"]
 
@@ -94,7 +94,9 @@ def _import_one(path: Path, store: Store, limits: Limits, summary: ImportSummary
     qpath.parent.mkdir(parents=True, exist_ok=True)
     rejected_here = 0
     prefix = hashlib.blake2b(path.name.encode(), digest_size=8).hexdigest()
-    todo: queue.Queue[list[Envelope] | None] = queue.Queue(maxsize=2)
+    # The reading thread validates and prepares (columns, rollup counts); this thread only
+    # runs the transaction, during which DuckDB releases the GIL.
+    todo: queue.Queue[PreparedBatch | None] = queue.Queue(maxsize=2)
     failure: list[BaseException] = []
 
     def store_batches() -> None:
@@ -135,12 +137,12 @@ def _import_one(path: Path, store: Store, limits: Limits, summary: ImportSummary
                         summary.rejected_by_reason[code] += 1
                     quarantine.write(_quarantine_line(path, n, exc.fields, stripped))
                 if len(batch) >= batch_size:
-                    todo.put(batch)
+                    todo.put(store.prepare_batch(batch))
                     batch = []
                     if failure:
                         break
             if batch and not failure:
-                todo.put(batch)
+                todo.put(store.prepare_batch(batch))
     finally:
         todo.put(None)
         worker.join()

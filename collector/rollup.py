@@ -62,7 +62,9 @@ class RollupBatch:
         self._paths: list[tuple[str, str]] = []  # id -> (path, scope)
         self._groups: dict[tuple[str, str, str, int], int] = {}
         self._events: list[int] = []  # outputs per group: the units of the top scope
-        self._acc = Acc(self._name, cfg.enum_value_max_length)
+        self._served: dict[tuple[int, str], int] = {}  # (group, served model) -> outputs
+        self._acc = Acc(self._name, cfg.enum_value_max_length, cfg.enum_values_per_path)
+        self._built: tuple[pa.Table, pa.Table, pa.Table, pa.Table, pa.Table] | None = None
 
     def _name(self, parent: int, key: str | None) -> int:
         # Called by the accumulator the first time it meets (parent, key) in this batch.
@@ -74,7 +76,8 @@ class RollupBatch:
         self._paths.append((path, scope))
         return len(self._paths) - 1
 
-    def add(self, output: dict[str, Any], cohort: tuple[str, str, str], ts: datetime) -> None:
+    def add(self, output: dict[str, Any], cohort: tuple[str, str, str], ts: datetime,
+            served_model: str | None = None) -> None:
         epoch = int(ts.timestamp())
         key = (*cohort, epoch - epoch % self.bucket_seconds)
         group = self._groups.get(key)
@@ -83,12 +86,28 @@ class RollupBatch:
             self._events.append(0)
         self._events[group] += 1
         self._acc.add(output, group)
+        if served_model is not None:
+            sk = (group, served_model)
+            self._served[sk] = self._served.get(sk, 0) + 1
 
     def add_many(self, items: Iterable[tuple[dict[str, Any], tuple[str, str, str], datetime]]) -> None:
         for output, cohort, ts in items:
             self.add(output, cohort, ts)
 
     def _tables(self) -> tuple[pa.Table, pa.Table, pa.Table, pa.Table]:
+        return self.tables()[:4]  # type: ignore[return-value]
+
+    def tables(self) -> tuple[pa.Table, pa.Table, pa.Table, pa.Table, pa.Table]:
+        """The counts as Arrow tables (groups, fields, values, lengths, served models).
+
+        Built once; after this, ``add`` must not be called. Building them is Python
+        work, so a caller that prepares batches on another thread calls this there.
+        """
+        if self._built is None:
+            self._built = self._build()
+        return self._built
+
+    def _build(self) -> tuple[pa.Table, pa.Table, pa.Table, pa.Table, pa.Table]:
         groups = sorted(self._groups.items(), key=lambda kv: kv[1])
         g = pa.table({
             "g": pa.array([i for _, i in groups], pa.int64()),
@@ -98,7 +117,7 @@ class RollupBatch:
             "epoch": pa.array([k[3] for k, _ in groups], pa.int64()),
             "events": pa.array([self._events[i] for _, i in groups], pa.int64())})
         counts = self._acc.counts()
-        cols = list(zip(*counts, strict=True)) if counts else [[] for _ in range(11)]
+        cols = list(zip(*counts, strict=True)) if counts else [[] for _ in range(12)]
         names = pa.array([p for p, _ in self._paths], pa.string())
         scopes = pa.array([s for _, s in self._paths], pa.string())
         path_ids = pa.array(cols[1], pa.int64())
@@ -106,13 +125,18 @@ class RollupBatch:
              "path": names.take(path_ids), "scope": scopes.take(path_ids)}
         for i, name in enumerate(_FIELD_COLS):
             f[name] = pa.array(cols[2 + i], pa.int64())
+        f["batch_overflow"] = pa.array(cols[2 + len(_FIELD_COLS)], pa.int64())
         vs, vv, vn = self._acc.rows(0)
         v = pa.table({"slot": pa.array(vs, pa.int64()), "value": pa.array(vv, pa.string()),
                       "n": pa.array(vn, pa.int64())})
         als, al, an = self._acc.rows(1)
         a = pa.table({"slot": pa.array(als, pa.int64()), "length": pa.array(al, pa.int64()),
                       "n": pa.array(an, pa.int64())})
-        return g, pa.table(f), v, a
+        served = pa.table({
+            "g": pa.array([k[0] for k in self._served], pa.int64()),
+            "served_model": pa.array([k[1] for k in self._served], pa.string()),
+            "n": pa.array(list(self._served.values()), pa.int64())})
+        return g, pa.table(f), v, a, served
 
     def merge_into(self, con: duckdb.DuckDBPyConnection) -> None:
         """Add these counts into the rollup tables (the caller holds the transaction).
@@ -121,47 +145,55 @@ class RollupBatch:
         """
         if not self._groups:
             return
-        g, f, v, a = self._tables()
+        g, f, v, a, served = self.tables()
         con.register("_rg", g)
         con.register("_rf", f)
         con.register("_rv", v)
         con.register("_ra", a)
+        con.register("_rs", served)
         try:
             self._merge(con)
         finally:
-            for name in ("_rg", "_rf", "_rv", "_ra"):
+            for name in ("_rg", "_rf", "_rv", "_ra", "_rs"):
                 con.unregister(name)
 
     def _merge(self, con: duckdb.DuckDBPyConnection) -> None:
         con.execute(
             """CREATE OR REPLACE TEMP TABLE _groups AS
-               SELECT g, c.cohort_id, to_timestamp(epoch) AS bucket, events
+               SELECT g, c.cohort_id, to_timestamp(epoch) AS bucket, events,
+                      EXISTS (SELECT 1 FROM cohort_buckets cb
+                              WHERE cb.cohort_id = c.cohort_id AND cb.bucket = to_timestamp(epoch)) AS existed
                FROM _rg JOIN cohorts c USING (model, prompt_version, contract)""")
         con.execute(
             "INSERT INTO cohort_buckets SELECT cohort_id, bucket, events FROM _groups")
         # Short strings: keep at most `cap` distinct values per (cohort, bucket, path).
-        # Values already kept always add up; new ones are admitted by frequency while
-        # room is left; the rest go to the overflow count.
+        # The accumulator already kept at most `cap` per batch (the rest is batch_overflow),
+        # so a bucket no earlier batch touched takes them all. For a bucket that has rows,
+        # values already kept always add up, new ones are admitted by frequency while
+        # room is left, and the rest go to the overflow count.
         con.execute(
             """CREATE OR REPLACE TEMP TABLE _vr AS
-               WITH b AS (SELECT cohort_id, bucket, path, value, n
+               WITH b AS (SELECT cohort_id, bucket, path, value, _rv.n, existed
                           FROM _rv JOIN _rf USING (slot) JOIN _groups USING (g)),
                old AS (SELECT DISTINCT cohort_id, bucket, path, value FROM value_rollups
-                       WHERE bucket BETWEEN (SELECT min(bucket) FROM _groups) AND (SELECT max(bucket) FROM _groups)
-                         AND (cohort_id, bucket) IN (SELECT cohort_id, bucket FROM _groups)),
+                       WHERE bucket BETWEEN (SELECT min(bucket) FROM _groups WHERE existed)
+                                        AND (SELECT max(bucket) FROM _groups WHERE existed)
+                         AND (cohort_id, bucket) IN (SELECT cohort_id, bucket FROM _groups WHERE existed)),
                known AS (SELECT b.*, old.value IS NOT NULL AS kept FROM b LEFT JOIN old
-                         USING (cohort_id, bucket, path, value)),
+                         USING (cohort_id, bucket, path, value) WHERE existed),
                room AS (SELECT cohort_id, bucket, path, count(*) AS used FROM old GROUP BY ALL),
                ranked AS (SELECT known.*, coalesce(room.used, 0) AS used,
                                  row_number() OVER (PARTITION BY cohort_id, bucket, path, kept
                                                     ORDER BY n DESC, value) AS rn
                           FROM known LEFT JOIN room USING (cohort_id, bucket, path))
-               SELECT cohort_id, bucket, path, value, n, kept OR used + rn <= $cap AS admitted FROM ranked""",
+               SELECT cohort_id, bucket, path, value, n, kept OR used + rn <= $cap AS admitted FROM ranked
+               UNION ALL
+               SELECT cohort_id, bucket, path, value, n, true FROM b WHERE NOT existed""",
             {"cap": self.cfg.enum_values_per_path})
         con.execute(
             """INSERT INTO field_rollups
                SELECT cohort_id, bucket, path, scope, present, n_null, n_boolean, n_integer, n_number,
-                      n_string, n_array, n_object, long_strings, coalesce(o.n, 0)
+                      n_string, n_array, n_object, long_strings, batch_overflow + coalesce(o.n, 0)
                FROM _rf JOIN _groups USING (g)
                LEFT JOIN (SELECT cohort_id, bucket, path, sum(n) AS n FROM _vr WHERE NOT admitted
                           GROUP BY ALL) o USING (cohort_id, bucket, path)""")
@@ -170,6 +202,10 @@ class RollupBatch:
         con.execute(
             """INSERT INTO array_rollups
                SELECT cohort_id, bucket, path, length, _ra.n FROM _ra JOIN _rf USING (slot) JOIN _groups USING (g)""")
+        con.execute(
+            """INSERT INTO served_models
+               SELECT cohort_id, bucket, served_model, sum(_rs.n) FROM _rs JOIN _groups USING (g) GROUP BY ALL
+               ON CONFLICT DO UPDATE SET n = n + excluded.n""")
         con.execute("DROP TABLE _vr")
         con.execute("DROP TABLE _groups")
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import Enum
@@ -31,7 +31,7 @@ from .envelope import Envelope
 from .errors import StoreError, StoreLocked, StoreUnavailable, StoreVersionTooNew
 from .rollup import RollupBatch, RollupConfig, compact_rollups
 
-__all__ = ["Store", "WriteStatus", "WriteResult", "SCHEMA_VERSION", "MIGRATIONS"]
+__all__ = ["MIGRATIONS", "PreparedBatch", "SCHEMA_VERSION", "Store", "WriteResult", "WriteStatus"]
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,19 @@ _COLUMNS = ["event_id", "payload_hash", "generated_id", "model", "prompt_version
             "attributes", "output"]
 
 
-def _arrow(envelopes: Sequence[Envelope], cohort_ids: Sequence[int]) -> pa.Table:
+@dataclass(frozen=True)
+class PreparedBatch:
+    """A batch ready for one transaction: see ``Store.prepare_batch``."""
+
+    envelopes: list[Envelope]  # as given, in order
+    unique: list[Envelope]  # first occurrence of each event_id
+    early: list[WriteResult | None]  # results known without the database (repeats inside the batch)
+    cohorts: list[tuple[str, str, str]]  # cohort_key -> (model, prompt_version, contract)
+    table: pa.Table  # the unique events as columns, with cohort_key
+    rollups: RollupBatch  # the counts of all unique events
+
+
+def _arrow(envelopes: Sequence[Envelope], cohort_keys: Sequence[int]) -> pa.Table:
     s = pa.string()
 
     def col(i: int) -> pa.Array:
@@ -116,7 +128,7 @@ def _arrow(envelopes: Sequence[Envelope], cohort_ids: Sequence[int]) -> pa.Table
     return pa.table({
         "event_id": col(f["event_id"]), "payload_hash": col(f["payload_hash"]),
         "generated_id": pa.array([e.generated_id for e in envelopes], pa.bool_()),
-        "cohort_id": pa.array(cohort_ids, pa.int32()),
+        "cohort_key": pa.array(cohort_keys, pa.int32()),
         "ts": ts.cast(pa.timestamp("us", tz="UTC")),
         "served_model": col(f["served_model"]), "contract_version": col(f["contract_version"]),
         "source": col(f["source"]), "run_id": col(f["run_id"]), "agent_release": col(f["agent_release"]),
@@ -252,8 +264,38 @@ class Store:
 
     # --- writing ----------------------------------------------------------------------------
 
-    def write_batch(self, envelopes: Sequence[Envelope], *, now: datetime | None = None,
-                    on_commit: Callable[[], None] | None = None) -> list[WriteResult]:
+    def prepare_batch(self, envelopes: Sequence[Envelope]) -> PreparedBatch:
+        """Everything about a batch that needs no database: run it on any thread.
+
+        Bulk import prepares the next batch while the previous one is written,
+        so the Python work (columns, rollup counts) overlaps DuckDB's.
+        """
+        first: dict[str, Envelope] = {}
+        early: list[WriteResult | None] = []
+        for env in envelopes:
+            seen = first.get(env.event_id)
+            if seen is None:
+                first[env.event_id] = env
+                early.append(None)
+            else:
+                status = WriteStatus.duplicate if seen.payload_hash == env.payload_hash else WriteStatus.conflict
+                early.append(WriteResult(env.event_id, status))
+        unique = list(first.values())
+        cohorts: dict[tuple[str, str, str], int] = {}
+        keys = [cohorts.setdefault((e.model, e.prompt_version, e.contract), len(cohorts)) for e in unique]
+        return PreparedBatch(list(envelopes), unique, early, list(cohorts), _arrow(unique, keys),
+                             self._rollups_of(unique))
+
+    def _rollups_of(self, envelopes: Sequence[Envelope]) -> RollupBatch:
+        batch = RollupBatch(self.rollup, bucket_seconds=self.bucket_seconds)
+        for e in envelopes:
+            output = e.output if e.output is not None else orjson.loads(e.output_json)
+            batch.add(output, (e.model, e.prompt_version, e.contract), e.ts, e.served_model)
+        batch.tables()
+        return batch
+
+    def write_batch(self, envelopes: Sequence[Envelope] | PreparedBatch, *,
+                    now: datetime | None = None) -> list[WriteResult]:
         """Store the events not seen before, with their rollups, in one transaction.
 
         Returns one result per envelope, in order. A key seen before (in an
@@ -263,20 +305,11 @@ class Store:
         """
         if self.read_only:
             raise StoreError("writing", "the store was opened read-only")
-        first: dict[str, Envelope] = {}
-        results: list[WriteResult | None] = []
-        for env in envelopes:
-            seen = first.get(env.event_id)
-            if seen is None:
-                first[env.event_id] = env
-                results.append(None)
-            else:
-                status = WriteStatus.duplicate if seen.payload_hash == env.payload_hash else WriteStatus.conflict
-                results.append(WriteResult(env.event_id, status))
+        batch = envelopes if isinstance(envelopes, PreparedBatch) else self.prepare_batch(envelopes)
         with self._write_lock:
-            inserted, existing = self._write(list(first.values()), self._batch_time(now))
+            inserted, existing = self._write(batch, self._batch_time(now))
         out: list[WriteResult] = []
-        for env, res in zip(envelopes, results, strict=True):
+        for env, res in zip(batch.envelopes, batch.early, strict=True):
             if res is not None:
                 out.append(res)
             elif env.event_id in inserted:
@@ -295,15 +328,15 @@ class Store:
         self._last_batch_time = t
         return t
 
-    def _write(self, envelopes: list[Envelope], now: datetime) -> tuple[set[str], dict[str, str]]:
-        if not envelopes:
+    def _write(self, batch: PreparedBatch, now: datetime) -> tuple[set[str], dict[str, str]]:
+        if not batch.unique:
             return set(), {}
         con = self._con
         try:
             con.execute("BEGIN TRANSACTION")
             self._pending_cohorts = {}
             try:
-                inserted, existing = self._insert(con, envelopes, now)
+                inserted, existing = self._insert(con, batch, now)
                 con.execute("COMMIT")
             except BaseException:
                 con.execute("ROLLBACK")
@@ -315,88 +348,56 @@ class Store:
                 raise StoreUnavailable(exc) from exc
             raise StoreError("writing a batch", exc) from exc
         finally:
-            try:
-                con.unregister("_batch")
-            except duckdb.Error:
-                pass
+            for name in ("_batch", "_ck"):
+                try:
+                    con.unregister(name)
+                except duckdb.Error:
+                    pass
         return inserted, existing
 
-    def _insert(self, con: duckdb.DuckDBPyConnection, envelopes: list[Envelope],
+    def _insert(self, con: duckdb.DuckDBPyConnection, batch: PreparedBatch,
                 now: datetime) -> tuple[set[str], dict[str, str]]:
-        ids = self._cohort_ids(con, envelopes)
-        con.register("_batch", _arrow(envelopes, ids))
+        first_ts = {}
+        for e in batch.unique:
+            first_ts.setdefault((e.model, e.prompt_version, e.contract), e.ts)
+        ids = [self._cohort_id(con, key, first_ts[key]) for key in batch.cohorts]
+        con.register("_ck", pa.table({"cohort_key": pa.array(range(len(ids)), pa.int32()),
+                                      "cohort_id": pa.array(ids, pa.int32())}))
+        con.register("_batch", batch.table)
         rows = con.execute(
             """INSERT INTO events
                SELECT md5_number(event_id), event_id, payload_hash, generated_id, cohort_id, ts, $now,
                       served_model, contract_version, source, run_id, agent_release, finish_reason,
                       attributes, output
-               FROM _batch ON CONFLICT DO NOTHING RETURNING event_id""", {"now": now}).fetchall()
+               FROM _batch JOIN _ck USING (cohort_key) ON CONFLICT DO NOTHING RETURNING event_id""",
+            {"now": now}).fetchall()
         inserted = {r[0] for r in rows}
         existing: dict[str, str] = {}
-        if len(inserted) < len(envelopes):
+        if len(inserted) < len(batch.unique):
             existing = dict(con.execute(
                 """SELECT e.event_id, e.payload_hash FROM events e
                    WHERE e.id_key IN (SELECT md5_number(event_id) FROM _batch) AND e.received_at < $now""",
                 {"now": now}).fetchall())
-        if inserted:
-            fresh = envelopes if len(inserted) == len(envelopes) else [
-                e for e in envelopes if e.event_id in inserted]
-            self._add_rollups(con, fresh)
+        if len(inserted) == len(batch.unique):
+            batch.rollups.merge_into(con)
+        elif inserted:  # some were stored before: count only what is new
+            self._rollups_of([e for e in batch.unique if e.event_id in inserted]).merge_into(con)
         return inserted, existing
 
-    def _cohort_ids(self, con: duckdb.DuckDBPyConnection, envelopes: Sequence[Envelope]) -> list[int]:
-        """The cohort id of each envelope, creating cohorts not seen before (in this transaction)."""
-        known = self._cohorts
-        pending: dict[tuple[str, str, str], int] = {}
-        out: list[int] = []
-        for e in envelopes:
-            key = (e.model, e.prompt_version, e.contract)
-            cid = known.get(key)
-            if cid is None:
-                cid = pending.get(key)
-                if cid is None:
-                    row = con.execute(
-                        """INSERT INTO cohorts VALUES (nextval('cohort_seq'), ?, ?, ?, ?)
-                           ON CONFLICT DO NOTHING RETURNING cohort_id""", [*key, e.ts]).fetchone()
-                    if row is None:  # created by an earlier transaction this cache has not seen
-                        row = con.execute("SELECT cohort_id FROM cohorts WHERE model = ? AND prompt_version = ? "
-                                          "AND contract = ?", list(key)).fetchone()
-                    assert row is not None
-                    cid = pending[key] = int(row[0])
-            out.append(cid)
-        self._pending_cohorts.update(pending)
-        return out
-
-    def _add_rollups(self, con: duckdb.DuckDBPyConnection, envelopes: Sequence[Envelope]) -> None:
-        batch = RollupBatch(self.rollup, bucket_seconds=self.bucket_seconds)
-        served: dict[tuple[str, str, str, int, str], int] = {}
-        step = self.bucket_seconds
-        for e in envelopes:
-            output = e.output if e.output is not None else orjson.loads(e.output_json)
-            cohort = (e.model, e.prompt_version, e.contract)
-            batch.add(output, cohort, e.ts)
-            if e.served_model is not None:
-                epoch = int(e.ts.timestamp())
-                key = (*cohort, epoch - epoch % step, e.served_model)
-                served[key] = served.get(key, 0) + 1
-        batch.merge_into(con)
-        if served:
-            keys = list(served)
-            con.register("_served", pa.table({
-                "model": pa.array([k[0] for k in keys], pa.string()),
-                "prompt_version": pa.array([k[1] for k in keys], pa.string()),
-                "contract": pa.array([k[2] for k in keys], pa.string()),
-                "epoch": pa.array([k[3] for k in keys], pa.int64()),
-                "served_model": pa.array([k[4] for k in keys], pa.string()),
-                "n": pa.array(list(served.values()), pa.int64())}))
-            try:
-                con.execute(
-                    """INSERT INTO served_models
-                       SELECT c.cohort_id, to_timestamp(epoch), served_model, n
-                       FROM _served JOIN cohorts c USING (model, prompt_version, contract)
-                       ON CONFLICT DO UPDATE SET n = n + excluded.n""")
-            finally:
-                con.unregister("_served")
+    def _cohort_id(self, con: duckdb.DuckDBPyConnection, key: tuple[str, str, str], first_ts: datetime) -> int:
+        """The id of a cohort, created in the current transaction when new."""
+        cid = self._cohorts.get(key) or self._pending_cohorts.get(key)
+        if cid is not None:
+            return cid
+        row = con.execute(
+            """INSERT INTO cohorts VALUES (nextval('cohort_seq'), ?, ?, ?, ?)
+               ON CONFLICT DO NOTHING RETURNING cohort_id""", [*key, first_ts]).fetchone()
+        if row is None:  # created by an earlier transaction this cache has not seen
+            row = con.execute("SELECT cohort_id FROM cohorts WHERE model = ? AND prompt_version = ? "
+                              "AND contract = ?", list(key)).fetchone()
+        assert row is not None
+        self._pending_cohorts[key] = int(row[0])
+        return int(row[0])
 
     def record_outcomes(self, outcomes: Sequence[tuple[str, str, str, datetime, str]]) -> None:
         """Count provider outcomes: (model, prompt_version, contract, ts, kind) each."""
