@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: up test test-slow bench venv clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py collector/_speedups.c
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[test]'
@@ -19,6 +19,7 @@ up: $(STAMP)
 	$(BIN)/shapewatch up
 
 test: $(STAMP)
+	$(BIN)/python -m mypy
 	$(BIN)/python -m pytest -q
 
 # Slow suites (SIGKILL crash test and friends): their own script, not the default run.

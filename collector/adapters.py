@@ -32,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .errors import ShapewatchError
+
 __all__ = [
     "AdaptedResponse",
     "AdapterError",
@@ -97,7 +99,7 @@ class AdaptedResponse:
     outcomes: list[ProviderOutcome]
 
 
-class AdapterError(ValueError):
+class AdapterError(ShapewatchError, ValueError):
     """The raw response does not have the provider's shape.
 
     ``path`` names the offending place in the response

@@ -60,7 +60,7 @@ def quarantine_path(db_path: Path, source: Path) -> Path:
 def _open(path: Path) -> IO[bytes]:
     raw = path.open("rb")
     if path.suffix == ".gz":
-        return io.BufferedReader(gzip.GzipFile(fileobj=raw), buffer_size=1 << 20)  # type: ignore[arg-type]
+        return io.BufferedReader(gzip.GzipFile(fileobj=raw), buffer_size=1 << 20)
     return raw
 
 
@@ -147,8 +147,8 @@ def _import_one(path: Path, store: Store, limits: Limits, summary: ImportSummary
         todo.put(None)
         worker.join()
     if failure:
-        exc = failure[0]
-        raise exc if isinstance(exc, StoreError) else StoreError(f"importing {path}", exc)
+        cause = failure[0]
+        raise cause if isinstance(cause, StoreError) else StoreError(f"importing {path}", cause)
     if rejected_here:
         summary.quarantine.append(str(qpath))
     else:

@@ -95,7 +95,8 @@ class RollupBatch:
             self.add(output, cohort, ts)
 
     def _tables(self) -> tuple[pa.Table, pa.Table, pa.Table, pa.Table]:
-        return self.tables()[:4]  # type: ignore[return-value]
+        g, f, v, a, _ = self.tables()
+        return g, f, v, a
 
     def tables(self) -> tuple[pa.Table, pa.Table, pa.Table, pa.Table, pa.Table]:
         """The counts as Arrow tables (groups, fields, values, lengths, served models).
@@ -117,7 +118,7 @@ class RollupBatch:
             "epoch": pa.array([k[3] for k, _ in groups], pa.int64()),
             "events": pa.array([self._events[i] for _, i in groups], pa.int64())})
         counts = self._acc.counts()
-        cols = list(zip(*counts, strict=True)) if counts else [[] for _ in range(12)]
+        cols: list[tuple[Any, ...]] = list(zip(*counts, strict=True)) if counts else [() for _ in range(12)]
         names = pa.array([p for p, _ in self._paths], pa.string())
         scopes = pa.array([s for _, s in self._paths], pa.string())
         path_ids = pa.array(cols[1], pa.int64())

@@ -179,7 +179,7 @@ class Store:
             path.parent.mkdir(parents=True, exist_ok=True)
         elif not path.exists():
             raise StoreError("opening", f"database {path} does not exist")
-        config = {"memory_limit": memory_limit, "threads": str(threads),
+        config: dict[str, str | bool | int | float | list[str]] = {"memory_limit": memory_limit, "threads": str(threads),
                   "enable_external_access": "false", "autoinstall_known_extensions": "false",
                   "autoload_known_extensions": "false"}
         try:
@@ -357,7 +357,7 @@ class Store:
 
     def _insert(self, con: duckdb.DuckDBPyConnection, batch: PreparedBatch,
                 now: datetime) -> tuple[set[str], dict[str, str]]:
-        first_ts = {}
+        first_ts: dict[tuple[str, str, str], datetime] = {}
         for e in batch.unique:
             first_ts.setdefault((e.model, e.prompt_version, e.contract), e.ts)
         ids = [self._cohort_id(con, key, first_ts[key]) for key in batch.cohorts]
