@@ -102,7 +102,7 @@ static PyObject *py_count_keys(PyObject *self, PyObject *arg) {
 /* ---------------------------------------------------------------------------------------
  * Accumulator: flattens parsed outputs into mergeable rollup counts.
  *
- * Acc(namer, max_value_length[, max_values]). add(output, group) walks one output (already
+ * Acc(namer, max_value_length). add(output, group) walks one output (already
  * validated) and counts, per (group, path): presence, each JSON type, long
  * strings; per (group, path, short string) and per (group, path, array
  * length): occurrences. Paths are interned per parent: children[parent + 1] is
@@ -114,7 +114,7 @@ static PyObject *py_count_keys(PyObject *self, PyObject *arg) {
  * each other.
  * ------------------------------------------------------------------------------------- */
 
-enum { C_PRESENT, C_NULL, C_BOOLEAN, C_INTEGER, C_NUMBER, C_STRING, C_ARRAY, C_OBJECT, C_LONG, C_OVERFLOW, NCOUNT };
+enum { C_PRESENT, C_NULL, C_BOOLEAN, C_INTEGER, C_NUMBER, C_STRING, C_ARRAY, C_OBJECT, C_LONG, NCOUNT };
 
 typedef struct {
     Py_ssize_t *slot_of_path; /* path id -> slot + 1 (0: none yet) */
@@ -135,7 +135,6 @@ typedef struct {
     PyObject *lengths;    /* list: slot -> dict int -> int */
     Py_ssize_t nslots, cap;
     Py_ssize_t max_value_length;
-    Py_ssize_t max_values;  /* distinct short strings kept per slot; more count as overflow */
 } Acc;
 
 static void acc_dealloc(Acc *self) {
@@ -154,12 +153,11 @@ static void acc_dealloc(Acc *self) {
 
 static int acc_init(Acc *self, PyObject *args, PyObject *kw) {
     PyObject *namer;
-    Py_ssize_t maxlen, maxvalues = PY_SSIZE_T_MAX;
-    if (!PyArg_ParseTuple(args, "On|n", &namer, &maxlen, &maxvalues)) return -1;
+    Py_ssize_t maxlen;
+    if (!PyArg_ParseTuple(args, "On", &namer, &maxlen)) return -1;
     Py_INCREF(namer);
     self->namer = namer;
     self->max_value_length = maxlen;
-    self->max_values = maxvalues;
     self->children = PyList_New(0);
     self->values = PyList_New(0);
     self->lengths = PyList_New(0);
@@ -316,13 +314,7 @@ static int acc_value(Acc *self, PyObject *v, Py_ssize_t group, Py_ssize_t path) 
     } else if (PyUnicode_CheckExact(v)) {
         c[C_STRING]++;
         if (PyUnicode_GET_LENGTH(v) <= self->max_value_length) {
-            PyObject *vd = PyList_GET_ITEM(self->values, slot);
-            if (PyDict_GET_SIZE(vd) >= self->max_values) {
-                int has = PyDict_Contains(vd, v);
-                if (has < 0) return -1;
-                if (!has) { c[C_OVERFLOW]++; return 0; }
-            }
-            if (bump(vd, v) < 0) return -1;
+            if (bump(PyList_GET_ITEM(self->values, slot), v) < 0) return -1;
         } else {
             c[C_LONG]++;
         }
@@ -361,15 +353,14 @@ static PyObject *acc_add(Acc *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* counts() -> list of (group, path, present, null, boolean, integer, number, string, array, object, long,
- *                     overflow) */
+/* counts() -> list of (group, path, present, null, boolean, integer, number, string, array, object, long) */
 static PyObject *acc_counts(Acc *self, PyObject *unused) {
     PyObject *out = PyList_New(self->nslots);
     if (!out) return NULL;
     for (Py_ssize_t s = 0; s < self->nslots; s++) {
         long long *c = self->counts + s * NCOUNT;
-        PyObject *row = Py_BuildValue("(nnLLLLLLLLLL)", self->slot_group[s], self->slot_path[s],
-                                      c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8], c[9]);
+        PyObject *row = Py_BuildValue("(nnLLLLLLLLL)", self->slot_group[s], self->slot_path[s],
+                                      c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8]);
         if (!row) { Py_DECREF(out); return NULL; }
         PyList_SET_ITEM(out, s, row);
     }
@@ -410,7 +401,7 @@ fail:
 static PyMethodDef acc_methods[] = {
     {"rows", (PyCFunction)acc_rows, METH_O, "rows(0|1) -> (slots, keys, counts) of values (0) or lengths (1)."},
     {"add", (PyCFunction)acc_add, METH_VARARGS, "add(output: dict, group: int): count one output."},
-    {"counts", (PyCFunction)acc_counts, METH_NOARGS, "Per slot: (group, path, ten counts); slot i is row i."},
+    {"counts", (PyCFunction)acc_counts, METH_NOARGS, "Per slot: (group, path, nine counts); slot i is row i."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -165,15 +165,14 @@ class CollectorApi:
         for i, item in enumerate(items):
             if isinstance(item, EnvelopeInvalid):
                 counts["rejected"] += 1
-                for code in {f.code for f in item.fields}:
-                    self.metrics.count_rejected(code)
+                self.metrics.count_rejected({f.code for f in item.fields})
                 out.append({"index": i, "event_id": item.event_id, "status": "rejected",
                             "errors": [f.as_dict() for f in item.fields]})
                 continue
             res = next(by_pos)
             if res.status is WriteStatus.conflict:
                 counts["rejected"] += 1
-                self.metrics.count_rejected("conflict")
+                self.metrics.count_rejected({"conflict"})
                 out.append({"index": i, "event_id": item.event_id, "status": "rejected", "errors": [
                     {"path": "event_id", "reason": "already stored with a different payload; "
                      "an event_id names one event and must not be reused"}]})
@@ -202,8 +201,7 @@ class CollectorApi:
             try:
                 items = list(parse_body(body, self.limits, ndjson=ndjson))
             except EnvelopeInvalid as exc:
-                for code in {f.code for f in exc.fields}:
-                    self.metrics.count_rejected(code)
+                self.metrics.count_rejected({f.code for f in exc.fields})
                 raise ApiError(exc.status if exc.status != 422 or single else 400,
                                "the body is not a valid envelope" if single else "the body is not valid JSON",
                                exc.fields) from None

@@ -434,4 +434,6 @@ def parse_body(raw: bytes, lim: Limits, *, ndjson: bool, now: datetime | None = 
 
 def _prefix(exc: EnvelopeInvalid, where: str) -> EnvelopeInvalid:
     fields = [FieldError(f.path, f"{where}: {f.reason}", f.code) for f in exc.fields]
-    return EnvelopeInvalid(fields, status=exc.status)
+    new = EnvelopeInvalid(fields, status=exc.status)
+    new.event_id = exc.event_id
+    return new

@@ -43,10 +43,13 @@ class JsonType(str, Enum):
 _ESCAPES = str.maketrans({"\\": "\\\\", ".": "\\.", "[": "\\[", "]": "\\]"})
 
 
-def join_key(parent: str, key: str) -> str:
-    """The path of ``key`` inside the object at path ``parent`` ('' for the output)."""
+def join_key(parent: str | None, key: str) -> str:
+    """The path of ``key`` inside the object at path ``parent`` (None for the output itself).
+
+    The output is None rather than '' because '' is the path of a key named ''.
+    """
     k = key.translate(_ESCAPES)
-    return f"{parent}.{k}" if parent else k
+    return k if parent is None else f"{parent}.{k}"
 
 
 def items_path(array_path: str) -> str:
@@ -89,10 +92,10 @@ class Observation:
 
 def flatten_output(output: dict[str, Any]) -> Iterator[Observation]:
     """Every (path, type, value) found in one output, in document order."""
-    yield from _flatten_object(output, "", "")
+    yield from _flatten_object(output, None, "")
 
 
-def _flatten_object(obj: dict[str, Any], parent: str, scope: str) -> Iterator[Observation]:
+def _flatten_object(obj: dict[str, Any], parent: str | None, scope: str) -> Iterator[Observation]:
     for k, v in obj.items():
         yield from _flatten_value(v, join_key(parent, k), scope)
 

@@ -53,8 +53,9 @@ class ImportSummary:
 
 
 def quarantine_path(db_path: Path, source: Path) -> Path:
-    """Where the rejected lines of ``source`` go: beside the database, one file per input."""
-    return db_path.parent / "quarantine" / f"{source.name}.rejected.jsonl"
+    """Where the rejected lines of ``source`` go: beside the database, one file per input path."""
+    where = hashlib.blake2b(str(source.resolve()).encode(), digest_size=4).hexdigest()
+    return db_path.parent / "quarantine" / f"{source.name}.{where}.rejected.jsonl"
 
 
 def _open(path: Path) -> IO[bytes]:
@@ -96,15 +97,19 @@ def _import_one(path: Path, store: Store, limits: Limits, summary: ImportSummary
     prefix = hashlib.blake2b(path.name.encode(), digest_size=8).hexdigest()
     # The reading thread validates and prepares (columns, rollup counts); this thread only
     # runs the transaction, during which DuckDB releases the GIL.
-    todo: queue.Queue[PreparedBatch | None] = queue.Queue(maxsize=2)
+    # Each batch travels with the line number and bytes of each envelope, so a line the
+    # store refuses (an event_id reused with another payload) is quarantined like the rest.
+    todo: queue.Queue[tuple[PreparedBatch, list[tuple[int, bytes]]] | None] = queue.Queue(maxsize=2)
     failure: list[BaseException] = []
+    conflicts: list[bytes] = []
 
     def store_batches() -> None:
-        while (batch := todo.get()) is not None:
+        while (item := todo.get()) is not None:
             if failure:
                 continue
+            batch, origin = item
             try:
-                for r in store.write_batch(batch):
+                for r, (n, raw) in zip(store.write_batch(batch), origin, strict=True):
                     if r.status is WriteStatus.accepted:
                         summary.accepted += 1
                     elif r.status is WriteStatus.duplicate:
@@ -112,6 +117,8 @@ def _import_one(path: Path, store: Store, limits: Limits, summary: ImportSummary
                     else:
                         summary.rejected += 1
                         summary.rejected_by_reason["conflict"] += 1
+                        conflicts.append(_quarantine_line(path, n, [FieldError(
+                            "event_id", "already stored with a different payload", "conflict")], raw))
             except BaseException as exc:  # handed to the reading thread, which re-raises
                 failure.append(exc)
 
@@ -119,6 +126,7 @@ def _import_one(path: Path, store: Store, limits: Limits, summary: ImportSummary
     worker.start()
     now = datetime.now(UTC)
     batch: list[Envelope] = []
+    origin: list[tuple[int, bytes]] = []
     try:
         with qpath.open("wb") as quarantine:
             for n, line in _lines(path):
@@ -130,6 +138,7 @@ def _import_one(path: Path, store: Store, limits: Limits, summary: ImportSummary
                 try:
                     default_id = f"{prefix}:{n}:{hashlib.blake2b(stripped, digest_size=8).hexdigest()}"
                     batch.append(parse_envelope(stripped, limits, now=now, default_id=default_id))
+                    origin.append((n, stripped))
                 except EnvelopeInvalid as exc:
                     rejected_here += 1
                     summary.rejected += 1
@@ -137,15 +146,20 @@ def _import_one(path: Path, store: Store, limits: Limits, summary: ImportSummary
                         summary.rejected_by_reason[code] += 1
                     quarantine.write(_quarantine_line(path, n, exc.fields, stripped))
                 if len(batch) >= batch_size:
-                    todo.put(store.prepare_batch(batch))
-                    batch = []
+                    todo.put((store.prepare_batch(batch), origin))
+                    batch, origin = [], []
                     if failure:
                         break
             if batch and not failure:
-                todo.put(store.prepare_batch(batch))
+                todo.put((store.prepare_batch(batch), origin))
+            todo.put(None)
+            worker.join()
+            rejected_here += len(conflicts)
+            quarantine.writelines(conflicts)
     finally:
-        todo.put(None)
-        worker.join()
+        if worker.is_alive():
+            todo.put(None)
+            worker.join()
     if failure:
         cause = failure[0]
         raise cause if isinstance(cause, StoreError) else StoreError(f"importing {path}", cause)

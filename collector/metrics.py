@@ -65,9 +65,11 @@ class CollectorMetrics:
         if outcome == "duplicate":
             self.dedup_hits.inc(n)
 
-    def count_rejected(self, code: str, n: int = 1) -> None:
-        self.events.labels("rejected", _OTHER, _OTHER).inc(n)
-        self.rejected.labels(code).inc(n)
+    def count_rejected(self, codes: set[str] | frozenset[str]) -> None:
+        """One rejected event, whose reasons had these codes (each reason counted once)."""
+        self.events.labels("rejected", _OTHER, _OTHER).inc()
+        for code in codes:
+            self.rejected.labels(code).inc()
 
     def observe_batch(self, events: int, seconds: float) -> None:
         self.batch_events.observe(events)

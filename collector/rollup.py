@@ -63,13 +63,13 @@ class RollupBatch:
         self._groups: dict[tuple[str, str, str, int], int] = {}
         self._events: list[int] = []  # outputs per group: the units of the top scope
         self._served: dict[tuple[int, str], int] = {}  # (group, served model) -> outputs
-        self._acc = Acc(self._name, cfg.enum_value_max_length, cfg.enum_values_per_path)
+        self._acc = Acc(self._name, cfg.enum_value_max_length)
         self._built: tuple[pa.Table, pa.Table, pa.Table, pa.Table, pa.Table] | None = None
 
     def _name(self, parent: int, key: str | None) -> int:
         # Called by the accumulator the first time it meets (parent, key) in this batch.
         if parent < 0:
-            path, scope = join_key("", key or ""), ""
+            path, scope = join_key(None, key or ""), ""
         else:
             ppath, pscope = self._paths[parent]
             path, scope = (items_path(ppath), ppath) if key is None else (join_key(ppath, key), pscope)
@@ -118,7 +118,7 @@ class RollupBatch:
             "epoch": pa.array([k[3] for k, _ in groups], pa.int64()),
             "events": pa.array([self._events[i] for _, i in groups], pa.int64())})
         counts = self._acc.counts()
-        cols: list[tuple[Any, ...]] = list(zip(*counts, strict=True)) if counts else [() for _ in range(12)]
+        cols: list[tuple[Any, ...]] = list(zip(*counts, strict=True)) if counts else [() for _ in range(11)]
         names = pa.array([p for p, _ in self._paths], pa.string())
         scopes = pa.array([s for _, s in self._paths], pa.string())
         path_ids = pa.array(cols[1], pa.int64())
@@ -126,7 +126,6 @@ class RollupBatch:
              "path": names.take(path_ids), "scope": scopes.take(path_ids)}
         for i, name in enumerate(_FIELD_COLS):
             f[name] = pa.array(cols[2 + i], pa.int64())
-        f["batch_overflow"] = pa.array(cols[2 + len(_FIELD_COLS)], pa.int64())
         vs, vv, vn = self._acc.rows(0)
         v = pa.table({"slot": pa.array(vs, pa.int64()), "value": pa.array(vv, pa.string()),
                       "n": pa.array(vn, pa.int64())})
@@ -168,33 +167,30 @@ class RollupBatch:
         con.execute(
             "INSERT INTO cohort_buckets SELECT cohort_id, bucket, events FROM _groups")
         # Short strings: keep at most `cap` distinct values per (cohort, bucket, path).
-        # The accumulator already kept at most `cap` per batch (the rest is batch_overflow),
-        # so a bucket no earlier batch touched takes them all. For a bucket that has rows,
-        # values already kept always add up, new ones are admitted by frequency while
-        # room is left, and the rest go to the overflow count.
+        # Values already kept always add up; new ones are admitted by frequency while
+        # room is left; the rest go to the overflow count. Only buckets that earlier
+        # batches touched can hold kept values, so only those are looked up.
         con.execute(
             """CREATE OR REPLACE TEMP TABLE _vr AS
-               WITH b AS (SELECT cohort_id, bucket, path, value, _rv.n, existed
+               WITH b AS (SELECT cohort_id, bucket, path, value, _rv.n
                           FROM _rv JOIN _rf USING (slot) JOIN _groups USING (g)),
                old AS (SELECT DISTINCT cohort_id, bucket, path, value FROM value_rollups
                        WHERE bucket BETWEEN (SELECT min(bucket) FROM _groups WHERE existed)
                                         AND (SELECT max(bucket) FROM _groups WHERE existed)
                          AND (cohort_id, bucket) IN (SELECT cohort_id, bucket FROM _groups WHERE existed)),
                known AS (SELECT b.*, old.value IS NOT NULL AS kept FROM b LEFT JOIN old
-                         USING (cohort_id, bucket, path, value) WHERE existed),
+                         USING (cohort_id, bucket, path, value)),
                room AS (SELECT cohort_id, bucket, path, count(*) AS used FROM old GROUP BY ALL),
                ranked AS (SELECT known.*, coalesce(room.used, 0) AS used,
                                  row_number() OVER (PARTITION BY cohort_id, bucket, path, kept
                                                     ORDER BY n DESC, value) AS rn
                           FROM known LEFT JOIN room USING (cohort_id, bucket, path))
-               SELECT cohort_id, bucket, path, value, n, kept OR used + rn <= $cap AS admitted FROM ranked
-               UNION ALL
-               SELECT cohort_id, bucket, path, value, n, true FROM b WHERE NOT existed""",
+               SELECT cohort_id, bucket, path, value, n, kept OR used + rn <= $cap AS admitted FROM ranked""",
             {"cap": self.cfg.enum_values_per_path})
         con.execute(
             """INSERT INTO field_rollups
                SELECT cohort_id, bucket, path, scope, present, n_null, n_boolean, n_integer, n_number,
-                      n_string, n_array, n_object, long_strings, batch_overflow + coalesce(o.n, 0)
+                      n_string, n_array, n_object, long_strings, coalesce(o.n, 0)
                FROM _rf JOIN _groups USING (g)
                LEFT JOIN (SELECT cohort_id, bucket, path, sum(n) AS n FROM _vr WHERE NOT admitted
                           GROUP BY ALL) o USING (cohort_id, bucket, path)""")

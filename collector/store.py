@@ -77,11 +77,13 @@ CREATE TABLE outcomes (
     cohort_id INTEGER, bucket TIMESTAMPTZ, kind VARCHAR, n BIGINT NOT NULL,
     PRIMARY KEY (cohort_id, bucket, kind));
 INSERT INTO served_models
-    SELECT cohort_id, time_bucket(INTERVAL 60 SECOND, ts) AS bucket, served_model, count(*)
+    SELECT cohort_id, to_timestamp(floor(epoch(ts))::BIGINT // {bucket} * {bucket}) AS bucket, served_model, count(*)
     FROM events WHERE served_model IS NOT NULL GROUP BY ALL;
 """
 
 # Each entry turns version i into version i + 1; never edit a released one, append.
+# "{bucket}" stands for the store's bucket width in seconds. Buckets are always on the
+# Unix-epoch grid (epoch - epoch % width), the same grid the rollups use.
 MIGRATIONS: list[str] = [_V1, _V2]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -221,7 +223,7 @@ class Store:
             log.info("migrating %s from schema version %d to %d", self.path, version, version + 1)
             try:
                 self._con.execute("BEGIN TRANSACTION")
-                self._con.execute(MIGRATIONS[version])
+                self._con.execute(MIGRATIONS[version].replace("{bucket}", str(int(self.bucket_seconds))))
                 self._con.execute(
                     "INSERT INTO meta VALUES ('schema_version', ?) "
                     "ON CONFLICT DO UPDATE SET value = excluded.value", [str(version + 1)])
@@ -360,7 +362,8 @@ class Store:
         first_ts: dict[tuple[str, str, str], datetime] = {}
         for e in batch.unique:
             first_ts.setdefault((e.model, e.prompt_version, e.contract), e.ts)
-        ids = [self._cohort_id(con, key, first_ts[key]) for key in batch.cohorts]
+        by_key = self._cohort_ids(con, first_ts)
+        ids = [by_key[key] for key in batch.cohorts]
         con.register("_ck", pa.table({"cohort_key": pa.array(range(len(ids)), pa.int32()),
                                       "cohort_id": pa.array(ids, pa.int32())}))
         con.register("_batch", batch.table)
@@ -376,65 +379,81 @@ class Store:
         if len(inserted) < len(batch.unique):
             existing = dict(con.execute(
                 """SELECT e.event_id, e.payload_hash FROM events e
-                   WHERE e.id_key IN (SELECT md5_number(event_id) FROM _batch) AND e.received_at < $now""",
-                {"now": now}).fetchall())
+                   WHERE e.id_key IN (SELECT md5_number(event_id) FROM _batch)""").fetchall())
         if len(inserted) == len(batch.unique):
             batch.rollups.merge_into(con)
         elif inserted:  # some were stored before: count only what is new
             self._rollups_of([e for e in batch.unique if e.event_id in inserted]).merge_into(con)
         return inserted, existing
 
-    def _cohort_id(self, con: duckdb.DuckDBPyConnection, key: tuple[str, str, str], first_ts: datetime) -> int:
-        """The id of a cohort, created in the current transaction when new."""
-        cid = self._cohorts.get(key) or self._pending_cohorts.get(key)
-        if cid is not None:
-            return cid
-        row = con.execute(
-            """INSERT INTO cohorts VALUES (nextval('cohort_seq'), ?, ?, ?, ?)
-               ON CONFLICT DO NOTHING RETURNING cohort_id""", [*key, first_ts]).fetchone()
-        if row is None:  # created by an earlier transaction this cache has not seen
-            row = con.execute("SELECT cohort_id FROM cohorts WHERE model = ? AND prompt_version = ? "
-                              "AND contract = ?", list(key)).fetchone()
-        assert row is not None
-        self._pending_cohorts[key] = int(row[0])
-        return int(row[0])
+    def _cohort_ids(self, con: duckdb.DuckDBPyConnection,
+                    first_ts: dict[tuple[str, str, str], datetime]) -> dict[tuple[str, str, str], int]:
+        """The id of each cohort, creating new ones (set-based) in the current transaction."""
+        ids: dict[tuple[str, str, str], int] = {}
+        new: list[tuple[str, str, str]] = []
+        for key in first_ts:
+            cid = self._cohorts.get(key) or self._pending_cohorts.get(key)
+            if cid is None:
+                new.append(key)
+            else:
+                ids[key] = cid
+        if not new:
+            return ids
+        con.register("_nc", pa.table({
+            "model": pa.array([k[0] for k in new], pa.string()),
+            "prompt_version": pa.array([k[1] for k in new], pa.string()),
+            "contract": pa.array([k[2] for k in new], pa.string()),
+            "first_seen": pa.array([first_ts[k] for k in new], pa.timestamp("us", tz="UTC"))}))
+        try:
+            con.execute(
+                """INSERT INTO cohorts
+                   SELECT nextval('cohort_seq'), model, prompt_version, contract, first_seen FROM _nc
+                   ON CONFLICT DO NOTHING""")
+            rows = con.execute(
+                """SELECT c.cohort_id, c.model, c.prompt_version, c.contract
+                   FROM cohorts c JOIN _nc USING (model, prompt_version, contract)""").fetchall()
+        finally:
+            con.unregister("_nc")
+        for cid, *key in rows:
+            ids[(key[0], key[1], key[2])] = self._pending_cohorts[(key[0], key[1], key[2])] = int(cid)
+        return ids
 
     def record_outcomes(self, outcomes: Sequence[tuple[str, str, str, datetime, str]]) -> None:
         """Count provider outcomes: (model, prompt_version, contract, ts, kind) each."""
         if not outcomes:
             return
-        table = pa.table({
-            "model": pa.array([o[0] for o in outcomes], pa.string()),
-            "prompt_version": pa.array([o[1] for o in outcomes], pa.string()),
-            "contract": pa.array([o[2] for o in outcomes], pa.string()),
-            "ts": pa.array([o[3] for o in outcomes], pa.timestamp("us", tz="UTC")),
-            "kind": pa.array([o[4] for o in outcomes], pa.string())})
+        step = self.bucket_seconds
+        counts: dict[tuple[tuple[str, str, str], int, str], int] = {}
+        first_ts: dict[tuple[str, str, str], datetime] = {}
+        for model, prompt_version, contract, ts, kind in outcomes:
+            cohort = (model, prompt_version, contract)
+            first_ts.setdefault(cohort, ts)
+            epoch = int(ts.timestamp())
+            key = (cohort, epoch - epoch % step, kind)
+            counts[key] = counts.get(key, 0) + 1
         with self._write_lock:
             con = self._con
+            began = False
             try:
-                con.register("_outc", table)
                 con.execute("BEGIN TRANSACTION")
-                con.execute(
-                    """INSERT INTO cohorts
-                       SELECT nextval('cohort_seq'), model, prompt_version, contract, min(ts)
-                       FROM _outc b WHERE NOT EXISTS (
-                           SELECT 1 FROM cohorts c WHERE c.model = b.model
-                           AND c.prompt_version = b.prompt_version AND c.contract = b.contract)
-                       GROUP BY model, prompt_version, contract""")
-                con.execute(
-                    f"""INSERT INTO outcomes
-                        SELECT c.cohort_id, time_bucket(INTERVAL {int(self.bucket_seconds)} SECOND, o.ts),
-                               o.kind, count(*)
-                        FROM _outc o JOIN cohorts c USING (model, prompt_version, contract) GROUP BY ALL
-                        ON CONFLICT DO UPDATE SET n = n + excluded.n""")
+                began = True
+                self._pending_cohorts = {}
+                ids = self._cohort_ids(con, first_ts)
+                con.executemany(
+                    """INSERT INTO outcomes VALUES (?, to_timestamp(?), ?, ?)
+                       ON CONFLICT DO UPDATE SET n = n + excluded.n""",
+                    [[ids[c], epoch, kind, n] for (c, epoch, kind), n in counts.items()])
                 con.execute("COMMIT")
+                self._cohorts.update(self._pending_cohorts)
             except duckdb.Error as exc:
-                con.execute("ROLLBACK")
+                if began:
+                    try:
+                        con.execute("ROLLBACK")
+                    except duckdb.Error:
+                        pass
                 if _is_space_error(exc):
                     raise StoreUnavailable(exc) from exc
                 raise StoreError("recording provider outcomes", exc) from exc
-            finally:
-                con.unregister("_outc")
 
     def compact(self, since: datetime | None = None) -> int:
         """Fold rollup rows (buckets from ``since`` on, or all) into one per key; returns rows removed."""

@@ -319,9 +319,6 @@ def test_ndjson_body_answers_per_line(http: httpx.Client) -> None:
     assert events_stored(http) == before + 2
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: collector/envelope.py _prefix() builds a new EnvelopeInvalid "
-                   "without copying exc.event_id, so a rejected NDJSON line answers event_id null while the "
-                   "same envelope in a JSON array answers its event_id")
 def test_ndjson_rejected_line_names_its_event_id(http: httpx.Client) -> None:
     bad = make_envelope(output="text")
     r = http.post("/v1/outputs", content=json.dumps(bad).encode(), headers=NDJSON)
@@ -425,10 +422,6 @@ def test_metrics_count_events_by_outcome_and_rejections_by_reason(service: Servi
     assert metric_samples(text, "shapewatch_dedup_hits_total") == {(): 1.0}
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: collector/api.py _store() and post_outputs call "
-                   "metrics.count_rejected() once per distinct reason code, and count_rejected "
-                   "(collector/metrics.py) also increments shapewatch_events_total{outcome=rejected}: an event "
-                   "with two kinds of fault is counted as two rejected events")
 def test_metrics_count_a_rejected_event_once_whatever_its_faults(service: Service) -> None:
     with service.client() as c:
         r = post(c, make_envelope(model=None, output=[1]))  # missing + wrong_type

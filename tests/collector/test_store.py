@@ -22,7 +22,7 @@ import orjson
 import pytest
 
 from collector.envelope import LIMITS, Envelope, parse_envelope
-from collector.errors import StoreError, StoreLocked, StoreVersionTooNew
+from collector.errors import StoreError, StoreVersionTooNew
 from collector.rollup import ROLLUP_TABLES
 from collector.store import MIGRATIONS, SCHEMA_VERSION, Store, WriteResult, WriteStatus
 
@@ -304,9 +304,6 @@ def test_concurrent_writers_store_each_event_once(store: Store, envelope: MakeEn
         ("claude-sonnet-4-5-20250929", "intake-v3", "intake", T1200): (280,)}
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: store.py _insert looks stored keys up only among rows with "
-                   "received_at < now, so after a restart whose clock is behind the last batch a retry "
-                   "(same payload) is reported as a conflict")
 def test_a_retry_after_a_restart_with_a_clock_behind_is_still_a_duplicate(
         db_path: Path, envelope: MakeEnvelope) -> None:
     raw = envelope(event_id="r")
@@ -364,9 +361,6 @@ def test_record_outcomes_counts_per_cohort_bucket_and_kind(store: Store) -> None
     assert count_events(store) == 0
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: store.py record_outcomes buckets with time_bucket(), whose "
-                   "origin is 2000-01-03, while rollups bucket on epoch multiples; the grids differ "
-                   "for widths that do not divide 946857600 s")
 def test_outcomes_share_the_rollup_bucket_grid_for_any_width(tmp_path: Path, envelope: MakeEnvelope) -> None:
     with Store.open(tmp_path / "w.duckdb", bucket_seconds=1000) as store:
         store.write_batch([parse(envelope(ts="2026-11-29T12:00:00Z"))])
@@ -377,8 +371,6 @@ def test_outcomes_share_the_rollup_bucket_grid_for_any_width(tmp_path: Path, env
         assert store.query("SELECT epoch(bucket)::BIGINT FROM outcomes") == buckets
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: store.py record_outcomes runs ROLLBACK unguarded in its "
-                   "except branch, so a broken connection escapes as a raw duckdb error, not StoreError")
 def test_record_outcomes_on_a_broken_connection_is_a_store_error(store: Store) -> None:
     store.close()
     with pytest.raises(StoreError):

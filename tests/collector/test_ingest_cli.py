@@ -1,0 +1,175 @@
+"""``shapewatch ingest`` as a user runs it: a subprocess on real JSONL files and a real DuckDB file."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+
+from collector import quarantine_path
+from conftest import ROOT, SHAPEWATCH, Service, make_envelope
+
+
+def ingest(*files: Path, db: Path, fmt: str = "json") -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*SHAPEWATCH, "ingest", *map(str, files), "--db", str(db), "--format", fmt],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def summary_of(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return json.loads(proc.stdout)  # type: ignore[no-any-return]
+
+
+def summary(accepted: int = 0, duplicate: int = 0, rejected: int = 0,
+            rejected_by_reason: dict[str, int] | None = None, quarantine: list[str] | None = None) -> dict[str, Any]:
+    return {"accepted": accepted, "duplicate": duplicate, "rejected": rejected,
+            "rejected_by_reason": rejected_by_reason or {}, "quarantine": quarantine or []}
+
+
+def stored(db: Path) -> dict[str, int]:
+    """event_id -> how many rows hold it."""
+    with duckdb.connect(str(db), read_only=True) as con:
+        return dict(con.execute("SELECT event_id, count(*) FROM events GROUP BY event_id").fetchall())
+
+
+def write_lines(path: Path, lines: list[str]) -> Path:
+    data = ("\n".join(lines) + "\n").encode()
+    if path.suffix == ".gz":
+        path.write_bytes(gzip.compress(data))
+    else:
+        path.write_bytes(data)
+    return path
+
+
+def valid_lines() -> list[str]:
+    """Four valid envelopes: two with an event_id, two without (one of them without ts),
+    and the two without ids are byte-identical apart from the line they are on."""
+    no_id = json.dumps(make_envelope(event_id=None, ts=None, output={"priority": "low"}))
+    return [json.dumps(make_envelope()), no_id, json.dumps(make_envelope(output={"x": [1, 2]})), no_id]
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "var" / "shapewatch.duckdb"
+
+
+@pytest.mark.parametrize("name", ["outputs.jsonl", "outputs.jsonl.gz"])
+def test_ingest_stores_every_line_and_a_rerun_adds_nothing(tmp_path: Path, db: Path, name: str) -> None:
+    src = write_lines(tmp_path / name, [*valid_lines(), ""])  # a trailing blank line is skipped
+    first = ingest(src, db=db)
+    assert first.returncode == 0, first.stderr
+    assert summary_of(first) == summary(accepted=4)
+    ids = stored(db)
+    assert len(ids) == 4 and set(ids.values()) == {1}  # identical outputs on two lines both count
+
+    again = ingest(src, db=db)
+    assert again.returncode == 0, again.stderr
+    assert summary_of(again) == summary(duplicate=4)  # including the lines without event_id
+    assert stored(db) == ids
+    assert not quarantine_path(db, src).exists()
+
+
+def test_ingest_table_format_prints_a_summary(tmp_path: Path, db: Path) -> None:
+    proc = ingest(write_lines(tmp_path / "o.jsonl", valid_lines()), db=db, fmt="table")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0] == "accepted 4, duplicate 0, rejected 0"
+
+
+def test_rejected_lines_go_to_a_quarantine_that_a_rerun_rewrites(tmp_path: Path, db: Path) -> None:
+    good = valid_lines()
+    bad_output = json.dumps(make_envelope(output=["not", "an", "object"]))
+    bad_json = '{"model": "m", "prompt_version": "p", "output": {"a": NaN}}'
+    bad_two = json.dumps(make_envelope(model=None, ts="2026-11-29 12:00"))
+    src = write_lines(tmp_path / "mixed.jsonl", [good[0], bad_output, good[1], "", bad_json, bad_two, good[2]])
+    qfile = quarantine_path(db, src)
+
+    proc = ingest(src, db=db)
+    assert proc.returncode == 1, proc.stderr
+    assert summary_of(proc) == summary(
+        accepted=3, rejected=3, quarantine=[str(qfile)],
+        rejected_by_reason={"invalid_json": 1, "invalid_timestamp": 1, "missing": 1, "wrong_type": 1})
+    expected = [
+        {"file": str(src), "line": 2, "raw": bad_output,
+         "errors": [{"path": "output", "reason": "must be a JSON object, got array"}]},
+        {"file": str(src), "line": 5, "raw": bad_json,
+         "errors": [{"path": "", "reason": "not valid JSON: unexpected character, expected a JSON value: "
+                     f"line 1 column {bad_json.index('NaN') + 1} (char {bad_json.index('NaN')})"}]},
+        {"file": str(src), "line": 6, "raw": bad_two,
+         "errors": [{"path": "model", "reason": "is required"},
+                    {"path": "ts", "reason": "'2026-11-29 12:00' has no time zone; add 'Z' or an offset like +00:00"}]},
+    ]
+    assert [json.loads(x) for x in qfile.read_text().splitlines()] == expected
+    assert len(stored(db)) == 3
+
+    proc = ingest(src, db=db)  # rerun: the quarantine is rewritten, not appended to
+    assert proc.returncode == 1
+    assert summary_of(proc)["duplicate"] == 3 and summary_of(proc)["accepted"] == 0
+    assert [json.loads(x) for x in qfile.read_text().splitlines()] == expected
+
+    # The file fixed in part, every kept line on its old line number (a line without
+    # event_id is identified by its number): the quarantine follows the file.
+    write_lines(src, [good[0], "", good[1], "", "", bad_output, good[2]])
+    proc = ingest(src, db=db)
+    assert summary_of(proc) == summary(duplicate=3, rejected=1, rejected_by_reason={"wrong_type": 1},
+                                       quarantine=[str(qfile)])
+    assert [json.loads(x) for x in qfile.read_text().splitlines()] == [{**expected[0], "line": 6}]
+
+    write_lines(src, [good[0], "", good[1], "", "", "", good[2]])  # fully fixed: no quarantine left
+    proc = ingest(src, db=db)
+    assert proc.returncode == 0
+    assert summary_of(proc) == summary(duplicate=3)
+    assert not qfile.exists()
+    assert len(stored(db)) == 3
+
+
+def test_a_conflicting_line_is_quarantined_too(tmp_path: Path, db: Path) -> None:
+    env = make_envelope()
+    reused = json.dumps({**env, "output": {"intent": "other"}})
+    src = write_lines(tmp_path / "conflict.jsonl", [json.dumps(env), reused])
+    proc = ingest(src, db=db)
+    assert proc.returncode == 1
+    qfile = quarantine_path(db, src)
+    assert summary_of(proc) == summary(accepted=1, rejected=1, rejected_by_reason={"conflict": 1},
+                                       quarantine=[str(qfile)])
+    assert [(q["line"], q["raw"]) for q in map(json.loads, qfile.read_text().splitlines())] == [(2, reused)]
+
+
+def test_inputs_with_the_same_name_keep_their_own_quarantine(tmp_path: Path, db: Path) -> None:
+    (tmp_path / "day1").mkdir()
+    (tmp_path / "day2").mkdir()
+    a = write_lines(tmp_path / "day1" / "outputs.jsonl", [json.dumps(make_envelope(output=[1]))])
+    b = write_lines(tmp_path / "day2" / "outputs.jsonl", [json.dumps(make_envelope(output="s"))])
+    proc = ingest(a, b, db=db)
+    out = summary_of(proc)
+    assert out["rejected"] == 2
+    kept = [json.loads(line)["file"] for q in set(out["quarantine"]) for line in Path(q).read_text().splitlines()]
+    assert sorted(kept) == sorted([str(a), str(b)])
+
+
+def test_a_db_held_by_a_service_exits_2_saying_so(tmp_path: Path, service_factory: Callable[..., Service]) -> None:
+    svc = service_factory(tmp_path / "held.duckdb")
+    src = write_lines(tmp_path / "o.jsonl", valid_lines())
+    proc = ingest(src, db=svc.db_path)
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert f"database {svc.db_path} is in use by another process" in proc.stderr
+    assert "--url" in proc.stderr  # says what to do instead
+    assert "Traceback" not in proc.stderr
+    with svc.client() as c:
+        assert c.get("/healthz").json()["events"] == 0
+
+
+def test_a_missing_file_is_a_usage_error(tmp_path: Path, db: Path) -> None:
+    proc = ingest(tmp_path / "nope.jsonl", db=db)
+    assert proc.returncode == 2
+    assert "does not exist" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not db.exists()  # nothing was created for a command that could not run
