@@ -414,8 +414,9 @@ class Store:
                    FROM cohorts c JOIN _nc USING (model, prompt_version, contract)""").fetchall()
         finally:
             con.unregister("_nc")
-        for cid, *key in rows:
-            ids[(key[0], key[1], key[2])] = self._pending_cohorts[(key[0], key[1], key[2])] = int(cid)
+        for cid, model, prompt_version, contract in rows:
+            cohort = (str(model), str(prompt_version), str(contract))
+            ids[cohort] = self._pending_cohorts[cohort] = int(cid)
         return ids
 
     def record_outcomes(self, outcomes: Sequence[tuple[str, str, str, datetime, str]]) -> None:
