@@ -132,7 +132,16 @@ def _int(text: str) -> int | _BigInt:
 
 
 def _exact_loads(raw: bytes) -> Any:
-    return json.loads(raw, object_pairs_hook=_pairs, parse_int=_int)
+    try:
+        return json.loads(raw, object_pairs_hook=_pairs, parse_int=_int)
+    except RecursionError:
+        # orjson parsed it (it allows 1,024 levels), Python's parser gives up sooner:
+        # far deeper than any limit we accept either way.
+        raise _TooDeepToReparse([FieldError("", "nested too deeply to parse", code="too_deep")]) from None
+
+
+class _TooDeepToReparse(EnvelopeInvalid):
+    """The exact re-parse hit Python's recursion limit."""
 
 
 def _may_hide_something(raw: bytes, keys: int, huge_float: bool) -> bool:
@@ -265,7 +274,12 @@ def _parse_ts(v: Any, errors: list[FieldError], now: datetime) -> datetime:
     if ts.tzinfo is None:
         errors.append(FieldError("ts", f"{v[:40]!r} has no time zone; add 'Z' or an offset like +00:00", code="invalid_timestamp"))
         return now
-    return ts.astimezone(UTC)
+    try:
+        return ts.astimezone(UTC)
+    except OverflowError:
+        errors.append(FieldError("ts", f"{v[:40]!r} is outside the range of representable times",
+                                 code="invalid_timestamp"))
+        return now
 
 
 def validate_envelope(
@@ -349,12 +363,17 @@ def validate_envelope(
         raise exc
     assert isinstance(event_id, str) and model and prompt_version
     output_bytes = orjson.dumps(output)
+    if len(output_bytes) > lim.max_event_bytes:  # an array item skips the per-line size check
+        exc = EnvelopeInvalid([FieldError("output", f"is {len(output_bytes)} bytes; the limit for one "
+                                          f"envelope is {lim.max_event_bytes}", code="too_large")])
+        exc.event_id = None if generated else event_id[:128]
+        raise exc
     # The payload hash tells a retry (same payload) from a reused key (different payload).
     # It covers what the client sent, formatting aside; a defaulted ts is not part of it.
     ts_given = obj.get("ts")
     h = hashlib.blake2b(output_bytes, digest_size=16)
-    h.update("\x1f".join([model, prompt_version, contract, ts_given or "", source or "",
-                           attributes_json or "", *[t or "" for t in tags.values()]]).encode())
+    h.update(orjson.dumps([model, prompt_version, contract, ts_given, source, attributes_json,
+                           *tags.values()]))
     return Envelope(
         event_id=event_id, generated_id=generated, ts=ts, model=model, prompt_version=prompt_version,
         contract=contract, output_json=output_bytes.decode(), payload_hash=h.hexdigest(),
@@ -366,7 +385,7 @@ def _loads(raw: bytes, path: str) -> Any:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         msg = str(exc)
-        if "recursion" in msg:
+        if "recursion" in msg or "depth limit" in msg:
             msg = "nested too deeply to parse"
         raise EnvelopeInvalid([FieldError(path, f"not valid JSON: {msg}", code="invalid_json")], status=400) from None
 
@@ -381,9 +400,13 @@ def parse_envelope(raw: bytes, lim: Limits, *, now: datetime | None = None,
     counter = [0, 0]
     try:
         env = validate_envelope(obj, lim, keys_seen=counter, now=now, default_id=default_id)
-    except EnvelopeInvalid:
+    except EnvelopeInvalid as first:
         if counter[0] and _may_hide_something(raw, counter[0], bool(counter[1])):
-            validate_envelope(_exact_loads(raw), lim, now=now)  # names a hidden fault, if any
+            try:
+                exact = _exact_loads(raw)
+            except _TooDeepToReparse:
+                raise first from None  # the walk already named the nesting
+            validate_envelope(exact, lim, now=now)  # names a hidden fault, if any
         raise
     if _may_hide_something(raw, counter[0], bool(counter[1])):
         return validate_envelope(_exact_loads(raw), lim, now=now, default_id=default_id)
@@ -422,7 +445,11 @@ def parse_body(raw: bytes, lim: Limits, *, ndjson: bool, now: datetime | None = 
         except EnvelopeInvalid as exc:
             results.append(exc)
     if _may_hide_something(raw, counter[0], bool(counter[1])):
-        exact = _exact_loads(raw)
+        try:
+            exact = _exact_loads(raw)
+        except _TooDeepToReparse as exc:
+            exc.status = 400  # the items cannot all be checked: refuse the body
+            raise
         for i, obj in enumerate(exact):
             if not isinstance(results[i], EnvelopeInvalid):
                 try:

@@ -7,11 +7,12 @@ so two different documents never share a path.
 
 Presence is counted per *unit*: for a path outside any array the unit is the
 output, for a path under ``a[]`` it is an item of ``a``. The *scope* of a path
-is the array path whose items are its units ('' for the output itself).
+is the array path whose items are its units, or None for the output itself
+(not '', which is the path of a key named '').
 
-The set-based version that runs at ingest lives in ``rollup.py`` and runs
-inside DuckDB; ``flatten_output`` here is the reference definition, one
-output at a time, which tests hold the SQL to.
+At ingest the same counting runs in C over the parsed outputs
+(``rollup.py``, ``_speedups.Acc``); ``flatten_output`` here is the reference
+definition, one output at a time, which tests hold the accumulator to.
 
 >>> [(o.path, o.type) for o in flatten_output({"a": {"b": [1, 2.5]}})]
 [('a', 'object'), ('a.b', 'array'), ('a.b[]', 'integer'), ('a.b[]', 'number')]
@@ -84,7 +85,7 @@ class Observation:
     """One value found at one path: its type, its string value, its array length."""
 
     path: str
-    scope: str
+    scope: str | None  # the array path whose items are the units; None: the outputs are
     type: JsonType
     string: str | None = None
     length: int | None = None
@@ -92,15 +93,15 @@ class Observation:
 
 def flatten_output(output: dict[str, Any]) -> Iterator[Observation]:
     """Every (path, type, value) found in one output, in document order."""
-    yield from _flatten_object(output, None, "")
+    yield from _flatten_object(output, None, None)
 
 
-def _flatten_object(obj: dict[str, Any], parent: str | None, scope: str) -> Iterator[Observation]:
+def _flatten_object(obj: dict[str, Any], parent: str | None, scope: str | None) -> Iterator[Observation]:
     for k, v in obj.items():
         yield from _flatten_value(v, join_key(parent, k), scope)
 
 
-def _flatten_value(v: Any, path: str, scope: str) -> Iterator[Observation]:
+def _flatten_value(v: Any, path: str, scope: str | None) -> Iterator[Observation]:
     t = json_type_of(v)
     if t is JsonType.array:
         yield Observation(path, scope, t, length=len(v))

@@ -59,7 +59,7 @@ class RollupBatch:
     def __init__(self, cfg: RollupConfig, *, bucket_seconds: int) -> None:
         self.cfg = cfg
         self.bucket_seconds = bucket_seconds
-        self._paths: list[tuple[str, str]] = []  # id -> (path, scope)
+        self._paths: list[tuple[str, str | None]] = []  # id -> (path, scope; None: the outputs)
         self._groups: dict[tuple[str, str, str, int], int] = {}
         self._events: list[int] = []  # outputs per group: the units of the top scope
         self._served: dict[tuple[int, str], int] = {}  # (group, served model) -> outputs
@@ -69,7 +69,7 @@ class RollupBatch:
     def _name(self, parent: int, key: str | None) -> int:
         # Called by the accumulator the first time it meets (parent, key) in this batch.
         if parent < 0:
-            path, scope = join_key(None, key or ""), ""
+            path, scope = join_key(None, key or ""), None
         else:
             ppath, pscope = self._paths[parent]
             path, scope = (items_path(ppath), ppath) if key is None else (join_key(ppath, key), pscope)

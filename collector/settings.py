@@ -11,6 +11,7 @@ variables > a TOML file (``[shapewatch]`` table or top level) > defaults.
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -66,6 +67,8 @@ class Settings:
         for f in fields(self):
             lo, hi = f.metadata.get("min"), f.metadata.get("max")
             v = getattr(self, f.name)
+            if isinstance(v, float) and not math.isfinite(v):
+                raise SettingsInvalid(f.name, f"{v!r} is not a finite number")
             if lo is not None and v < lo:
                 raise SettingsInvalid(f.name, f"{v!r} is below the minimum {lo}; set it to {lo} or more")
             if hi is not None and v > hi:
@@ -103,12 +106,21 @@ def _coerce(name: str, raw: Any) -> Any:
                 return tuple(t.strip() for t in raw.split(",") if t.strip())
             return tuple(str(t) for t in raw)
         if isinstance(default, int):
+            # Refuse what int() would quietly bend: true -> 1, 3.9 -> 3.
+            if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
+                raise ValueError(raw)
             return int(raw)
         if isinstance(default, float):
-            return float(raw)
+            if isinstance(raw, bool):
+                raise ValueError(raw)
+            value = float(raw)
+            if not math.isfinite(value):
+                raise ValueError(raw)
+            return value
         return str(raw)
     except (TypeError, ValueError) as exc:
-        raise SettingsInvalid(name, f"{raw!r} is not a valid {type(default).__name__}") from exc
+        kind = {"int": "whole number", "float": "finite number"}.get(type(default).__name__, type(default).__name__)
+        raise SettingsInvalid(name, f"{raw!r} is not a valid {kind}") from exc
 
 
 def load_settings(

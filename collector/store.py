@@ -56,7 +56,8 @@ CREATE TABLE events (
 -- ART index per rollup table made each commit several times slower.
 CREATE TABLE cohort_buckets (cohort_id INTEGER NOT NULL, bucket TIMESTAMPTZ NOT NULL, events BIGINT NOT NULL);
 CREATE TABLE field_rollups (
-    cohort_id INTEGER NOT NULL, bucket TIMESTAMPTZ NOT NULL, path VARCHAR NOT NULL, scope VARCHAR NOT NULL,
+    -- scope: the array path whose items are the units of this path; NULL: the outputs are
+    cohort_id INTEGER NOT NULL, bucket TIMESTAMPTZ NOT NULL, path VARCHAR NOT NULL, scope VARCHAR,
     present BIGINT NOT NULL, n_null BIGINT NOT NULL, n_boolean BIGINT NOT NULL,
     n_integer BIGINT NOT NULL, n_number BIGINT NOT NULL, n_string BIGINT NOT NULL,
     n_array BIGINT NOT NULL, n_object BIGINT NOT NULL, long_strings BIGINT NOT NULL,

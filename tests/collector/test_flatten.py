@@ -1,9 +1,10 @@
 """Tests for collector.flatten (the reference definition of paths and observations),
 and for the C accumulator that rollups use at ingest, held to that reference.
 
-The accumulator test reads ``RollupBatch._tables()``, a private method: it is the
-only place where the accumulator's counts appear with their path names before
-they go into DuckDB, and holding those counts to ``flatten_output`` is the point.
+The accumulator test reads ``RollupBatch.tables()`` (formerly the private
+``_tables()``): it is the only place where the accumulator's counts appear with
+their path names before they go into DuckDB, and holding those counts to
+``flatten_output`` is the point.
 """
 
 from __future__ import annotations
@@ -41,17 +42,17 @@ def flat(output: dict[str, Any]) -> list[Observation]:
 
 def test_nested_objects() -> None:
     assert flat({"customer": {"tier": "gold", "address": {"city": "Oslo"}}, "n": 1}) == [
-        O("customer", "", T.object),
-        O("customer.tier", "", T.string, string="gold"),
-        O("customer.address", "", T.object),
-        O("customer.address.city", "", T.string, string="Oslo"),
-        O("n", "", T.integer),
+        O("customer", None, T.object),
+        O("customer.tier", None, T.string, string="gold"),
+        O("customer.address", None, T.object),
+        O("customer.address.city", None, T.string, string="Oslo"),
+        O("n", None, T.integer),
     ]
 
 
 def test_arrays_of_objects_are_scoped_to_their_array() -> None:
     assert flat({"entities": [{"type": "order", "id": 7}, {"type": "user"}]}) == [
-        O("entities", "", T.array, length=2),
+        O("entities", None, T.array, length=2),
         O("entities[]", "entities", T.object),
         O("entities[].type", "entities", T.string, string="order"),
         O("entities[].id", "entities", T.integer),
@@ -65,13 +66,13 @@ def test_the_scope_of_a_key_inside_array_items_is_the_array() -> None:
     assert (b.path, b.scope) == ("a[].b", "a")
     deeper = flat({"x": {"a": [{"b": {"c": [None]}}]}})
     assert [(o.path, o.scope) for o in deeper] == [
-        ("x", ""), ("x.a", ""), ("x.a[]", "x.a"), ("x.a[].b", "x.a"), ("x.a[].b.c", "x.a"),
+        ("x", None), ("x.a", None), ("x.a[]", "x.a"), ("x.a[].b", "x.a"), ("x.a[].b.c", "x.a"),
         ("x.a[].b.c[]", "x.a[].b.c")]
 
 
 def test_arrays_of_arrays() -> None:
     assert flat({"a": [[1, "x"], [], [[2.5]]]}) == [
-        O("a", "", T.array, length=3),
+        O("a", None, T.array, length=3),
         O("a[]", "a", T.array, length=2),
         O("a[][]", "a[]", T.integer),
         O("a[][]", "a[]", T.string, string="x"),
@@ -83,21 +84,21 @@ def test_arrays_of_arrays() -> None:
 
 
 def test_empty_array_absent_array_and_null_are_three_different_facts() -> None:
-    assert flat({"tags": []}) == [O("tags", "", T.array, length=0)]
+    assert flat({"tags": []}) == [O("tags", None, T.array, length=0)]
     assert flat({}) == []
-    assert flat({"tags": None}) == [O("tags", "", T.null)]
+    assert flat({"tags": None}) == [O("tags", None, T.null)]
 
 
 def test_null_is_observed_and_absent_is_not() -> None:
     assert flat({"a": None, "b": {"c": None}}) == [
-        O("a", "", T.null), O("b", "", T.object), O("b.c", "", T.null)]
-    assert flat({"b": {}}) == [O("b", "", T.object)]
+        O("a", None, T.null), O("b", None, T.object), O("b.c", None, T.null)]
+    assert flat({"b": {}}) == [O("b", None, T.object)]
 
 
 def test_json_types_of_scalars() -> None:
     assert flat({"i": 3, "w": 3.0, "f": 2.5, "t": True, "n": False, "z": 0, "neg": -1e20, "s": ""}) == [
-        O("i", "", T.integer), O("w", "", T.integer), O("f", "", T.number), O("t", "", T.boolean),
-        O("n", "", T.boolean), O("z", "", T.integer), O("neg", "", T.integer), O("s", "", T.string, string="")]
+        O("i", None, T.integer), O("w", None, T.integer), O("f", None, T.number), O("t", None, T.boolean),
+        O("n", None, T.boolean), O("z", None, T.integer), O("neg", None, T.integer), O("s", None, T.string, string="")]
 
 
 @pytest.mark.parametrize(("value", "jtype"), [
@@ -117,9 +118,9 @@ def test_the_docstring_example() -> None:
     ("a.b", "a\\.b"), ("a[]", "a\\[\\]"), ("]", "\\]"), ("[0]", "\\[0\\]"), ("back\\slash", "back\\\\slash"),
     ("\\.", "\\\\\\."), ("plain key: ok", "plain key: ok"), ("", ""), ("~/", "~/")])
 def test_keys_with_path_characters_are_escaped(key: str, path: str) -> None:
-    assert join_key("", key) == path
+    assert join_key(None, key) == path  # None: the output itself
     assert join_key("p", key) == "p." + path
-    assert flat({key: 1}) == [O(path, "", T.integer)]
+    assert flat({key: 1}) == [O(path, None, T.integer)]
 
 
 def test_an_escaped_key_never_meets_the_nested_path() -> None:
@@ -130,6 +131,17 @@ def test_an_escaped_key_never_meets_the_nested_path() -> None:
 def test_items_path_and_pointer_for_key() -> None:
     assert items_path("a.b") == "a.b[]"
     assert pointer_for_key("a/b~c") == "/a~1b~0c"
+
+
+def test_an_empty_key_is_a_step_of_its_own() -> None:
+    assert flat({"": {"x": 1}, "x": 2}) == [O("", None, T.object), O(".x", None, T.integer), O("x", None, T.integer)]
+    assert flat({"a": {"": {"": None}}}) == [O("a", None, T.object), O("a.", None, T.object), O("a..", None, T.null)]
+    assert join_key("", "x") == ".x"  # '' is the path of a key named ''
+
+
+def test_items_of_an_array_named_empty_are_not_scoped_to_the_output() -> None:
+    scopes = {o.path: o.scope for o in flat({"": [{"x": 1}], "y": 1})}
+    assert scopes["[]"] != scopes["y"]  # units: items of the array vs outputs
 
 
 # Parsing a path back into its steps (a key, or None for "the items of an array")
@@ -173,14 +185,13 @@ def document_for(steps: list[str | None]) -> dict[str, Any]:
 
 
 _PATH_CHARS = st.sampled_from(list("ab.[]\\ ~/"))
-_STEPS = st.tuples(st.text(_PATH_CHARS, min_size=1, max_size=5),
+_STEPS = st.tuples(st.text(_PATH_CHARS, max_size=5),
                    st.lists(st.none() | st.text(_PATH_CHARS, max_size=5), max_size=6))
 
 
 @PROPERTY
 @given(steps=_STEPS)
 def test_every_path_parses_back_to_the_keys_that_made_it(steps: tuple[str, list[str | None]]) -> None:
-    # The first key is never empty here: an empty top-level key is a known bug (below).
     all_steps = [steps[0], *steps[1]]
     observations = flat(document_for(all_steps))
     leaf = observations[-1]
@@ -193,7 +204,7 @@ def test_every_path_parses_back_to_the_keys_that_made_it(steps: tuple[str, list[
     for o in observations:
         prefix = parse_path(o.path)
         cut = max((i for i, step in enumerate(prefix) if step is None), default=None)
-        assert o.scope == ("" if cut is None else path_of[tuple(prefix[:cut])])
+        assert o.scope == (None if cut is None else path_of[tuple(prefix[:cut])])
 
 
 @PROPERTY
@@ -205,10 +216,9 @@ def test_two_different_documents_never_share_a_path(a: tuple[str, list[str | Non
     assert (pa == pb) == (sa == sb)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="BUG: join_key treats an empty parent path as "
-                   "the output itself, so the top-level key '' vanishes from the paths under it")
 def test_an_empty_top_level_key_keeps_its_own_path() -> None:
-    assert [o.path for o in flat({"": {"x": 1}})][-1] != [o.path for o in flat({"x": 1})][-1]
+    assert [o.path for o in flat({"": {"x": 1}})] == ["", ".x"]
+    assert [o.path for o in flat({"x": 1})] == ["x"]
 
 
 # --- the C accumulator agrees with the reference --------------------------------------------------------
@@ -245,7 +255,7 @@ def accumulated_counts(outputs: list[dict[str, Any]], max_len: int) -> tuple[
     batch = RollupBatch(RollupConfig(enum_value_max_length=max_len), bucket_seconds=60)
     for output in outputs:
         batch.add(output, COHORT, TS)
-    g, f, v, a = batch._tables()  # private: see the module docstring
+    g, f, v, a, _served = batch.tables()  # see the module docstring
     epoch = int(TS.timestamp()) // 60 * 60
     assert g.to_pylist() == ([{"g": 0, "model": "m", "prompt_version": "p", "contract": "c", "epoch": epoch,
                                "events": len(outputs)}] if outputs else [])
@@ -279,15 +289,15 @@ def test_the_accumulator_on_a_hand_written_batch() -> None:
     zero = dict.fromkeys(COUNT_COLUMNS, 0)
     fields, values, lengths = accumulated_counts(outputs, 4)
     assert fields == {
-        "a": {"scope": "", **zero, "present": 3, "n_array": 2, "n_null": 1},
+        "a": {"scope": None, **zero, "present": 3, "n_array": 2, "n_null": 1},
         "a[]": {"scope": "a", **zero, "present": 2, "n_object": 2},
         "a[].b": {"scope": "a", **zero, "present": 2, "n_string": 1, "n_null": 1},
-        "s": {"scope": "", **zero, "present": 2, "n_string": 2, "long_strings": 2},
-        "w": {"scope": "", **zero, "present": 1, "n_integer": 1},
-        "f": {"scope": "", **zero, "present": 1, "n_number": 1},
-        "t": {"scope": "", **zero, "present": 1, "n_boolean": 1},
-        "n": {"scope": "", **zero, "present": 1, "n_object": 1},
-        "n.a": {"scope": "", **zero, "present": 1, "n_array": 1},
+        "s": {"scope": None, **zero, "present": 2, "n_string": 2, "long_strings": 2},
+        "w": {"scope": None, **zero, "present": 1, "n_integer": 1},
+        "f": {"scope": None, **zero, "present": 1, "n_number": 1},
+        "t": {"scope": None, **zero, "present": 1, "n_boolean": 1},
+        "n": {"scope": None, **zero, "present": 1, "n_object": 1},
+        "n.a": {"scope": None, **zero, "present": 1, "n_array": 1},
         "n.a[]": {"scope": "n.a", **zero, "present": 2, "n_array": 2},
         "n.a[][]": {"scope": "n.a[]", **zero, "present": 1, "n_integer": 1},
     }
@@ -301,7 +311,6 @@ def test_the_accumulator_of_an_empty_batch_is_empty() -> None:
 
 
 _KEY_CHARS = st.sampled_from(list("ab.[]\\ é"))
-_ROOT_KEYS = st.text(_KEY_CHARS, min_size=1, max_size=4)  # '' at the top level: the known bug above
 _KEYS = st.text(_KEY_CHARS, max_size=4)
 _STRINGS = (st.sampled_from(["", "a", "b", "ab", "a.b", "é"]) | st.text(_KEY_CHARS, max_size=10)
             | st.text(_KEY_CHARS, min_size=60, max_size=90))
@@ -309,7 +318,7 @@ _SCALARS = (st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | _STRI
             | st.floats(allow_nan=False, allow_infinity=False) | st.sampled_from([0.0, -0.0, 3.0, 2.5, 1e20]))
 _VALUES = st.recursive(_SCALARS, lambda c: st.lists(c, max_size=4) | st.dictionaries(_KEYS, c, max_size=4),
                        max_leaves=20)
-_OUTPUTS = st.dictionaries(_ROOT_KEYS, _VALUES, max_size=5)
+_OUTPUTS = st.dictionaries(_KEYS, _VALUES, max_size=5)
 
 
 @PROPERTY
