@@ -37,6 +37,8 @@ def create_app(settings: Settings, *, store: Store | None = None,
     """The service's ASGI app; opens the store now (so a locked file fails at start-up)."""
     registry = registry or CollectorRegistry()
     store = store or open_store(settings)
+    # Events commit alone (a 2xx waits only for them); rollups follow within a second.
+    store.defer_rollups(max_events=settings.rollup_merge_events, max_seconds=settings.rollup_merge_seconds)
     metrics = CollectorMetrics(registry)
     writer = Writer(store, max_events=settings.batch_max_events, max_wait=settings.batch_max_wait_ms / 1000,
                     max_queued=settings.writer_queue_events, on_batch=metrics.observe_batch)

@@ -69,35 +69,34 @@ static PyObject *py_walk(PyObject *self, PyObject *args) {
 }
 
 /* count_keys(raw: bytes) -> int
- * The number of `":` pairs in the text, or -1 when the text has an escaped quote
- * or blanks between a closing quote and a colon (then the count may not equal
- * the number of keys, and the caller re-parses exactly). */
+ * The number of object keys in JSON text that orjson already accepted: string tokens
+ * followed (after optional blanks) by a colon. Strings are skipped with their escapes,
+ * so quotes and colons inside values never count. Compared with the keys orjson kept,
+ * a difference means a duplicate key was merged. */
 static PyObject *py_count_keys(PyObject *self, PyObject *arg) {
     char *buf;
     Py_ssize_t len;
     if (PyBytes_AsStringAndSize(arg, &buf, &len) < 0) return NULL;
     const char *p = buf, *end = buf + len;
     long count = 0;
-    int closing = 0; /* with no escaped quote, quotes alternate: opening, closing */
     while (p < end) {
         const char *q = memchr(p, '"', (size_t)(end - p));
         if (q == NULL) break;
-        if (q > buf && q[-1] == '\\') return PyLong_FromLong(-1);
-        if (closing) {
-            const char *r = q + 1;
-            if (r < end && *r == ':') {
-                count++;
-            } else {
-                while (r < end && (*r == ' ' || *r == '\t' || *r == '\n' || *r == '\r')) r++;
-                if (r < end && *r == ':') return PyLong_FromLong(-1);
-            }
+        /* inside a string: find its closing quote, stepping over escapes */
+        const char *r = q + 1;
+        for (;;) {
+            const char *e = r;
+            while (e < end && *e != '"' && *e != '\\') e++;
+            if (e >= end) { r = end; break; }
+            if (*e == '"') { r = e + 1; break; }
+            r = e + 2; /* a backslash escapes the next character */
         }
-        closing = !closing;
-        p = q + 1;
+        while (r < end && (*r == ' ' || *r == '\t' || *r == '\n' || *r == '\r')) r++;
+        if (r < end && *r == ':') count++;
+        p = r;
     }
     return PyLong_FromLong(count);
 }
-
 
 /* ---------------------------------------------------------------------------------------
  * Accumulator: flattens parsed outputs into mergeable rollup counts.
@@ -426,7 +425,7 @@ static PyTypeObject AccType = {
 
 static PyMethodDef methods[] = {
     {"walk", py_walk, METH_VARARGS, "Count keys and leaves of a parsed output within limits, or None."},
-    {"count_keys", py_count_keys, METH_O, "Count `\":` in JSON text, or -1 when that is not exact."},
+    {"count_keys", py_count_keys, METH_O, "Count the object keys in JSON text (strings followed by a colon)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -4,8 +4,9 @@ Every path into shapewatch (HTTP body, NDJSON line, JSONL file, provider
 adapter) ends here. Parsing is orjson's (fast, refuses NaN, Infinity and
 invalid UTF-8); the two things orjson lets through silently, duplicate keys
 and integers too large for 64 bits (it turns them into floats), are caught by
-a cheap test on the raw text and, only when that test is not conclusive, by
-an exact re-parse that marks them so the walk can name the field.
+a cheap test on the raw text (keys written vs keys kept) and, only when it
+finds something, by an exact re-parse that marks them so the walk can name
+the field.
 
 >>> env = parse_envelope(b'{"model": "m", "prompt_version": "p", "output": {"a": 1}}', LIMITS)
 >>> env.contract, env.output_json
@@ -147,9 +148,9 @@ class _TooDeepToReparse(EnvelopeInvalid):
 def _may_hide_something(raw: bytes, keys: int, huge_float: bool) -> bool:
     """Cheap test: could orjson have merged duplicate keys or rounded a huge integer?
 
-    When no quote is escaped and no key has blanks before its colon, every key
-    is written exactly as ``":`` and nothing else in the text is, so counting
-    that pair against the keys orjson kept is exact.
+    ``count_keys`` counts the keys written in the text (exactly: it skips strings
+    with their escapes); fewer keys in the parsed objects means one was merged.
+    A float beyond 2**63 may be a rounded integer literal.
     """
     return huge_float or _speedups.count_keys(raw) != keys
 

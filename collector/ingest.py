@@ -80,9 +80,13 @@ def import_files(paths: list[Path], store: Store, limits: Limits, *,
     # validation 1.7x slower). Reference counting still frees everything.
     was_enabled = gc.isenabled()
     gc.disable()
+    # Rollups of several batches are merged at once (and at the end); a crash before a
+    # merge is repaired from the stored events when the file is next opened.
+    store.defer_rollups(max_events=4 * batch_size, max_seconds=float("inf"))
     try:
         for path in paths:
             _import_one(path, store, limits, summary, progress, batch_size)
+        store.flush_rollups()
     finally:
         if was_enabled:
             gc.enable()

@@ -30,11 +30,12 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401  (pa.compute)
 
 from ._speedups import Acc
 from .flatten import items_path, join_key
 
-__all__ = ["ROLLUP_TABLES", "RollupConfig", "RollupBatch", "compact_rollups"]
+__all__ = ["ROLLUP_TABLES", "RollupConfig", "RollupBatch", "compact_rollups", "merge_rollups"]
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,11 @@ class RollupBatch:
             sk = (group, served_model)
             self._served[sk] = self._served.get(sk, 0) + 1
 
+    @property
+    def events(self) -> int:
+        """Outputs added so far."""
+        return sum(self._events)
+
     def add_many(self, items: Iterable[tuple[dict[str, Any], tuple[str, str, str], datetime]]) -> None:
         for output, cohort, ts in items:
             self.add(output, cohort, ts)
@@ -139,72 +145,103 @@ class RollupBatch:
         return g, pa.table(f), v, a, served
 
     def merge_into(self, con: duckdb.DuckDBPyConnection) -> None:
-        """Add these counts into the rollup tables (the caller holds the transaction).
+        """Add these counts into the rollup tables (the caller holds the transaction)."""
+        merge_rollups(con, [self], self.cfg)
 
-        Cohorts must already exist in ``cohorts``.
-        """
-        if not self._groups:
-            return
-        g, f, v, a, served = self.tables()
-        con.register("_rg", g)
-        con.register("_rf", f)
-        con.register("_rv", v)
-        con.register("_ra", a)
-        con.register("_rs", served)
-        try:
-            self._merge(con)
-        finally:
-            for name in ("_rg", "_rf", "_rv", "_ra", "_rs"):
-                con.unregister(name)
 
-    def _merge(self, con: duckdb.DuckDBPyConnection) -> None:
-        con.execute(
-            """CREATE OR REPLACE TEMP TABLE _groups AS
-               SELECT g, c.cohort_id, to_timestamp(epoch) AS bucket, events,
-                      EXISTS (SELECT 1 FROM cohort_buckets cb
-                              WHERE cb.cohort_id = c.cohort_id AND cb.bucket = to_timestamp(epoch)) AS existed
-               FROM _rg JOIN cohorts c USING (model, prompt_version, contract)""")
-        con.execute(
-            "INSERT INTO cohort_buckets SELECT cohort_id, bucket, events FROM _groups")
-        # Short strings: keep at most `cap` distinct values per (cohort, bucket, path).
-        # Values already kept always add up; new ones are admitted by frequency while
-        # room is left; the rest go to the overflow count. Only buckets that earlier
-        # batches touched can hold kept values, so only those are looked up.
-        con.execute(
-            """CREATE OR REPLACE TEMP TABLE _vr AS
-               WITH b AS (SELECT cohort_id, bucket, path, value, _rv.n
-                          FROM _rv JOIN _rf USING (slot) JOIN _groups USING (g)),
-               old AS (SELECT DISTINCT cohort_id, bucket, path, value FROM value_rollups
-                       WHERE bucket BETWEEN (SELECT min(bucket) FROM _groups WHERE existed)
-                                        AND (SELECT max(bucket) FROM _groups WHERE existed)
-                         AND (cohort_id, bucket) IN (SELECT cohort_id, bucket FROM _groups WHERE existed)),
-               known AS (SELECT b.*, old.value IS NOT NULL AS kept FROM b LEFT JOIN old
-                         USING (cohort_id, bucket, path, value)),
-               room AS (SELECT cohort_id, bucket, path, count(*) AS used FROM old GROUP BY ALL),
-               ranked AS (SELECT known.*, coalesce(room.used, 0) AS used,
-                                 row_number() OVER (PARTITION BY cohort_id, bucket, path, kept
-                                                    ORDER BY n DESC, value) AS rn
-                          FROM known LEFT JOIN room USING (cohort_id, bucket, path))
-               SELECT cohort_id, bucket, path, value, n, kept OR used + rn <= $cap AS admitted FROM ranked""",
-            {"cap": self.cfg.enum_values_per_path})
-        con.execute(
-            """INSERT INTO field_rollups
-               SELECT cohort_id, bucket, path, scope, present, n_null, n_boolean, n_integer, n_number,
-                      n_string, n_array, n_object, long_strings, coalesce(o.n, 0)
-               FROM _rf JOIN _groups USING (g)
-               LEFT JOIN (SELECT cohort_id, bucket, path, sum(n) AS n FROM _vr WHERE NOT admitted
-                          GROUP BY ALL) o USING (cohort_id, bucket, path)""")
-        con.execute(
-            "INSERT INTO value_rollups SELECT cohort_id, bucket, path, value, n FROM _vr WHERE admitted")
-        con.execute(
-            """INSERT INTO array_rollups
-               SELECT cohort_id, bucket, path, length, _ra.n FROM _ra JOIN _rf USING (slot) JOIN _groups USING (g)""")
-        con.execute(
-            """INSERT INTO served_models
-               SELECT cohort_id, bucket, served_model, sum(_rs.n) FROM _rs JOIN _groups USING (g) GROUP BY ALL
-               ON CONFLICT DO UPDATE SET n = n + excluded.n""")
-        con.execute("DROP TABLE _vr")
-        con.execute("DROP TABLE _groups")
+def _combined(batches: list[RollupBatch]) -> tuple[pa.Table, pa.Table, pa.Table, pa.Table, pa.Table]:
+    """The tables of several batches as one, group and slot ids made unique by offsets."""
+    parts: list[list[pa.Table]] = [[], [], [], [], []]
+    g_off = s_off = 0
+    for batch in batches:
+        g, f, v, a, served = batch.tables()
+        parts[0].append(g.set_column(0, "g", pa.compute.add(g["g"], g_off)))
+        f = f.set_column(f.schema.get_field_index("g"), "g", pa.compute.add(f["g"], g_off))
+        parts[1].append(f.set_column(0, "slot", pa.compute.add(f["slot"], s_off)))
+        parts[2].append(v.set_column(0, "slot", pa.compute.add(v["slot"], s_off)))
+        parts[3].append(a.set_column(0, "slot", pa.compute.add(a["slot"], s_off)))
+        parts[4].append(served.set_column(0, "g", pa.compute.add(served["g"], g_off)))
+        g_off += g.num_rows
+        s_off += f.num_rows
+    g, f, v, a, served = (pa.concat_tables(p) for p in parts)
+    return g, f, v, a, served
+
+
+def merge_rollups(con: duckdb.DuckDBPyConnection, batches: list[RollupBatch], cfg: RollupConfig) -> None:
+    """Add the counts of several batches into the rollup tables in one set of statements.
+
+    The caller holds the transaction; the cohorts must exist. Rows of different
+    batches for the same key are summed first, so merging many small batches at
+    once costs about what merging one does.
+    """
+    batches = [b for b in batches if b._groups]
+    if not batches:
+        return
+    g, f, v, a, served = _combined(batches)
+    con.register("_rg", g)
+    con.register("_rf", f)
+    con.register("_rv", v)
+    con.register("_ra", a)
+    con.register("_rs", served)
+    try:
+        _merge(con, cfg)
+    finally:
+        for name in ("_rg", "_rf", "_rv", "_ra", "_rs"):
+            con.unregister(name)
+
+
+def _merge(con: duckdb.DuckDBPyConnection, cfg: RollupConfig) -> None:
+    con.execute(
+        """CREATE OR REPLACE TEMP TABLE _groups AS
+           SELECT g, c.cohort_id, to_timestamp(epoch) AS bucket, events
+           FROM _rg JOIN cohorts c USING (model, prompt_version, contract)""")
+    con.execute(
+        """CREATE OR REPLACE TEMP TABLE _buckets AS
+           SELECT cohort_id, bucket, sum(events) AS events,
+                  EXISTS (SELECT 1 FROM cohort_buckets cb
+                          WHERE cb.cohort_id = g.cohort_id AND cb.bucket = g.bucket) AS existed
+           FROM _groups g GROUP BY cohort_id, bucket""")
+    con.execute("INSERT INTO cohort_buckets SELECT cohort_id, bucket, events FROM _buckets")
+    # Short strings: keep at most `cap` distinct values per (cohort, bucket, path).
+    # Values already kept always add up; new ones are admitted by frequency while
+    # room is left; the rest go to the overflow count. Only buckets that earlier
+    # merges touched can hold kept values, so only those are looked up.
+    con.execute(
+        """CREATE OR REPLACE TEMP TABLE _vr AS
+           WITH b AS (SELECT cohort_id, bucket, path, value, sum(_rv.n) AS n
+                      FROM _rv JOIN _rf USING (slot) JOIN _groups USING (g) GROUP BY ALL),
+           seen AS (SELECT cohort_id, bucket FROM _buckets WHERE existed),
+           old AS (SELECT DISTINCT cohort_id, bucket, path, value FROM value_rollups
+                   WHERE bucket BETWEEN (SELECT min(bucket) FROM seen) AND (SELECT max(bucket) FROM seen)
+                     AND (cohort_id, bucket) IN (SELECT cohort_id, bucket FROM seen)),
+           known AS (SELECT b.*, old.value IS NOT NULL AS kept FROM b LEFT JOIN old
+                     USING (cohort_id, bucket, path, value)),
+           room AS (SELECT cohort_id, bucket, path, count(*) AS used FROM old GROUP BY ALL),
+           ranked AS (SELECT known.*, coalesce(room.used, 0) AS used,
+                             row_number() OVER (PARTITION BY cohort_id, bucket, path, kept
+                                                ORDER BY n DESC, value) AS rn
+                      FROM known LEFT JOIN room USING (cohort_id, bucket, path))
+           SELECT cohort_id, bucket, path, value, n, kept OR used + rn <= $cap AS admitted FROM ranked""",
+        {"cap": cfg.enum_values_per_path})
+    sums = ", ".join(f"sum({c})" for c in _FIELD_COLS)
+    con.execute(
+        f"""INSERT INTO field_rollups
+            SELECT f.*, coalesce(o.n, 0) FROM (
+                SELECT cohort_id, bucket, path, scope, {sums}
+                FROM _rf JOIN _groups USING (g) GROUP BY cohort_id, bucket, path, scope) f
+            LEFT JOIN (SELECT cohort_id, bucket, path, sum(n) AS n FROM _vr WHERE NOT admitted
+                       GROUP BY ALL) o USING (cohort_id, bucket, path)""")
+    con.execute("INSERT INTO value_rollups SELECT cohort_id, bucket, path, value, n FROM _vr WHERE admitted")
+    con.execute(
+        """INSERT INTO array_rollups
+           SELECT cohort_id, bucket, path, length, sum(_ra.n)
+           FROM _ra JOIN _rf USING (slot) JOIN _groups USING (g) GROUP BY ALL""")
+    con.execute(
+        """INSERT INTO served_models
+           SELECT cohort_id, bucket, served_model, sum(_rs.n) FROM _rs JOIN _groups USING (g) GROUP BY ALL
+           ON CONFLICT DO UPDATE SET n = n + excluded.n""")
+    for t in ("_vr", "_buckets", "_groups"):
+        con.execute(f"DROP TABLE {t}")
 
 
 # Each rollup table, its key columns and its summed columns.

@@ -60,6 +60,11 @@ class Settings:
     batch_max_events: int = _s(5000, "Most events one group-commit transaction holds.", min=1)
     batch_max_wait_ms: float = _s(
         2.0, "How long the writer waits for more requests before committing a batch.", min=0.0)
+    rollup_merge_events: int = _s(
+        20_000, "The service merges rollups after this many stored events (events commit first).", min=1)
+    rollup_merge_seconds: float = _s(
+        1.0, "... or after this many seconds, whichever comes first: how far rollups may lag events.",
+        min=0.0)
     writer_queue_events: int = _s(
         200_000, "Events waiting for the writer before new requests get 503.", min=1)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -29,7 +30,7 @@ import pyarrow as pa
 
 from .envelope import Envelope
 from .errors import StoreError, StoreLocked, StoreUnavailable, StoreVersionTooNew
-from .rollup import RollupBatch, RollupConfig, compact_rollups
+from .rollup import RollupBatch, RollupConfig, compact_rollups, merge_rollups
 
 __all__ = ["MIGRATIONS", "PreparedBatch", "SCHEMA_VERSION", "Store", "WriteResult", "WriteStatus"]
 
@@ -169,6 +170,13 @@ class Store:
         self._local = threading.local()
         self._cohorts: dict[tuple[str, str, str], int] = {}
         self._pending_cohorts: dict[tuple[str, str, str], int] = {}
+        # Deferred rollups (see defer_rollups): counted, committed events not yet merged.
+        self._defer: tuple[int, float] | None = None
+        self._pending: list[RollupBatch] = []
+        self._pending_events = 0
+        self._pending_through: datetime | None = None
+        self._pending_first: float | None = None
+        self._staged: RollupBatch | None = None
 
     # --- opening --------------------------------------------------------------------------
 
@@ -197,6 +205,11 @@ class Store:
                     read_only=read_only)
         try:
             store._migrate()
+            if not read_only:
+                store._recover_rollups()
+        except duckdb.Error as exc:
+            con.close()
+            raise StoreError(f"opening {path}", exc) from exc
         except BaseException:
             con.close()
             raise
@@ -234,7 +247,14 @@ class Store:
                 raise StoreError(f"migrating to schema version {version + 1}", exc) from exc
 
     def close(self) -> None:
-        self._con.close()
+        """Merge deferred rollups (if the store can), then close the file."""
+        try:
+            if self._pending and not self.read_only:
+                self.flush_rollups()
+        except StoreError as exc:  # the events are stored; the next open rolls them up
+            log.warning("rollups not merged at close (%s); they are rebuilt at the next open", exc)
+        finally:
+            self._con.close()
 
     def __enter__(self) -> Store:
         return self
@@ -289,6 +309,88 @@ class Store:
         return PreparedBatch(list(envelopes), unique, early, list(cohorts), _arrow(unique, keys),
                              self._rollups_of(unique))
 
+    # --- deferred rollups --------------------------------------------------------------------
+    #
+    # Raw events are the truth; rollups are derived from them. By default a batch's
+    # rollups commit in the same transaction as its events. A writer that commits
+    # many small batches (the service) defers them instead: events commit alone
+    # (so a 2xx waits only for them), their counts wait in memory and are merged
+    # for many batches at once. meta.rollups_through records the received_at up to
+    # which events are rolled up; on open, anything later is rolled up again, so a
+    # crash loses no count.
+
+    def defer_rollups(self, *, max_events: int, max_seconds: float) -> None:
+        """Merge rollups every ``max_events`` events (and, with a ticking writer, every ``max_seconds``)."""
+        with self._write_lock:
+            self._defer = (max_events, max_seconds)
+
+    @property
+    def rollups_due(self) -> bool:
+        """True when deferred rollups have waited ``max_seconds`` (the writer then flushes)."""
+        first = self._pending_first
+        return self._defer is not None and first is not None and time.monotonic() - first >= self._defer[1]
+
+    def flush_rollups(self) -> int:
+        """Merge deferred rollups now; returns the events they covered. Readers call this first."""
+        with self._write_lock:
+            return self._flush_locked()
+
+    def _flush_locked(self) -> int:
+        if not self._pending:
+            return 0
+        con = self._con
+        n = self._pending_events
+        try:
+            con.execute("BEGIN TRANSACTION")
+            try:
+                merge_rollups(con, self._pending, self.rollup)
+                assert self._pending_through is not None
+                self._set_watermark(con, self._pending_through)
+                con.execute("COMMIT")
+            except BaseException:
+                con.execute("ROLLBACK")
+                raise
+        except duckdb.Error as exc:  # the counts stay pending; the events are safe either way
+            if _is_space_error(exc):
+                raise StoreUnavailable(exc) from exc
+            raise StoreError("merging rollups", exc) from exc
+        self._pending, self._pending_events, self._pending_first = [], 0, None
+        return n
+
+    def _set_watermark(self, con: duckdb.DuckDBPyConnection, through: datetime) -> None:
+        con.execute("INSERT INTO meta VALUES ('rollups_through', ?) ON CONFLICT DO UPDATE SET value = excluded.value",
+                    [str(int(through.timestamp() * 1_000_000))])
+
+    def _recover_rollups(self) -> None:
+        """Roll up events committed after the watermark (a crash before their merge)."""
+        row = self._con.execute("SELECT value FROM meta WHERE key = 'rollups_through'").fetchone()
+        if row is None:  # older files rolled up synchronously: everything stored is counted
+            self._con.execute(
+                "INSERT INTO meta SELECT 'rollups_through', coalesce(max(epoch_us(received_at)), 0)::VARCHAR "
+                "FROM events")
+            return
+        rows = self._con.execute(
+            """SELECT e.output, c.model, c.prompt_version, c.contract, epoch_us(e.ts), e.served_model,
+                      epoch_us(e.received_at)
+               FROM events e JOIN cohorts c USING (cohort_id)
+               WHERE epoch_us(e.received_at) > ? ORDER BY e.received_at""", [int(row[0])]).fetchall()
+        if not rows:
+            return
+        log.warning("rolling up %d events stored after the last rollup merge (after a crash)", len(rows))
+        batch = RollupBatch(self.rollup, bucket_seconds=self.bucket_seconds)
+        for output, model, prompt_version, contract, ts_us, served, _ in rows:
+            batch.add(orjson.loads(output), (model, prompt_version, contract),
+                      datetime.fromtimestamp(ts_us / 1_000_000, UTC), served)
+        con = self._con
+        con.execute("BEGIN TRANSACTION")
+        try:
+            merge_rollups(con, [batch], self.rollup)
+            con.execute("UPDATE meta SET value = ? WHERE key = 'rollups_through'", [str(rows[-1][6])])
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+
     def _rollups_of(self, envelopes: Sequence[Envelope]) -> RollupBatch:
         batch = RollupBatch(self.rollup, bucket_seconds=self.bucket_seconds)
         for e in envelopes:
@@ -311,6 +413,8 @@ class Store:
         batch = envelopes if isinstance(envelopes, PreparedBatch) else self.prepare_batch(envelopes)
         with self._write_lock:
             inserted, existing = self._write(batch, self._batch_time(now))
+            if self._defer is not None and self._pending_events >= self._defer[0]:
+                self._flush_locked()
         out: list[WriteResult] = []
         for env, res in zip(batch.envelopes, batch.early, strict=True):
             if res is not None:
@@ -338,6 +442,7 @@ class Store:
         try:
             con.execute("BEGIN TRANSACTION")
             self._pending_cohorts = {}
+            self._staged = None
             try:
                 inserted, existing = self._insert(con, batch, now)
                 con.execute("COMMIT")
@@ -346,6 +451,13 @@ class Store:
                 raise
             # Only committed cohorts enter the cache: a rolled-back id must never be reused.
             self._cohorts.update(self._pending_cohorts)
+            if self._staged is not None:
+                if not self._pending:
+                    self._pending_first = time.monotonic()
+                self._pending.append(self._staged)
+                self._pending_events += self._staged.events
+                self._pending_through = now
+                self._staged = None
         except duckdb.Error as exc:
             if _is_space_error(exc):
                 raise StoreUnavailable(exc) from exc
@@ -381,10 +493,17 @@ class Store:
             existing = dict(con.execute(
                 """SELECT e.event_id, e.payload_hash FROM events e
                    WHERE e.id_key IN (SELECT md5_number(event_id) FROM _batch)""").fetchall())
+        fresh: RollupBatch | None = None
         if len(inserted) == len(batch.unique):
-            batch.rollups.merge_into(con)
+            fresh = batch.rollups
         elif inserted:  # some were stored before: count only what is new
-            self._rollups_of([e for e in batch.unique if e.event_id in inserted]).merge_into(con)
+            fresh = self._rollups_of([e for e in batch.unique if e.event_id in inserted])
+        if fresh is not None:
+            if self._defer is None:  # rollups commit with their events
+                merge_rollups(con, [fresh], self.rollup)
+                self._set_watermark(con, now)
+            else:
+                self._staged = fresh
         return inserted, existing
 
     def _cohort_ids(self, con: duckdb.DuckDBPyConnection,

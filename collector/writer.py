@@ -4,7 +4,8 @@ A request hands its validated envelopes to ``Writer.submit`` and waits on the
 returned future; the writer thread takes everything queued (up to a batch
 limit), stores it in one transaction, and only then resolves the futures. So
 a 2xx always means committed, and throughput comes from sharing commits, not
-from answering early.
+from answering early. When the store defers rollups (``Store.defer_rollups``),
+the writer also merges them when they are due, between commits or when idle.
 
 >>> writer = Writer(store, max_events=5000, max_wait=0.002, max_queued=200_000)  # doctest: +SKIP
 >>> writer.start()                                                                 # doctest: +SKIP
@@ -45,6 +46,7 @@ class Writer:
         self._cond = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._writer_loop, name="shapewatch-writer", daemon=True)
+        self._tick = 0.25  # how often an idle writer checks whether deferred rollups are due
         self.last_error: str | None = None
 
     def start(self) -> None:
@@ -77,12 +79,15 @@ class Writer:
             self._cond.notify()
         return fut
 
-    def _take(self) -> list[tuple[Sequence[Envelope], Future[list[WriteResult]]]]:
+    def _take(self) -> list[tuple[Sequence[Envelope], Future[list[WriteResult]]]] | None:
+        """The next requests to commit; [] when idle long enough to merge rollups; None to stop."""
         with self._cond:
             while not self._queue and not self._stopping:
-                self._cond.wait()
+                if self._store.rollups_due:
+                    return []
+                self._cond.wait(self._tick)
             if not self._queue:
-                return []
+                return None
             # A short wait lets concurrent requests join this commit.
             deadline = time.monotonic() + self._max_wait
             while self._queued_events < self._max_events and not self._stopping:
@@ -104,8 +109,12 @@ class Writer:
         # commits cheap, and a request is answered only after its batch committed.
         while True:
             taken = self._take()
-            if not taken:
+            if taken is None:
+                self._merge_rollups()
                 return
+            if not taken:
+                self._merge_rollups()
+                continue
             batch = [e for envs, _ in taken for e in envs]
             t0 = time.perf_counter()
             try:
@@ -129,3 +138,14 @@ class Writer:
             for envs, fut in taken:
                 fut.set_result(results[i:i + len(envs)])
                 i += len(envs)
+            if self._store.rollups_due:
+                self._merge_rollups()
+
+    def _merge_rollups(self) -> None:
+        # Deferred rollups: events are already committed and acknowledged; if this fails
+        # the counts stay pending (and are rebuilt from the events at the next open).
+        try:
+            self._store.flush_rollups()
+        except StoreError as exc:
+            self.last_error = str(exc)
+            log.error("merging rollups failed: %s", exc)

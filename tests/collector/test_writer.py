@@ -203,6 +203,13 @@ class SwappableStore:
     def write_batch(self, envelopes: Sequence[Envelope]) -> list[WriteResult]:
         return self.store.write_batch(envelopes)
 
+    @property
+    def rollups_due(self) -> bool:
+        return self.store.rollups_due
+
+    def flush_rollups(self) -> int:
+        return self.store.flush_rollups()
+
 
 def test_a_store_error_fails_the_requests_and_the_writer_keeps_running(
         store: Store, db_path: Path, envelope: MakeEnvelope) -> None:
