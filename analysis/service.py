@@ -11,6 +11,7 @@ metrics registry, and where the scheduler runs the store's upkeep
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -49,6 +50,12 @@ def create_app(settings: Settings, *, store: Store | None = None,
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         writer.start()
         scheduler = start_maintenance(store, settings, registry)
+        # Parsed request bodies hold no reference cycles, but each one allocates tens of
+        # thousands of objects, which keeps triggering full collections over every
+        # long-lived object of the process. Freeze those, and collect young objects less
+        # often (measured: orjson parsing of 500-envelope bodies took 5x its standalone time).
+        gc.freeze()
+        gc.set_threshold(50_000, 20, 100)
         try:
             yield
         finally:

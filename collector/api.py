@@ -14,6 +14,7 @@ import asyncio
 import hmac
 import logging
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -162,6 +163,7 @@ class CollectorApi:
         by_pos = iter(results)
         out: list[dict[str, Any]] = []
         counts = {"accepted": 0, "duplicate": 0, "rejected": 0}
+        stored: Counter[tuple[str, str, str]] = Counter()  # counted once per request, not per event
         for i, item in enumerate(items):
             if isinstance(item, EnvelopeInvalid):
                 counts["rejected"] += 1
@@ -178,11 +180,13 @@ class CollectorApi:
                      "an event_id names one event and must not be reused"}]})
                 continue
             counts[res.status.value] += 1
-            self.metrics.count_events(res.status.value, item.model, item.prompt_version)
+            stored[(res.status.value, item.model, item.prompt_version)] += 1
             entry: dict[str, Any] = {"index": i, "event_id": item.event_id, "status": res.status.value}
             if item.generated_id:
                 entry["generated_id"] = True
             out.append(entry)
+        for (outcome, model, prompt_version), n in stored.items():
+            self.metrics.count_events(outcome, model, prompt_version, n)
         return {**counts, "results": out}
 
     def router(self, tokens: tuple[str, ...]) -> APIRouter:
