@@ -91,7 +91,7 @@ def ingest(ctx: click.Context, files: tuple[Path, ...], db_path: str | None, fmt
 
     settings = _settings(ctx, db_path=db_path)
     try:
-        store = open_store(settings)
+        store = open_store(settings, bulk=True)
     except ShapewatchError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)

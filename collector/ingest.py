@@ -103,7 +103,7 @@ def _import_one(path: Path, store: Store, limits: Limits, summary: ImportSummary
     # runs the transaction, during which DuckDB releases the GIL.
     # Each batch travels with the line number and bytes of each envelope, so a line the
     # store refuses (an event_id reused with another payload) is quarantined like the rest.
-    todo: queue.Queue[tuple[PreparedBatch, list[tuple[int, bytes]]] | None] = queue.Queue(maxsize=2)
+    todo: queue.Queue[tuple[PreparedBatch, list[tuple[int, bytes]]] | None] = queue.Queue(maxsize=1)
     failure: list[BaseException] = []
     conflicts: list[bytes] = []
 

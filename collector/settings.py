@@ -37,7 +37,9 @@ class Settings:
     tokens: tuple[str, ...] = _s(
         (), "Bearer tokens accepted by the HTTP API (comma-separated in the environment); "
         "empty means no authentication.")
-    memory_limit: str = _s("2GB", "DuckDB memory_limit for the service's connection.")
+    memory_limit: str = _s("1GB", "DuckDB memory_limit for the connection (service or bulk import).")
+    import_memory_limit: str = _s(
+        "512MB", "DuckDB memory_limit for bulk import (shapewatch ingest), which needs little cache.")
     duckdb_threads: int = _s(2, "DuckDB worker threads.", min=1, max=256)
     max_body_bytes: int = _s(16 * 1024 * 1024, "Largest HTTP request body accepted (413 above).", min=1024)
     max_event_bytes: int = _s(1024 * 1024, "Largest single envelope (one JSONL line) accepted.", min=256)

@@ -306,8 +306,11 @@ class Store:
         unique = list(first.values())
         cohorts: dict[tuple[str, str, str], int] = {}
         keys = [cohorts.setdefault((e.model, e.prompt_version, e.contract), len(cohorts)) for e in unique]
-        return PreparedBatch(list(envelopes), unique, early, list(cohorts), _arrow(unique, keys),
-                             self._rollups_of(unique))
+        table, rollups = _arrow(unique, keys), self._rollups_of(unique)
+        # The parsed outputs are counted now; dropping them here keeps memory to the
+        # columns (a rare partial insert re-parses output_json).
+        return PreparedBatch([e._replace(output=None) for e in envelopes],
+                             [e._replace(output=None) for e in unique], early, list(cohorts), table, rollups)
 
     # --- deferred rollups --------------------------------------------------------------------
     #
