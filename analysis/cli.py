@@ -48,9 +48,12 @@ def cli(ctx: click.Context, config: str | None, verbose: bool) -> None:
 @click.pass_context
 def serve(ctx: click.Context, db_path: str | None, host: str | None, port: int | None) -> None:
     """Run the collector API and /metrics on one DuckDB file (the only writer)."""
+    _serve(_settings(ctx, db_path=db_path, host=host, port=port))
+
+
+def _serve(settings: Settings) -> None:
     from .service import run
 
-    settings = _settings(ctx, db_path=db_path, host=host, port=port)
     try:
         run(settings)
     except ShapewatchError as exc:
@@ -64,16 +67,10 @@ def serve(ctx: click.Context, db_path: str | None, host: str | None, port: int |
 @click.pass_context
 def up(ctx: click.Context, db_path: str | None, port: int | None) -> None:
     """Run the product locally: the service on ./var/shapewatch.duckdb."""
-    from .service import run
-
     settings = _settings(ctx, db_path=db_path, port=port)
     click.echo(f"shapewatch service: http://{settings.host}:{settings.port}  "
                f"(API docs at /docs, metrics at /metrics; database {settings.db_path})")
-    try:
-        run(settings)
-    except ShapewatchError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+    _serve(settings)
 
 
 @cli.command()

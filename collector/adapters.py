@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ShapewatchError
+from .flatten import json_type_of
 
 __all__ = [
     "AdaptedResponse",
@@ -371,21 +372,7 @@ def _shorten(text: str, limit: int = 200) -> str:
 
 
 def _json_type(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "object"
-    return type(value).__name__
+    return json_type_of(value).value
 
 
 def _join(path: str, key: str) -> str:

@@ -27,6 +27,7 @@ import orjson
 
 from . import _speedups
 from .errors import EnvelopeInvalid, FieldError
+from .flatten import json_type_of
 from .settings import Settings
 
 __all__ = [
@@ -246,19 +247,7 @@ def _tag(obj: dict[str, Any], name: str, errors: list[FieldError], lim: Limits, 
 
 
 def _jtype(v: Any) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "boolean"
-    if isinstance(v, int):
-        return "integer"
-    if isinstance(v, float):
-        return "number"
-    if isinstance(v, str):
-        return "string"
-    if isinstance(v, list):
-        return "array"
-    return "object"
+    return json_type_of(v).value
 
 
 def _parse_ts(v: Any, errors: list[FieldError], now: datetime) -> datetime:
