@@ -27,7 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .adapters import AdapterError, Provider, adapt_response
 from .envelope import Envelope, Limits, parse_body, validate_envelope
-from .errors import EnvelopeInvalid, FieldError, ShapewatchError, StoreError, StoreUnavailable
+from .errors import BatchTooLarge, EnvelopeInvalid, FieldError, ShapewatchError, StoreError, StoreUnavailable
 from .metrics import CollectorMetrics
 from .store import Store, WriteStatus
 from .writer import Writer
@@ -79,6 +79,10 @@ def install_error_handlers(app: FastAPI) -> None:
                   for e in exc.errors()]
         return _json(422, error_body(422, "request is invalid", fields))
 
+    async def too_large(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, BatchTooLarge)
+        return _json(413, error_body(413, str(exc), [FieldError("body", "too many events", "too_large")]))
+
     async def store_unavailable(_: Request, exc: Exception) -> Response:
         assert isinstance(exc, StoreUnavailable)
         return _json(503, error_body(503, str(exc)), {"Retry-After": str(exc.retry_after)})
@@ -94,6 +98,7 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ApiError, api_error)
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(BatchTooLarge, too_large)
     app.add_exception_handler(StoreUnavailable, store_unavailable)
     app.add_exception_handler(StoreError, store_error)
     app.add_exception_handler(Exception, unexpected)
@@ -272,6 +277,12 @@ class CollectorApi:
                 info = await asyncio.to_thread(self.store.healthcheck)
             except StoreError as exc:
                 return _json(503, error_body(503, str(exc)), {"Retry-After": "5"})
+            if not self.writer.alive:
+                return _json(503, error_body(503, "the writer thread has stopped; restart the service"),
+                             {"Retry-After": "5"})
+            if self.store.last_merge_error:
+                return _json(503, error_body(503, f"rollups cannot be merged: {self.store.last_merge_error}"),
+                             {"Retry-After": "5"})
             if self.writer.last_error:
                 return _json(503, error_body(503, f"the last write failed: {self.writer.last_error}"),
                              {"Retry-After": "5"})

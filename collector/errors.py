@@ -16,6 +16,7 @@ __all__ = [
     "StoreLocked",
     "StoreVersionTooNew",
     "StoreUnavailable",
+    "BatchTooLarge",
     "SettingsInvalid",
 ]
 
@@ -67,7 +68,7 @@ class StoreLocked(StoreError):
         ShapewatchError.__init__(
             self,
             f"database {path} is in use by another process (is `shapewatch serve` running on it?). "
-            f"Stop that process, or talk to it with --url instead of --db. ({cause})",
+            f"Stop that process, or send to the running service over HTTP. ({cause})",
         )
         self.doing = "opening"
 
@@ -92,6 +93,14 @@ class StoreUnavailable(StoreError):
         self.retry_after = retry_after
         ShapewatchError.__init__(self, f"store cannot write right now: {cause}")
         self.doing = "writing"
+
+
+class BatchTooLarge(ShapewatchError, ValueError):
+    """A request holds more events than the writer's whole queue: it can never be taken."""
+
+    def __init__(self, events: int, limit: int) -> None:
+        self.events, self.limit = events, limit
+        super().__init__(f"the request holds {events} events; send at most {limit} per request")
 
 
 class SettingsInvalid(ShapewatchError, ValueError):

@@ -49,6 +49,20 @@ _FIELD_COLS = ["present", "n_null", "n_boolean", "n_integer", "n_number", "n_str
                "n_object", "long_strings"]
 
 
+class _PathNames(list[tuple[str, str | None]]):
+    """Path id -> (path, scope; None: the outputs), grown by the accumulator's callback."""
+
+    def name(self, parent: int, key: str | None) -> int:
+        # Called by the accumulator the first time it meets (parent, key) in a batch.
+        if parent < 0:
+            path, scope = join_key(None, key or ""), None
+        else:
+            ppath, pscope = self[parent]
+            path, scope = (items_path(ppath), ppath) if key is None else (join_key(ppath, key), pscope)
+        self.append((path, scope))
+        return len(self) - 1
+
+
 class RollupBatch:
     """Counts of one batch of outputs, ready to be added to the rollup tables.
 
@@ -60,22 +74,14 @@ class RollupBatch:
     def __init__(self, cfg: RollupConfig, *, bucket_seconds: int) -> None:
         self.cfg = cfg
         self.bucket_seconds = bucket_seconds
-        self._paths: list[tuple[str, str | None]] = []  # id -> (path, scope; None: the outputs)
+        self._paths = _PathNames()
         self._groups: dict[tuple[str, str, str, int], int] = {}
         self._events: list[int] = []  # outputs per group: the units of the top scope
         self._served: dict[tuple[int, str], int] = {}  # (group, served model) -> outputs
-        self._acc = Acc(self._name, cfg.enum_value_max_length)
+        # The namer is its own object, not a bound method of this batch: Acc is not tracked
+        # by the garbage collector, so a cycle batch -> Acc -> batch would never be freed.
+        self._acc = Acc(self._paths.name, cfg.enum_value_max_length)
         self._built: tuple[pa.Table, pa.Table, pa.Table, pa.Table, pa.Table] | None = None
-
-    def _name(self, parent: int, key: str | None) -> int:
-        # Called by the accumulator the first time it meets (parent, key) in this batch.
-        if parent < 0:
-            path, scope = join_key(None, key or ""), None
-        else:
-            ppath, pscope = self._paths[parent]
-            path, scope = (items_path(ppath), ppath) if key is None else (join_key(ppath, key), pscope)
-        self._paths.append((path, scope))
-        return len(self._paths) - 1
 
     def add(self, output: dict[str, Any], cohort: tuple[str, str, str], ts: datetime,
             served_model: str | None = None) -> None:

@@ -17,7 +17,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import Enum
@@ -146,6 +147,18 @@ def _is_lock_error(exc: duckdb.Error) -> bool:
     return "lock" in msg and ("conflicting" in msg or "could not set lock" in msg)
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _epoch_us(t: datetime) -> int:
+    """Exact microseconds since the epoch (float timestamp() can be 1 us short)."""
+    return (t - _EPOCH) // timedelta(microseconds=1)
+
+
+def _store_error(doing: str, exc: duckdb.Error) -> StoreError:
+    return StoreUnavailable(exc) if _is_space_error(exc) else StoreError(doing, exc)
+
+
 def _is_space_error(exc: BaseException) -> bool:
     msg = str(exc).lower()
     return any(s in msg for s in ("no space left", "disk full", "out of disk", "could not write",
@@ -177,6 +190,7 @@ class Store:
         self._pending_through: datetime | None = None
         self._pending_first: float | None = None
         self._staged: RollupBatch | None = None
+        self.last_merge_error: str | None = None
 
     # --- opening --------------------------------------------------------------------------
 
@@ -187,7 +201,10 @@ class Store:
         """Open (creating or migrating) the database at ``path``."""
         path = Path(path)
         if not read_only:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StoreError(f"opening {path}", f"cannot create its directory: {exc}") from exc
         elif not path.exists():
             raise StoreError("opening", f"database {path} does not exist")
         config: dict[str, str | bool | int | float | list[str]] = {"memory_limit": memory_limit, "threads": str(threads),
@@ -235,16 +252,33 @@ class Store:
                              f"migrating to {SCHEMA_VERSION}; open it once read-write (shapewatch serve)")
         for version in range(found, SCHEMA_VERSION):
             log.info("migrating %s from schema version %d to %d", self.path, version, version + 1)
+            with self._transaction(f"migrating to schema version {version + 1}") as con:
+                con.execute(MIGRATIONS[version].replace("{bucket}", str(int(self.bucket_seconds))))
+                con.execute("INSERT INTO meta VALUES ('schema_version', ?) "
+                            "ON CONFLICT DO UPDATE SET value = excluded.value", [str(version + 1)])
+
+    @contextmanager
+    def _transaction(self, doing: str) -> Iterator[duckdb.DuckDBPyConnection]:
+        """BEGIN ... COMMIT on the writing connection; any failure rolls back (never left open).
+
+        DuckDB errors become StoreUnavailable (disk full, I/O) or StoreError naming ``doing``.
+        """
+        con = self._con
+        try:
+            con.execute("BEGIN TRANSACTION")
+        except duckdb.Error as exc:
+            raise _store_error(doing, exc) from exc
+        try:
+            yield con
+            con.execute("COMMIT")
+        except BaseException as exc:
             try:
-                self._con.execute("BEGIN TRANSACTION")
-                self._con.execute(MIGRATIONS[version].replace("{bucket}", str(int(self.bucket_seconds))))
-                self._con.execute(
-                    "INSERT INTO meta VALUES ('schema_version', ?) "
-                    "ON CONFLICT DO UPDATE SET value = excluded.value", [str(version + 1)])
-                self._con.execute("COMMIT")
-            except duckdb.Error as exc:
-                self._con.execute("ROLLBACK")
-                raise StoreError(f"migrating to schema version {version + 1}", exc) from exc
+                con.execute("ROLLBACK")
+            except duckdb.Error:
+                pass
+            if isinstance(exc, duckdb.Error):
+                raise _store_error(doing, exc) from exc
+            raise
 
     def close(self) -> None:
         """Merge deferred rollups (if the store can), then close the file."""
@@ -341,31 +375,39 @@ class Store:
     def _flush_locked(self) -> int:
         if not self._pending:
             return 0
-        con = self._con
         n = self._pending_events
-        try:
-            con.execute("BEGIN TRANSACTION")
-            try:
-                merge_rollups(con, self._pending, self.rollup)
-                assert self._pending_through is not None
-                self._set_watermark(con, self._pending_through)
-                con.execute("COMMIT")
-            except BaseException:
-                con.execute("ROLLBACK")
-                raise
-        except duckdb.Error as exc:  # the counts stay pending; the events are safe either way
-            if _is_space_error(exc):
-                raise StoreUnavailable(exc) from exc
-            raise StoreError("merging rollups", exc) from exc
+        # On failure the counts stay pending; the events are stored either way.
+        with self._transaction("merging rollups") as con:
+            merge_rollups(con, self._pending, self.rollup)
+            assert self._pending_through is not None
+            self._set_watermark(con, self._pending_through)
         self._pending, self._pending_events, self._pending_first = [], 0, None
         return n
 
+    def _flush_after_commit(self) -> None:
+        # The events are committed and will be acknowledged: a failed merge must not turn
+        # into an error for them (a retry would store events without an id twice).
+        try:
+            self._flush_locked()
+        except StoreError as exc:
+            self.last_merge_error = str(exc)
+            log.error("merging rollups failed (events are stored; counts stay pending): %s", exc)
+        else:
+            self.last_merge_error = None
+
     def _set_watermark(self, con: duckdb.DuckDBPyConnection, through: datetime) -> None:
         con.execute("INSERT INTO meta VALUES ('rollups_through', ?) ON CONFLICT DO UPDATE SET value = excluded.value",
-                    [str(int(through.timestamp() * 1_000_000))])
+                    [str(_epoch_us(through))])
 
     def _recover_rollups(self) -> None:
         """Roll up events committed after the watermark (a crash before their merge)."""
+        # received_at must keep growing across restarts, even if the clock went back:
+        # the watermark and the rows of a batch are told apart by it.
+        last = self._con.execute(
+            "SELECT greatest(coalesce(max(epoch_us(received_at)), 0), "
+            "coalesce((SELECT value::BIGINT FROM meta WHERE key = 'rollups_through'), 0)) FROM events").fetchone()
+        if last and last[0]:
+            self._last_batch_time = _EPOCH + timedelta(microseconds=int(last[0]))
         row = self._con.execute("SELECT value FROM meta WHERE key = 'rollups_through'").fetchone()
         if row is None:  # older files rolled up synchronously: everything stored is counted
             self._con.execute(
@@ -384,15 +426,9 @@ class Store:
         for output, model, prompt_version, contract, ts_us, served, _ in rows:
             batch.add(orjson.loads(output), (model, prompt_version, contract),
                       datetime.fromtimestamp(ts_us / 1_000_000, UTC), served)
-        con = self._con
-        con.execute("BEGIN TRANSACTION")
-        try:
+        with self._transaction("rolling up events stored after the last merge") as con:
             merge_rollups(con, [batch], self.rollup)
             con.execute("UPDATE meta SET value = ? WHERE key = 'rollups_through'", [str(rows[-1][6])])
-            con.execute("COMMIT")
-        except BaseException:
-            con.execute("ROLLBACK")
-            raise
 
     def _rollups_of(self, envelopes: Sequence[Envelope]) -> RollupBatch:
         batch = RollupBatch(self.rollup, bucket_seconds=self.bucket_seconds)
@@ -417,7 +453,7 @@ class Store:
         with self._write_lock:
             inserted, existing = self._write(batch, self._batch_time(now))
             if self._defer is not None and self._pending_events >= self._defer[0]:
-                self._flush_locked()
+                self._flush_after_commit()
         out: list[WriteResult] = []
         for env, res in zip(batch.envelopes, batch.early, strict=True):
             if res is not None:
@@ -441,36 +477,26 @@ class Store:
     def _write(self, batch: PreparedBatch, now: datetime) -> tuple[set[str], dict[str, str]]:
         if not batch.unique:
             return set(), {}
-        con = self._con
+        self._pending_cohorts = {}
+        self._staged = None
         try:
-            con.execute("BEGIN TRANSACTION")
-            self._pending_cohorts = {}
-            self._staged = None
-            try:
+            with self._transaction("writing a batch") as con:
                 inserted, existing = self._insert(con, batch, now)
-                con.execute("COMMIT")
-            except BaseException:
-                con.execute("ROLLBACK")
-                raise
-            # Only committed cohorts enter the cache: a rolled-back id must never be reused.
-            self._cohorts.update(self._pending_cohorts)
-            if self._staged is not None:
-                if not self._pending:
-                    self._pending_first = time.monotonic()
-                self._pending.append(self._staged)
-                self._pending_events += self._staged.events
-                self._pending_through = now
-                self._staged = None
-        except duckdb.Error as exc:
-            if _is_space_error(exc):
-                raise StoreUnavailable(exc) from exc
-            raise StoreError("writing a batch", exc) from exc
         finally:
             for name in ("_batch", "_ck"):
                 try:
-                    con.unregister(name)
+                    self._con.unregister(name)
                 except duckdb.Error:
                     pass
+        # Only committed cohorts enter the cache: a rolled-back id must never be reused.
+        self._cohorts.update(self._pending_cohorts)
+        if self._staged is not None:
+            if not self._pending:
+                self._pending_first = time.monotonic()
+            self._pending.append(self._staged)
+            self._pending_events += self._staged.events
+            self._pending_through = now
+            self._staged = None
         return inserted, existing
 
     def _insert(self, con: duckdb.DuckDBPyConnection, batch: PreparedBatch,
@@ -556,43 +582,19 @@ class Store:
             key = (cohort, epoch - epoch % step, kind)
             counts[key] = counts.get(key, 0) + 1
         with self._write_lock:
-            con = self._con
-            began = False
-            try:
-                con.execute("BEGIN TRANSACTION")
-                began = True
-                self._pending_cohorts = {}
+            self._pending_cohorts = {}
+            with self._transaction("recording provider outcomes") as con:
                 ids = self._cohort_ids(con, first_ts)
                 con.executemany(
                     """INSERT INTO outcomes VALUES (?, to_timestamp(?), ?, ?)
                        ON CONFLICT DO UPDATE SET n = n + excluded.n""",
                     [[ids[c], epoch, kind, n] for (c, epoch, kind), n in counts.items()])
-                con.execute("COMMIT")
-                self._cohorts.update(self._pending_cohorts)
-            except duckdb.Error as exc:
-                if began:
-                    try:
-                        con.execute("ROLLBACK")
-                    except duckdb.Error:
-                        pass
-                if _is_space_error(exc):
-                    raise StoreUnavailable(exc) from exc
-                raise StoreError("recording provider outcomes", exc) from exc
+            self._cohorts.update(self._pending_cohorts)
 
     def compact(self, since: datetime | None = None) -> int:
         """Fold rollup rows (buckets from ``since`` on, or all) into one per key; returns rows removed."""
-        with self._write_lock:
-            con = self._con
-            try:
-                con.execute("BEGIN TRANSACTION")
-                removed = compact_rollups(con, since)
-                con.execute("COMMIT")
-            except duckdb.Error as exc:
-                con.execute("ROLLBACK")
-                if _is_space_error(exc):
-                    raise StoreUnavailable(exc) from exc
-                raise StoreError("compacting rollups", exc) from exc
-        return removed
+        with self._write_lock, self._transaction("compacting rollups") as con:
+            return compact_rollups(con, since)
 
     def purge(self, *, raw_retention: timedelta, now: datetime | None = None) -> int:
         """Delete raw events received before ``now - raw_retention``; rollups stay."""

@@ -19,10 +19,10 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 
 from .envelope import Envelope
-from .errors import StoreError, StoreUnavailable
+from .errors import BatchTooLarge, StoreError, StoreUnavailable
 from .store import Store, WriteResult
 
 __all__ = ["Writer"]
@@ -58,6 +58,8 @@ class Writer:
             self._stopping = True
             self._cond.notify_all()
         self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.error("the writer did not finish within %s s", timeout)
 
     @property
     def queued_events(self) -> int:
@@ -69,6 +71,8 @@ class Writer:
         if not envelopes:
             fut.set_result([])
             return fut
+        if len(envelopes) > self._max_queued:
+            raise BatchTooLarge(len(envelopes), self._max_queued)
         with self._cond:
             if self._stopping:
                 raise StoreUnavailable("the service is shutting down")
@@ -107,39 +111,53 @@ class Writer:
     def _writer_loop(self) -> None:
         # The only thread that writes events to DuckDB: one transaction per batch keeps
         # commits cheap, and a request is answered only after its batch committed.
+        # Nothing may end this loop but stop(): a dead writer would hang every request.
         while True:
-            taken = self._take()
-            if taken is None:
-                self._merge_rollups()
-                return
-            if not taken:
-                self._merge_rollups()
-                continue
-            batch = [e for envs, _ in taken for e in envs]
-            t0 = time.perf_counter()
             try:
-                results = self._store.write_batch(batch)
-            except StoreError as exc:
-                self.last_error = str(exc)
-                log.error("writing a batch of %d events failed: %s", len(batch), exc)
-                err = exc if isinstance(exc, StoreUnavailable) else StoreUnavailable(exc)
-                for _, fut in taken:
-                    fut.set_exception(err)
-                continue
-            except Exception as exc:  # a bug must fail the requests, not kill the writer
-                log.exception("unexpected error writing a batch")
-                for _, fut in taken:
-                    fut.set_exception(StoreUnavailable(exc))
-                continue
-            self.last_error = None
-            if self._on_batch is not None:
-                self._on_batch(len(batch), time.perf_counter() - t0)
-            i = 0
-            for envs, fut in taken:
-                fut.set_result(results[i:i + len(envs)])
-                i += len(envs)
-            if self._store.rollups_due:
-                self._merge_rollups()
+                if not self._step():
+                    return
+            except Exception:
+                log.exception("unexpected error in the writer loop; it carries on")
+
+    def _step(self) -> bool:
+        """One commit (or one rollup merge); False when stopping."""
+        taken = self._take()
+        if taken is None:
+            self._merge_rollups()
+            return False
+        if not taken:
+            self._merge_rollups()
+            return True
+        batch = [e for envs, _ in taken for e in envs]
+        t0 = time.perf_counter()
+        try:
+            results = self._store.write_batch(batch)
+        except StoreError as exc:
+            self.last_error = str(exc)
+            log.error("writing a batch of %d events failed: %s", len(batch), exc)
+            err = exc if isinstance(exc, StoreUnavailable) else StoreUnavailable(exc)
+            for _, fut in taken:
+                _settle(fut, error=err)
+            return True
+        except Exception as exc:  # a bug must fail the requests, not kill the writer
+            log.exception("unexpected error writing a batch")
+            for _, fut in taken:
+                _settle(fut, error=StoreUnavailable(exc))
+            return True
+        self.last_error = None
+        i = 0
+        for envs, fut in taken:
+            _settle(fut, result=results[i:i + len(envs)])
+            i += len(envs)
+        if self._on_batch is not None:
+            self._on_batch(len(batch), time.perf_counter() - t0)
+        if self._store.rollups_due:
+            self._merge_rollups()
+        return True
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
 
     def _merge_rollups(self) -> None:
         # Deferred rollups: events are already committed and acknowledged; if this fails
@@ -149,3 +167,19 @@ class Writer:
         except StoreError as exc:
             self.last_error = str(exc)
             log.error("merging rollups failed: %s", exc)
+
+
+def _settle(fut: Future[list[WriteResult]], *, result: list[WriteResult] | None = None,
+            error: BaseException | None = None) -> None:
+    """Resolve a request's future unless its caller gave up on it (a cancelled request).
+
+    The events of a cancelled request are committed all the same; a retry finds them
+    as duplicates.
+    """
+    try:
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(result or [])
+    except InvalidStateError:
+        pass

@@ -161,7 +161,7 @@ def test_a_db_held_by_a_service_exits_2_saying_so(tmp_path: Path, service_factor
     assert proc.returncode == 2
     assert proc.stdout == ""
     assert f"database {svc.db_path} is in use by another process" in proc.stderr
-    assert "--url" in proc.stderr  # says what to do instead
+    assert "send to the running service over HTTP" in proc.stderr  # says what to do instead
     assert "Traceback" not in proc.stderr
     with svc.client() as c:
         assert c.get("/healthz").json()["events"] == 0

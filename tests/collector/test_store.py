@@ -177,7 +177,7 @@ def test_a_second_process_is_told_the_file_is_locked(store: Store, db_path: Path
     assert child.returncode == 3, child.stderr
     assert child.stderr.startswith(
         f"database {db_path} is in use by another process (is `shapewatch serve` running on it?). "
-        "Stop that process, or talk to it with --url instead of --db. ("), child.stderr
+        "Stop that process, or send to the running service over HTTP. ("), child.stderr
     assert "lock" in child.stderr.lower()
     # the holder is unaffected
     assert store.healthcheck() == {"schema_version": SCHEMA_VERSION, "events": 0}
