@@ -1,0 +1,102 @@
+"""Faults around the write path: leaks, cancelled requests, failed merges, a clock gone back."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from concurrent.futures import Future
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import orjson
+import pytest
+
+from collector import Store
+from collector.envelope import LIMITS, Envelope, parse_envelope
+from collector.errors import BatchTooLarge, StoreError
+from collector.rollup import RollupBatch, RollupConfig
+from collector.store import WriteStatus
+from collector.writer import Writer
+from conftest import make_envelope
+
+
+def envs(n: int, prefix: str) -> list[Envelope]:
+    return [parse_envelope(orjson.dumps(make_envelope(event_id=f"{prefix}{i}")), LIMITS) for i in range(n)]
+
+
+def test_a_rollup_batch_is_freed_once_dropped() -> None:
+    gc.collect()
+    batch = RollupBatch(RollupConfig(), bucket_seconds=60)
+    batch.add({"a": [{"b": "x"}]}, ("m", "p", "c"), datetime(2026, 11, 29, tzinfo=UTC))
+    batch.tables()
+    ref = weakref.ref(batch)
+    del batch
+    assert ref() is None  # freed by reference counting alone: no cycle through the C accumulator
+
+
+def test_the_writer_survives_a_request_that_gave_up(store: Store) -> None:
+    writer = Writer(store, max_wait=0.05)
+    writer.start()
+    try:
+        abandoned = writer.submit(envs(3, "a"))
+        assert abandoned.cancel()  # what asyncio does to the future when the request is cancelled
+        later = writer.submit(envs(2, "b"))
+        assert [r.status for r in later.result(timeout=30)] == [WriteStatus.accepted] * 2
+        assert writer.alive
+        # the abandoned events were committed all the same: a retry finds them
+        again = writer.submit(envs(3, "a"))
+        assert [r.status for r in again.result(timeout=30)] == [WriteStatus.duplicate] * 3
+    finally:
+        writer.stop()
+
+
+def test_a_request_larger_than_the_queue_is_refused_outright(store: Store) -> None:
+    writer = Writer(store, max_queued=5)
+    with pytest.raises(BatchTooLarge) as info:
+        writer.submit(envs(6, "x"))
+    assert str(info.value) == "the request holds 6 events; send at most 5 per request"
+
+
+def test_a_failed_merge_after_the_commit_does_not_fail_the_events(db_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                                   ) -> None:
+    store = Store.open(db_path)
+    store.defer_rollups(max_events=1, max_seconds=3600)
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise StoreError("merging rollups", "simulated failure")
+
+    monkeypatch.setattr("collector.store.merge_rollups", broken)
+    results = store.write_batch(envs(4, "e"))
+    assert [r.status for r in results] == [WriteStatus.accepted] * 4  # committed, so acknowledged
+    assert store.last_merge_error == "store error while merging rollups: simulated failure"
+    assert store.query("SELECT count(*) FROM events") == [(4,)]
+    monkeypatch.undo()
+    assert store.flush_rollups() == 4  # the counts waited, and merge once the store can
+    assert store.last_merge_error is not None  # cleared by the next successful merge after a commit
+    store.write_batch(envs(1, "f"))
+    assert store.last_merge_error is None
+    assert store.query("SELECT sum(events) FROM cohort_buckets") == [(5,)]
+    store.close()
+
+
+def test_received_at_keeps_growing_after_a_restart_with_the_clock_behind(db_path: Path) -> None:
+    later = datetime(2030, 1, 1, tzinfo=UTC)
+    with Store.open(db_path) as store:
+        store.write_batch(envs(2, "a"), now=later)
+    with Store.open(db_path) as store:
+        store.defer_rollups(max_events=10_000, max_seconds=3600)
+        store.write_batch(envs(2, "b"), now=later - timedelta(days=365))  # the clock went back a year
+        received = dict(store.query("SELECT event_id, epoch_us(received_at) FROM events"))
+        assert min(received["b0"], received["b1"]) > max(received["a0"], received["a1"])
+        store._con.close()  # crash before the deferred merge (private on purpose)
+    with Store.open(db_path) as store:  # the two later events are rolled up at open
+        assert store.query("SELECT sum(events) FROM cohort_buckets") == [(4,)]
+
+
+def test_a_cancelled_future_is_not_an_error_for_settle() -> None:
+    from collector.writer import _settle
+
+    fut: Future[list[object]] = Future()
+    fut.cancel()
+    _settle(fut, result=[])  # type: ignore[arg-type]  # must not raise InvalidStateError
+    assert fut.cancelled()
