@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ShapewatchError
+from .envelope import loads_marking
 from .flatten import json_type_of
 
 __all__ = [
@@ -331,11 +332,6 @@ def _strip_fence(text: str) -> str:
     return match.group("body") if match else text
 
 
-def _reject_constant(name: str) -> Any:
-    # json.loads accepts NaN and Infinity; they are not JSON and no store takes them.
-    raise ValueError(f"{name} is not a JSON value")
-
-
 def _parse_output(out: _Output) -> tuple[dict[str, Any] | None, OutcomeKind | None, str]:
     """Return (object, None, "") or (None, kind of failure, detail)."""
     if out.value is not None:
@@ -345,7 +341,9 @@ def _parse_output(out: _Output) -> tuple[dict[str, Any] | None, OutcomeKind | No
     if out.is_text:
         text = _strip_fence(text)
     try:
-        value = json.loads(text, parse_constant=_reject_constant)
+        # Duplicate keys and integers beyond 64 bits come out marked, for the envelope
+        # validator to refuse by name (json.loads would keep the last key silently).
+        value = loads_marking(text)
     except json.JSONDecodeError as exc:
         if out.is_text and not text.lstrip().startswith(("{", "[")):
             return None, OutcomeKind.no_structured_output, f"{out.what}: prose, not JSON"

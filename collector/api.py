@@ -125,6 +125,16 @@ def require_token(tokens: tuple[str, ...]) -> Callable[[Request], Awaitable[None
     return check
 
 
+def _tags_valid(model: str, prompt_version: str, contract: str, limits: Limits) -> bool:
+    try:
+        validate_envelope({"model": model, "prompt_version": prompt_version, "contract": contract,
+                           "output": {}}, limits)
+    except EnvelopeInvalid as exc:
+        log.warning("a provider outcome has invalid tags and is not counted: %s", exc)
+        return False
+    return True
+
+
 class CollectorApi:
     """Builds the collector's router around one store, writer and metrics."""
 
@@ -236,6 +246,13 @@ class CollectorApi:
                 raise ApiError(404, f"unknown provider {provider!r}; use one of "
                                + ", ".join(p.value for p in Provider)) from None
             self._content_kind(request)
+            # The query's tags obey the envelope's rules (they also name the cohort of outcomes).
+            try:
+                validate_envelope({"model": model or "-", "prompt_version": prompt_version,
+                                   "contract": contract, "source": source, "contract_version": contract_version,
+                                   "event_id": event_id, "output": {}}, self.limits)
+            except EnvelopeInvalid as exc:
+                raise ApiError(422, "the query parameters are invalid", exc.fields) from None
             body = await self._read_body(request)
             try:
                 raw = orjson.loads(body)
@@ -255,10 +272,13 @@ class CollectorApi:
                     items.append(validate_envelope(env, self.limits, now=now))
                 except EnvelopeInvalid as exc:
                     items.append(exc)
-            if adapted.outcomes:
+            outcomes = [o for o in adapted.outcomes if _tags_valid(o.model, o.prompt_version, o.contract,
+                                                                   self.limits)]
+            if outcomes:
+                # Counted on arrival: unlike events, a re-posted response counts its outcomes again.
                 await asyncio.to_thread(self.store.record_outcomes, [
-                    (o.model, o.prompt_version, o.contract, now, o.kind.value) for o in adapted.outcomes])
-                for o in adapted.outcomes:
+                    (o.model, o.prompt_version, o.contract, now, o.kind.value) for o in outcomes])
+                for o in outcomes:
                     self.metrics.provider_outcomes.labels(prov.value, o.kind.value).inc()
             reply = await self._store(items)
             reply["outcomes"] = [{"kind": o.kind.value, "contract": o.contract, "finish_reason": o.finish_reason,

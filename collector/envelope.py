@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, NoReturn
 
 import orjson
 
@@ -39,6 +39,7 @@ __all__ = [
     "parse_body",
     "validate_envelope",
     "limits_from_settings",
+    "loads_marking",
 ]
 
 SOURCES = frozenset({"production", "probe", "shadow"})
@@ -131,6 +132,20 @@ def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 def _int(text: str) -> int | _BigInt:
     v = int(text)
     return _BigInt(text) if not -(2**63) <= v < _MAX_SAFE_INT else v
+
+
+def loads_marking(text: str | bytes) -> Any:
+    """Parse JSON with Python's parser, marking duplicate keys and too-large integers.
+
+    For JSON that reaches shapewatch other than through orjson (provider adapters
+    parse tool arguments with it): ``validate_envelope`` then names each marked
+    field, exactly as for an HTTP body. NaN and Infinity raise ValueError.
+    """
+    return json.loads(text, object_pairs_hook=_pairs, parse_int=_int, parse_constant=_no_constant)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
 
 
 def _exact_loads(raw: bytes) -> Any:
@@ -352,22 +367,30 @@ def validate_envelope(
         exc.event_id = None if generated or type(event_id) is not str else event_id[:128]
         raise exc
     assert isinstance(event_id, str) and model and prompt_version
-    output_bytes = orjson.dumps(output)
+    try:
+        output_bytes = orjson.dumps(output)
+        tag_bytes = orjson.dumps([model, prompt_version, contract, obj.get("ts"), source, attributes_json,
+                                  *tags.values()])
+    except orjson.JSONEncodeError as err:  # only from a Python-built dict: a lone surrogate
+        _refuse(FieldError("output", f"holds text that is not valid Unicode ({err})", "invalid_value"),
+                None if generated else event_id)
     if len(output_bytes) > lim.max_event_bytes:  # an array item skips the per-line size check
-        exc = EnvelopeInvalid([FieldError("output", f"is {len(output_bytes)} bytes; the limit for one "
-                                          f"envelope is {lim.max_event_bytes}", code="too_large")])
-        exc.event_id = None if generated else event_id[:128]
-        raise exc
+        _refuse(FieldError("output", f"is {len(output_bytes)} bytes; the limit for one envelope is "
+                           f"{lim.max_event_bytes}", "too_large"), None if generated else event_id)
     # The payload hash tells a retry (same payload) from a reused key (different payload).
     # It covers what the client sent, formatting aside; a defaulted ts is not part of it.
-    ts_given = obj.get("ts")
     h = hashlib.blake2b(output_bytes, digest_size=16)
-    h.update(orjson.dumps([model, prompt_version, contract, ts_given, source, attributes_json,
-                           *tags.values()]))
+    h.update(tag_bytes)
     return Envelope(
         event_id=event_id, generated_id=generated, ts=ts, model=model, prompt_version=prompt_version,
         contract=contract, output_json=output_bytes.decode(), payload_hash=h.hexdigest(),
         source=source, attributes_json=attributes_json, output=output, **tags)
+
+
+def _refuse(error: FieldError, event_id: str | None) -> NoReturn:
+    exc = EnvelopeInvalid([error])
+    exc.event_id = None if event_id is None else event_id[:128]
+    raise exc
 
 
 def _loads(raw: bytes, path: str) -> Any:

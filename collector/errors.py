@@ -17,6 +17,7 @@ __all__ = [
     "StoreVersionTooNew",
     "StoreUnavailable",
     "BatchTooLarge",
+    "ImportInputError",
     "SettingsInvalid",
 ]
 
@@ -101,6 +102,14 @@ class BatchTooLarge(ShapewatchError, ValueError):
     def __init__(self, events: int, limit: int) -> None:
         self.events, self.limit = events, limit
         super().__init__(f"the request holds {events} events; send at most {limit} per request")
+
+
+class ImportInputError(ShapewatchError, ValueError):
+    """An input file of a bulk import cannot be read (missing, not gzip, truncated)."""
+
+    def __init__(self, path: object, cause: BaseException) -> None:
+        self.path = path
+        super().__init__(f"cannot read {path}: {cause or type(cause).__name__}")
 
 
 class SettingsInvalid(ShapewatchError, ValueError):

@@ -5,8 +5,11 @@ stores the previous batch (DuckDB releases the GIL while it works), so the
 two cores are both busy. Rejected lines go, with their line number and
 reasons, to a quarantine file beside the database; nothing is dropped.
 
-A line without an ``event_id`` gets one derived from the file name, the line
-number and the line's bytes, so importing the same file again adds nothing.
+A line without an ``event_id`` gets one derived from the file's absolute path,
+the line number and the line's bytes: importing the same file again (grown
+at the end, or with quarantined lines fixed in place) adds nothing twice,
+and same-named files in different folders never collide. A moved or renamed
+file is a new file.
 
 >>> summary = import_files([Path("outputs.jsonl")], store)   # doctest: +SKIP
 >>> summary.as_dict()["accepted"]                            # doctest: +SKIP
@@ -20,6 +23,7 @@ import hashlib
 import io
 import queue
 import threading
+import zlib
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -30,7 +34,7 @@ from typing import IO, Any
 import orjson
 
 from .envelope import Envelope, Limits, parse_envelope
-from .errors import EnvelopeInvalid, FieldError, StoreError
+from .errors import EnvelopeInvalid, FieldError, ImportInputError, StoreError
 from .store import PreparedBatch, Store, WriteStatus
 
 __all__ = ["ImportSummary", "import_files", "quarantine_path"]
@@ -65,10 +69,24 @@ def _open(path: Path) -> IO[bytes]:
     return raw
 
 
-def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
-    with _open(path) as f:
-        for n, line in enumerate(f, 1):
-            yield n, line
+class _Lines:
+    """The numbered lines of a file; a read fault (a truncated or corrupt .gz) ends them
+    and is kept in ``error``, so what was read before it is still stored."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.error: BaseException | None = None
+
+    def __iter__(self) -> Iterator[tuple[int, bytes]]:
+        try:
+            with _open(self.path) as f:
+                yield from enumerate(f, 1)
+        except (OSError, EOFError, zlib.error) as exc:
+            self.error = exc
+
+
+def _file_key(path: Path) -> str:
+    return hashlib.blake2b(str(path.resolve()).encode(), digest_size=8).hexdigest()
 
 
 def import_files(paths: list[Path], store: Store, limits: Limits, *,
@@ -98,7 +116,7 @@ def _import_one(path: Path, store: Store, limits: Limits, summary: ImportSummary
     qpath = quarantine_path(store.path, path)
     qpath.parent.mkdir(parents=True, exist_ok=True)
     rejected_here = 0
-    prefix = hashlib.blake2b(path.name.encode(), digest_size=8).hexdigest()
+    prefix = _file_key(path)
     # The reading thread validates and prepares (columns, rollup counts); this thread only
     # runs the transaction, during which DuckDB releases the GIL.
     # Each batch travels with the line number and bytes of each envelope, so a line the
@@ -118,9 +136,7 @@ def _import_one(path: Path, store: Store, limits: Limits, summary: ImportSummary
                         summary.accepted += 1
                     elif r.status is WriteStatus.duplicate:
                         summary.duplicate += 1
-                    else:
-                        summary.rejected += 1
-                        summary.rejected_by_reason["conflict"] += 1
+                    else:  # counted by the reading thread after the join
                         conflicts.append(_quarantine_line(path, n, [FieldError(
                             "event_id", "already stored with a different payload", "conflict")], raw))
             except BaseException as exc:  # handed to the reading thread, which re-raises
@@ -131,9 +147,10 @@ def _import_one(path: Path, store: Store, limits: Limits, summary: ImportSummary
     now = datetime.now(UTC)
     batch: list[Envelope] = []
     origin: list[tuple[int, bytes]] = []
+    reader = _Lines(path)
     try:
         with qpath.open("wb") as quarantine:
-            for n, line in _lines(path):
+            for n, line in reader:
                 if progress is not None:
                     progress(len(line))
                 stripped = line.strip()
@@ -159,6 +176,9 @@ def _import_one(path: Path, store: Store, limits: Limits, summary: ImportSummary
             todo.put(None)
             worker.join()
             rejected_here += len(conflicts)
+            summary.rejected += len(conflicts)
+            if conflicts:
+                summary.rejected_by_reason["conflict"] += len(conflicts)
             quarantine.writelines(conflicts)
     finally:
         if worker.is_alive():
@@ -166,7 +186,10 @@ def _import_one(path: Path, store: Store, limits: Limits, summary: ImportSummary
             worker.join()
     if failure:
         cause = failure[0]
+        qpath.unlink(missing_ok=True)
         raise cause if isinstance(cause, StoreError) else StoreError(f"importing {path}", cause)
+    if reader.error is not None:  # what was read before the fault is stored; a rerun adds the rest
+        raise ImportInputError(path, reader.error)
     if rejected_here:
         summary.quarantine.append(str(qpath))
     else:

@@ -548,3 +548,23 @@ def test_second_serve_on_the_same_db_exits_saying_it_is_in_use(svc: Service) -> 
     with svc.client() as c:  # the first one is unharmed
         assert c.get("/healthz").status_code == 200
 
+
+
+@pytest.mark.parametrize(("arguments", "error"), [
+    ('{"a": 1, "a": 2}', {"path": "output.a", "reason": "duplicate key"}),
+    ('{"a": 123456789012345678901234567890}',
+     {"path": "output.a", "reason": "integer with 30 digits is too large to keep exactly (64-bit limit)"}),
+    ('{"a": "\\ud800"}', {"path": "output", "reason": "holds text that is not valid Unicode "
+                                                       "(str is not valid UTF-8: surrogates not allowed)"}),
+])
+def test_provider_arguments_get_the_same_rules_as_envelopes(http: httpx.Client, arguments: str,
+                                                            error: dict[str, str]) -> None:
+    response = {"id": f"chatcmpl-{abs(hash(arguments))}", "object": "chat.completion", "model": "gpt-4o",
+                "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+                    "role": "assistant", "tool_calls": [{"id": "call_1", "type": "function",
+                                                         "function": {"name": "t", "arguments": arguments}}]}}]}
+    r = http.post("/v1/provider/openai", params={"prompt_version": "p"}, json=response)
+    assert r.status_code == 200, r.text
+    reply = r.json()
+    assert (reply["accepted"], reply["rejected"]) == (0, 1)
+    assert reply["results"][0]["errors"] == [error]

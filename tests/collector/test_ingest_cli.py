@@ -173,3 +173,27 @@ def test_a_missing_file_is_a_usage_error(tmp_path: Path, db: Path) -> None:
     assert "does not exist" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not db.exists()  # nothing was created for a command that could not run
+
+
+def test_unreadable_gzip_inputs_are_input_errors(tmp_path: Path, db: Path) -> None:
+    plain = write_lines(tmp_path / "ok.jsonl", valid_lines())
+    not_gzip = tmp_path / "not.jsonl.gz"
+    not_gzip.write_bytes(b"this is not gzip\n")
+    truncated = tmp_path / "cut.jsonl.gz"
+    truncated.write_bytes(gzip.compress(plain.read_bytes())[:40])
+    for bad, reason in [(not_gzip, "Not a gzipped file"), (truncated, "Compressed file ended")]:
+        proc = ingest(bad, db=db)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.startswith(f"error: cannot read {bad}: ") and reason in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr
+
+
+def test_same_named_files_in_different_folders_do_not_collide(tmp_path: Path, db: Path) -> None:
+    line = json.dumps(make_envelope(event_id=None, ts=None))  # no id, no ts: ids come from the file
+    (tmp_path / "day1").mkdir()
+    (tmp_path / "day2").mkdir()
+    a = write_lines(tmp_path / "day1" / "out.jsonl", [line])
+    b = write_lines(tmp_path / "day2" / "out.jsonl", [line])
+    assert summary_of(ingest(a, db=db)) == summary(accepted=1)
+    assert summary_of(ingest(b, db=db)) == summary(accepted=1)
+    assert summary_of(ingest(a, db=db)) == summary(duplicate=1)
