@@ -61,7 +61,10 @@ def create_app(settings: Settings, *, store: Store | None = None,
         finally:
             scheduler.shutdown(wait=True)
             writer.stop()
-            store.close()
+            if writer.alive:  # never close the file under a running transaction
+                log.error("the writer is still busy; leaving the database to be closed by the exit")
+            else:
+                store.close()
 
     app = FastAPI(title="shapewatch", version="0.1.0", lifespan=lifespan,
                   description="Schema-drift monitor for language-model structured outputs.")

@@ -89,7 +89,7 @@ static PyObject *py_count_keys(PyObject *self, PyObject *arg) {
             while (e < end && *e != '"' && *e != '\\') e++;
             if (e >= end) { r = end; break; }
             if (*e == '"') { r = e + 1; break; }
-            r = e + 2; /* a backslash escapes the next character */
+            r = (end - e > 2) ? e + 2 : end; /* a backslash escapes the next character */
         }
         while (r < end && (*r == ' ' || *r == '\t' || *r == '\n' || *r == '\r')) r++;
         if (r < end && *r == ':') count++;
@@ -153,6 +153,10 @@ static void acc_dealloc(Acc *self) {
 static int acc_init(Acc *self, PyObject *args, PyObject *kw) {
     PyObject *namer;
     Py_ssize_t maxlen;
+    if (self->namer != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Acc is initialised once");
+        return -1;
+    }
     if (!PyArg_ParseTuple(args, "On", &namer, &maxlen)) return -1;
     Py_INCREF(namer);
     self->namer = namer;
@@ -281,9 +285,14 @@ static int acc_children(Acc *self, PyObject *v, Py_ssize_t group, Py_ssize_t pat
         Py_ssize_t pos = 0;
         PyObject *k, *x;
         while (PyDict_Next(v, &pos, &k, &x)) {
+            /* the namer is Python code: keep the key and value alive across it */
+            Py_INCREF(k);
+            Py_INCREF(x);
             Py_ssize_t child = child_id(self, path, k);
-            if (child < 0) return -1;
-            if (acc_value(self, x, group, child) < 0) return -1;
+            int r = child < 0 ? -1 : acc_value(self, x, group, child);
+            Py_DECREF(k);
+            Py_DECREF(x);
+            if (r < 0) return -1;
         }
         return 0;
     }
@@ -340,6 +349,7 @@ static PyObject *acc_add(Acc *self, PyObject *args) {
     Py_ssize_t group;
     if (!PyArg_ParseTuple(args, "O!n", &PyDict_Type, &output, &group)) return NULL;
     if (group < 0) { PyErr_SetString(PyExc_ValueError, "group must be >= 0"); return NULL; }
+    if (self->namer == NULL) { PyErr_SetString(PyExc_RuntimeError, "Acc is not initialised"); return NULL; }
     if (ensure_root(self) < 0) return NULL;
     if (group >= self->ngroups) {
         group_map *gs = PyMem_Realloc(self->groups, sizeof(group_map) * (group + 1));
@@ -369,6 +379,7 @@ static PyObject *acc_counts(Acc *self, PyObject *unused) {
 /* rows(which) -> (slots, keys, counts): the per-slot dicts of `values` (which=0) or
  * `lengths` (which=1) flattened into three parallel lists, for building columns. */
 static PyObject *acc_rows(Acc *self, PyObject *arg) {
+    if (self->namer == NULL) { PyErr_SetString(PyExc_RuntimeError, "Acc is not initialised"); return NULL; }
     long which = PyLong_AsLong(arg);
     if (which == -1 && PyErr_Occurred()) return NULL;
     PyObject *src = which ? self->lengths : self->values;
@@ -404,12 +415,6 @@ static PyMethodDef acc_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static PyMemberDef acc_members[] = {
-    {"values", T_OBJECT, offsetof(Acc, values), READONLY, "per slot: dict short string -> count"},
-    {"lengths", T_OBJECT, offsetof(Acc, lengths), READONLY, "per slot: dict array length -> count"},
-    {NULL},
-};
-
 static PyTypeObject AccType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "collector._speedups.Acc",
@@ -418,7 +423,6 @@ static PyTypeObject AccType = {
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "Rollup accumulator: flattens outputs into counts per (group, path).",
     .tp_methods = acc_methods,
-    .tp_members = acc_members,
     .tp_init = (initproc)acc_init,
     .tp_new = PyType_GenericNew,
 };

@@ -218,7 +218,9 @@ class CollectorApi:
             body = await self._read_body(request)
             single = not ndjson and not body.lstrip().startswith(b"[")
             try:
-                items = list(parse_body(body, self.limits, ndjson=ndjson))
+                # Parsing a large body takes a while: off the event loop, so other requests
+                # (and /healthz) are not held up by it.
+                items = await asyncio.to_thread(lambda: list(parse_body(body, self.limits, ndjson=ndjson)))
             except EnvelopeInvalid as exc:
                 self.metrics.count_rejected({f.code for f in exc.fields})
                 raise ApiError(exc.status if exc.status != 422 or single else 400,
