@@ -39,7 +39,7 @@ from .store import PreparedBatch, Store, WriteStatus
 
 __all__ = ["ImportSummary", "import_files", "quarantine_path"]
 
-_BATCH = 50_000
+_BATCH = 40_000
 
 
 @dataclass
