@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, NamedTuple, NoReturn
@@ -289,7 +289,7 @@ def _parse_ts(v: Any, errors: list[FieldError], now: datetime) -> datetime:
 
 def validate_envelope(
     obj: Any, lim: Limits, *, keys_seen: list[int] | None = None, now: datetime | None = None,
-    default_id: str | None = None,
+    default_id: str | Callable[[], str] | None = None,
 ) -> Envelope:
     """Check one parsed envelope; raise EnvelopeInvalid naming every failing field.
 
@@ -316,7 +316,7 @@ def validate_envelope(
     generated = event_id is None
     if generated:
         # Without a client key a retry cannot be recognised: the server makes one up.
-        event_id = default_id or uuid.uuid4().hex
+        event_id = (default_id() if callable(default_id) else default_id) or uuid.uuid4().hex
     elif type(event_id) is not str or not event_id.strip():
         errors.append(FieldError("event_id", "must be a non-empty string", code="invalid_value"))
     elif len(event_id) > 128:
@@ -404,7 +404,7 @@ def _loads(raw: bytes, path: str) -> Any:
 
 
 def parse_envelope(raw: bytes, lim: Limits, *, now: datetime | None = None,
-                   default_id: str | None = None) -> Envelope:
+                   default_id: str | Callable[[], str] | None = None) -> Envelope:
     """Parse and validate one envelope given as JSON text (a JSONL line, an HTTP body)."""
     if len(raw) > lim.max_event_bytes:
         raise EnvelopeInvalid([FieldError("", f"envelope is {len(raw)} bytes; the limit is {lim.max_event_bytes}", code="too_large")],

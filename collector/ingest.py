@@ -27,6 +27,7 @@ import zlib
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
@@ -83,6 +84,10 @@ class _Lines:
                 yield from enumerate(f, 1)
         except (OSError, EOFError, zlib.error) as exc:
             self.error = exc
+
+
+def _line_id(prefix: str, n: int, line: bytes) -> str:
+    return f"{prefix}:{n}:{hashlib.blake2b(line, digest_size=8).hexdigest()}"
 
 
 def _file_key(path: Path) -> str:
@@ -150,15 +155,18 @@ def _import_one(path: Path, store: Store, limits: Limits, summary: ImportSummary
     reader = _Lines(path)
     try:
         with qpath.open("wb") as quarantine:
+            unreported = 0
             for n, line in reader:
-                if progress is not None:
-                    progress(len(line))
+                unreported += len(line)
+                if progress is not None and unreported >= 1 << 20:
+                    progress(unreported)  # per MiB, not per line: a call per line costs a few %
+                    unreported = 0
                 stripped = line.strip()
                 if not stripped:
                     continue
                 try:
-                    default_id = f"{prefix}:{n}:{hashlib.blake2b(stripped, digest_size=8).hexdigest()}"
-                    batch.append(parse_envelope(stripped, limits, now=now, default_id=default_id))
+                    batch.append(parse_envelope(stripped, limits, now=now,
+                                                default_id=partial(_line_id, prefix, n, stripped)))
                     origin.append((n, stripped))
                 except EnvelopeInvalid as exc:
                     rejected_here += 1
@@ -171,6 +179,8 @@ def _import_one(path: Path, store: Store, limits: Limits, summary: ImportSummary
                     batch, origin = [], []
                     if failure:
                         break
+            if progress is not None and unreported:
+                progress(unreported)
             if batch and not failure:
                 todo.put((store.prepare_batch(batch), origin))
             todo.put(None)

@@ -112,12 +112,16 @@ _COLUMNS = ["event_id", "payload_hash", "generated_id", "model", "prompt_version
 class PreparedBatch:
     """A batch ready for one transaction: see ``Store.prepare_batch``."""
 
-    envelopes: list[Envelope]  # as given, in order
-    unique: list[Envelope]  # first occurrence of each event_id
+    event_ids: list[str]  # of every envelope as given, in order
+    hashes: list[str]  # their payload hashes
     early: list[WriteResult | None]  # results known without the database (repeats inside the batch)
-    cohorts: list[tuple[str, str, str]]  # cohort_key -> (model, prompt_version, contract)
-    table: pa.Table  # the unique events as columns, with cohort_key
+    cohorts: dict[tuple[str, str, str], datetime]  # cohort (in cohort_key order) -> first ts seen
+    table: pa.Table  # the unique events as columns, with cohort_key; no parsed outputs are kept
     rollups: RollupBatch  # the counts of all unique events
+
+    @property
+    def unique(self) -> int:
+        return int(self.table.num_rows)
 
 
 def _arrow(envelopes: Sequence[Envelope], cohort_keys: Sequence[int]) -> pa.Table:
@@ -338,13 +342,20 @@ class Store:
                 status = WriteStatus.duplicate if seen.payload_hash == env.payload_hash else WriteStatus.conflict
                 early.append(WriteResult(env.event_id, status))
         unique = list(first.values())
-        cohorts: dict[tuple[str, str, str], int] = {}
-        keys = [cohorts.setdefault((e.model, e.prompt_version, e.contract), len(cohorts)) for e in unique]
-        table, rollups = _arrow(unique, keys), self._rollups_of(unique)
-        # The parsed outputs are counted now; dropping them here keeps memory to the
-        # columns (a rare partial insert re-parses output_json).
-        return PreparedBatch([e._replace(output=None) for e in envelopes],
-                             [e._replace(output=None) for e in unique], early, list(cohorts), table, rollups)
+        cohorts: dict[tuple[str, str, str], datetime] = {}
+        order: dict[tuple[str, str, str], int] = {}
+        keys: list[int] = []
+        for e in unique:
+            cohort = (e.model, e.prompt_version, e.contract)
+            key = order.get(cohort)
+            if key is None:
+                key = order[cohort] = len(order)
+                cohorts[cohort] = e.ts
+            keys.append(key)
+        # Only columns and counts leave this method: the parsed outputs are freed with the
+        # envelopes (a rare partial insert re-reads the output column).
+        return PreparedBatch([e.event_id for e in envelopes], [e.payload_hash for e in envelopes], early,
+                             cohorts, _arrow(unique, keys), self._rollups_of(unique))
 
     # --- deferred rollups --------------------------------------------------------------------
     #
@@ -430,6 +441,17 @@ class Store:
             merge_rollups(con, [batch], self.rollup)
             con.execute("UPDATE meta SET value = ? WHERE key = 'rollups_through'", [str(rows[-1][6])])
 
+    def _rollups_of_rows(self, batch: PreparedBatch, event_ids: set[str]) -> RollupBatch:
+        """The counts of some rows of a prepared batch, re-read from its columns."""
+        cohorts = list(batch.cohorts)
+        rollups = RollupBatch(self.rollup, bucket_seconds=self.bucket_seconds)
+        cols = batch.table.select(["event_id", "cohort_key", "ts", "served_model", "output"]).to_pydict()
+        for event_id, key, ts, served, output in zip(*cols.values(), strict=True):
+            if event_id in event_ids:
+                rollups.add(orjson.loads(output), cohorts[key], ts, served)
+        rollups.tables()
+        return rollups
+
     def _rollups_of(self, envelopes: Sequence[Envelope]) -> RollupBatch:
         batch = RollupBatch(self.rollup, bucket_seconds=self.bucket_seconds)
         for e in envelopes:
@@ -455,14 +477,14 @@ class Store:
             if self._defer is not None and self._pending_events >= self._defer[0]:
                 self._flush_after_commit()
         out: list[WriteResult] = []
-        for env, res in zip(batch.envelopes, batch.early, strict=True):
+        for event_id, payload_hash, res in zip(batch.event_ids, batch.hashes, batch.early, strict=True):
             if res is not None:
                 out.append(res)
-            elif env.event_id in inserted:
-                out.append(WriteResult(env.event_id, WriteStatus.accepted))
+            elif event_id in inserted:
+                out.append(WriteResult(event_id, WriteStatus.accepted))
             else:
-                same = existing.get(env.event_id) == env.payload_hash
-                out.append(WriteResult(env.event_id, WriteStatus.duplicate if same else WriteStatus.conflict))
+                same = existing.get(event_id) == payload_hash
+                out.append(WriteResult(event_id, WriteStatus.duplicate if same else WriteStatus.conflict))
         return out
 
     def _batch_time(self, now: datetime | None) -> datetime:
@@ -501,10 +523,7 @@ class Store:
 
     def _insert(self, con: duckdb.DuckDBPyConnection, batch: PreparedBatch,
                 now: datetime) -> tuple[set[str], dict[str, str]]:
-        first_ts: dict[tuple[str, str, str], datetime] = {}
-        for e in batch.unique:
-            first_ts.setdefault((e.model, e.prompt_version, e.contract), e.ts)
-        by_key = self._cohort_ids(con, first_ts)
+        by_key = self._cohort_ids(con, batch.cohorts)
         ids = [by_key[key] for key in batch.cohorts]
         con.register("_ck", pa.table({"cohort_key": pa.array(range(len(ids)), pa.int32()),
                                       "cohort_id": pa.array(ids, pa.int32())}))
@@ -518,15 +537,15 @@ class Store:
             {"now": now}).fetchall()
         inserted = {r[0] for r in rows}
         existing: dict[str, str] = {}
-        if len(inserted) < len(batch.unique):
+        if len(inserted) < batch.unique:
             existing = dict(con.execute(
                 """SELECT e.event_id, e.payload_hash FROM events e
                    WHERE e.id_key IN (SELECT md5_number(event_id) FROM _batch)""").fetchall())
         fresh: RollupBatch | None = None
-        if len(inserted) == len(batch.unique):
+        if len(inserted) == batch.unique:
             fresh = batch.rollups
         elif inserted:  # some were stored before: count only what is new
-            fresh = self._rollups_of([e for e in batch.unique if e.event_id in inserted])
+            fresh = self._rollups_of_rows(batch, inserted)
         if fresh is not None:
             if self._defer is None:  # rollups commit with their events
                 merge_rollups(con, [fresh], self.rollup)
