@@ -19,6 +19,7 @@ up: $(STAMP)
 	$(BIN)/shapewatch up
 
 test: $(STAMP)
+	$(BIN)/ruff check .
 	$(BIN)/python -m mypy
 	$(BIN)/python -m pytest -q
 

@@ -16,8 +16,14 @@ from typing import Any
 import click
 import orjson
 
-from collector import Settings, SettingsInvalid, ShapewatchError, import_files, limits_from_settings, load_settings
-
+from collector import (
+    Settings,
+    SettingsInvalid,
+    ShapewatchError,
+    import_files,
+    limits_from_settings,
+    load_settings,
+)
 
 __all__ = ["main", "cli"]
 

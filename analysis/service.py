@@ -22,8 +22,16 @@ from fastapi.responses import Response
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from collector import (CollectorApi, CollectorMetrics, Settings, Store, Writer, install_error_handlers,
-                       limits_from_settings, require_token)
+from collector import (
+    CollectorApi,
+    CollectorMetrics,
+    Settings,
+    Store,
+    Writer,
+    install_error_handlers,
+    limits_from_settings,
+    require_token,
+)
 
 from .maintenance import start_maintenance
 from .store_access import open_store

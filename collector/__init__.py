@@ -94,11 +94,39 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from .adapters import AdaptedResponse, AdapterError, OutcomeKind, Provider, ProviderOutcome, adapt_response
-    from .api import ApiError, CollectorApi, error_body, install_error_handlers, require_token
-    from .envelope import Envelope, Limits, limits_from_settings, parse_body, parse_envelope, validate_envelope
-    from .errors import (EnvelopeInvalid, FieldError, SettingsInvalid, ShapewatchError, StoreError,
-                         StoreLocked, StoreUnavailable, StoreVersionTooNew)
+    from .adapters import (
+        AdaptedResponse,
+        AdapterError,
+        OutcomeKind,
+        Provider,
+        ProviderOutcome,
+        adapt_response,
+    )
+    from .api import (
+        ApiError,
+        CollectorApi,
+        error_body,
+        install_error_handlers,
+        require_token,
+    )
+    from .envelope import (
+        Envelope,
+        Limits,
+        limits_from_settings,
+        parse_body,
+        parse_envelope,
+        validate_envelope,
+    )
+    from .errors import (
+        EnvelopeInvalid,
+        FieldError,
+        SettingsInvalid,
+        ShapewatchError,
+        StoreError,
+        StoreLocked,
+        StoreUnavailable,
+        StoreVersionTooNew,
+    )
     from .flatten import JsonType, Observation, flatten_output
     from .ingest import ImportSummary, import_files, quarantine_path
     from .metrics import CollectorMetrics

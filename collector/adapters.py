@@ -32,8 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import ShapewatchError
 from .envelope import loads_marking
+from .errors import ShapewatchError
 from .flatten import json_type_of
 
 __all__ = [

@@ -22,12 +22,19 @@ from typing import Any
 import orjson
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .adapters import AdapterError, Provider, adapt_response
 from .envelope import Envelope, Limits, parse_body, validate_envelope
-from .errors import BatchTooLarge, EnvelopeInvalid, FieldError, ShapewatchError, StoreError, StoreUnavailable
+from .errors import (
+    BatchTooLarge,
+    EnvelopeInvalid,
+    FieldError,
+    ShapewatchError,
+    StoreError,
+    StoreUnavailable,
+)
 from .metrics import CollectorMetrics
 from .store import Store, WriteStatus
 from .writer import Writer

@@ -21,9 +21,8 @@ from typing import Any
 import duckdb
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-
 from conftest import ROOT, SHAPEWATCH, Service, free_port, make_envelope, start_service
+from prometheus_client.parser import text_string_to_metric_families
 
 FIXTURES = Path(__file__).parent / "fixtures" / "providers"
 MAX_BODY = 256 * 1024  # the module service's body limit (SHAPEWATCH_MAX_BODY_BYTES)

@@ -18,10 +18,9 @@ from pathlib import Path
 import duckdb
 import httpx
 import pytest
+from conftest import Service, free_port, make_envelope, start_service
 
 from collector import Store
-
-from conftest import Service, free_port, make_envelope, start_service
 
 SEED = 20261129
 CLIENTS = 4

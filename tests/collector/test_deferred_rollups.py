@@ -11,11 +11,11 @@ import random
 from pathlib import Path
 
 import orjson
+from conftest import make_envelope
+from test_store import rollup_sums
 
 from collector import Store
 from collector.envelope import LIMITS, Envelope, parse_envelope
-from conftest import make_envelope
-from test_store import rollup_sums
 
 MINUTES = ["2026-11-29T12:00:10Z", "2026-11-29T12:01:20Z", "2026-11-29T12:02:30Z"]
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import duckdb
 import pytest
+from conftest import ROOT, SHAPEWATCH, Service, make_envelope
 
 from collector import quarantine_path
-from conftest import ROOT, SHAPEWATCH, Service, make_envelope
 
 
 def ingest(*files: Path, db: Path, fmt: str = "json") -> subprocess.CompletedProcess[str]:

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import pytest
 
 from collector.envelope import LIMITS, Envelope, parse_envelope
 from collector.flatten import JsonType, flatten_output

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from conftest import Service, free_port, start_service
 
 from collector.sdk import Client
-from conftest import Service, free_port, start_service
 
 
 def stored(db: Path) -> dict[str, int]:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from conftest import make_envelope
 
 from collector import Store
 from collector.envelope import LIMITS, Envelope, parse_envelope
@@ -17,7 +18,6 @@ from collector.errors import BatchTooLarge, StoreError
 from collector.rollup import RollupBatch, RollupConfig
 from collector.store import WriteStatus
 from collector.writer import Writer
-from conftest import make_envelope
 
 
 def envs(n: int, prefix: str) -> list[Envelope]:
