@@ -152,6 +152,7 @@ def _is_lock_error(exc: duckdb.Error) -> bool:
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_PURGE_CHUNK = 50_000
 
 
 def _epoch_us(t: datetime) -> int:
@@ -226,6 +227,7 @@ class Store:
                     read_only=read_only)
         try:
             store._migrate()
+            store._check_bucket_width()
             if not read_only:
                 store._recover_rollups()
         except duckdb.Error as exc:
@@ -244,6 +246,17 @@ class Store:
             return 0
         row = self._con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         return int(row[0]) if row else 0
+
+    def _check_bucket_width(self) -> None:
+        """The bucket width is chosen once per database: rollups of two widths do not add up."""
+        row = self._con.execute("SELECT value FROM meta WHERE key = 'bucket_seconds'").fetchone()
+        if row is None:
+            if not self.read_only:
+                self._con.execute("INSERT INTO meta VALUES ('bucket_seconds', ?)", [str(self.bucket_seconds)])
+            return
+        if int(row[0]) != self.bucket_seconds:
+            raise StoreError("opening", f"database {self.path} was created with bucket_seconds={row[0]}; "
+                             f"set bucket_seconds to {row[0]} (it cannot change once rollups are stored)")
 
     def _migrate(self) -> None:
         found = self._schema_version()
@@ -618,10 +631,15 @@ class Store:
     def purge(self, *, raw_retention: timedelta, now: datetime | None = None) -> int:
         """Delete raw events received before ``now - raw_retention``; rollups stay."""
         now = now or datetime.now(UTC)
-        with self._write_lock:
-            try:
-                row = self._con.execute(
-                    "DELETE FROM events WHERE received_at < ? RETURNING 1", [now - raw_retention]).fetchall()
-            except duckdb.Error as exc:
-                raise StoreError("purging old raw events", exc) from exc
-        return len(row)
+        deleted = 0
+        while True:
+            # In chunks, letting go of the write lock between them: one huge DELETE would
+            # hold up every ingest request for its whole run.
+            with self._write_lock, self._transaction("purging old raw events") as con:
+                n = len(con.execute(
+                    """DELETE FROM events WHERE id_key IN (
+                           SELECT id_key FROM events WHERE received_at < ? LIMIT ?) RETURNING 1""",
+                    [now - raw_retention, _PURGE_CHUNK]).fetchall())
+            deleted += n
+            if n < _PURGE_CHUNK:
+                return deleted

@@ -76,7 +76,7 @@ def test_a_new_file_is_created_at_the_current_schema_version(db_path: Path) -> N
     assert not db_path.exists()
     with Store.open(db_path) as store:
         assert sorted(store.query("SELECT key, value FROM meta")) == [
-            ("rollups_through", "0"), ("schema_version", str(SCHEMA_VERSION))]
+            ("bucket_seconds", "60"), ("rollups_through", "0"), ("schema_version", str(SCHEMA_VERSION))]
         assert store.healthcheck() == {"schema_version": SCHEMA_VERSION, "events": 0}
     assert db_path.exists()
 
@@ -87,7 +87,7 @@ def test_reopening_a_current_file_changes_nothing(db_path: Path, envelope: MakeE
         before = rollup_sums(store)
         tables = store.query("SELECT table_name FROM duckdb_tables() ORDER BY 1")
         meta = sorted(store.query("SELECT key, value FROM meta"))
-    assert [k for k, _ in meta] == ["rollups_through", "schema_version"]
+    assert [k for k, _ in meta] == ["bucket_seconds", "rollups_through", "schema_version"]
     with Store.open(db_path) as store:
         assert sorted(store.query("SELECT key, value FROM meta")) == meta
         assert store.query("SELECT table_name FROM duckdb_tables() ORDER BY 1") == tables
@@ -404,3 +404,26 @@ def test_a_read_only_store_refuses_writes(db_path: Path, envelope: MakeEnvelope)
             ro.write_batch([parse(envelope())])
         assert str(info.value) == "store error while writing: the store was opened read-only"
 
+
+
+def test_the_bucket_width_cannot_change_under_stored_rollups(db_path: Path, envelope: MakeEnvelope) -> None:
+    with Store.open(db_path, bucket_seconds=60) as store:
+        store.write_batch(envs(envelope, 2, "w"))
+    with pytest.raises(StoreError) as info:
+        Store.open(db_path, bucket_seconds=300)
+    assert str(info.value) == (
+        f"store error while opening: database {db_path} was created with bucket_seconds=60; "
+        "set bucket_seconds to 60 (it cannot change once rollups are stored)")
+    with Store.open(db_path, bucket_seconds=60) as store:  # the refusal left it usable
+        assert store.query("SELECT count(*) FROM events") == [(2,)]
+
+
+def test_purge_deletes_in_chunks_and_counts_them_all(db_path: Path, envelope: MakeEnvelope,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("collector.store._PURGE_CHUNK", 3)
+    old = datetime(2026, 1, 1, tzinfo=UTC)
+    with Store.open(db_path) as store:
+        store.write_batch(envs(envelope, 7, "old"), now=old)
+        store.write_batch(envs(envelope, 2, "new"), now=old + timedelta(days=40))
+        assert store.purge(raw_retention=timedelta(days=30), now=old + timedelta(days=41)) == 7
+        assert store.query("SELECT count(*) FROM events") == [(2,)]
