@@ -29,7 +29,7 @@ import enum
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .envelope import loads_marking
@@ -84,6 +84,9 @@ class ProviderOutcome:
     contract: str
     finish_reason: str | None
     detail: str
+    #: names this outcome for deduplication: the response id (or the event_id given) and
+    #: its position, so re-posting a response does not count it twice; None without ids
+    key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -202,6 +205,9 @@ def adapt_response(
         if contract_version is not None:
             envelope["contract_version"] = contract_version
         envelopes.append(envelope)
+    base = event_id if event_id is not None else parsed.response_id
+    if base is not None:
+        outcomes = [replace(o, key=f"{base}:outcome:{i}") for i, o in enumerate(outcomes)]
     return AdaptedResponse(envelopes=envelopes, outcomes=outcomes)
 
 

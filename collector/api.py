@@ -284,11 +284,14 @@ class CollectorApi:
             outcomes = [o for o in adapted.outcomes if _tags_valid(o.model, o.prompt_version, o.contract,
                                                                    self.limits)]
             if outcomes:
-                # Counted on arrival: unlike events, a re-posted response counts its outcomes again.
-                await asyncio.to_thread(self.store.record_outcomes, [
-                    (o.model, o.prompt_version, o.contract, now, o.kind.value) for o in outcomes])
-                for o in outcomes:
-                    self.metrics.provider_outcomes.labels(prov.value, o.kind.value).inc()
+                # Keyed by response id and position: a re-posted response counts them once.
+                counted = await asyncio.to_thread(
+                    self.store.record_outcomes,
+                    [(o.model, o.prompt_version, o.contract, now, o.kind.value) for o in outcomes],
+                    keys=[o.key for o in outcomes])
+                if counted:
+                    for o in outcomes:
+                        self.metrics.provider_outcomes.labels(prov.value, o.kind.value).inc()
             reply = await self._store(items)
             reply["outcomes"] = [{"kind": o.kind.value, "contract": o.contract, "finish_reason": o.finish_reason,
                                   "detail": o.detail} for o in adapted.outcomes]

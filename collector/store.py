@@ -84,10 +84,16 @@ INSERT INTO served_models
     FROM events WHERE served_model IS NOT NULL GROUP BY ALL;
 """
 
+_V3 = """
+-- Provider outcomes have no event of their own: their keys (response id and position)
+-- make a re-posted response count its outcomes once.
+CREATE TABLE outcome_keys (key VARCHAR PRIMARY KEY, received_at TIMESTAMPTZ NOT NULL);
+"""
+
 # Each entry turns version i into version i + 1; never edit a released one, append.
 # "{bucket}" stands for the store's bucket width in seconds. Buckets are always on the
 # Unix-epoch grid (epoch - epoch % width), the same grid the rollups use.
-MIGRATIONS: list[str] = [_V1, _V2]
+MIGRATIONS: list[str] = [_V1, _V2, _V3]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -600,28 +606,47 @@ class Store:
             ids[cohort] = self._pending_cohorts[cohort] = int(cid)
         return ids
 
-    def record_outcomes(self, outcomes: Sequence[tuple[str, str, str, datetime, str]]) -> None:
-        """Count provider outcomes: (model, prompt_version, contract, ts, kind) each."""
+    def record_outcomes(self, outcomes: Sequence[tuple[str, str, str, datetime, str]], *,
+                        keys: Sequence[str | None] | None = None) -> int:
+        """Count provider outcomes, (model, prompt_version, contract, ts, kind) each; returns how many.
+
+        An outcome with a key (``keys``, parallel to ``outcomes``) already recorded is
+        not counted again: a re-posted response counts once.
+        """
         if not outcomes:
-            return
+            return 0
+        keys = list(keys) if keys is not None else [None] * len(outcomes)
         step = self.bucket_seconds
-        counts: dict[tuple[tuple[str, str, str], int, str], int] = {}
-        first_ts: dict[tuple[str, str, str], datetime] = {}
-        for model, prompt_version, contract, ts, kind in outcomes:
-            cohort = (model, prompt_version, contract)
-            first_ts.setdefault(cohort, ts)
-            epoch = int(ts.timestamp())
-            key = (cohort, epoch - epoch % step, kind)
-            counts[key] = counts.get(key, 0) + 1
         with self._write_lock:
             self._pending_cohorts = {}
             with self._transaction("recording provider outcomes") as con:
+                wanted = [k for k in keys if k is not None]
+                new: set[str] = set()
+                if wanted:
+                    new = {r[0] for r in con.execute(
+                        """INSERT INTO outcome_keys SELECT DISTINCT unnest($keys), now()
+                           ON CONFLICT DO NOTHING RETURNING key""", {"keys": wanted}).fetchall()}
+                counts: dict[tuple[tuple[str, str, str], int, str], int] = {}
+                first_ts: dict[tuple[str, str, str], datetime] = {}
+                for (model, prompt_version, contract, ts, kind), okey in zip(outcomes, keys, strict=True):
+                    if okey is not None:
+                        if okey not in new:
+                            continue
+                        new.discard(okey)  # a key repeated within one call counts once too
+                    cohort = (model, prompt_version, contract)
+                    first_ts.setdefault(cohort, ts)
+                    epoch = int(ts.timestamp())
+                    bucket_key = (cohort, epoch - epoch % step, kind)
+                    counts[bucket_key] = counts.get(bucket_key, 0) + 1
+                if not counts:
+                    return 0
                 ids = self._cohort_ids(con, first_ts)
                 con.executemany(
                     """INSERT INTO outcomes VALUES (?, to_timestamp(?), ?, ?)
                        ON CONFLICT DO UPDATE SET n = n + excluded.n""",
                     [[ids[c], epoch, kind, n] for (c, epoch, kind), n in counts.items()])
             self._cohorts.update(self._pending_cohorts)
+        return sum(counts.values())
 
     def compact(self, since: datetime | None = None) -> int:
         """Fold rollup rows (buckets from ``since`` on, or all) into one per key; returns rows removed."""
@@ -642,4 +667,6 @@ class Store:
                     [now - raw_retention, _PURGE_CHUNK]).fetchall())
             deleted += n
             if n < _PURGE_CHUNK:
+                with self._write_lock, self._transaction("purging old outcome keys") as con:
+                    con.execute("DELETE FROM outcome_keys WHERE received_at < ?", [now - raw_retention])
                 return deleted

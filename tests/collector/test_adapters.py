@@ -9,6 +9,7 @@ field that matters, so the rest of the body stays realistic.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,16 @@ def load(name: str) -> dict[str, Any]:
     with (FIXTURES / f"{name}.json").open(encoding="utf-8") as fh:
         body: dict[str, Any] = json.load(fh)
     return body
+
+
+def unkeyed(adapted: AdaptedResponse) -> AdaptedResponse:
+    """The response with outcome keys cleared (test_outcome_keys checks the keys)."""
+    return AdaptedResponse(envelopes=adapted.envelopes, outcomes=without_keys(adapted.outcomes))
+
+
+def without_keys(outcomes: list[ProviderOutcome]) -> list[ProviderOutcome]:
+    """Outcomes with their dedup key cleared (test_outcome_keys checks the keys)."""
+    return [dataclasses.replace(o, key=None) for o in outcomes]
 
 
 def outcome(
@@ -67,7 +78,7 @@ def test_openai_chat_two_tool_calls_give_two_envelopes() -> None:
         source="production",
         contract_version="3",
     )
-    assert adapted == AdaptedResponse(
+    assert unkeyed(adapted) == AdaptedResponse(
         envelopes=[
             {
                 "event_id": f"{CHAT_TOOLS_ID}:call_9VfJ2kQwZr4XmT1bN8yLh3Ds",
@@ -105,7 +116,7 @@ def test_openai_chat_alias_requested_dated_model_served() -> None:
     adapted = adapt_response(
         "openai", load("openai_chat_structured"), prompt_version="intake-v3", model="gpt-4o"
     )
-    assert adapted == AdaptedResponse(
+    assert unkeyed(adapted) == AdaptedResponse(
         envelopes=[
             {
                 "event_id": "chatcmpl-BzK4aT2nVb8qP1sXe6RmYw3Lk0jDf:0",
@@ -144,7 +155,7 @@ def test_openai_chat_truncated_counts_only_truncation() -> None:
     adapted = adapt_response(
         "openai", load("openai_chat_truncated"), prompt_version="intake-v3", model="gpt-4o"
     )
-    assert adapted == AdaptedResponse(
+    assert unkeyed(adapted) == AdaptedResponse(
         envelopes=[],
         outcomes=[
             outcome(
@@ -170,7 +181,7 @@ def test_openai_chat_truncated_but_complete_content_is_kept_and_counted() -> Non
     body["choices"][0]["message"]["content"] += "\n\n\n\n"
     adapted = adapt_response("openai", body, prompt_version="intake-v3", contract="intake")
     assert [e["output"]["intent"] for e in adapted.envelopes] == ["billing_question"]
-    assert adapted.outcomes == [
+    assert without_keys(adapted.outcomes) == [
         outcome(
             OutcomeKind.truncated,
             model="gpt-4o-2024-08-06",
@@ -186,7 +197,7 @@ def test_openai_chat_refusal() -> None:
     adapted = adapt_response(
         "openai", load("openai_chat_refusal"), prompt_version="intake-v3", contract="intake"
     )
-    assert adapted == AdaptedResponse(
+    assert unkeyed(adapted) == AdaptedResponse(
         envelopes=[],
         outcomes=[
             outcome(
@@ -205,7 +216,7 @@ def test_openai_chat_invalid_arguments_give_outcome_and_keep_the_valid_call() ->
     adapted = adapt_response(
         "openai", load("openai_chat_invalid_arguments"), prompt_version="intake-v3"
     )
-    assert adapted == AdaptedResponse(
+    assert unkeyed(adapted) == AdaptedResponse(
         envelopes=[
             {
                 "event_id": "chatcmpl-BzK7eV4zAp6cO8sNt1XuYg3Jd9aMq:call_Hq2vB9mZt4Rx7Wc1Nd6Ye3Lj",
@@ -248,7 +259,7 @@ def test_openai_chat_arguments_that_are_not_a_json_object(arguments: str, detail
     body["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"] = arguments
     adapted = adapt_response("openai", body, prompt_version="intake-v3")
     assert [e["contract"] for e in adapted.envelopes] == ["extract_entities"]
-    assert adapted.outcomes == [
+    assert without_keys(adapted.outcomes) == [
         outcome(
             OutcomeKind.invalid_json,
             model="gpt-4o-mini-2024-07-18",
@@ -264,7 +275,7 @@ def test_openai_chat_content_filter_withholds_content() -> None:
     body = load("openai_chat_structured")
     body["choices"][0]["finish_reason"] = "content_filter"
     adapted = adapt_response("openai", body, prompt_version="intake-v3")
-    assert adapted == AdaptedResponse(
+    assert unkeyed(adapted) == AdaptedResponse(
         envelopes=[],
         outcomes=[
             outcome(
@@ -283,7 +294,7 @@ def test_openai_chat_prose_content_is_no_structured_output() -> None:
     body = load("openai_chat_structured")
     body["choices"][0]["message"]["content"] = "Sure! The ticket is about a refund."
     adapted = adapt_response("openai", body, prompt_version="intake-v3")
-    assert adapted == AdaptedResponse(
+    assert unkeyed(adapted) == AdaptedResponse(
         envelopes=[],
         outcomes=[
             outcome(
@@ -340,7 +351,7 @@ def test_openai_responses_two_function_calls() -> None:
         "openai", load("openai_responses_function_calls"), prompt_version="intake-v3",
         model="gpt-4.1",
     )
-    assert adapted == AdaptedResponse(
+    assert unkeyed(adapted) == AdaptedResponse(
         envelopes=[
             {
                 "event_id": f"{RESP_TOOLS_ID}:call_Qw3eR5tY7uI9oP1aS2dF4gH6",
@@ -372,7 +383,7 @@ def test_openai_responses_structured_output() -> None:
         "openai", load("openai_responses_structured"), prompt_version="intake-v3",
         contract="intake",
     )
-    assert adapted == AdaptedResponse(
+    assert unkeyed(adapted) == AdaptedResponse(
         envelopes=[
             {
                 "event_id": (
@@ -401,7 +412,7 @@ def test_openai_responses_incomplete_is_truncated() -> None:
         "openai", load("openai_responses_incomplete"), prompt_version="intake-v3",
         contract="intake",
     )
-    assert adapted == AdaptedResponse(
+    assert unkeyed(adapted) == AdaptedResponse(
         envelopes=[],
         outcomes=[
             outcome(
@@ -423,7 +434,7 @@ def test_openai_responses_content_filter() -> None:
     body = load("openai_responses_incomplete")
     body["incomplete_details"] = {"reason": "content_filter"}
     adapted = adapt_response("openai", body, prompt_version="intake-v3")
-    assert adapted == AdaptedResponse(
+    assert unkeyed(adapted) == AdaptedResponse(
         envelopes=[],
         outcomes=[
             outcome(
@@ -440,7 +451,7 @@ def test_openai_responses_content_filter() -> None:
 
 def test_openai_responses_refusal() -> None:
     adapted = adapt_response("openai", load("openai_responses_refusal"), prompt_version="intake-v3")
-    assert adapted == AdaptedResponse(
+    assert unkeyed(adapted) == AdaptedResponse(
         envelopes=[],
         outcomes=[
             outcome(
@@ -460,7 +471,7 @@ def test_openai_responses_invalid_function_arguments() -> None:
     body["output"][1]["arguments"] = '{"entities": [}'
     adapted = adapt_response("openai", body, prompt_version="intake-v3")
     assert [e["contract"] for e in adapted.envelopes] == ["classify_ticket"]
-    assert adapted.outcomes == [
+    assert without_keys(adapted.outcomes) == [
         outcome(
             OutcomeKind.invalid_json,
             model="gpt-4.1-2025-04-14",
@@ -483,7 +494,7 @@ def test_anthropic_two_tool_use_blocks() -> None:
         "anthropic", load("anthropic_tool_use"), prompt_version="intake-v3",
         model="claude-sonnet-4-5",
     )
-    assert adapted == AdaptedResponse(
+    assert unkeyed(adapted) == AdaptedResponse(
         envelopes=[
             {
                 "event_id": "msg_01XFDUDYJgAACzvnptvVoYEL:toolu_01A09q90qw90lq917835lq9",
@@ -513,7 +524,7 @@ def test_anthropic_fenced_json_text_is_a_structured_output() -> None:
         "anthropic", load("anthropic_json_text"), prompt_version="intake-v3", contract="intake",
         contract_version="3", source="shadow",
     )
-    assert adapted == AdaptedResponse(
+    assert unkeyed(adapted) == AdaptedResponse(
         envelopes=[
             {
                 "event_id": "msg_013Zva2CMHLNnXjNJJKqJ2EF",
@@ -540,7 +551,7 @@ def test_anthropic_max_tokens_distrusts_the_last_tool_use() -> None:
     # The API hands tool input over already parsed, so a call cut off by the
     # limit still looks like an object; only the earlier, complete call counts.
     adapted = adapt_response("anthropic", load("anthropic_max_tokens"), prompt_version="intake-v3")
-    assert adapted == AdaptedResponse(
+    assert unkeyed(adapted) == AdaptedResponse(
         envelopes=[
             {
                 "event_id": "msg_01Gp5hTw8R3vYkLq2NzXc4Bd:toolu_01Rk7Wm3Qz9Tb5Yc2Nd8Vf4H",
@@ -573,7 +584,7 @@ def test_anthropic_refusal() -> None:
         "anthropic", load("anthropic_refusal"), prompt_version="intake-v3",
         model="claude-sonnet-4-5",
     )
-    assert adapted == AdaptedResponse(
+    assert unkeyed(adapted) == AdaptedResponse(
         envelopes=[],
         outcomes=[
             outcome(
@@ -595,7 +606,7 @@ def test_anthropic_broken_json_text_is_invalid_json() -> None:
     body = load("anthropic_json_text")
     body["content"][0]["text"] = '{"intent": "refund", "priority": }'
     adapted = adapt_response("anthropic", body, prompt_version="intake-v3")
-    assert adapted == AdaptedResponse(
+    assert unkeyed(adapted) == AdaptedResponse(
         envelopes=[],
         outcomes=[
             outcome(
@@ -614,7 +625,7 @@ def test_anthropic_prose_is_no_structured_output() -> None:
     body = load("anthropic_json_text")
     body["content"][0]["text"] = "I need the order number before I can classify this."
     adapted = adapt_response("anthropic", body, prompt_version="intake-v3", contract="intake")
-    assert adapted == AdaptedResponse(
+    assert unkeyed(adapted) == AdaptedResponse(
         envelopes=[],
         outcomes=[
             outcome(
@@ -633,7 +644,7 @@ def test_anthropic_empty_content_is_no_structured_output() -> None:
     body = load("anthropic_json_text")
     body["content"] = []
     adapted = adapt_response("anthropic", body, prompt_version="intake-v3")
-    assert adapted.outcomes == [
+    assert without_keys(adapted.outcomes) == [
         outcome(
             OutcomeKind.no_structured_output,
             model="claude-sonnet-4-5-20250929",
@@ -653,7 +664,7 @@ def test_gemini_two_function_calls() -> None:
         "gemini", load("gemini_function_calls"), prompt_version="intake-v3",
         model="gemini-flash-latest",
     )
-    assert adapted == AdaptedResponse(
+    assert unkeyed(adapted) == AdaptedResponse(
         envelopes=[
             {
                 "event_id": "mdlsaOrfJ-mdz7IPx8W2oQ4:0:0",
@@ -683,7 +694,7 @@ def test_gemini_json_text_is_a_structured_output() -> None:
         "gemini", load("gemini_json_text"), prompt_version="intake-v3", contract="intake",
         model="gemini-2.0-flash",
     )
-    assert adapted == AdaptedResponse(
+    assert unkeyed(adapted) == AdaptedResponse(
         envelopes=[
             {
                 "event_id": "Y2tsaKCrOpSXz7IP0bPBqQw:0",
@@ -708,7 +719,7 @@ def test_gemini_max_tokens_is_truncated() -> None:
     adapted = adapt_response(
         "gemini", load("gemini_max_tokens"), prompt_version="intake-v3", contract="intake"
     )
-    assert adapted == AdaptedResponse(
+    assert unkeyed(adapted) == AdaptedResponse(
         envelopes=[],
         outcomes=[
             outcome(
@@ -728,7 +739,7 @@ def test_gemini_max_tokens_is_truncated() -> None:
 
 def test_gemini_prompt_blocked_is_a_refusal() -> None:
     adapted = adapt_response("gemini", load("gemini_prompt_blocked"), prompt_version="intake-v3")
-    assert adapted == AdaptedResponse(
+    assert unkeyed(adapted) == AdaptedResponse(
         envelopes=[],
         outcomes=[
             outcome(
@@ -747,7 +758,7 @@ def test_gemini_recitation_is_a_refusal() -> None:
     body = load("gemini_json_text")
     body["candidates"][0]["finishReason"] = "RECITATION"
     adapted = adapt_response("gemini", body, prompt_version="intake-v3")
-    assert adapted == AdaptedResponse(
+    assert unkeyed(adapted) == AdaptedResponse(
         envelopes=[],
         outcomes=[
             outcome(
@@ -767,7 +778,7 @@ def test_gemini_safety_finish_reasons_are_content_filter(reason: str) -> None:
     body = load("gemini_safety")
     body["candidates"][0]["finishReason"] = reason
     adapted = adapt_response("gemini", body, prompt_version="intake-v3")
-    assert adapted == AdaptedResponse(
+    assert unkeyed(adapted) == AdaptedResponse(
         envelopes=[],
         outcomes=[
             outcome(
@@ -786,7 +797,7 @@ def test_gemini_malformed_function_call_is_invalid_json() -> None:
     adapted = adapt_response(
         "gemini", load("gemini_malformed_function_call"), prompt_version="intake-v3"
     )
-    assert adapted == AdaptedResponse(
+    assert unkeyed(adapted) == AdaptedResponse(
         envelopes=[],
         outcomes=[
             outcome(
@@ -809,7 +820,7 @@ def test_gemini_json_array_text_is_invalid_json() -> None:
     body["candidates"][0]["content"]["parts"][0]["text"] = '[{"intent": "refund"}]'
     adapted = adapt_response("gemini", body, prompt_version="intake-v3")
     assert adapted.envelopes == []
-    assert adapted.outcomes == [
+    assert without_keys(adapted.outcomes) == [
         outcome(
             OutcomeKind.invalid_json,
             model="gemini-2.0-flash-001",
@@ -828,7 +839,7 @@ def test_gemini_thought_parts_are_not_the_answer() -> None:
     )
     adapted = adapt_response("gemini", body, prompt_version="intake-v3")
     assert [e["output"]["intent"] for e in adapted.envelopes] == ["refund"]
-    assert adapted.outcomes == []
+    assert without_keys(adapted.outcomes) == []
 
 
 # --- models and errors ----------------------------------------------------------------
@@ -972,7 +983,7 @@ def test_lenient_on_optional_fields() -> None:
         "model": "gpt-4o-2024-08-06",
     }
     adapted = adapt_response("openai", body, prompt_version="intake-v3")
-    assert adapted == AdaptedResponse(
+    assert unkeyed(adapted) == AdaptedResponse(
         envelopes=[
             {
                 "model": "gpt-4o-2024-08-06",
@@ -984,3 +995,13 @@ def test_lenient_on_optional_fields() -> None:
         ],
         outcomes=[],
     )
+
+
+def test_outcome_keys_name_the_response_and_position() -> None:
+    body = load("openai_chat_refusal")
+    keyed = adapt_response("openai", body, prompt_version="p").outcomes
+    assert [o.key for o in keyed] == [f"{body['id']}:outcome:{i}" for i in range(len(keyed))] and keyed
+    given = adapt_response("openai", body, prompt_version="p", event_id="req-7").outcomes
+    assert [o.key for o in given] == [f"req-7:outcome:{i}" for i in range(len(given))]
+    anonymous = {k: v for k, v in body.items() if k != "id"}
+    assert [o.key for o in adapt_response("openai", anonymous, prompt_version="p").outcomes] == [None] * len(keyed)

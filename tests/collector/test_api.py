@@ -567,3 +567,20 @@ def test_provider_arguments_get_the_same_rules_as_envelopes(http: httpx.Client, 
     reply = r.json()
     assert (reply["accepted"], reply["rejected"]) == (0, 1)
     assert reply["results"][0]["errors"] == [error]
+
+
+def test_a_reposted_response_counts_its_outcomes_once(svc: Service) -> None:
+    body = json.loads((FIXTURES / "anthropic_max_tokens.json").read_text())
+    body["id"] = "msg_repost_check"  # a response id no other test posts
+
+    def truncated_count(c: httpx.Client) -> float:
+        samples = metric_samples(c.get("/metrics").text, "shapewatch_provider_outcomes_total")
+        return sum(v for k, v in samples.items() if ("kind", "truncated") in k and ("provider", "anthropic") in k)
+
+    with svc.client() as c:
+        before = truncated_count(c)
+        for _ in range(3):
+            r = c.post("/v1/provider/anthropic", params={"prompt_version": "repost"}, json=body)
+            assert r.status_code == 200, r.text
+            assert [o["kind"] for o in r.json()["outcomes"]] == ["truncated"]
+        assert truncated_count(c) == before + 1

@@ -427,3 +427,13 @@ def test_purge_deletes_in_chunks_and_counts_them_all(db_path: Path, envelope: Ma
         store.write_batch(envs(envelope, 2, "new"), now=old + timedelta(days=40))
         assert store.purge(raw_retention=timedelta(days=30), now=old + timedelta(days=41)) == 7
         assert store.query("SELECT count(*) FROM events") == [(2,)]
+
+
+def test_keyed_outcomes_count_once(store: Store) -> None:
+    t0 = datetime(2026, 11, 29, 12, 0, 5, tzinfo=UTC)
+    rows = [("m", "p", "c", t0, "truncated"), ("m", "p", "c", t0, "refusal")]
+    assert store.record_outcomes(rows, keys=["r1:outcome:0", "r1:outcome:1"]) == 2
+    assert store.record_outcomes(rows, keys=["r1:outcome:0", "r1:outcome:1"]) == 0  # re-posted
+    assert store.record_outcomes(rows[:1], keys=[None]) == 1  # without a key, always counted
+    assert sorted(store.query("SELECT kind, sum(n)::INT FROM outcomes GROUP BY kind")) == [
+        ("refusal", 1), ("truncated", 2)]
