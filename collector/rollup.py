@@ -2,15 +2,17 @@
 
 Each stored batch's outputs are flattened and counted by a small C
 accumulator (``_speedups.Acc``) over the dicts the validator already parsed,
-then added into the rollup tables in the same transaction as the raw events.
-Everything stored is a count, so a window's profile is a sum of buckets and
-the merge of two windows is the sum of their rows.
+then added into the rollup tables, with the raw events or, when the store
+defers them, together with the counts of many batches (``merge_rollups``; see
+``Store.defer_rollups``). Everything stored is a count, so a window's profile
+is a sum of buckets and the merge of two windows is the sum of their rows.
+Rows are appended; ``compact_rollups`` folds them into one per key.
 
 Why not flatten inside DuckDB: measured here on realistic outputs (25 paths,
 arrays of objects), the set-based ``json_type``/``json_extract_string`` pass
 alone cost about 15 µs per output (unnesting 25+ rows per document), several
 times the whole budget of bulk import; walking the dicts the validator already
-holds costs about 2 µs. DuckDB still does all the merging and all the reading.
+holds costs about 4 µs. DuckDB still does all the merging and all the reading.
 
 Tables (created by ``store.py``'s migrations):
 
@@ -19,6 +21,7 @@ Tables (created by ``store.py``'s migrations):
   n_integer, n_number, n_string, n_array, n_object, long_strings, values_overflow)``
 - ``value_rollups(cohort_id, bucket, path, value, n)``: short strings, bounded per key
 - ``array_rollups(cohort_id, bucket, path, length, n)``: exact length histogram
+- ``served_models(cohort_id, bucket, served_model, n)``: what actually answered
 """
 
 from __future__ import annotations

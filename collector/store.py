@@ -1,10 +1,15 @@
 """The DuckDB store: schema, versioned migrations, and every write.
 
 One process owns a database file for writing (DuckDB allows one read-write
-process per file); inside it, one thread writes (see ``writer.py``). A new
-file is created at the current schema version, an older one is migrated
-step by step inside a transaction, a newer one is refused with the version
-needed.
+process per file); inside it, one thread writes events (see ``writer.py``)
+and every write takes the store's lock. A new file is created at the current
+schema version, an older one is migrated step by step inside a transaction,
+a newer one is refused with the version needed.
+
+Raw events are the truth (``events``, keyed by ``md5_number(event_id)``);
+rollups are derived from them, either in the same transaction or deferred
+and merged for many batches at once, with ``meta.rollups_through`` saying how
+far they go (see ``defer_rollups``).
 
 >>> store = Store.open(Path("var/demo.duckdb"))          # doctest: +SKIP
 >>> results = store.write_batch([envelope])               # doctest: +SKIP
