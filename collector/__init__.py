@@ -26,6 +26,7 @@ _WHERE = {
     "JsonType": "flatten", "Observation": "flatten", "flatten_output": "flatten",
     "ImportSummary": "ingest", "import_files": "ingest", "quarantine_path": "ingest",
     "CollectorMetrics": "metrics",
+    "FieldProfile": "profile", "Profile": "profile", "read_profile": "profile", "read_profiles": "profile",
     "RollupConfig": "rollup", "compact_rollups": "rollup",
     "Client": "sdk",
     "Settings": "settings", "load_settings": "settings", "settings_help": "settings",
@@ -41,12 +42,14 @@ __all__ = [
     "CollectorApi",
     "CollectorMetrics",
     "Envelope",
+    "FieldProfile",
     "EnvelopeInvalid",
     "FieldError",
     "ImportSummary",
     "JsonType",
     "Limits",
     "Observation",
+    "Profile",
     "OutcomeKind",
     "Provider",
     "ProviderOutcome",
@@ -74,6 +77,8 @@ __all__ = [
     "parse_body",
     "parse_envelope",
     "quarantine_path",
+    "read_profile",
+    "read_profiles",
     "require_token",
     "settings_help",
     "validate_envelope",
@@ -130,6 +135,7 @@ if TYPE_CHECKING:
     from .flatten import JsonType, Observation, flatten_output
     from .ingest import ImportSummary, import_files, quarantine_path
     from .metrics import CollectorMetrics
+    from .profile import FieldProfile, Profile, read_profile, read_profiles
     from .rollup import RollupConfig, compact_rollups
     from .sdk import Client
     from .settings import Settings, load_settings, settings_help
