@@ -53,7 +53,7 @@ class MaintenanceJobs:
         self._guarded("compact", lambda: f"{self.store.compact(since)} rows folded")
 
     def compact_all(self) -> None:
-        self._guarded("compact_all", lambda: f"{self.store.compact(None)} rows folded")
+        self._guarded("compact_all", lambda: f"{self.store.compact_by_day()} rows folded")
 
     def purge(self) -> None:
         days = self.settings.raw_retention_days

@@ -263,14 +263,22 @@ ROLLUP_TABLES: dict[str, tuple[list[str], list[str]]] = {
 }
 
 
-def compact_rollups(con: duckdb.DuckDBPyConnection, since: datetime | None = None) -> int:
-    """Fold the rows of each rollup key with bucket >= ``since`` into one; returns rows removed.
+def compact_rollups(con: duckdb.DuckDBPyConnection, since: datetime | None = None,
+                    until: datetime | None = None) -> int:
+    """Fold the rows of each rollup key with bucket in ``[since, until)`` into one; returns rows removed.
 
     Sums are unchanged (tests check it); only the number of rows shrinks, so
     reading a window costs the same however many batches filled it.
     """
     removed = 0
-    cond, params = ("WHERE bucket >= $since", {"since": since}) if since else ("", {})
+    parts, params = [], {}
+    if since is not None:
+        parts.append("bucket >= $since")
+        params["since"] = since
+    if until is not None:
+        parts.append("bucket < $until")
+        params["until"] = until
+    cond = "WHERE " + " AND ".join(parts) if parts else ""
     for table, (keys, sums) in ROLLUP_TABLES.items():
         k = ", ".join(keys)
         agg = ", ".join(f"sum({c})::BIGINT AS {c}" for c in sums)

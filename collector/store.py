@@ -653,10 +653,27 @@ class Store:
             self._cohorts.update(self._pending_cohorts)
         return sum(counts.values())
 
-    def compact(self, since: datetime | None = None) -> int:
-        """Fold rollup rows (buckets from ``since`` on, or all) into one per key; returns rows removed."""
+    def compact(self, since: datetime | None = None, until: datetime | None = None) -> int:
+        """Fold rollup rows (buckets in ``[since, until)``, open ends for None) into one per key.
+
+        Returns the rows removed. One transaction, holding the write lock: callers
+        compacting a long history go range by range (``compact_by_day``).
+        """
         with self._write_lock, self._transaction("compacting rollups") as con:
-            return compact_rollups(con, since)
+            return compact_rollups(con, since, until)
+
+    def compact_by_day(self) -> int:
+        """Compact everything, one day of buckets per transaction, letting writes in between."""
+        lo, hi = self.query("SELECT epoch(min(bucket))::BIGINT, epoch(max(bucket))::BIGINT FROM cohort_buckets")[0]
+        if lo is None:
+            return 0
+        day = datetime.fromtimestamp(lo // 86_400 * 86_400, UTC)
+        last = datetime.fromtimestamp(hi, UTC)
+        removed = 0
+        while day <= last:
+            removed += self.compact(day, day + timedelta(days=1))
+            day += timedelta(days=1)
+        return removed
 
     def purge(self, *, raw_retention: timedelta, now: datetime | None = None) -> int:
         """Delete raw events received before ``now - raw_retention``; rollups stay."""

@@ -478,3 +478,15 @@ def test_bucket_width_follows_the_store(tmp_path: Path, envelope: MakeEnvelope) 
     assert sorted(store.query("SELECT epoch(bucket)::BIGINT, events FROM cohort_buckets")) == [
         (T1200, 3), (T1200 + 3600, 1)]
     store.close()
+
+
+def test_compaction_by_day_covers_every_day_and_keeps_the_sums(store: Store, envelope: MakeEnvelope) -> None:
+    events = [parse(envelope(event_id=f"d{day}-{i}", ts=f"2026-11-{day:02d}T{h:02d}:00:00Z"))
+              for day in (27, 28, 29) for i, h in enumerate((0, 0, 23, 23))]
+    write_all(store, chunks(events, [1]))  # one row per event: many rows per key
+    before = rollup_sums(store)
+    assert max(rows_per_key(store).values()) > 1
+    assert store.compact_by_day() > 0
+    assert rollup_sums(store) == before
+    assert rows_per_key(store) == dict.fromkeys(ROLLUP_TABLES, 1)
+    assert store.compact_by_day() == 0
