@@ -26,7 +26,6 @@ Tables (created by ``store.py``'s migrations):
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -104,10 +103,6 @@ class RollupBatch:
     def events(self) -> int:
         """Outputs added so far."""
         return sum(self._events)
-
-    def add_many(self, items: Iterable[tuple[dict[str, Any], tuple[str, str, str], datetime]]) -> None:
-        for output, cohort, ts in items:
-            self.add(output, cohort, ts)
 
     def _tables(self) -> tuple[pa.Table, pa.Table, pa.Table, pa.Table]:
         g, f, v, a, _ = self.tables()
