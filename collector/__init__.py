@@ -30,7 +30,7 @@ _WHERE = {
     "RollupConfig": "rollup", "compact_rollups": "rollup",
     "Client": "sdk",
     "Settings": "settings", "load_settings": "settings", "settings_help": "settings",
-    "SCHEMA_VERSION": "store", "Store": "store", "WriteResult": "store", "WriteStatus": "store",
+    "SCHEMA_VERSION": "store", "Schema": "store", "Store": "store", "WriteResult": "store", "WriteStatus": "store",
     "Writer": "writer",
 }
 
@@ -55,6 +55,7 @@ __all__ = [
     "ProviderOutcome",
     "RollupConfig",
     "SCHEMA_VERSION",
+    "Schema",
     "Settings",
     "SettingsInvalid",
     "ShapewatchError",
@@ -139,5 +140,5 @@ if TYPE_CHECKING:
     from .rollup import RollupConfig, compact_rollups
     from .sdk import Client
     from .settings import Settings, load_settings, settings_help
-    from .store import SCHEMA_VERSION, Store, WriteResult, WriteStatus
+    from .store import SCHEMA_VERSION, Schema, Store, WriteResult, WriteStatus
     from .writer import Writer

@@ -13,9 +13,11 @@ committed before the read.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from .store import Store
 
@@ -76,6 +78,18 @@ class FieldProfile:
     def empty_array_share(self) -> float:
         total = sum(self.array_lengths.values())
         return self.array_lengths.get(0, 0) / total if total else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        """A plain-JSON form (string keys, sorted when dumped) that ``from_json`` reads back equal."""
+        out = dataclasses.asdict(self)
+        out["array_lengths"] = {str(k): v for k, v in sorted(self.array_lengths.items())}
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> FieldProfile:
+        data = dict(data)
+        data["array_lengths"] = {int(k): int(v) for k, v in data.get("array_lengths", {}).items()}
+        return cls(**data)
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from .envelope import Envelope
 from .errors import StoreError, StoreLocked, StoreUnavailable, StoreVersionTooNew
 from .rollup import RollupBatch, RollupConfig, compact_rollups, merge_rollups
 
-__all__ = ["MIGRATIONS", "PreparedBatch", "SCHEMA_VERSION", "Store", "WriteResult", "WriteStatus"]
+__all__ = ["MIGRATIONS", "PreparedBatch", "SCHEMA_VERSION", "Schema", "Store", "WriteResult", "WriteStatus"]
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +100,26 @@ CREATE TABLE outcome_keys (key VARCHAR PRIMARY KEY, received_at TIMESTAMPTZ NOT 
 # Unix-epoch grid (epoch - epoch % width), the same grid the rollups use.
 MIGRATIONS: list[str] = [_V1, _V2, _V3]
 SCHEMA_VERSION = len(MIGRATIONS)
+
+
+@dataclass(frozen=True)
+class Schema:
+    """Tables a higher package keeps in the store's file, with its own migrations.
+
+    The store applies them with the same mechanism as its own (one transaction
+    per step, ``meta['schema_version.<name>']``, a newer version refused), so the
+    file has one owner of its schema while each package owns its tables.
+
+    >>> BASELINES = Schema("baselines", ("CREATE TABLE baselines (...)",))   # doctest: +SKIP
+    >>> Store.open(path, schemas=[BASELINES])                                # doctest: +SKIP
+    """
+
+    name: str
+    migrations: tuple[str, ...]
+
+    @property
+    def version(self) -> int:
+        return len(self.migrations)
 
 
 class WriteStatus(str, Enum):
@@ -213,8 +233,8 @@ class Store:
     @classmethod
     def open(cls, path: Path | str, *, memory_limit: str = "2GB", threads: int = 2,
              bucket_seconds: int = 60, rollup: RollupConfig | None = None,
-             read_only: bool = False) -> Store:
-        """Open (creating or migrating) the database at ``path``."""
+             read_only: bool = False, schemas: Sequence[Schema] = ()) -> Store:
+        """Open (creating or migrating) the database at ``path``, with the tables of ``schemas``."""
         path = Path(path)
         if not read_only:
             try:
@@ -238,6 +258,8 @@ class Store:
                     read_only=read_only)
         try:
             store._migrate()
+            for schema in schemas:
+                store._migrate_schema(schema)
             store._check_bucket_width()
             if not read_only:
                 store._recover_rollups()
@@ -284,6 +306,36 @@ class Store:
                 con.execute(MIGRATIONS[version].replace("{bucket}", str(int(self.bucket_seconds))))
                 con.execute("INSERT INTO meta VALUES ('schema_version', ?) "
                             "ON CONFLICT DO UPDATE SET value = excluded.value", [str(version + 1)])
+
+    def _migrate_schema(self, schema: Schema) -> None:
+        key = f"schema_version.{schema.name}"
+        row = self._con.execute("SELECT value FROM meta WHERE key = ?", [key]).fetchone()
+        found = int(row[0]) if row else 0
+        if found > schema.version:
+            raise StoreVersionTooNew(f"{self.path} ({schema.name} tables)", found, schema.version)
+        if found == schema.version:
+            return
+        if self.read_only:
+            raise StoreError("opening", f"database {self.path} has {schema.name} tables at version {found} and "
+                             f"needs migrating to {schema.version}; open it once read-write (shapewatch serve)")
+        for version in range(found, schema.version):
+            log.info("migrating %s tables of %s from version %d to %d", schema.name, self.path, version, version + 1)
+            with self._transaction(f"migrating {schema.name} tables to version {version + 1}") as con:
+                con.execute(schema.migrations[version])
+                con.execute("INSERT INTO meta VALUES (?, ?) ON CONFLICT DO UPDATE SET value = excluded.value",
+                            [key, str(version + 1)])
+
+    @contextmanager
+    def transaction(self, doing: str) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A write transaction for higher packages' tables: holds the write lock, always ends.
+
+        Commits when the block ends, rolls back on any exception; DuckDB errors
+        become StoreError naming ``doing``. Keep it short: ingestion waits for it.
+        """
+        if self.read_only:
+            raise StoreError(doing, f"database {self.path} is open read-only")
+        with self._write_lock, self._transaction(doing) as con:
+            yield con
 
     @contextmanager
     def _transaction(self, doing: str) -> Iterator[duckdb.DuckDBPyConnection]:
