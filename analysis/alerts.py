@@ -1,0 +1,387 @@
+"""Alerts and their lifecycle: one alert per fingerprint, pending -> firing -> resolved.
+
+The fingerprint is (cohort, field, kind, value): an alert is created once and
+then moved by each evaluation, never duplicated. ``step`` is the whole
+lifecycle as a pure function of the previous states and one evaluation's
+checks, so the service (states in DuckDB, ``AlertBook``) and an offline
+``analyze --once`` (states in memory) judge alike:
+
+- a breach opens an alert as ``pending``; a page-severity breach must hold
+  ``confirm_evaluations`` evaluations in a row before it fires (a warn fires at
+  once); a pending alert whose breach does not hold goes back to resolved;
+- a firing alert resolves after ``resolve_evaluations`` evaluations in a row
+  in which it is *clear*: effect under ``threshold * hysteresis`` or no longer
+  significant. Between the two thresholds it keeps firing: a value hovering at
+  the threshold does not flap;
+- a field that could not be judged (too few samples, no traffic) keeps its state;
+- firing again after a resolve is a new episode (a new incident for the pager).
+
+Acknowledgement and silences change who is told, never the state: a
+silenced alert still resolves. Every transition is kept in ``alert_history``.
+
+>>> book = AlertBook(store, config)                       # doctest: +SKIP
+>>> changes = book.apply(evaluation)                      # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from dataclasses import field as dc_field
+from datetime import datetime
+from enum import Enum
+from typing import Any
+
+import orjson
+
+from baselines import Cohort
+from collector import Schema, ShapewatchError, Store
+
+from .config import AlertKind, AnalyzerConfig, Severity
+from .rules import Check
+
+__all__ = ["ALERTS_SCHEMA", "Alert", "AlertBook", "AlertError", "AlertNotFound", "Judged", "AlertState", "Silence", "Transition", "fingerprint", "step"]
+
+ALERTS_SCHEMA = Schema("alerts", ("""
+CREATE TABLE alerts (
+    fingerprint VARCHAR PRIMARY KEY,
+    model VARCHAR NOT NULL, prompt_version VARCHAR NOT NULL, contract VARCHAR NOT NULL,
+    field VARCHAR NOT NULL, kind VARCHAR NOT NULL, value VARCHAR,
+    state VARCHAR NOT NULL, severity VARCHAR NOT NULL, episode INTEGER NOT NULL, streak INTEGER NOT NULL,
+    first_seen TIMESTAMPTZ NOT NULL, last_seen TIMESTAMPTZ NOT NULL, fired_at TIMESTAMPTZ,
+    resolved_at TIMESTAMPTZ, acknowledged_at TIMESTAMPTZ, acknowledged_by VARCHAR,
+    diff VARCHAR NOT NULL, samples VARCHAR NOT NULL);
+CREATE SEQUENCE alert_history_seq START 1;
+CREATE TABLE alert_history (
+    seq BIGINT PRIMARY KEY DEFAULT nextval('alert_history_seq'), fingerprint VARCHAR NOT NULL,
+    happened_at TIMESTAMPTZ NOT NULL, from_state VARCHAR, to_state VARCHAR NOT NULL,
+    severity VARCHAR NOT NULL, episode INTEGER NOT NULL, detail VARCHAR NOT NULL, actor VARCHAR);
+CREATE SEQUENCE silence_seq START 1;
+CREATE TABLE silences (
+    silence_id BIGINT PRIMARY KEY DEFAULT nextval('silence_seq'),
+    fingerprint VARCHAR, model VARCHAR, prompt_version VARCHAR, contract VARCHAR, field VARCHAR, kind VARCHAR,
+    starts_at TIMESTAMPTZ NOT NULL, ends_at TIMESTAMPTZ NOT NULL,
+    author VARCHAR NOT NULL, reason VARCHAR NOT NULL, created_at TIMESTAMPTZ NOT NULL);
+CREATE SEQUENCE analyzer_run_seq START 1;
+CREATE TABLE analyzer_runs (
+    run_id BIGINT PRIMARY KEY DEFAULT nextval('analyzer_run_seq'),
+    started_at TIMESTAMPTZ NOT NULL, finished_at TIMESTAMPTZ NOT NULL, evaluated_at TIMESTAMPTZ NOT NULL,
+    ok BOOLEAN NOT NULL, error VARCHAR, duration_seconds DOUBLE NOT NULL,
+    cohorts INTEGER NOT NULL, checks INTEGER NOT NULL, breaches INTEGER NOT NULL, report VARCHAR);
+CREATE TABLE served_model_changes (
+    model VARCHAR NOT NULL, prompt_version VARCHAR NOT NULL, contract VARCHAR NOT NULL,
+    previous VARCHAR NOT NULL, current VARCHAR NOT NULL, detected_at TIMESTAMPTZ NOT NULL,
+    PRIMARY KEY (model, prompt_version, contract, previous, current));
+""",))
+
+
+class AlertError(ShapewatchError, ValueError):
+    """An alert operation asked for something that cannot be done."""
+
+
+class AlertNotFound(AlertError, LookupError):
+    def __init__(self, fp: str) -> None:
+        super().__init__(f"no alert with fingerprint {fp!r}")
+
+
+class AlertState(str, Enum):
+    pending = "pending"
+    firing = "firing"
+    resolved = "resolved"
+
+
+def fingerprint(cohort: Cohort, path: str, kind: AlertKind, value: str | None) -> str:
+    """The identity of an alert: the same change on the same field of the same cohort."""
+    raw = orjson.dumps([*cohort, path, kind.value, value])
+    return hashlib.sha256(raw).hexdigest()[:24]
+
+
+@dataclass(frozen=True)
+class Alert:
+    """One alert and everything that answers *what changed*."""
+
+    fingerprint: str
+    cohort: Cohort
+    field: str
+    kind: AlertKind
+    value: str | None
+    state: AlertState
+    severity: Severity
+    episode: int  # firing episodes so far (a fire after a resolve is a new one)
+    streak: int  # consecutive breaches while pending, consecutive clears while firing
+    first_seen: datetime
+    last_seen: datetime  # the last evaluation that found the breach
+    fired_at: datetime | None
+    resolved_at: datetime | None
+    acknowledged_at: datetime | None = None
+    acknowledged_by: str | None = None
+    diff: dict[str, Any] = dc_field(default_factory=dict)  # baseline, current, p_value, effect, detail, ...
+    samples: tuple[str, ...] = ()  # event ids that show the change
+    silenced_until: datetime | None = None  # filled in when read, from the silences table
+
+    @property
+    def detail(self) -> str:
+        return str(self.diff.get("detail", ""))
+
+    def to_json(self) -> dict[str, Any]:
+        """The alert in the shape DESIGN.md gives (plus what the dashboard needs)."""
+        d = self.diff
+        return {
+            "cohort": self.cohort._asdict(), "field": self.field, "kind": self.kind.value, "value": self.value,
+            "severity": self.severity.value, "state": self.state.value, "fingerprint": self.fingerprint,
+            "episode": self.episode, "baseline": d.get("baseline", {}), "current": d.get("current", {}),
+            "p_value": d.get("p_value"), "q_value": d.get("q_value"), "effect": d.get("effect"),
+            "threshold": d.get("threshold"), "detail": self.detail,
+            "baseline_id": d.get("baseline_id"), "compared_with": d.get("compared_with"),
+            "first_seen": _iso(self.first_seen), "last_seen": _iso(self.last_seen),
+            "fired_at": _iso(self.fired_at), "resolved_at": _iso(self.resolved_at),
+            "acknowledged_at": _iso(self.acknowledged_at), "acknowledged_by": self.acknowledged_by,
+            "silenced_until": _iso(self.silenced_until), "samples": list(self.samples),
+        }
+
+
+def _iso(t: datetime | None) -> str | None:
+    return None if t is None else t.isoformat().replace("+00:00", "Z")
+
+
+@dataclass(frozen=True)
+class Transition:
+    """One change of state, as recorded in the history and told to notifiers."""
+
+    alert: Alert
+    previous: AlertState | None
+    notify: bool  # a state or severity change a pager must hear about
+
+
+@dataclass(frozen=True)
+class Judged:
+    """One evaluated cohort as the lifecycle needs it: its checks and what could not be judged."""
+
+    cohort: Cohort
+    checks: Sequence[Check]
+    insufficient: frozenset[str]  # field paths with too few samples
+    baseline_id: str
+    compared_with: str  # words for the alert: which baseline, own or inherited
+
+
+def _pvalue_text(q: float) -> str:
+    return "p < 1e-6" if q < 1e-6 else f"p = {q:.2g}"
+
+
+def _diff(check: Check, judged: Judged) -> dict[str, Any]:
+    return {"baseline": check.baseline, "current": check.current, "p_value": check.p_value,
+            "q_value": check.q_value, "effect": round(check.effect, 6), "threshold": check.threshold,
+            "detail": f"{check.detail} ({_pvalue_text(check.q_value)})", "baseline_id": judged.baseline_id,
+            "compared_with": judged.compared_with}
+
+
+def step(alerts: dict[str, Alert], evaluated: Iterable[Judged], config: AnalyzerConfig,
+         now: datetime) -> tuple[dict[str, Alert], list[Transition]]:
+    """The lifecycle for one evaluation: the new states of every alert it touched, and the transitions.
+
+    ``alerts`` holds the open (pending or firing) and resolved alerts by fingerprint;
+    alerts of cohorts not in ``evaluated`` are left as they are.
+    """
+    changed: dict[str, Alert] = {}
+    moves: list[Transition] = []
+    for judged in evaluated:
+        seen: set[str] = set()
+        for check in judged.checks:
+            fp = fingerprint(judged.cohort, check.field, check.kind, check.value)
+            seen.add(fp)
+            old = alerts.get(fp)
+            new = _judge(old, check, judged, config, now, fp)
+            if new is not None and new != old:
+                changed[fp] = new
+                if old is None or new.state is not old.state or (
+                        new.state is AlertState.firing and new.severity is not old.severity):
+                    moves.append(Transition(new, old.state if old else None,
+                                            notify=new.state is not AlertState.pending))
+        for fp, old in alerts.items():
+            if fp in seen or old.cohort != judged.cohort or old.state is AlertState.resolved:
+                continue
+            if old.field in judged.insufficient:
+                continue  # not judged: keep the state
+            new = _clear(old, config, now)  # no check: the condition is gone
+            if new != old:
+                changed[fp] = new
+                if new.state is not old.state:
+                    moves.append(Transition(new, old.state, notify=old.state is AlertState.firing))
+    return changed, moves
+
+
+def _judge(old: Alert | None, check: Check, judged: Judged, config: AnalyzerConfig, now: datetime,
+           fp: str) -> Alert | None:
+    severity = check.effective_severity
+    if check.breach:
+        diff = _diff(check, judged)
+        needed = config.confirm_evaluations if severity is Severity.page else 1
+        if old is None or old.state is AlertState.resolved:
+            base = old or Alert(fp, judged.cohort, check.field, check.kind, check.value, AlertState.pending,
+                                severity, 0, 0, now, now, None, None)
+            new = replace(base, state=AlertState.pending, severity=severity, streak=1, last_seen=now, diff=diff,
+                          first_seen=now if old is None else old.first_seen, resolved_at=None,
+                          acknowledged_at=None, acknowledged_by=None, samples=())
+        elif old.state is AlertState.pending:
+            new = replace(old, severity=severity, streak=old.streak + 1, last_seen=now, diff=diff)
+        else:  # firing: stays, the clear streak starts over; a severity can rise (unknown growth)
+            return replace(old, severity=severity, streak=0, last_seen=now, diff=diff)
+        if new.streak >= needed:
+            new = replace(new, state=AlertState.firing, episode=new.episode + 1, fired_at=now, streak=0)
+        return new
+    if old is None or old.state is AlertState.resolved:
+        return None
+    clear = check.effect < check.threshold * config.hysteresis or check.q_value >= check.alpha
+    if old.state is AlertState.pending or clear:
+        return _clear(replace(old, diff=_diff(check, judged)), config, now)
+    return replace(old, streak=0, diff=_diff(check, judged))  # in the hysteresis band: keeps firing
+
+
+def _clear(old: Alert, config: AnalyzerConfig, now: datetime) -> Alert:
+    if old.state is AlertState.pending:
+        return replace(old, state=AlertState.resolved, resolved_at=now, streak=0)
+    streak = old.streak + 1
+    if streak >= config.resolve_evaluations:
+        return replace(old, state=AlertState.resolved, resolved_at=now, streak=0)
+    return replace(old, streak=streak)
+
+
+# --- persistence ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Silence:
+    silence_id: int
+    fingerprint: str | None
+    model: str | None
+    prompt_version: str | None
+    contract: str | None
+    field: str | None
+    kind: str | None
+    starts_at: datetime
+    ends_at: datetime
+    author: str
+    reason: str
+
+    def matches(self, a: Alert, now: datetime) -> bool:
+        if not self.starts_at <= now < self.ends_at:
+            return False
+        wanted = [(self.fingerprint, a.fingerprint), (self.model, a.cohort.model),
+                  (self.prompt_version, a.cohort.prompt_version), (self.contract, a.cohort.contract),
+                  (self.field, a.field), (self.kind, a.kind.value)]
+        return all(w is None or w == v for w, v in wanted)
+
+
+_COLS = ("fingerprint, model, prompt_version, contract, field, kind, value, state, severity, episode, streak, "
+         "first_seen, last_seen, fired_at, resolved_at, acknowledged_at, acknowledged_by, diff, samples")
+
+
+def _alert_of(r: Sequence[Any]) -> Alert:
+    return Alert(r[0], Cohort(r[1], r[2], r[3]), r[4], AlertKind(r[5]), r[6], AlertState(r[7]), Severity(r[8]),
+                 int(r[9]), int(r[10]), r[11], r[12], r[13], r[14], r[15], r[16], orjson.loads(r[17]),
+                 tuple(orjson.loads(r[18])))
+
+
+def _row_of(a: Alert) -> list[Any]:
+    return [a.fingerprint, *a.cohort, a.field, a.kind.value, a.value, a.state.value, a.severity.value, a.episode,
+            a.streak, a.first_seen, a.last_seen, a.fired_at, a.resolved_at, a.acknowledged_at, a.acknowledged_by,
+            orjson.dumps(a.diff).decode(), orjson.dumps(list(a.samples)).decode()]
+
+
+class AlertBook:
+    """Alerts kept in the store: read them, apply an evaluation, acknowledge, silence.
+
+    >>> AlertBook(store).alerts(state=AlertState.firing)      # doctest: +SKIP
+    """
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def alerts(self, *, state: AlertState | None = None, severity: Severity | None = None,
+               cohort: Cohort | None = None, now: datetime | None = None) -> list[Alert]:
+        """Alerts, page first, then most recently seen; with silences filled in."""
+        where, params = [], []
+        if state is not None:
+            where.append("state = ?")
+            params.append(state.value)
+        if severity is not None:
+            where.append("severity = ?")
+            params.append(severity.value)
+        if cohort is not None:
+            where.append("model = ? AND prompt_version = ? AND contract = ?")
+            params.extend(cohort)
+        cond = ("WHERE " + " AND ".join(where)) if where else ""
+        rows = self.store.query(f"SELECT {_COLS} FROM alerts {cond} "
+                                "ORDER BY severity = 'page' DESC, last_seen DESC, fingerprint", params)
+        alerts = [_alert_of(r) for r in rows]
+        if now is None:
+            return alerts
+        silences = self.silences(now=now)
+        return [replace(a, silenced_until=max((s.ends_at for s in silences if s.matches(a, now)), default=None))
+                for a in alerts]
+
+    def open_alerts(self) -> dict[str, Alert]:
+        """Every alert by fingerprint (the state ``step`` starts from)."""
+        return {r[0]: _alert_of(r) for r in self.store.query(f"SELECT {_COLS} FROM alerts")}
+
+    def get(self, fp: str) -> Alert | None:
+        rows = self.store.query(f"SELECT {_COLS} FROM alerts WHERE fingerprint = ?", [fp])
+        return _alert_of(rows[0]) if rows else None
+
+    def history(self, fp: str | None = None) -> list[dict[str, Any]]:
+        cond, params = ("WHERE fingerprint = ?", [fp]) if fp else ("", [])
+        return [{"fingerprint": r[0], "at": _iso(r[1]), "from": r[2], "to": r[3], "severity": r[4],
+                 "episode": r[5], "detail": r[6], "actor": r[7]}
+                for r in self.store.query(f"""SELECT fingerprint, happened_at, from_state, to_state, severity, episode,
+                                                     detail, actor FROM alert_history {cond} ORDER BY seq""", params)]
+
+    def save(self, con: Any, changed: dict[str, Alert], moves: Sequence[Transition], now: datetime) -> None:
+        """Write changed alerts and their transitions (inside the caller's transaction)."""
+        if changed:
+            con.executemany(f"INSERT OR REPLACE INTO alerts ({_COLS}) VALUES ({', '.join('?' * 19)})",
+                            [_row_of(a) for a in changed.values()])
+        if moves:
+            con.executemany(
+                """INSERT INTO alert_history (fingerprint, happened_at, from_state, to_state, severity, episode,
+                                              detail, actor) VALUES (?, ?, ?, ?, ?, ?, ?, NULL)""",
+                [[m.alert.fingerprint, now, m.previous.value if m.previous else None, m.alert.state.value,
+                  m.alert.severity.value, m.alert.episode, m.alert.detail] for m in moves])
+
+    def acknowledge(self, fp: str, *, by: str, now: datetime) -> Alert:
+        with self.store.transaction("acknowledging an alert") as con:
+            rows = con.execute(f"SELECT {_COLS} FROM alerts WHERE fingerprint = ?", [fp]).fetchall()
+            if not rows:
+                raise AlertNotFound(fp)
+            a = replace(_alert_of(rows[0]), acknowledged_at=now, acknowledged_by=by)
+            self.save(con, {fp: a}, [], now)
+            con.execute("""INSERT INTO alert_history (fingerprint, happened_at, from_state, to_state, severity,
+                                                       episode, detail, actor) VALUES (?, ?, ?, ?, ?, ?, ?, ?)""",
+                        [fp, now, a.state.value, a.state.value, a.severity.value, a.episode, "acknowledged", by])
+        return a
+
+    def silence(self, *, starts_at: datetime, ends_at: datetime, author: str, reason: str,
+                fingerprint: str | None = None, model: str | None = None, prompt_version: str | None = None,
+                contract: str | None = None, field: str | None = None, kind: str | None = None) -> Silence:
+        if ends_at <= starts_at:
+            raise AlertError("a silence must end after it starts")
+        if not reason.strip():
+            raise AlertError("a silence needs a reason")
+        if not any((fingerprint, model, prompt_version, contract, field, kind)):
+            raise AlertError("a silence must match something: a fingerprint, or a model, prompt version, "
+                             "contract, field or kind")
+        with self.store.transaction("adding a silence") as con:
+            row = con.execute(
+                """INSERT INTO silences (fingerprint, model, prompt_version, contract, field, kind, starts_at,
+                                          ends_at, author, reason, created_at)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING silence_id""",
+                [fingerprint, model, prompt_version, contract, field, kind, starts_at, ends_at, author, reason,
+                 starts_at]).fetchone()
+        assert row is not None
+        return Silence(int(row[0]), fingerprint, model, prompt_version, contract, field, kind, starts_at, ends_at,
+                       author, reason)
+
+    def silences(self, *, now: datetime | None = None) -> list[Silence]:
+        cond, params = ("WHERE ends_at > ?", [now]) if now else ("", [])
+        return [Silence(*r) for r in self.store.query(
+            f"""SELECT silence_id, fingerprint, model, prompt_version, contract, field, kind, starts_at, ends_at,
+                       author, reason FROM silences {cond} ORDER BY silence_id""", params)]

@@ -1,0 +1,362 @@
+"""The analyzer: one evaluation of every cohort's window against its baseline, and the scheduled run.
+
+``evaluate`` reads each cohort's window profile (a sum of rollup buckets, so
+its cost does not grow with traffic), resolves the baseline it is compared
+against (its own, a named parent's, or the previous prompt version's), runs
+the rules and adjusts every p-value of the evaluation together
+(Benjamini-Hochberg). ``Analyzer.run`` then moves the alerts (``alerts.step``),
+attaches sample event ids to new alerts, records served-model changes and the
+run itself, and enqueues pager notices in the same transaction. A failed run
+is logged, recorded and counted, never raised into the scheduler.
+
+``analyze_once`` is the offline form (``shapewatch analyze --once``): it
+replays the evaluations that lead up to ``at`` (as many as a page alert needs
+to be confirmed) with the states in memory, writing nothing.
+
+>>> evaluation = evaluate(store, config, at)                       # doctest: +SKIP
+>>> Analyzer(store, config, registry=registry).run()              # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import orjson
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from baselines import Cohort, is_unpinned, resolve_baseline
+from baselines.baseline import Activation, activation_history
+from collector import Profile, Store, flatten_output, read_profiles
+
+from .alerts import Alert, AlertBook, AlertState, Judged, Transition, step
+from .config import AlertKind, AnalyzerConfig
+from .rules import Check, Insufficient, adjust_p_values, compare_profiles
+
+__all__ = ["Analyzer", "CohortReport", "Evaluation", "RunResult", "analyze_once", "evaluate", "sample_event_ids"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CohortReport:
+    """One cohort in one evaluation."""
+
+    cohort: Cohort
+    cohort_id: int
+    events: int
+    served_models: dict[str, int]
+    baseline_id: str | None
+    how: str | None  # own | parent | previous_prompt_version; None without a baseline
+    baseline_cohort: Cohort | None
+    checks: list[Check]
+    insufficient: list[Insufficient]
+    presence: dict[str, float]  # field -> presence rate in the window (for the gauges)
+
+    @property
+    def unpinned(self) -> bool:
+        return is_unpinned(self.cohort.model)
+
+    @property
+    def compared_with(self) -> str:
+        if self.baseline_id is None or self.baseline_cohort is None:
+            return "no baseline"
+        if self.how == "own":
+            return f"baseline {self.baseline_id}"
+        why = "named parent" if self.how == "parent" else "previous prompt version"
+        return (f"baseline {self.baseline_id} of {self.baseline_cohort.prompt_version} "
+                f"({self.baseline_cohort.model}), inherited: {why}")
+
+    def judged(self) -> Judged | None:
+        if self.baseline_id is None:
+            return None
+        return Judged(self.cohort, self.checks, frozenset(i.field for i in self.insufficient), self.baseline_id,
+                      self.compared_with)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"cohort": self.cohort._asdict(), "events": self.events, "unpinned": self.unpinned,
+                "served_models": self.served_models, "baseline_id": self.baseline_id,
+                "compared_with": self.compared_with,
+                "insufficient": [{"field": i.field, "baseline_samples": i.baseline_samples,
+                                  "current_samples": i.current_samples, "needed": i.needed}
+                                 for i in self.insufficient]}
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    at: datetime
+    since: datetime
+    cohorts: list[CohortReport]
+
+    @property
+    def checks(self) -> int:
+        return sum(len(c.checks) for c in self.cohorts)
+
+    @property
+    def breaches(self) -> int:
+        return sum(1 for c in self.cohorts for k in c.checks if k.breach)
+
+
+def evaluate(store: Store, config: AnalyzerConfig, at: datetime, *,
+             window: timedelta | None = None) -> Evaluation:
+    """Judge every cohort with traffic in ``[at - window, at)`` against its baseline (reads only)."""
+    since = at - (window or config.window)
+    profiles = read_profiles(store, since, at)
+    current: dict[Cohort, Activation] = {a.cohort: a for a in activation_history(store)}
+    first_seen = {Cohort(str(m), str(p), str(c)): t for m, p, c, t in store.query(
+        "SELECT model, prompt_version, contract, first_seen FROM cohorts")}
+    pending: list[tuple[Profile, Cohort, Any, list[Check], list[Insufficient]]] = []
+    for profile in profiles:
+        cohort = Cohort(profile.model, profile.prompt_version, profile.contract)
+        resolved = resolve_baseline(store, cohort, current=current, first_seen=first_seen)
+        checks: list[Check] = []
+        short: list[Insufficient] = []
+        if resolved is not None:
+            b = resolved.baseline
+            checks, short = compare_profiles(b.fields, b.samples, profile.fields, profile.events,
+                                             _rules_for(config, cohort.contract))
+        pending.append((profile, cohort, resolved, checks, short))
+    # Significance is judged over every test of the evaluation at once.
+    adjusted = iter(adjust_p_values([c for *_, checks, _ in pending for c in checks]))
+    reports = []
+    for profile, cohort, resolved, checks, short in pending:
+        mine = [next(adjusted) for _ in checks]
+        reports.append(CohortReport(
+            cohort, profile.cohort_id, profile.events, profile.served_models,
+            resolved.baseline.baseline_id if resolved else None, resolved.how if resolved else None,
+            resolved.baseline.cohort if resolved else None, mine, short,
+            {p: round(f.presence_rate, 6) for p, f in profile.fields.items() if f.scope is None}))
+    return Evaluation(at, since, reports)
+
+
+def _rules_for(config: AnalyzerConfig, contract: str) -> Callable[[str], Any]:
+    return lambda path: config.rules_for(contract, path)
+
+
+# --- sample events --------------------------------------------------------------------------
+
+_SAMPLE_SCAN = 2000  # newest outputs of the window looked at for examples
+
+
+def _shows(alert: Alert, output: dict[str, Any]) -> bool:
+    obs = [o for o in flatten_output(output) if o.path == alert.field]
+    filled = [o for o in obs if o.type.value != "null"]
+    kind = alert.kind
+    if kind in (AlertKind.presence_drop, AlertKind.field_missing):
+        return not filled
+    if kind in (AlertKind.presence_rise, AlertKind.new_field):
+        return bool(filled)
+    if kind is AlertKind.new_type:
+        return any(o.type.value == alert.value for o in obs)
+    if kind is AlertKind.type_shift:
+        base = alert.diff.get("baseline", {}).get("types", {})
+        cur = alert.diff.get("current", {}).get("types", {})
+        grown = max(cur, key=lambda t: cur[t] - base.get(t, 0.0), default=None)
+        return any(("number" if o.type.value == "integer" else o.type.value) == grown for o in obs)
+    if kind is AlertKind.new_enum_value:
+        return any(o.string == alert.value for o in obs)
+    if kind in (AlertKind.unknown_enum_growth, AlertKind.cardinality_jump):
+        known = set(alert.diff.get("baseline", {}).get("known", ()))
+        return any(o.string is not None and o.string not in known for o in obs)
+    if kind is AlertKind.array_size_shift:
+        b, c = alert.diff.get("baseline", {}), alert.diff.get("current", {})
+        grew = (c.get("p90") or 0) >= (b.get("p90") or 0)
+        edge = c.get("p90") if grew else c.get("p50")
+        return any(o.length is not None and edge is not None and
+                   (o.length >= edge if grew else o.length <= edge) for o in obs)
+    return False
+
+
+def sample_event_ids(store: Store, cohort_id: int, since: datetime, until: datetime, alert: Alert,
+                     limit: int = 3) -> list[str]:
+    """Event ids of stored outputs in the window that show the alert's change (newest first)."""
+    found = []
+    for event_id, output in store.query(
+            """SELECT event_id, output FROM events WHERE cohort_id = ? AND ts >= ? AND ts < ?
+               ORDER BY ts DESC LIMIT ?""", [cohort_id, since, until, _SAMPLE_SCAN]):
+        if _shows(alert, orjson.loads(output)):
+            found.append(str(event_id))
+            if len(found) >= limit:
+                break
+    return found
+
+
+def _with_samples(store: Store, evaluation: Evaluation, changed: dict[str, Alert], limit: int) -> dict[str, Alert]:
+    ids = {r.cohort: r.cohort_id for r in evaluation.cohorts}
+    out = {}
+    for fp, a in changed.items():
+        if not a.samples and a.state is not AlertState.resolved and a.cohort in ids:
+            a = replace(a, samples=tuple(sample_event_ids(store, ids[a.cohort], evaluation.since, evaluation.at,
+                                                          a, limit)))
+        out[fp] = a
+    return out
+
+
+# --- offline --------------------------------------------------------------------------------
+
+def analyze_once(store: Store, config: AnalyzerConfig, at: datetime, *,
+                 window: timedelta | None = None) -> tuple[Evaluation, list[Alert]]:
+    """What the service would show at ``at``: the evaluations leading up to it, states in memory.
+
+    Returns the last evaluation and the alerts it leaves pending or firing.
+    """
+    steps = max(config.confirm_evaluations, 1)
+    alerts: dict[str, Alert] = {}
+    evaluation = None
+    for i in range(steps - 1, -1, -1):
+        when = at - config.interval * i
+        evaluation = evaluate(store, config, when, window=window)
+        changed, _ = step(alerts, [j for r in evaluation.cohorts if (j := r.judged())], config, when)
+        alerts.update(changed)
+    assert evaluation is not None
+    open_alerts = {fp: a for fp, a in alerts.items() if a.state is not AlertState.resolved}
+    open_alerts = _with_samples(store, evaluation, open_alerts, config.samples_per_alert)
+    return evaluation, _ordered(open_alerts.values())
+
+
+def _ordered(alerts: Any) -> list[Alert]:
+    return sorted(alerts, key=lambda a: (a.severity.value != "page", a.state.value != "firing", a.cohort, a.field,
+                                         a.kind.value, a.value or ""))
+
+
+# --- the scheduled run ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RunResult:
+    ok: bool
+    at: datetime
+    duration_seconds: float
+    evaluation: Evaluation | None
+    transitions: list[Transition]
+    error: str | None = None
+
+
+Enqueue = Callable[[Any, Sequence[Transition], datetime], None]
+
+
+class Analyzer:
+    """The scheduled evaluation: states in the store, metrics, and notices for the pager.
+
+    >>> analyzer = Analyzer(store, config, registry=registry)     # doctest: +SKIP
+    >>> analyzer.run()                                             # doctest: +SKIP
+    """
+
+    def __init__(self, store: Store, config: AnalyzerConfig, *, registry: CollectorRegistry,
+                 enqueue: Enqueue | None = None, clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+                 max_presence_series: int = 1000) -> None:
+        self.store = store
+        self.config = config
+        self.book = AlertBook(store)
+        self.enqueue = enqueue
+        self.clock = clock
+        self.last: Evaluation | None = None
+        self.max_presence_series = max_presence_series
+        self.duration = Histogram("shapewatch_analyzer_run_seconds", "Time of one analyzer evaluation",
+                                  registry=registry, buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120))
+        self.runs = Counter("shapewatch_analyzer_runs_total", "Analyzer evaluations by result", ["result"],
+                            registry=registry)
+        for result in ("ok", "failed"):
+            self.runs.labels(result)
+        self.last_success = Gauge("shapewatch_analyzer_last_success_timestamp_seconds",
+                                  "Unix time of the last successful evaluation (0: none yet)", registry=registry)
+        registry.register(_AlertGauges(self))
+
+    def run(self, at: datetime | None = None) -> RunResult:
+        """One evaluation, recorded; never raises (a failure is logged, recorded and counted)."""
+        started = self.clock()
+        at = at or started
+        t0 = time.perf_counter()
+        try:
+            evaluation = evaluate(self.store, self.config, at)
+            judged = [j for r in evaluation.cohorts if (j := r.judged())]
+            changed, moves = step(self.book.open_alerts(), judged, self.config, at)
+            changed = _with_samples(self.store, evaluation, changed, self.config.samples_per_alert)
+            moves = [replace(m, alert=changed.get(m.alert.fingerprint, m.alert)) for m in moves]
+            duration = time.perf_counter() - t0
+            with self.store.transaction("recording an evaluation") as con:
+                self.book.save(con, changed, moves, at)
+                self._served_model_changes(con, evaluation)
+                if self.enqueue is not None:
+                    self.enqueue(con, moves, at)
+                self._record(con, started, at, True, None, duration, evaluation)
+        except Exception as exc:  # a scheduled job never raises into the scheduler
+            duration = time.perf_counter() - t0
+            log.exception("analyzer run at %s failed", at.isoformat())
+            self.runs.labels("failed").inc()
+            try:
+                with self.store.transaction("recording a failed evaluation") as con:
+                    self._record(con, started, at, False, f"{type(exc).__name__}: {exc}", duration, None)
+            except Exception:
+                log.exception("could not record the failed analyzer run")
+            return RunResult(False, at, duration, None, [], f"{type(exc).__name__}: {exc}")
+        self.duration.observe(duration)
+        self.runs.labels("ok").inc()
+        self.last_success.set(time.time())
+        self.last = evaluation
+        return RunResult(True, at, duration, evaluation, moves)
+
+    def _record(self, con: Any, started: datetime, at: datetime, ok: bool, error: str | None, duration: float,
+                evaluation: Evaluation | None) -> None:
+        report = None if evaluation is None else orjson.dumps(
+            {"cohorts": [c.to_json() for c in evaluation.cohorts]}).decode()
+        con.execute(
+            """INSERT INTO analyzer_runs (started_at, finished_at, evaluated_at, ok, error, duration_seconds,
+                                          cohorts, checks, breaches, report)
+               VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+            [started, self.clock(), at, ok, error, duration, len(evaluation.cohorts) if evaluation else 0,
+             evaluation.checks if evaluation else 0, evaluation.breaches if evaluation else 0, report])
+
+    def _served_model_changes(self, con: Any, evaluation: Evaluation) -> None:
+        # A served model first seen in this window under a cohort that was answered by
+        # another one before: the alias moved. Recorded once per (previous, current).
+        con.execute(
+            """INSERT INTO served_model_changes
+               WITH f AS (SELECT cohort_id, served_model, min(bucket) AS first FROM served_models GROUP BY ALL),
+               moved AS (SELECT n.cohort_id, arg_max(o.served_model, o.first) AS previous,
+                                n.served_model AS current, n.first
+                         FROM f n JOIN f o ON o.cohort_id = n.cohort_id AND o.first < n.first
+                         WHERE n.first >= ? AND n.first < ? GROUP BY n.cohort_id, n.served_model, n.first)
+               SELECT c.model, c.prompt_version, c.contract, previous, current, ?
+               FROM moved JOIN cohorts c USING (cohort_id)
+               ON CONFLICT DO NOTHING""", [evaluation.since, evaluation.at, evaluation.at])
+
+
+class _AlertGauges(Collector):
+    """Alerts by state and severity, and per-field presence, read at scrape time (bounded labels)."""
+
+    def __init__(self, analyzer: Analyzer) -> None:
+        self.analyzer = analyzer
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        firing = GaugeMetricFamily("shapewatch_alerts", "Alerts by state and severity", labels=["state", "severity"])
+        counts = {(s, v): 0 for s in ("pending", "firing") for v in ("page", "warn")}
+        try:
+            for state, severity, n in self.analyzer.store.query(
+                    "SELECT state, severity, count(*) FROM alerts WHERE state <> 'resolved' GROUP BY ALL"):
+                counts[(str(state), str(severity))] = int(n)
+        except Exception:  # a scrape must not fail because the store is busy or closed
+            log.warning("alert gauges unavailable", exc_info=True)
+        for (state, severity), n in sorted(counts.items()):
+            firing.add_metric([state, severity], n)
+        yield firing
+        presence = GaugeMetricFamily(
+            "shapewatch_field_presence_ratio",
+            "Presence rate of each top-level field of cohorts with a baseline, last evaluation "
+            "(at most max_presence_series series)", labels=["model", "prompt_version", "contract", "field"])
+        last = self.analyzer.last
+        n = 0
+        for report in last.cohorts if last else []:
+            if report.baseline_id is None:
+                continue
+            for path, rate in sorted(report.presence.items()):
+                if n >= self.analyzer.max_presence_series:
+                    break
+                presence.add_metric([*report.cohort, path], rate)
+                n += 1
+        yield presence
