@@ -31,8 +31,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from baselines import Cohort, is_unpinned, resolve_baseline
-from baselines.baseline import Activation, activation_history
+from baselines import Activation, Cohort, activation_history, is_unpinned, resolve_baseline
 from collector import Profile, Store, flatten_output, read_profiles
 
 from .alerts import Alert, AlertBook, AlertState, Judged, Transition, step

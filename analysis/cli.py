@@ -10,8 +10,11 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 import orjson
@@ -24,6 +27,11 @@ from collector import (
     limits_from_settings,
     load_settings,
 )
+
+from .config import AnalyzerConfig
+
+if TYPE_CHECKING:
+    from .client import Backend
 
 __all__ = ["main", "cli"]
 
@@ -54,14 +62,26 @@ def cli(ctx: click.Context, config: str | None, verbose: bool) -> None:
 @click.pass_context
 def serve(ctx: click.Context, db_path: str | None, host: str | None, port: int | None) -> None:
     """Run the collector API and /metrics on one DuckDB file (the only writer)."""
-    _serve(_settings(ctx, db_path=db_path, host=host, port=port))
+    _serve(_settings(ctx, db_path=db_path, host=host, port=port), ctx)
 
 
-def _serve(settings: Settings) -> None:
+def _analyzer_config(ctx: click.Context) -> AnalyzerConfig:
+    """The analyzer's rules from the same TOML file as the settings ([defaults], [contracts], ...)."""
+    from .config import ConfigInvalid, load_config
+
+    config = (ctx.obj or {}).get("config") or os.environ.get("SHAPEWATCH_CONFIG")
+    try:
+        return load_config(Path(config) if config else None)
+    except ConfigInvalid as exc:
+        raise click.UsageError(str(exc)) from exc
+
+
+def _serve(settings: Settings, ctx: click.Context) -> None:
     from .service import run
 
+    config = _analyzer_config(ctx)
     try:
-        run(settings)
+        run(settings, config)
     except ShapewatchError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
@@ -76,7 +96,7 @@ def up(ctx: click.Context, db_path: str | None, port: int | None) -> None:
     settings = _settings(ctx, db_path=db_path, port=port)
     click.echo(f"shapewatch service: http://{settings.host}:{settings.port}  "
                f"(API docs at /docs, metrics at /metrics; database {settings.db_path})")
-    _serve(settings)
+    _serve(settings, ctx)
 
 
 @cli.command()
@@ -117,6 +137,323 @@ def ingest(ctx: click.Context, files: tuple[Path, ...], db_path: str | None, fmt
         for q in out["quarantine"]:
             click.echo(f"  rejected lines with their reasons: {q}")
     sys.exit(1 if summary.rejected else 0)
+
+
+# --- shared options ------------------------------------------------------------------------
+
+def _when(text: str | None, option: str) -> datetime | None:
+    """An ISO 8601 time with a zone (``2026-11-29T12:00:00Z``), or None."""
+    if text is None:
+        return None
+    try:
+        t = datetime.fromisoformat(text.replace("Z", "+00:00") if text.endswith("Z") else text)
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not an ISO 8601 time; write e.g. 2026-11-29T12:00:00Z",
+                                 param_hint=option) from None
+    if t.tzinfo is None:
+        raise click.BadParameter(f"{text!r} has no time zone; add Z or an offset such as +02:00",
+                                 param_hint=option)
+    return t.astimezone(UTC)
+
+
+def _fail(exc: Exception) -> NoReturn:
+    click.echo(f"error: {exc}", err=True)
+    sys.exit(2)
+
+
+def _echo_json(value: Any) -> None:
+    click.echo(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode())
+
+
+_db_option = click.option("--db", "db_path", type=click.Path(dir_okay=False),
+                          help="DuckDB file, used directly (it must not be held by a running service).")
+_url_option = click.option("--url", envvar="SHAPEWATCH_URL",
+                           help="URL of a running service to ask instead of opening the file (SHAPEWATCH_URL).")
+_token_option = click.option("--token", envvar="SHAPEWATCH_TOKEN", help="Bearer token for --url (SHAPEWATCH_TOKEN).")
+_format_option = click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
+                              show_default=True, help="Output format.")
+
+
+def _author() -> str:
+    return os.environ.get("SHAPEWATCH_AUTHOR") or os.environ.get("USER") or "unknown"
+
+
+@contextmanager
+def _backend(ctx: click.Context, db_path: str | None, url: str | None, token: str | None) -> Iterator[Backend]:
+    from .client import backend
+
+    if db_path and url:
+        raise click.UsageError("give --db or --url, not both")
+    settings = _settings(ctx, db_path=db_path)
+    try:
+        with backend(url=url, token=token, settings=settings, config=_analyzer_config(ctx)) as b:
+            yield b
+    except ShapewatchError as exc:
+        _fail(exc)
+
+
+# --- analyze and alerts --------------------------------------------------------------------
+
+def _alert_table(alerts: list[dict[str, Any]]) -> None:
+    if not alerts:
+        click.echo("no alerts")
+        return
+    for a in alerts:
+        c = a["cohort"]
+        click.echo(f"{a['severity']:<4} {a['state']:<8} {c['model']} / {c['prompt_version']} / {c['contract']}  "
+                   f"{a['field']}  {a['kind']}{' ' + repr(a['value']) if a.get('value') else ''}")
+        click.echo(f"     {a['detail']}")
+        if a.get("compared_with"):
+            click.echo(f"     compared with {a['compared_with']}")
+
+
+@cli.command()
+@_db_option
+@click.option("--once", is_flag=True, required=True, help="Run one evaluation and exit (the service runs them on a "
+              "schedule).")
+@click.option("--at", "at_text", help="Evaluate the window ending at this time (ISO 8601 with a zone; default now).")
+@click.option("--window", "window_text", help="Window length, e.g. 24h (default from the configuration: 24h).")
+@_format_option
+@click.pass_context
+def analyze(ctx: click.Context, db_path: str | None, once: bool, at_text: str | None, window_text: str | None,
+            fmt: str) -> None:
+    """Judge every cohort's window against its baseline and print the alerts (nothing is written).
+
+    Exit 0 with no alert firing, 1 with any firing, 2 on a usage or input error.
+    """
+    from .analyzer import analyze_once
+    from .config import ConfigInvalid, parse_duration
+    from .store_access import open_store
+
+    at = _when(at_text, "--at") or datetime.now(UTC)
+    config = _analyzer_config(ctx)
+    try:
+        window = parse_duration(window_text, key="--window") if window_text else config.window
+    except ConfigInvalid as exc:
+        raise click.BadParameter(str(exc), param_hint="--window") from None
+    settings = _settings(ctx, db_path=db_path)
+    try:
+        with open_store(settings) as store:
+            evaluation, alerts = analyze_once(store, config, at, window=window)
+    except ShapewatchError as exc:
+        _fail(exc)
+    out = [a.to_json() for a in alerts]
+    firing = [a for a in out if a["state"] == "firing"]
+    if fmt == "json":
+        click.echo(orjson.dumps({"at": at.isoformat().replace("+00:00", "Z"), "window_seconds":
+                                 int(window.total_seconds()), "alerts": out,
+                                 "cohorts": [c.to_json() for c in evaluation.cohorts]}).decode())
+    else:
+        _alert_table(out)
+        for c in evaluation.cohorts:
+            if c.baseline_id is None:
+                click.echo(f"note: {c.cohort} has no baseline ({c.events} events); freeze one to judge it")
+            elif c.insufficient:
+                click.echo(f"note: {c.cohort}: {len(c.insufficient)} field(s) under the sample minimum "
+                           f"(insufficient): {', '.join(i.field for i in c.insufficient[:8])}")
+    sys.exit(1 if firing else 0)
+
+
+@cli.command()
+@_db_option
+@_url_option
+@_token_option
+@click.option("--severity", type=click.Choice(["page", "warn"]), help="Only this severity.")
+@click.option("--state", type=click.Choice(["open", "pending", "firing", "resolved"]), help="Only this state.")
+@click.option("--model", help="Only this model.")
+@click.option("--prompt-version", help="Only this prompt version.")
+@click.option("--contract", help="Only this contract.")
+@click.option("--kind", help="Only this kind (e.g. presence_drop).")
+@_format_option
+@click.pass_context
+def alerts(ctx: click.Context, db_path: str | None, url: str | None, token: str | None, severity: str | None,
+           state: str | None, model: str | None, prompt_version: str | None, contract: str | None, kind: str | None,
+           fmt: str) -> None:
+    """List the alerts the service recorded, page first. Exit 1 when any listed alert is firing."""
+    with _backend(ctx, db_path, url, token) as b:
+        found = b.alerts(severity=severity, state=state, model=model, prompt_version=prompt_version,
+                         contract=contract, kind=kind)
+    if fmt == "json":
+        click.echo(orjson.dumps(found).decode())
+    else:
+        _alert_table(found)
+    sys.exit(1 if any(a["state"] == "firing" for a in found) else 0)
+
+
+# --- baselines -----------------------------------------------------------------------------
+
+@cli.group()
+def baseline() -> None:
+    """Freeze, list, show, activate, retire, inherit, export and import baselines."""
+
+
+def _cohort_options(f: Any) -> Any:
+    f = click.option("--contract", default="default", show_default=True, help="Contract name.")(f)
+    f = click.option("--prompt-version", required=True, help="Prompt version.")(f)
+    return click.option("--model", required=True, help="Model id as the applications send it.")(f)
+
+
+@baseline.command()
+@_cohort_options
+@click.option("--since", "since_text", required=True, help="Window start (ISO 8601 with a zone).")
+@click.option("--until", "until_text", required=True, help="Window end, exclusive (ISO 8601 with a zone).")
+@click.option("--note", required=True, help="Why this window is the reference (kept with the baseline).")
+@click.option("--force", help="Freeze despite objections (too few samples, open page alerts); give the reason.")
+@click.option("--no-activate", is_flag=True, help="Freeze without making it the cohort's active baseline.")
+@_db_option
+@_url_option
+@_token_option
+@_format_option
+@click.pass_context
+def freeze(ctx: click.Context, model: str, prompt_version: str, contract: str, since_text: str, until_text: str,
+           note: str, force: str | None, no_activate: bool, db_path: str | None, url: str | None,
+           token: str | None, fmt: str) -> None:
+    """Freeze a cohort's window as a baseline and make it active; prints its id."""
+    since, until = _when(since_text, "--since"), _when(until_text, "--until")
+    assert since is not None and until is not None
+    with _backend(ctx, db_path, url, token) as b:
+        result = b.freeze(model=model, prompt_version=prompt_version, contract=contract, since=since, until=until,
+                          author=_author(), note=note, force=force, activate=not no_activate)
+    if fmt == "json":
+        _echo_json(result)
+    else:
+        click.echo(result["baseline_id"])
+
+
+@baseline.command("list")
+@click.option("--model", help="Only this model (with --prompt-version).")
+@click.option("--prompt-version", help="Only this prompt version (with --model).")
+@click.option("--contract", default="default", show_default=True, help="Contract (with --model).")
+@_db_option
+@_url_option
+@_token_option
+@_format_option
+@click.pass_context
+def list_(ctx: click.Context, model: str | None, prompt_version: str | None, contract: str, db_path: str | None,
+          url: str | None, token: str | None, fmt: str) -> None:
+    """Every baseline, newest first, with whether it is active and whether its model is unpinned."""
+    from baselines import Cohort
+
+    if bool(model) != bool(prompt_version):
+        raise click.UsageError("--model and --prompt-version go together")
+    cohort = Cohort(model, prompt_version, contract) if model and prompt_version else None
+    with _backend(ctx, db_path, url, token) as b:
+        found = b.list_baselines(cohort)
+    if fmt == "json":
+        click.echo(orjson.dumps(found).decode())
+        return
+    if not found:
+        click.echo("no baselines")
+    for item in found:
+        c = item["cohort"]
+        marks = [m for m, on in (("active", item["active"]), ("unpinned model", item["unpinned"])) if on]
+        click.echo(f"{item['baseline_id']}  {c['model']} / {c['prompt_version']} / {c['contract']}  "
+                   f"{item['window']['since']} .. {item['window']['until']}  {item['samples']} samples  "
+                   f"by {item['author']}{'  [' + ', '.join(marks) + ']' if marks else ''}")
+        click.echo(f"    {item['note']}")
+
+
+@baseline.command()
+@click.argument("baseline_id")
+@_db_option
+@_url_option
+@_token_option
+@click.pass_context
+def show(ctx: click.Context, baseline_id: str, db_path: str | None, url: str | None, token: str | None) -> None:
+    """Print one baseline's full document (JSON)."""
+    with _backend(ctx, db_path, url, token) as b:
+        _echo_json(b.show(baseline_id))
+
+
+@baseline.command()
+@click.argument("baseline_id")
+@click.option("--note", default="", help="Why (kept in the activation history).")
+@_db_option
+@_url_option
+@_token_option
+@click.pass_context
+def activate(ctx: click.Context, baseline_id: str, note: str, db_path: str | None, url: str | None,
+             token: str | None) -> None:
+    """Make a baseline the active one of its cohort."""
+    with _backend(ctx, db_path, url, token) as b:
+        result = b.activate(baseline_id, author=_author(), note=note)
+    click.echo(f"{result['baseline_id']} is now active")
+
+
+@baseline.command()
+@_cohort_options
+@click.option("--note", default="", help="Why (kept in the activation history).")
+@_db_option
+@_url_option
+@_token_option
+@click.pass_context
+def retire(ctx: click.Context, model: str, prompt_version: str, contract: str, note: str, db_path: str | None,
+           url: str | None, token: str | None) -> None:
+    """Stop comparing a cohort against its baseline (history keeps it)."""
+    from baselines import Cohort
+
+    with _backend(ctx, db_path, url, token) as b:
+        b.retire(Cohort(model, prompt_version, contract), author=_author(), note=note)
+    click.echo("retired")
+
+
+@baseline.command()
+@_cohort_options
+@click.option("--parent", required=True, help="Id of the baseline to compare this cohort against.")
+@click.option("--note", default="", help="Why (kept in the activation history).")
+@_db_option
+@_url_option
+@_token_option
+@click.pass_context
+def inherit(ctx: click.Context, model: str, prompt_version: str, contract: str, parent: str, note: str,
+            db_path: str | None, url: str | None, token: str | None) -> None:
+    """Compare a rollout cohort (no history of its own) against a baseline it names."""
+    from baselines import Cohort
+
+    with _backend(ctx, db_path, url, token) as b:
+        result = b.inherit(Cohort(model, prompt_version, contract), parent, author=_author(), note=note)
+    click.echo(f"compared against {result['parent']['baseline_id']}")
+
+
+@baseline.command()
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Directory to write DIR/<model>/<prompt_version>/<contract>/<date>-<id>.json into.")
+@_db_option
+@_url_option
+@_token_option
+@click.pass_context
+def export(ctx: click.Context, out_dir: Path, db_path: str | None, url: str | None, token: str | None) -> None:
+    """Write every baseline as a canonical JSON file, for review in a pull request."""
+    from baselines import baseline_from_document, export_path, write_document
+
+    with _backend(ctx, db_path, url, token) as b:
+        ids = [item["baseline_id"] for item in b.list_baselines()]
+        docs = [b.show(i) for i in ids]
+    for doc in docs:
+        base = baseline_from_document(doc)
+        path = export_path(out_dir, base)
+        write_document(path, base)
+        click.echo(str(path))
+
+
+@baseline.command("import")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@_db_option
+@_url_option
+@_token_option
+@click.pass_context
+def import_(ctx: click.Context, paths: tuple[Path, ...], db_path: str | None, url: str | None,
+            token: str | None) -> None:
+    """Import exported baseline files; a file already imported is a no-op, a tampered one is refused."""
+    with _backend(ctx, db_path, url, token) as b:
+        for path in paths:
+            try:
+                doc = orjson.loads(path.read_bytes())
+            except (OSError, orjson.JSONDecodeError) as exc:
+                _fail(ShapewatchError(f"{path}: cannot read a JSON document ({exc})"))
+            result = b.import_document(doc, str(path))
+            click.echo(f"{path}: {'imported' if result['imported'] else 'already present'} "
+                       f"({result['baseline_id']})")
 
 
 def main() -> None:

@@ -202,9 +202,10 @@ def _rules(base: FieldRules, table: Any, where: str, *, allow_fields: bool = Fal
 
 def parse_config(data: dict[str, Any], *, source: str = "config") -> AnalyzerConfig:
     """An AnalyzerConfig from a parsed TOML document; errors name the key and the fix."""
-    for key in data:
-        if key not in _TOP:
-            raise ConfigInvalid(key, f"unknown table in {source}; known: {', '.join(sorted(_TOP))}")
+    for key, value in data.items():
+        # The same file holds the service settings: top-level values and [shapewatch] are theirs.
+        if key not in _TOP and key != "shapewatch" and isinstance(value, dict):
+            raise ConfigInvalid(key, f"unknown table in {source}; known: {', '.join(sorted(_TOP | {'shapewatch'}))}")
     defaults = _rules(FieldRules(), data.get("defaults", {}), "defaults")
     contracts: dict[str, FieldRules] = {}
     per_field: dict[tuple[str, str], FieldRules] = {}

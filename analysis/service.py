@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import uvicorn
 from fastapi import Depends, FastAPI
@@ -33,7 +35,12 @@ from collector import (
     require_token,
 )
 
+from .alerts import AlertBook, AlertState, Transition
+from .analyzer import Analyzer
+from .api import AnalysisApi, install_analysis_error_handlers
+from .config import AnalyzerConfig
 from .maintenance import start_maintenance
+from .notify import NoticeAction, Notifier, Target, enqueue, notice_for, targets_from_config
 from .store_access import open_store
 
 __all__ = ["create_app", "open_store", "run"]
@@ -41,10 +48,42 @@ __all__ = ["create_app", "open_store", "run"]
 log = logging.getLogger(__name__)
 
 
-def create_app(settings: Settings, *, store: Store | None = None,
-               registry: CollectorRegistry | None = None) -> FastAPI:
-    """The service's ASGI app; opens the store now (so a locked file fails at start-up)."""
+def pager_enqueue(store: Store, targets: list[Target]) -> Callable[[Any, Sequence[Transition], datetime], None]:
+    """The analyzer's hook: a firing or resolved transition becomes a notice in the outbox, in the
+    evaluation's own transaction. A silenced alert is not announced (its resolve still is, to a
+    pager that heard its trigger)."""
+    book = AlertBook(store)
+
+    def hook(con: Any, moves: Sequence[Transition], now: datetime) -> None:
+        if not targets or not moves:
+            return
+        silences = book.silences(now=now)
+        notices = []
+        for m in moves:
+            a = m.alert
+            if not m.notify or a.episode < 1:
+                continue
+            if a.state is AlertState.firing:
+                if any(s.matches(a, now) for s in silences):
+                    continue
+                notices.append(notice_for(a.to_json(), episode=a.episode, action=NoticeAction.trigger))
+            elif a.state is AlertState.resolved and m.previous is AlertState.firing:
+                notices.append(notice_for(a.to_json(), episode=a.episode, action=NoticeAction.resolve))
+        enqueue(con, targets, notices, now)
+
+    return hook
+
+
+def create_app(settings: Settings, *, store: Store | None = None, config: AnalyzerConfig | None = None,
+               registry: CollectorRegistry | None = None, analyze: bool = True) -> FastAPI:
+    """The service's ASGI app; opens the store now (so a locked file fails at start-up).
+
+    ``analyze=False`` leaves the analyzer and notifier jobs out of the scheduler
+    (tests that drive evaluations themselves through ``POST /v1/analyzer/run``).
+    """
     registry = registry or CollectorRegistry()
+    config = config or AnalyzerConfig()
+    targets = targets_from_config(config.notify)
     store = store or open_store(settings)
     # Events commit alone (a 2xx waits only for them); rollups follow within a second.
     store.defer_rollups(max_events=settings.rollup_merge_events, max_seconds=settings.rollup_merge_seconds)
@@ -53,11 +92,22 @@ def create_app(settings: Settings, *, store: Store | None = None,
                     max_queued=settings.writer_queue_events, on_batch=metrics.observe_batch)
     api = CollectorApi(store, writer, metrics, limits_from_settings(settings),
                        max_body_bytes=settings.max_body_bytes)
+    analyzer = Analyzer(store, config, registry=registry, enqueue=pager_enqueue(store, targets))
+    notifier = Notifier(store, targets, registry=registry)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         writer.start()
         scheduler = start_maintenance(store, settings, registry)
+        if analyze:
+            seconds = config.interval.total_seconds()
+            # One evaluation at a time; a missed one is run once (coalesced) if it is at most
+            # one interval late, else skipped: the next one judges the same window anyway.
+            scheduler.add_job(analyzer.run, "interval", seconds=seconds, id="analyze", max_instances=1,
+                              coalesce=True, misfire_grace_time=max(1, int(seconds)),
+                              next_run_time=datetime.now(UTC) + timedelta(seconds=min(30.0, seconds)))
+            scheduler.add_job(_guarded_deliver(notifier), "interval", seconds=10, id="notify", max_instances=1,
+                              coalesce=True, misfire_grace_time=10)
         # Parsed request bodies hold no reference cycles, but each one allocates tens of
         # thousands of objects, which keeps triggering full collections over every
         # long-lived object of the process. Freeze those, and collect young objects less
@@ -68,6 +118,7 @@ def create_app(settings: Settings, *, store: Store | None = None,
             yield
         finally:
             scheduler.shutdown(wait=True)
+            notifier.close()
             writer.stop()
             if writer.alive:  # never close the file under a running transaction
                 log.error("the writer is still busy; leaving the database to be closed by the exit")
@@ -77,8 +128,10 @@ def create_app(settings: Settings, *, store: Store | None = None,
     app = FastAPI(title="shapewatch", version="0.1.0", lifespan=lifespan,
                   description="Schema-drift monitor for language-model structured outputs.")
     install_error_handlers(app)
+    install_analysis_error_handlers(app)
     app.include_router(api.router(settings.tokens))
     app.include_router(api.health_router())
+    app.include_router(AnalysisApi(store, config, analyzer).router(settings.tokens))
 
     @app.get("/metrics", summary="Prometheus metrics", dependencies=[Depends(require_token(settings.tokens))])
     async def metrics_endpoint() -> Response:
@@ -86,11 +139,26 @@ def create_app(settings: Settings, *, store: Store | None = None,
 
     app.state.store = store
     app.state.writer = writer
+    app.state.analyzer = analyzer
+    app.state.notifier = notifier
     return app
 
 
-def run(settings: Settings) -> None:
+def _guarded_deliver(notifier: Notifier) -> Callable[[], None]:
+    def deliver() -> None:
+        try:
+            report = notifier.deliver()
+        except Exception:  # a scheduled job never raises into the scheduler (counted by the notifier)
+            log.exception("notification delivery failed")
+            return
+        if report.sent or report.retried or report.failed:
+            log.info("notifications: %s", report)
+
+    return deliver
+
+
+def run(settings: Settings, config: AnalyzerConfig | None = None) -> None:
     """Serve until interrupted (SIGINT/SIGTERM commit what is queued, then exit)."""
-    app = create_app(settings)
+    app = create_app(settings, config=config)
     log.info("shapewatch serving %s on http://%s:%d", settings.db_path, settings.host, settings.port)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning", access_log=False)

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+from baselines import BASELINES_SCHEMA
 from collector import RollupConfig, Settings, Store
 
-__all__ = ["open_store"]
+from .alerts import ALERTS_SCHEMA
+from .notify import NOTIFY_SCHEMA
+
+__all__ = ["SCHEMAS", "open_store"]
+
+# The tables of the packages above the collector, migrated with the store's own.
+SCHEMAS = (BASELINES_SCHEMA, ALERTS_SCHEMA, NOTIFY_SCHEMA)
 
 
 def open_store(settings: Settings, *, read_only: bool = False, bulk: bool = False) -> Store:
     """The store for the service, or with ``bulk`` for an import (a smaller memory limit)."""
     return Store.open(
         settings.db_path, memory_limit=settings.import_memory_limit if bulk else settings.memory_limit, threads=settings.duckdb_threads,
-        bucket_seconds=settings.bucket_seconds, read_only=read_only,
+        bucket_seconds=settings.bucket_seconds, read_only=read_only, schemas=SCHEMAS,
         rollup=RollupConfig(enum_value_max_length=settings.enum_value_max_length,
                             enum_values_per_path=settings.enum_values_per_path, max_depth=settings.max_depth))

@@ -15,21 +15,24 @@ from .baseline import (
     active_baseline,
     baseline_from_document,
     export_baselines,
+    export_path,
     freeze_baseline,
     get_baseline,
     import_baseline,
+    import_document,
     inherit_baseline,
     is_unpinned,
     list_baselines,
     resolve_baseline,
     retire_baseline,
+    write_document,
 )
 from .errors import BaselineError, BaselineNotFound, BaselineRefused, BaselineTampered
 
 __all__ = [
     "BASELINES_SCHEMA", "Activation", "ActivationAction", "Baseline", "BaselineError", "BaselineListing",
     "BaselineNotFound", "BaselineRefused", "BaselineTampered", "Cohort", "Resolved", "activate_baseline",
-    "activation_history", "active_baseline", "baseline_from_document", "export_baselines", "freeze_baseline",
-    "get_baseline", "import_baseline", "inherit_baseline", "is_unpinned", "list_baselines", "resolve_baseline",
-    "retire_baseline",
+    "activation_history", "active_baseline", "baseline_from_document", "export_baselines", "export_path", "freeze_baseline",
+    "get_baseline", "import_baseline", "import_document", "inherit_baseline", "is_unpinned", "list_baselines", "resolve_baseline",
+    "retire_baseline", "write_document",
 ]

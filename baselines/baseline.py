@@ -39,8 +39,8 @@ from .errors import BaselineError, BaselineNotFound, BaselineRefused, BaselineTa
 
 __all__ = ["BASELINES_SCHEMA", "Activation", "ActivationAction", "Baseline", "BaselineListing", "Cohort", "Resolved",
            "activate_baseline", "activation_history", "active_baseline", "baseline_from_document",
-           "export_baselines", "freeze_baseline", "get_baseline", "import_baseline", "inherit_baseline",
-           "is_unpinned", "list_baselines", "resolve_baseline", "retire_baseline"]
+           "export_baselines", "export_path", "freeze_baseline", "get_baseline", "import_baseline", "import_document", "inherit_baseline",
+           "is_unpinned", "list_baselines", "resolve_baseline", "retire_baseline", "write_document"]
 
 FORMAT = 1
 
@@ -397,11 +397,15 @@ def export_baselines(store: Store, out_dir: Path, cohort: Cohort | None = None) 
     written = []
     for listing in list_baselines(store, cohort):
         path = export_path(out_dir, listing.baseline)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(orjson.dumps(listing.baseline.document(),
-                                      option=orjson.OPT_SORT_KEYS | orjson.OPT_INDENT_2) + b"\n")
+        write_document(path, listing.baseline)
         written.append(path)
     return written
+
+
+def write_document(path: Path, b: Baseline) -> None:
+    """Write one baseline as canonical JSON (sorted keys, two-space indent, final newline)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(orjson.dumps(b.document(), option=orjson.OPT_SORT_KEYS | orjson.OPT_INDENT_2) + b"\n")
 
 
 def import_baseline(store: Store, path: Path) -> tuple[Baseline, bool]:
@@ -412,9 +416,17 @@ def import_baseline(store: Store, path: Path) -> tuple[Baseline, bool]:
         raise BaselineError(f"{path}: cannot read ({exc.strerror})") from exc
     except orjson.JSONDecodeError as exc:
         raise BaselineError(f"{path}: not JSON ({exc})") from exc
+    return import_document(store, doc, where=str(path))
+
+
+def import_document(store: Store, doc: Any, *, where: str = "baseline document") -> tuple[Baseline, bool]:
+    """Store an exported document as it is; returns (baseline, whether it was new).
+
+    Refused when its content does not match its hash; a no-op when already stored.
+    """
     if not isinstance(doc, dict):
-        raise BaselineError(f"{path}: not a baseline document (a JSON object is expected)")
-    b = baseline_from_document(doc, where=str(path))
+        raise BaselineError(f"{where}: not a baseline document (a JSON object is expected)")
+    b = baseline_from_document(doc, where=where)
     with store.transaction("importing a baseline") as con:
         new = _insert(con, b)
     return b, new

@@ -1,0 +1,186 @@
+"""Operations on baselines, alerts and cohorts, as JSON-ready values: one code path for all callers.
+
+The HTTP API calls these with the service's store; the CLI calls them
+directly with ``--db`` and through the HTTP API with ``--url``, so both give
+the same answers and the same errors. Freezing is composed here because it
+needs judgement the baselines package must not know about: a window holding
+unresolved page alerts is not a reference anyone should choose by accident.
+
+>>> freeze(store, config, model="m", prompt_version="p", contract="c", since=t0, until=t1,
+...        author="ana", note="weekly review")                       # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from baselines import (
+    Cohort,
+    activate_baseline,
+    activation_history,
+    freeze_baseline,
+    get_baseline,
+    inherit_baseline,
+    is_unpinned,
+    list_baselines,
+    resolve_baseline,
+    retire_baseline,
+)
+from baselines import (
+    import_document as store_document,
+)
+from collector import Store, read_profile
+
+from .alerts import AlertBook, AlertState
+from .config import AnalyzerConfig, Severity
+
+__all__ = ["acknowledge", "activate", "alerts", "cohort_fields", "cohorts", "freeze", "import_document",
+           "inherit", "list_all", "retire", "show", "silence", "served_model_changes"]
+
+
+def _iso(t: datetime | None) -> str | None:
+    return None if t is None else t.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def _open_page_alerts(store: Store, cohort: Cohort, since: datetime, until: datetime) -> list[str]:
+    rows = store.query(
+        """SELECT field, kind, coalesce(value, ''), first_seen FROM alerts
+           WHERE model = ? AND prompt_version = ? AND contract = ? AND severity = 'page'
+             AND state <> 'resolved' AND first_seen < ? AND last_seen >= ?
+           ORDER BY first_seen""", [*cohort, until, since])
+    return [f"{kind} on {field}{' = ' + repr(v) if v else ''} since {_iso(t)}" for field, kind, v, t in rows]
+
+
+def freeze(store: Store, config: AnalyzerConfig, *, model: str, prompt_version: str, contract: str,
+           since: datetime, until: datetime, author: str, note: str, force: str | None = None,
+           activate: bool = True, now: datetime | None = None) -> dict[str, Any]:
+    """Freeze a cohort's window as a baseline (refused over open page alerts or too few samples)."""
+    cohort = Cohort(model, prompt_version, contract)
+    open_pages = _open_page_alerts(store, cohort, since, until)
+    objections = ([f"the window holds {len(open_pages)} unresolved page alert(s): " + "; ".join(open_pages[:5])]
+                  if open_pages else [])
+    b = freeze_baseline(store, cohort, since, until, author=author, note=note,
+                        min_samples=config.defaults.min_samples, objections=objections, force=force,
+                        activate=activate, now=now)
+    return {**b.summary(), "active": activate}
+
+
+def list_all(store: Store, cohort: Cohort | None = None) -> list[dict[str, Any]]:
+    return [{**item.baseline.summary(), "active": item.active} for item in list_baselines(store, cohort)]
+
+
+def show(store: Store, baseline_id: str) -> dict[str, Any]:
+    return get_baseline(store, baseline_id).document()
+
+
+def activate(store: Store, baseline_id: str, *, author: str, note: str = "") -> dict[str, Any]:
+    return {**activate_baseline(store, baseline_id, author=author, note=note).summary(), "active": True}
+
+
+def inherit(store: Store, cohort: Cohort, parent_id: str, *, author: str, note: str = "") -> dict[str, Any]:
+    b = inherit_baseline(store, cohort, parent_id, author=author, note=note)
+    return {"cohort": cohort._asdict(), "parent": b.summary()}
+
+
+def retire(store: Store, cohort: Cohort, *, author: str, note: str = "") -> dict[str, Any]:
+    retire_baseline(store, cohort, author=author, note=note)
+    return {"cohort": cohort._asdict(), "retired": True}
+
+
+def import_document(store: Store, doc: Any, *, where: str = "request body") -> dict[str, Any]:
+    """Import one exported baseline document: refused when tampered, a no-op when already stored."""
+    b, new = store_document(store, doc, where=where)
+    return {"baseline_id": b.baseline_id, "hash": b.hash, "imported": new}
+
+
+def alerts(store: Store, *, state: str | None = None, severity: str | None = None,
+           model: str | None = None, prompt_version: str | None = None, contract: str | None = None,
+           kind: str | None = None, now: datetime | None = None) -> list[dict[str, Any]]:
+    """Alerts (page first), filtered; ``state`` may be ``open`` for pending and firing."""
+    now = now or datetime.now(UTC)
+    found = AlertBook(store).alerts(state=AlertState(state) if state and state != "open" else None,
+                                    severity=Severity(severity) if severity else None, now=now)
+    out = []
+    for a in found:
+        if state == "open" and a.state is AlertState.resolved:
+            continue
+        if (model and a.cohort.model != model) or (prompt_version and a.cohort.prompt_version != prompt_version) \
+                or (contract and a.cohort.contract != contract) or (kind and a.kind.value != kind):
+            continue
+        out.append(a.to_json())
+    return out
+
+
+def acknowledge(store: Store, fingerprint: str, *, by: str) -> dict[str, Any]:
+    return AlertBook(store).acknowledge(fingerprint, by=by, now=datetime.now(UTC)).to_json()
+
+
+def silence(store: Store, *, duration: timedelta, author: str, reason: str, **match: str | None) -> dict[str, Any]:
+    now = datetime.now(UTC)
+    s = AlertBook(store).silence(starts_at=now, ends_at=now + duration, author=author, reason=reason, **match)
+    return {"silence_id": s.silence_id, "starts_at": _iso(s.starts_at), "ends_at": _iso(s.ends_at),
+            "author": s.author, "reason": s.reason,
+            "match": {k: v for k, v in (("fingerprint", s.fingerprint), ("model", s.model),
+                                        ("prompt_version", s.prompt_version), ("contract", s.contract),
+                                        ("field", s.field), ("kind", s.kind)) if v is not None}}
+
+
+def cohorts(store: Store, *, since: datetime | None = None, until: datetime | None = None) -> list[dict[str, Any]]:
+    """Every cohort with its traffic in the window, baseline, unpinned marker, alerts and served models."""
+    until = until or datetime.now(UTC)
+    since = since or until - timedelta(days=7)
+    store.flush_rollups()
+    traffic = {int(cid): int(n) for cid, n in store.query(
+        "SELECT cohort_id, sum(events) FROM cohort_buckets WHERE bucket >= ? AND bucket < ? GROUP BY ALL",
+        [since, until])}
+    served: dict[int, dict[str, int]] = {}
+    for cid, m, n in store.query(
+            """SELECT cohort_id, served_model, sum(n)::BIGINT FROM served_models WHERE bucket >= ? AND bucket < ?
+               GROUP BY ALL ORDER BY 3 DESC""", [since, until]):
+        served.setdefault(int(cid), {})[str(m)] = int(n)
+    counts: dict[tuple[str, str, str], dict[str, int]] = {}
+    for m, p, c, sev, n in store.query(
+            "SELECT model, prompt_version, contract, severity, count(*) FROM alerts WHERE state = 'firing' "
+            "GROUP BY ALL"):
+        counts.setdefault((m, p, c), {})[str(sev)] = int(n)
+    current = {a.cohort: a for a in activation_history(store)}
+    first_seen = {Cohort(str(m), str(p), str(c)): t for m, p, c, t in store.query(
+        "SELECT model, prompt_version, contract, first_seen FROM cohorts")}
+    out = []
+    for cid, m, p, c, first in store.query(
+            "SELECT cohort_id, model, prompt_version, contract, first_seen FROM cohorts ORDER BY model, "
+            "prompt_version, contract"):
+        cohort = Cohort(str(m), str(p), str(c))
+        resolved = resolve_baseline(store, cohort, current=current, first_seen=first_seen)
+        baseline = None
+        if resolved is not None:
+            b = resolved.baseline
+            baseline = {"baseline_id": b.baseline_id, "how": resolved.how, "cohort": b.cohort._asdict(),
+                        "created_at": _iso(b.created_at), "author": b.author, "note": b.note,
+                        "age_days": round((until - b.created_at).total_seconds() / 86400, 2),
+                        "window": {"since": _iso(b.since), "until": _iso(b.until)}, "samples": b.samples}
+        out.append({"cohort_id": int(cid), "cohort": cohort._asdict(), "first_seen": _iso(first),
+                    "events": traffic.get(int(cid), 0), "unpinned": is_unpinned(cohort.model),
+                    "served_models": served.get(int(cid), {}), "baseline": baseline,
+                    "alerts_firing": counts.get((cohort.model, cohort.prompt_version, cohort.contract), {})})
+    return out
+
+
+def cohort_fields(store: Store, cohort_id: int, *, since: datetime, until: datetime) -> dict[str, Any]:
+    """The window profile of one cohort, field by field."""
+    p = read_profile(store, cohort_id, since, until)
+    return {"cohort_id": cohort_id, "cohort": {"model": p.model, "prompt_version": p.prompt_version,
+                                               "contract": p.contract},
+            "since": _iso(since), "until": _iso(until), "events": p.events, "served_models": p.served_models,
+            "fields": [{**f.to_json(), "presence_rate": round(f.presence_rate, 6), "filled": f.filled,
+                        "array_p50": f.array_percentile(0.5), "array_p90": f.array_percentile(0.9),
+                        "array_p99": f.array_percentile(0.99)} for f in p.fields.values()]}
+
+
+def served_model_changes(store: Store) -> list[dict[str, Any]]:
+    return [{"cohort": {"model": m, "prompt_version": p, "contract": c}, "previous": prev, "current": cur,
+             "detected_at": _iso(t)}
+            for m, p, c, prev, cur, t in store.query(
+                """SELECT model, prompt_version, contract, previous, current, detected_at
+                   FROM served_model_changes ORDER BY detected_at DESC""")]

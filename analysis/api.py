@@ -1,0 +1,211 @@
+"""HTTP routes of the analysis side: alerts, silences, cohorts, baselines, analyzer runs.
+
+Each route is a thin shell over ``admin.py`` (the code the CLI runs with
+``--db``), so ``--url`` and ``--db`` give the same answers. Errors answer in
+the shared JSON shape: unknown ids 404, refused freezes 409, tampered or
+invalid documents 422, other invalid requests 400.
+
+Baselines have no PUT, PATCH or DELETE: a frozen baseline never changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+import orjson
+from fastapi import APIRouter, Body, Depends, FastAPI, Query, Request
+from fastapi.responses import Response
+from pydantic import AwareDatetime, BaseModel, Field
+
+from baselines import BaselineError, BaselineNotFound, BaselineRefused, BaselineTampered, Cohort
+from collector import ShapewatchError, Store, error_body, require_token
+
+from . import admin
+from .alerts import AlertError, AlertNotFound
+from .analyzer import Analyzer
+from .config import AnalyzerConfig, ConfigInvalid, parse_duration
+
+__all__ = ["AnalysisApi", "install_analysis_error_handlers"]
+
+
+def _json(body: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(body), status_code=status, media_type="application/json")
+
+
+_STATUS: list[tuple[type[Exception], int]] = [
+    (BaselineNotFound, 404), (AlertNotFound, 404), (BaselineRefused, 409), (BaselineTampered, 422),
+    (BaselineError, 400), (AlertError, 400), (ConfigInvalid, 400)]
+
+
+def install_analysis_error_handlers(app: FastAPI) -> None:
+    """Baseline and alert errors answer in the shared error shape."""
+    for cls, status in _STATUS:
+        def handler(_: Request, exc: Exception, status: int = status) -> Response:
+            return _json(error_body(status, str(exc)), status)
+        app.add_exception_handler(cls, handler)
+
+
+class FreezeRequest(BaseModel):
+    model: str = Field(min_length=1)
+    prompt_version: str = Field(min_length=1)
+    contract: str = Field("default", min_length=1)
+    since: AwareDatetime
+    until: AwareDatetime
+    note: str
+    author: str = Field(min_length=1)
+    force: str | None = None
+    activate: bool = True
+
+
+class CohortRequest(BaseModel):
+    model: str = Field(min_length=1)
+    prompt_version: str = Field(min_length=1)
+    contract: str = Field("default", min_length=1)
+    author: str = Field(min_length=1)
+    note: str = ""
+
+
+class InheritRequest(CohortRequest):
+    parent: str = Field(min_length=6)
+
+
+class ActorRequest(BaseModel):
+    author: str = Field(min_length=1)
+    note: str = ""
+
+
+class SilenceRequest(BaseModel):
+    duration: str = Field(description="how long, e.g. 2h or 3d")
+    author: str = Field(min_length=1)
+    reason: str = Field(min_length=1)
+    fingerprint: str | None = None
+    model: str | None = None
+    prompt_version: str | None = None
+    contract: str | None = None
+    field: str | None = None
+    kind: str | None = None
+
+
+class AnalysisApi:
+    """The analysis routes around one store, the analyzer config and (in the service) the analyzer."""
+
+    def __init__(self, store: Store, config: AnalyzerConfig, analyzer: Analyzer | None = None,
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+        self.store = store
+        self.config = config
+        self.analyzer = analyzer
+        self.clock = clock
+
+    def router(self, tokens: tuple[str, ...]) -> APIRouter:
+        store, config = self.store, self.config
+        r = APIRouter(dependencies=[Depends(require_token(tokens))])
+
+        @r.get("/v1/alerts", summary="Alerts, page first")
+        def get_alerts(state: str | None = Query(None, pattern="^(open|pending|firing|resolved)$"),
+                       severity: str | None = Query(None, pattern="^(page|warn)$"),
+                       model: str | None = None, prompt_version: str | None = None, contract: str | None = None,
+                       kind: str | None = None) -> Response:
+            return _json(admin.alerts(store, state=state, severity=severity, model=model,
+                                      prompt_version=prompt_version, contract=contract, kind=kind))
+
+        @r.get("/v1/alerts/{fingerprint}", summary="One alert and its history")
+        def get_alert(fingerprint: str) -> Response:
+            from .alerts import AlertBook
+            book = AlertBook(store)
+            found = book.alerts(now=self.clock())
+            for a in found:
+                if a.fingerprint == fingerprint:
+                    return _json({**a.to_json(), "history": book.history(fingerprint)})
+            raise AlertNotFound(fingerprint)
+
+        @r.post("/v1/alerts/{fingerprint}/ack", summary="Acknowledge an alert")
+        def ack(fingerprint: str, body: ActorRequest) -> Response:
+            return _json(admin.acknowledge(store, fingerprint, by=body.author))
+
+        @r.post("/v1/silences", summary="Silence matching alerts for a while (they still resolve)",
+                status_code=201)
+        def post_silence(body: SilenceRequest) -> Response:
+            try:
+                duration = parse_duration(body.duration, key="duration")
+            except ConfigInvalid as exc:
+                raise AlertError(str(exc)) from exc
+            return _json(admin.silence(store, duration=duration, author=body.author, reason=body.reason,
+                                       fingerprint=body.fingerprint, model=body.model,
+                                       prompt_version=body.prompt_version, contract=body.contract,
+                                       field=body.field, kind=body.kind), 201)
+
+        @r.get("/v1/cohorts", summary="Cohorts with traffic, baselines, alerts and served models")
+        def get_cohorts(since: AwareDatetime | None = None, until: AwareDatetime | None = None) -> Response:
+            return _json(admin.cohorts(store, since=since, until=until))
+
+        @r.get("/v1/cohorts/{cohort_id}/fields", summary="A cohort's window profile, field by field")
+        def get_fields(cohort_id: int, since: AwareDatetime | None = None,
+                       until: AwareDatetime | None = None) -> Response:
+            end = until or self.clock()
+            try:
+                return _json(admin.cohort_fields(store, cohort_id, since=since or end - config.window, until=end))
+            except LookupError as exc:
+                return _json(error_body(404, str(exc)), 404)
+
+        @r.get("/v1/served-model-changes", summary="Served models that changed behind a requested model id")
+        def get_served() -> Response:
+            return _json(admin.served_model_changes(store))
+
+        @r.get("/v1/baselines", summary="Baselines, newest first")
+        def get_baselines(model: str | None = None, prompt_version: str | None = None,
+                          contract: str | None = None) -> Response:
+            cohort = Cohort(model, prompt_version, contract or "default") if model and prompt_version else None
+            return _json(admin.list_all(store, cohort))
+
+        @r.post("/v1/baselines", summary="Freeze a window as a baseline (and activate it)", status_code=201)
+        def post_baseline(body: FreezeRequest) -> Response:
+            return _json(admin.freeze(store, config, model=body.model, prompt_version=body.prompt_version,
+                                      contract=body.contract, since=body.since, until=body.until,
+                                      author=body.author, note=body.note, force=body.force,
+                                      activate=body.activate), 201)
+
+        @r.post("/v1/baselines/import", summary="Import an exported baseline document (no-op if stored)")
+        def post_import(doc: Annotated[dict[str, Any], Body()]) -> Response:
+            return _json(admin.import_document(store, doc))
+
+        @r.post("/v1/baselines/retire", summary="Stop comparing a cohort against its baseline")
+        def post_retire(body: CohortRequest) -> Response:
+            return _json(admin.retire(store, Cohort(body.model, body.prompt_version, body.contract),
+                                      author=body.author, note=body.note))
+
+        @r.post("/v1/baselines/inherit", summary="Compare a cohort against another cohort's baseline")
+        def post_inherit(body: InheritRequest) -> Response:
+            return _json(admin.inherit(store, Cohort(body.model, body.prompt_version, body.contract), body.parent,
+                                       author=body.author, note=body.note))
+
+        @r.get("/v1/baselines/{baseline_id}", summary="One baseline's full document")
+        def get_baseline(baseline_id: str) -> Response:
+            return _json(admin.show(store, baseline_id))
+
+        @r.post("/v1/baselines/{baseline_id}/activate", summary="Make a baseline its cohort's active one")
+        def post_activate(baseline_id: str, body: ActorRequest) -> Response:
+            return _json(admin.activate(store, baseline_id, author=body.author, note=body.note))
+
+        @r.get("/v1/analyzer/runs", summary="The latest analyzer runs")
+        def get_runs(limit: int = Query(20, ge=1, le=1000)) -> Response:
+            rows = store.query(
+                """SELECT run_id, started_at, evaluated_at, ok, error, duration_seconds, cohorts, checks, breaches
+                   FROM analyzer_runs ORDER BY run_id DESC LIMIT ?""", [limit])
+            return _json([{"run_id": r[0], "started_at": r[1].isoformat(), "evaluated_at": r[2].isoformat(),
+                           "ok": r[3], "error": r[4], "duration_seconds": r[5], "cohorts": r[6], "checks": r[7],
+                           "breaches": r[8]} for r in rows])
+
+        @r.post("/v1/analyzer/run", summary="Run one evaluation now")
+        def post_run() -> Response:
+            if self.analyzer is None:
+                raise ShapewatchError("no analyzer in this process")
+            res = self.analyzer.run()
+            return _json({"ok": res.ok, "at": res.at.isoformat(), "duration_seconds": round(res.duration_seconds, 4),
+                          "error": res.error, "transitions": len(res.transitions)}, 200 if res.ok else 500)
+
+        return r
+
+
+

@@ -1,0 +1,186 @@
+"""Where the admin CLI gets its answers: the database file (``--db``) or the service (``--url``).
+
+Both backends expose the same methods and return the same JSON values: the
+local one calls ``admin.py`` on the file, the remote one calls the HTTP
+routes that call ``admin.py`` in the service. Remote errors come back as
+``RemoteError`` carrying the service's message and status.
+
+>>> with backend(db="var/x.duckdb", url=None, token=None, settings=s, config=c) as b:   # doctest: +SKIP
+...     b.list_baselines()
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any, Protocol
+
+import httpx
+
+from baselines import Cohort
+from collector import Settings, ShapewatchError, Store
+
+from . import admin
+from .config import AnalyzerConfig
+
+__all__ = ["Backend", "RemoteError", "backend"]
+
+
+class RemoteError(ShapewatchError):
+    def __init__(self, status: int, message: str) -> None:
+        self.status = status
+        super().__init__(f"the service answered {status}: {message}")
+
+
+class Backend(Protocol):
+    def freeze(self, *, model: str, prompt_version: str, contract: str, since: datetime, until: datetime,
+               author: str, note: str, force: str | None, activate: bool) -> dict[str, Any]: ...
+    def list_baselines(self, cohort: Cohort | None = None) -> list[dict[str, Any]]: ...
+    def show(self, baseline_id: str) -> dict[str, Any]: ...
+    def activate(self, baseline_id: str, *, author: str, note: str) -> dict[str, Any]: ...
+    def retire(self, cohort: Cohort, *, author: str, note: str) -> dict[str, Any]: ...
+    def inherit(self, cohort: Cohort, parent: str, *, author: str, note: str) -> dict[str, Any]: ...
+    def import_document(self, doc: dict[str, Any], where: str) -> dict[str, Any]: ...
+    def alerts(self, **filters: str | None) -> list[dict[str, Any]]: ...
+    def acknowledge(self, fingerprint: str, *, by: str) -> dict[str, Any]: ...
+    def silence(self, *, duration: str, author: str, reason: str, **match: str | None) -> dict[str, Any]: ...
+    def cohorts(self) -> list[dict[str, Any]]: ...
+
+
+class LocalBackend:
+    def __init__(self, store: Store, config: AnalyzerConfig) -> None:
+        self.store = store
+        self.config = config
+
+    def freeze(self, *, model: str, prompt_version: str, contract: str, since: datetime, until: datetime,
+               author: str, note: str, force: str | None, activate: bool) -> dict[str, Any]:
+        return admin.freeze(self.store, self.config, model=model, prompt_version=prompt_version, contract=contract,
+                            since=since, until=until, author=author, note=note, force=force, activate=activate)
+
+    def list_baselines(self, cohort: Cohort | None = None) -> list[dict[str, Any]]:
+        return admin.list_all(self.store, cohort)
+
+    def show(self, baseline_id: str) -> dict[str, Any]:
+        return admin.show(self.store, baseline_id)
+
+    def activate(self, baseline_id: str, *, author: str, note: str) -> dict[str, Any]:
+        return admin.activate(self.store, baseline_id, author=author, note=note)
+
+    def retire(self, cohort: Cohort, *, author: str, note: str) -> dict[str, Any]:
+        return admin.retire(self.store, cohort, author=author, note=note)
+
+    def inherit(self, cohort: Cohort, parent: str, *, author: str, note: str) -> dict[str, Any]:
+        return admin.inherit(self.store, cohort, parent, author=author, note=note)
+
+    def import_document(self, doc: dict[str, Any], where: str) -> dict[str, Any]:
+        return admin.import_document(self.store, doc, where=where)
+
+    def alerts(self, **filters: str | None) -> list[dict[str, Any]]:
+        f = filters.get
+        return admin.alerts(self.store, state=f("state"), severity=f("severity"), model=f("model"),
+                            prompt_version=f("prompt_version"), contract=f("contract"), kind=f("kind"))
+
+    def acknowledge(self, fingerprint: str, *, by: str) -> dict[str, Any]:
+        return admin.acknowledge(self.store, fingerprint, by=by)
+
+    def silence(self, *, duration: str, author: str, reason: str, **match: str | None) -> dict[str, Any]:
+        from .config import parse_duration
+        return admin.silence(self.store, duration=parse_duration(duration, key="--duration"), author=author,
+                             reason=reason, **match)
+
+    def cohorts(self) -> list[dict[str, Any]]:
+        return admin.cohorts(self.store)
+
+
+class RemoteBackend:
+    def __init__(self, url: str, token: str | None, timeout: float = 60.0) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.client = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout)
+
+    def _call(self, method: str, path: str, **kw: Any) -> Any:
+        try:
+            r = self.client.request(method, path, **kw)
+        except httpx.HTTPError as exc:
+            raise ShapewatchError(f"cannot reach the service at {self.client.base_url}: {exc}") from exc
+        if r.status_code >= 400:
+            try:
+                message = r.json()["error"]["message"]
+            except Exception:
+                message = r.text[:500]
+            raise RemoteError(r.status_code, message)
+        return r.json()
+
+    def freeze(self, *, model: str, prompt_version: str, contract: str, since: datetime, until: datetime,
+               author: str, note: str, force: str | None, activate: bool) -> dict[str, Any]:
+        body = {"model": model, "prompt_version": prompt_version, "contract": contract, "since": since.isoformat(),
+                "until": until.isoformat(), "author": author, "note": note, "force": force, "activate": activate}
+        result: dict[str, Any] = self._call("POST", "/v1/baselines", json=body)
+        return result
+
+    def list_baselines(self, cohort: Cohort | None = None) -> list[dict[str, Any]]:
+        params = cohort._asdict() if cohort else {}
+        result: list[dict[str, Any]] = self._call("GET", "/v1/baselines", params=params)
+        return result
+
+    def show(self, baseline_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", f"/v1/baselines/{baseline_id}")
+        return result
+
+    def activate(self, baseline_id: str, *, author: str, note: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", f"/v1/baselines/{baseline_id}/activate",
+                                            json={"author": author, "note": note})
+        return result
+
+    def retire(self, cohort: Cohort, *, author: str, note: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", "/v1/baselines/retire",
+                                            json={**cohort._asdict(), "author": author, "note": note})
+        return result
+
+    def inherit(self, cohort: Cohort, parent: str, *, author: str, note: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", "/v1/baselines/inherit",
+                                            json={**cohort._asdict(), "parent": parent, "author": author,
+                                                  "note": note})
+        return result
+
+    def import_document(self, doc: dict[str, Any], where: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", "/v1/baselines/import", json=doc)
+        return result
+
+    def alerts(self, **filters: str | None) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self._call("GET", "/v1/alerts",
+                                                  params={k: v for k, v in filters.items() if v})
+        return result
+
+    def acknowledge(self, fingerprint: str, *, by: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", f"/v1/alerts/{fingerprint}/ack", json={"author": by})
+        return result
+
+    def silence(self, *, duration: str, author: str, reason: str, **match: str | None) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", "/v1/silences", json={
+            "duration": duration, "author": author, "reason": reason, **{k: v for k, v in match.items() if v}})
+        return result
+
+    def cohorts(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self._call("GET", "/v1/cohorts")
+        return result
+
+
+@contextmanager
+def backend(*, url: str | None, token: str | None, settings: Settings, config: AnalyzerConfig) -> Iterator[Backend]:
+    """The remote backend with ``url``, else the database file of ``settings`` (opened, then closed)."""
+    if url:
+        remote = RemoteBackend(url, token)
+        try:
+            yield remote
+        finally:
+            remote.client.close()
+        return
+    from .store_access import open_store
+    store = open_store(settings)
+    try:
+        yield LocalBackend(store, config)
+    finally:
+        store.close()
+
+
