@@ -36,12 +36,13 @@ from typing import Any
 import orjson
 
 from baselines import Cohort
-from collector import Schema, ShapewatchError, Store
+from collector import Schema, Store
 
 from .config import AlertKind, AnalyzerConfig, Severity
+from .errors import AlertError, AlertNotFound
 from .rules import Check
 
-__all__ = ["ALERTS_SCHEMA", "Alert", "AlertBook", "AlertError", "AlertNotFound", "Judged", "AlertState", "Silence", "Transition", "fingerprint", "step"]
+__all__ = ["ALERTS_SCHEMA", "Alert", "AlertBook", "Judged", "AlertState", "Silence", "Transition", "fingerprint", "step"]
 
 ALERTS_SCHEMA = Schema("alerts", ("""
 CREATE TABLE alerts (
@@ -74,15 +75,6 @@ CREATE TABLE served_model_changes (
     previous VARCHAR NOT NULL, current VARCHAR NOT NULL, detected_at TIMESTAMPTZ NOT NULL,
     PRIMARY KEY (model, prompt_version, contract, previous, current));
 """,))
-
-
-class AlertError(ShapewatchError, ValueError):
-    """An alert operation asked for something that cannot be done."""
-
-
-class AlertNotFound(AlertError, LookupError):
-    def __init__(self, fp: str) -> None:
-        super().__init__(f"no alert with fingerprint {fp!r}")
 
 
 class AlertState(str, Enum):

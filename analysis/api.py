@@ -23,9 +23,9 @@ from baselines import BaselineError, BaselineNotFound, BaselineRefused, Baseline
 from collector import ShapewatchError, Store, error_body, require_token
 
 from . import admin
-from .alerts import AlertError, AlertNotFound
 from .analyzer import Analyzer
-from .config import AnalyzerConfig, ConfigInvalid, parse_duration
+from .config import AnalyzerConfig, parse_duration
+from .errors import AlertError, AlertNotFound, ConfigInvalid
 
 __all__ = ["AnalysisApi", "install_analysis_error_handlers"]
 

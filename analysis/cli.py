@@ -67,7 +67,8 @@ def serve(ctx: click.Context, db_path: str | None, host: str | None, port: int |
 
 def _analyzer_config(ctx: click.Context) -> AnalyzerConfig:
     """The analyzer's rules from the same TOML file as the settings ([defaults], [contracts], ...)."""
-    from .config import ConfigInvalid, load_config
+    from .config import load_config
+    from .errors import ConfigInvalid
 
     config = (ctx.obj or {}).get("config") or os.environ.get("SHAPEWATCH_CONFIG")
     try:
@@ -222,7 +223,8 @@ def analyze(ctx: click.Context, db_path: str | None, once: bool, at_text: str | 
     Exit 0 with no alert firing, 1 with any firing, 2 on a usage or input error.
     """
     from .analyzer import analyze_once
-    from .config import ConfigInvalid, parse_duration
+    from .config import parse_duration
+    from .errors import ConfigInvalid
     from .store_access import open_store
 
     at = _when(at_text, "--at") or datetime.now(UTC)

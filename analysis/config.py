@@ -35,18 +35,10 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from collector import ShapewatchError
+from .errors import ConfigInvalid
 
 __all__ = ["AlertKind", "AnalyzerConfig", "ConfigInvalid", "EnumMode", "FieldRules", "Severity", "load_config", "parse_config",
            "parse_duration"]
-
-
-class ConfigInvalid(ShapewatchError, ValueError):
-    """A key of the analyzer configuration is wrong; the message names the key and the fix."""
-
-    def __init__(self, key: str, problem: str) -> None:
-        self.key = key
-        super().__init__(f"{key}: {problem}")
 
 
 class AlertKind(str, Enum):

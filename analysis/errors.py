@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collector import ShapewatchError
 
-__all__ = ["NotifyConfigInvalid"]
+__all__ = ["AlertError", "AlertNotFound", "ConfigInvalid", "NotifyConfigInvalid"]
 
 
 class NotifyConfigInvalid(ShapewatchError, ValueError):
@@ -23,3 +23,20 @@ class NotifyConfigInvalid(ShapewatchError, ValueError):
         self.key = key
         self.problem = problem
         super().__init__(f"{key}: {problem}" + (f"; {fix}" if fix else ""))
+
+
+class ConfigInvalid(ShapewatchError, ValueError):
+    """A key of the analyzer configuration is wrong; the message names the key and the fix."""
+
+    def __init__(self, key: str, problem: str) -> None:
+        self.key = key
+        super().__init__(f"{key}: {problem}")
+
+
+class AlertError(ShapewatchError, ValueError):
+    """An alert operation asked for something that cannot be done."""
+
+
+class AlertNotFound(AlertError, LookupError):
+    def __init__(self, fp: str) -> None:
+        super().__init__(f"no alert with fingerprint {fp!r}")

@@ -40,7 +40,16 @@ from .analyzer import Analyzer
 from .api import AnalysisApi, install_analysis_error_handlers
 from .config import AnalyzerConfig
 from .maintenance import start_maintenance
-from .notify import NoticeAction, Notifier, Target, enqueue, notice_for, targets_from_config
+from .notify import (
+    NoticeAction,
+    Notifier,
+    Target,
+    digest_url_from_config,
+    enqueue,
+    notice_for,
+    send_digest,
+    targets_from_config,
+)
 from .store_access import open_store
 
 __all__ = ["create_app", "open_store", "run"]
@@ -84,6 +93,7 @@ def create_app(settings: Settings, *, store: Store | None = None, config: Analyz
     registry = registry or CollectorRegistry()
     config = config or AnalyzerConfig()
     targets = targets_from_config(config.notify)
+    digest_url = digest_url_from_config(config.notify)
     store = store or open_store(settings)
     # Events commit alone (a 2xx waits only for them); rollups follow within a second.
     store.defer_rollups(max_events=settings.rollup_merge_events, max_seconds=settings.rollup_merge_seconds)
@@ -108,6 +118,9 @@ def create_app(settings: Settings, *, store: Store | None = None, config: Analyz
                               next_run_time=datetime.now(UTC) + timedelta(seconds=min(30.0, seconds)))
             scheduler.add_job(_guarded_deliver(notifier), "interval", seconds=10, id="notify", max_instances=1,
                               coalesce=True, misfire_grace_time=10)
+            if digest_url:
+                scheduler.add_job(_digest_job(store, digest_url), "cron", hour=8, minute=0, id="digest",
+                                  max_instances=1, coalesce=True, misfire_grace_time=3600)
         # Parsed request bodies hold no reference cycles, but each one allocates tens of
         # thousands of objects, which keeps triggering full collections over every
         # long-lived object of the process. Freeze those, and collect young objects less
@@ -142,6 +155,23 @@ def create_app(settings: Settings, *, store: Store | None = None, config: Analyz
     app.state.analyzer = analyzer
     app.state.notifier = notifier
     return app
+
+
+def _digest_job(store: Store, url: str) -> Callable[[], None]:
+    """Once a day: the warn alerts firing, to the digest webhook (page alerts went to the pager)."""
+    import httpx
+
+    def digest() -> None:
+        try:
+            warn = [a.to_json() for a in AlertBook(store).alerts(state=AlertState.firing)
+                    if a.severity.value == "warn"]
+            with httpx.Client() as client:
+                ok = send_digest(client, url, warn, datetime.now(UTC))
+            log.info("daily digest of %d warn alerts %s", len(warn), "sent" if ok else "NOT delivered")
+        except Exception:  # a scheduled job never raises into the scheduler
+            log.exception("daily digest failed")
+
+    return digest
 
 
 def _guarded_deliver(notifier: Notifier) -> Callable[[], None]:
