@@ -188,6 +188,22 @@ class AnalysisApi:
         def post_activate(baseline_id: str, body: ActorRequest) -> Response:
             return _json(admin.activate(store, baseline_id, author=body.author, note=body.note))
 
+        @r.get("/v1/review", summary="The weekly review report (json, markdown or html)")
+        def get_review(since: str = Query("7d", description="the review period, e.g. 7d"),
+                       format: str = Query("json", pattern="^(json|markdown|html)$")) -> Response:
+            from .review import build_review, render_html, render_markdown
+            try:
+                period = parse_duration(since, key="since")
+            except ConfigInvalid as exc:
+                raise AlertError(str(exc)) from exc
+            review = build_review(store, config, now=self.clock(), period=period,
+                                  max_baseline_age=config.max_baseline_age)
+            if format == "markdown":
+                return Response(render_markdown(review), media_type="text/markdown; charset=utf-8")
+            if format == "html":
+                return Response(render_html(review), media_type="text/html; charset=utf-8")
+            return _json(review)
+
         @r.get("/v1/analyzer/runs", summary="The latest analyzer runs")
         def get_runs(limit: int = Query(20, ge=1, le=1000)) -> Response:
             rows = store.query(

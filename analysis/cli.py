@@ -458,6 +458,36 @@ def import_(ctx: click.Context, paths: tuple[Path, ...], db_path: str | None, ur
                        f"({result['baseline_id']})")
 
 
+@cli.command()
+@click.option("--since", default="7d", show_default=True, help="The review period, e.g. 7d.")
+@click.option("--format", "fmt", type=click.Choice(["markdown", "html", "json"]), default="markdown",
+              show_default=True, help="Report format.")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the report to this file instead of standard output.")
+@_db_option
+@_url_option
+@_token_option
+@click.pass_context
+def review(ctx: click.Context, since: str, fmt: str, out_path: Path | None, db_path: str | None, url: str | None,
+           token: str | None) -> None:
+    """The weekly baseline review report: baselines, alerts, field tables, candidate windows."""
+    from .errors import ConfigInvalid
+    from .review import render_html, render_markdown
+
+    try:
+        with _backend(ctx, db_path, url, token) as b:
+            report = b.review(since)
+    except ConfigInvalid as exc:
+        raise click.BadParameter(str(exc), param_hint="--since") from None
+    text = (render_markdown(report) if fmt == "markdown" else render_html(report) if fmt == "html"
+            else orjson.dumps(report, option=orjson.OPT_INDENT_2).decode() + "\n")
+    if out_path is None:
+        click.echo(text, nl=False)
+    else:
+        out_path.write_text(text, encoding="utf-8")
+        click.echo(str(out_path))
+
+
 def main() -> None:
     cli(prog_name="shapewatch")
 

@@ -46,6 +46,7 @@ class Backend(Protocol):
     def acknowledge(self, fingerprint: str, *, by: str) -> dict[str, Any]: ...
     def silence(self, *, duration: str, author: str, reason: str, **match: str | None) -> dict[str, Any]: ...
     def cohorts(self) -> list[dict[str, Any]]: ...
+    def review(self, since: str) -> dict[str, Any]: ...
 
 
 class LocalBackend:
@@ -91,6 +92,12 @@ class LocalBackend:
 
     def cohorts(self) -> list[dict[str, Any]]:
         return admin.cohorts(self.store)
+
+    def review(self, since: str) -> dict[str, Any]:
+        from .config import parse_duration
+        from .review import build_review
+        return build_review(self.store, self.config, period=parse_duration(since, key="--since"),
+                            max_baseline_age=self.config.max_baseline_age)
 
 
 class RemoteBackend:
@@ -163,6 +170,10 @@ class RemoteBackend:
 
     def cohorts(self) -> list[dict[str, Any]]:
         result: list[dict[str, Any]] = self._call("GET", "/v1/cohorts")
+        return result
+
+    def review(self, since: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", "/v1/review", params={"since": since, "format": "json"})
         return result
 
 

@@ -115,6 +115,7 @@ class AnalyzerConfig:
     resolve_evaluations: int = 2  # a firing alert resolves after this many clear evaluations
     hysteresis: float = 0.8  # a firing alert clears only below threshold * hysteresis
     samples_per_alert: int = 3
+    max_baseline_age: timedelta = timedelta(days=30)  # the weekly review flags older baselines
     notify: dict[str, Any] = field(default_factory=dict)  # the [notify] table, read by notify.py
 
     def rules_for(self, contract: str, path: str) -> FieldRules:
@@ -123,7 +124,7 @@ class AnalyzerConfig:
 
 _RULE_KEYS = {f.name: f for f in fields(FieldRules)}
 _TOP = {"defaults", "contracts", "analyzer", "notify"}
-_ANALYZER_KEYS = {"window", "interval", "confirm_evaluations", "resolve_evaluations", "hysteresis",
+_ANALYZER_KEYS = {"window", "interval", "max_baseline_age", "confirm_evaluations", "resolve_evaluations", "hysteresis",
                   "samples_per_alert"}
 
 
@@ -219,7 +220,7 @@ def parse_config(data: dict[str, Any], *, source: str = "config") -> AnalyzerCon
     for key, value in analyzer.items():
         if key not in _ANALYZER_KEYS:
             raise ConfigInvalid(f"analyzer.{key}", f"unknown key; known keys are {', '.join(sorted(_ANALYZER_KEYS))}")
-        if key in ("window", "interval"):
+        if key in ("window", "interval", "max_baseline_age"):
             if not isinstance(value, str):
                 raise ConfigInvalid(f"analyzer.{key}", 'must be a duration string such as "24h"')
             extra[key] = parse_duration(value, key=f"analyzer.{key}")

@@ -1,0 +1,345 @@
+"""The weekly review report: what the baseline review meeting reads.
+
+For each cohort with traffic in the review period: its active baseline (age,
+author, note, own or inherited), whether its model id is an unpinned alias and
+which served models answered, the alerts fired, acknowledged and resolved in
+the period, a field-by-field table of the baseline against the period
+(presence, type shares, new enum values, array-size percentiles), and a
+suggested candidate window to freeze next. Then the cohorts without a
+baseline and the baselines older than ``max_baseline_age``.
+
+``build_review`` gathers the facts once (a JSON-ready dict); ``render_markdown``
+and ``render_html`` only format them. The HTML has small inline SVG charts
+(daily events, presence against the baseline) and no script, so it renders
+anywhere, including a mail client.
+
+>>> review = build_review(store, config, now=now, period=timedelta(days=7))    # doctest: +SKIP
+>>> print(render_markdown(review))                                           # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import html
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from baselines import Activation, Cohort, activation_history, is_unpinned, resolve_baseline
+from collector import FieldProfile, Store, read_profile
+
+from .config import AnalyzerConfig
+from .rules import adjust_p_values, compare_profiles, enum_like
+
+__all__ = ["build_review", "render_html", "render_markdown"]
+
+_MAX_FIELDS = 40  # rows per cohort table: the fields with the largest presence moves first
+
+
+def _iso(t: datetime | None) -> str | None:
+    return None if t is None else t.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def _types(f: FieldProfile | None) -> dict[str, float]:
+    if f is None:
+        return {}
+    filled = {t: n for t, n in f.types.items() if t != "null" and n}
+    total = sum(filled.values())
+    return {t: round(n / total, 4) for t, n in sorted(filled.items())} if total else {}
+
+
+def _field_row(path: str, base: FieldProfile | None, cur: FieldProfile | None, config: AnalyzerConfig,
+               contract: str) -> dict[str, Any]:
+    rules = config.rules_for(contract, path)
+    new_values: list[str] = []
+    if base is not None and cur is not None and enum_like(base, rules):
+        known = set(rules.allowed) if rules.allowed is not None else set(base.values)
+        new_values = sorted((v for v in cur.values if v not in known), key=lambda v: (-cur.values[v], v))[:10]
+
+    def arrays(f: FieldProfile | None) -> list[int | None] | None:
+        if f is None or not f.array_lengths:
+            return None
+        return [f.array_percentile(0.5), f.array_percentile(0.9), f.array_percentile(0.99)]
+
+    return {"field": path,
+            "presence": [round(base.presence_rate, 4) if base else None, round(cur.presence_rate, 4) if cur else None],
+            "samples": [base.units if base else 0, cur.units if cur else 0],
+            "types": [_types(base), _types(cur)], "new_values": new_values,
+            "arrays": [arrays(base), arrays(cur)],
+            "status": "new" if base is None else "missing" if cur is None else ""}
+
+
+def _daily_events(store: Store, cohort_id: int, since: datetime, until: datetime) -> list[list[Any]]:
+    return [[str(day), int(n)] for day, n in store.query(
+        """SELECT strftime(date_trunc('day', bucket AT TIME ZONE 'UTC'), '%Y-%m-%d') AS day, sum(events)::BIGINT
+           FROM cohort_buckets WHERE cohort_id = ? AND bucket >= ? AND bucket < ? GROUP BY 1 ORDER BY 1""",
+        [cohort_id, since, until])]
+
+
+def _alerts(store: Store, cohort: Cohort, since: datetime, until: datetime) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {"fired": [], "acknowledged": [], "resolved": []}
+    for field, kind, value, severity, state, fired, acked, acked_by, resolved in store.query(
+            """SELECT field, kind, value, severity, state, fired_at, acknowledged_at, acknowledged_by, resolved_at
+               FROM alerts WHERE model = ? AND prompt_version = ? AND contract = ? ORDER BY severity = 'page' DESC,
+               field, kind""", list(cohort)):
+        item = {"field": field, "kind": kind, "value": value, "severity": severity, "state": state}
+        if fired is not None and since <= fired < until:
+            out["fired"].append({**item, "at": _iso(fired)})
+        if acked is not None and since <= acked < until:
+            out["acknowledged"].append({**item, "at": _iso(acked), "by": acked_by})
+        if resolved is not None and since <= resolved < until:
+            out["resolved"].append({**item, "at": _iso(resolved)})
+    return out
+
+
+def _candidate(store: Store, cohort_id: int, cohort: Cohort, since: datetime, until: datetime,
+               min_samples: int) -> dict[str, Any] | None:
+    """The latest whole UTC day of the period with enough samples and no page alert open in it."""
+    pages = store.query(
+        """SELECT first_seen, coalesce(resolved_at, ?) FROM alerts
+           WHERE model = ? AND prompt_version = ? AND contract = ? AND severity = 'page'""",
+        [until, *cohort])
+    day = until.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=1)
+    while day >= since - timedelta(days=1):
+        end = day + timedelta(days=1)
+        n = store.query("SELECT coalesce(sum(events), 0)::BIGINT FROM cohort_buckets WHERE cohort_id = ? AND "
+                        "bucket >= ? AND bucket < ?", [cohort_id, day, end])[0][0]
+        clean = not any(start < end and stop >= day for start, stop in pages)
+        if n >= min_samples and clean:
+            return {"since": _iso(day), "until": _iso(end), "samples": int(n)}
+        day -= timedelta(days=1)
+    return None
+
+
+def _differences(store: Store, cohort_id: int, candidate: dict[str, Any], baseline: Any, config: AnalyzerConfig,
+                 contract: str) -> list[str]:
+    """What the analyzer would flag in the candidate window against the current baseline: freezing
+    it accepts these changes as the new normal, which the meeting should do on purpose."""
+    day = read_profile(store, cohort_id, datetime.fromisoformat(candidate["since"]),
+                       datetime.fromisoformat(candidate["until"]))
+    checks, _ = compare_profiles(baseline.fields, baseline.samples, day.fields, day.events,
+                                 lambda path: config.rules_for(contract, path))
+    return [f"{c.kind.value} on {c.field}" + (f" = {c.value!r}" if c.value else "") + f": {c.detail}"
+            for c in adjust_p_values(checks) if c.breach]
+
+
+def build_review(store: Store, config: AnalyzerConfig, *, now: datetime | None = None,
+                 period: timedelta = timedelta(days=7), max_baseline_age: timedelta = timedelta(days=30)
+                 ) -> dict[str, Any]:
+    """Every fact the weekly review needs, as one JSON-ready value."""
+    until = now or datetime.now(UTC)
+    since = until - period
+    store.flush_rollups()
+    current: dict[Cohort, Activation] = {a.cohort: a for a in activation_history(store)}
+    first_seen = {Cohort(str(m), str(p), str(c)): t for m, p, c, t in store.query(
+        "SELECT model, prompt_version, contract, first_seen FROM cohorts")}
+    traffic = {int(cid): int(n) for cid, n in store.query(
+        "SELECT cohort_id, sum(events)::BIGINT FROM cohort_buckets WHERE bucket >= ? AND bucket < ? GROUP BY ALL",
+        [since, until])}
+    cohorts, without, stale = [], [], []
+    for cid, m, p, c in store.query("SELECT cohort_id, model, prompt_version, contract FROM cohorts "
+                                    "ORDER BY model, prompt_version, contract"):
+        cohort = Cohort(str(m), str(p), str(c))
+        events = traffic.get(int(cid), 0)
+        resolved = resolve_baseline(store, cohort, current=current, first_seen=first_seen)
+        if not events and resolved is None:
+            continue
+        profile = read_profile(store, int(cid), since, until)
+        entry: dict[str, Any] = {
+            "cohort": cohort._asdict(), "events": events, "unpinned": is_unpinned(cohort.model),
+            "served_models": dict(sorted(profile.served_models.items(), key=lambda kv: -kv[1])),
+            "daily_events": _daily_events(store, int(cid), since, until),
+            "alerts": _alerts(store, cohort, since, until),
+            "candidate": _candidate(store, int(cid), cohort, since, until, config.defaults.min_samples),
+            "baseline": None, "fields": []}
+        if entry["candidate"] is not None and resolved is not None:
+            entry["candidate"]["differs"] = _differences(store, int(cid), entry["candidate"], resolved.baseline,
+                                                         config, cohort.contract)
+        if resolved is None:
+            without.append({"cohort": cohort._asdict(), "events": events})
+        else:
+            b = resolved.baseline
+            age = until - b.created_at
+            entry["baseline"] = {"baseline_id": b.baseline_id, "how": resolved.how, "cohort": b.cohort._asdict(),
+                                 "created_at": _iso(b.created_at), "age_days": round(age.total_seconds() / 86400, 1),
+                                 "author": b.author, "note": b.note, "samples": b.samples,
+                                 "window": {"since": _iso(b.since), "until": _iso(b.until)},
+                                 "stale": age > max_baseline_age}
+            if resolved.how == "own" and age > max_baseline_age:
+                stale.append({"cohort": cohort._asdict(), "baseline_id": b.baseline_id,
+                              "age_days": entry["baseline"]["age_days"]})
+            paths = sorted(set(b.fields) | set(profile.fields))
+            rows = [_field_row(path, b.fields.get(path), profile.fields.get(path), config, cohort.contract)
+                    for path in paths if not config.rules_for(cohort.contract, path).ignore]
+
+            def move(r: dict[str, Any]) -> float:
+                bp, cp = r["presence"]
+                return float(abs((cp or 0.0) - (bp or 0.0))) + (1.0 if r["status"] or r["new_values"] else 0.0)
+
+            entry["fields"] = sorted(rows, key=lambda r: (-move(r), r["field"]))[:_MAX_FIELDS]
+        cohorts.append(entry)
+    return {"generated_at": _iso(until), "since": _iso(since), "until": _iso(until),
+            "max_baseline_age_days": round(max_baseline_age.total_seconds() / 86400, 1),
+            "cohorts": cohorts, "without_baseline": without, "stale_baselines": stale}
+
+
+# --- markdown -------------------------------------------------------------------------------
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def _type_text(t: dict[str, float]) -> str:
+    return ", ".join(f"{k} {100 * v:.0f}%" for k, v in t.items()) or "-"
+
+
+def _arr(a: list[int | None] | None) -> str:
+    return "-" if a is None else "/".join("-" if x is None else str(x) for x in a)
+
+
+def _cohort_name(c: dict[str, str]) -> str:
+    return f"{c['model']} / {c['prompt_version']} / {c['contract']}"
+
+
+def _md_cell(s: str) -> str:
+    return s.replace("|", "\\|").replace("\n", " ")
+
+
+def render_markdown(review: dict[str, Any]) -> str:
+    out = ["# shapewatch weekly review", "",
+           f"Period {review['since']} .. {review['until']} (generated {review['generated_at']}).", ""]
+    for entry in review["cohorts"]:
+        c = entry["cohort"]
+        out += [f"## {_md_cell(_cohort_name(c))}", ""]
+        out.append(f"- events in the period: {entry['events']}")
+        if entry["unpinned"]:
+            served = ", ".join(f"{m} ({n})" for m, n in entry["served_models"].items()) or "none recorded"
+            out.append(f"- **unpinned model alias**: `{c['model']}` has no dated version; served models: {served}")
+        elif entry["served_models"]:
+            out.append("- served models: " + ", ".join(f"{m} ({n})" for m, n in entry["served_models"].items()))
+        b = entry["baseline"]
+        if b is None:
+            out.append("- **no baseline**: this cohort is not judged")
+        else:
+            inherited = "" if b["how"] == "own" else \
+                f" (inherited from {_cohort_name(b['cohort'])}, {b['how'].replace('_', ' ')})"
+            out.append(f"- baseline `{b['baseline_id']}`{inherited}: frozen {b['created_at']} "
+                       f"({b['age_days']} days ago) by {b['author']}: {_md_cell(b['note'])}"
+                       + (" **(older than the configured age)**" if b["stale"] else ""))
+        for what in ("fired", "acknowledged", "resolved"):
+            items = entry["alerts"][what]
+            text = "; ".join(f"{a['severity']} {a['kind']} on `{a['field']}`"
+                             + (f" = {a['value']!r}" if a.get("value") else "") for a in items[:10])
+            out.append(f"- alerts {what}: {len(items)}" + (f" ({_md_cell(text)})" if items else ""))
+        cand = entry["candidate"]
+        out.append(f"- suggested candidate window: {cand['since']} .. {cand['until']} ({cand['samples']} samples)"
+                   if cand else "- suggested candidate window: none (no clean day with enough samples)")
+        if cand and cand.get("differs"):
+            out.append("  - freezing it would accept these changes against the current baseline: "
+                       + _md_cell("; ".join(cand["differs"][:10])))
+        elif cand and "differs" in cand:
+            out.append("  - it matches the current baseline (no rule would fire)")
+        if entry["fields"]:
+            out += ["", "| field | presence (baseline -> week) | types (baseline -> week) | new enum values "
+                        "| array p50/p90/p99 (baseline -> week) |", "|---|---|---|---|---|"]
+            for r in entry["fields"]:
+                mark = f" ({r['status']})" if r["status"] else ""
+                out.append(f"| `{_md_cell(r['field'])}`{mark} | {_pct(r['presence'][0])} -> {_pct(r['presence'][1])} "
+                           f"| {_type_text(r['types'][0])} -> {_type_text(r['types'][1])} "
+                           f"| {_md_cell(', '.join(r['new_values'])) or '-'} "
+                           f"| {_arr(r['arrays'][0])} -> {_arr(r['arrays'][1])} |")
+        out.append("")
+    out += ["## Cohorts without a baseline", ""]
+    out += [f"- {_md_cell(_cohort_name(w['cohort']))}: {w['events']} events" for w in review["without_baseline"]] \
+        or ["- none"]
+    out += ["", f"## Baselines older than {review['max_baseline_age_days']} days", ""]
+    out += [f"- {_md_cell(_cohort_name(s['cohort']))}: `{s['baseline_id']}`, {s['age_days']} days"
+            for s in review["stale_baselines"]] or ["- none"]
+    return "\n".join(out) + "\n"
+
+
+# --- html -----------------------------------------------------------------------------------
+
+def _e(s: Any) -> str:
+    return html.escape(str(s), quote=True)
+
+
+def _spark(values: list[int], width: int = 160, height: int = 28) -> str:
+    """Daily events as small bars (inline SVG)."""
+    if not values:
+        return ""
+    top = max(values) or 1
+    w = width / len(values)
+    bars = "".join(f'<rect x="{i * w:.1f}" y="{height - v / top * height:.1f}" width="{max(w - 1, 1):.1f}" '
+                   f'height="{v / top * height:.1f}"/>' for i, v in enumerate(values))
+    return (f'<svg class="spark" width="{width}" height="{height}" role="img" aria-label="daily events">'
+            f'{bars}</svg>')
+
+
+def _presence_bars(b: float | None, c: float | None) -> str:
+    """Baseline (grey) and this week (blue) presence, as two thin bars."""
+    def bar(y: int, v: float | None, cls: str) -> str:
+        return f'<rect class="{cls}" x="0" y="{y}" width="{100 * (v or 0):.1f}" height="6"/>'
+    return (f'<svg class="bars" width="100" height="14" role="img" aria-label="presence">'
+            f'{bar(0, b, "base")}{bar(8, c, "cur")}</svg>')
+
+
+_CSS = """body{font:14px system-ui,sans-serif;margin:2em;color:#222}table{border-collapse:collapse;margin:.5em 0}
+td,th{border:1px solid #ddd;padding:3px 6px;text-align:left;vertical-align:top}th{background:#f4f4f4}
+.spark rect{fill:#6b8cce}.bars .base{fill:#bbb}.bars .cur{fill:#2f6fdf}.warn{color:#a05a00}.page{color:#b00020}
+.tag{display:inline-block;padding:0 6px;border-radius:8px;background:#fde9c9;font-size:12px}code{font-size:13px}"""
+
+
+def render_html(review: dict[str, Any]) -> str:
+    parts = ["<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">",
+             "<title>shapewatch weekly review</title>", f"<style>{_CSS}</style></head><body>",
+             "<h1>shapewatch weekly review</h1>",
+             f"<p>Period {_e(review['since'])} .. {_e(review['until'])}</p>"]
+    for entry in review["cohorts"]:
+        c = entry["cohort"]
+        parts.append(f"<section class=\"cohort\"><h2>{_e(_cohort_name(c))}"
+                     + (' <span class="tag">unpinned alias</span>' if entry["unpinned"] else "") + "</h2>")
+        parts.append(f"<p>{entry['events']} events {_spark([n for _, n in entry['daily_events']])}</p>")
+        if entry["served_models"]:
+            parts.append("<p>served models: " + ", ".join(f"<code>{_e(m)}</code> ({n})"
+                                                          for m, n in entry["served_models"].items()) + "</p>")
+        b = entry["baseline"]
+        if b is None:
+            parts.append("<p><strong>no baseline</strong>: this cohort is not judged</p>")
+        else:
+            inherited = "" if b["how"] == "own" else f" (inherited from {_e(_cohort_name(b['cohort']))})"
+            parts.append(f"<p>baseline <code>{_e(b['baseline_id'])}</code>{inherited}, {b['age_days']} days old, "
+                         f"by {_e(b['author'])}: {_e(b['note'])}"
+                         + (' <span class="tag">older than the configured age</span>' if b["stale"] else "") + "</p>")
+        parts.append("<ul>")
+        for what in ("fired", "acknowledged", "resolved"):
+            items = entry["alerts"][what]
+            parts.append(f"<li>alerts {what}: {len(items)} " + " ".join(
+                f'<span class="{_e(a["severity"])}">{_e(a["kind"])} on <code>{_e(a["field"])}</code></span>'
+                for a in items[:10]) + "</li>")
+        cand = entry["candidate"]
+        parts.append(f"<li>suggested candidate window: {_e(cand['since'])} .. {_e(cand['until'])} "
+                     f"({cand['samples']} samples)" + (
+                         "; freezing it would accept: " + _e("; ".join(cand["differs"][:10]))
+                         if cand.get("differs") else "") + "</li>" if cand else
+                     "<li>suggested candidate window: none</li>")
+        parts.append("</ul>")
+        if entry["fields"]:
+            parts.append("<table><tr><th>field</th><th>presence</th><th></th><th>types</th><th>new enum values</th>"
+                         "<th>array p50/p90/p99</th></tr>")
+            for r in entry["fields"]:
+                bp, cp = r["presence"]
+                parts.append(
+                    f"<tr><td><code>{_e(r['field'])}</code> {_e(r['status'])}</td>"
+                    f"<td>{_pct(bp)} &rarr; {_pct(cp)}</td><td>{_presence_bars(bp, cp)}</td>"
+                    f"<td>{_e(_type_text(r['types'][0]))} &rarr; {_e(_type_text(r['types'][1]))}</td>"
+                    f"<td>{_e(', '.join(r['new_values']))}</td>"
+                    f"<td>{_e(_arr(r['arrays'][0]))} &rarr; {_e(_arr(r['arrays'][1]))}</td></tr>")
+            parts.append("</table>")
+        parts.append("</section>")
+    parts.append("<h2>Cohorts without a baseline</h2><ul>")
+    parts += [f"<li>{_e(_cohort_name(w['cohort']))}: {w['events']} events</li>" for w in review["without_baseline"]] \
+        or ["<li>none</li>"]
+    parts.append(f"</ul><h2>Baselines older than {review['max_baseline_age_days']} days</h2><ul>")
+    parts += [f"<li>{_e(_cohort_name(s['cohort']))}: <code>{_e(s['baseline_id'])}</code>, {s['age_days']} days</li>"
+              for s in review["stale_baselines"]] or ["<li>none</li>"]
+    parts.append("</ul></body></html>")
+    return "\n".join(parts) + "\n"
