@@ -43,12 +43,14 @@ def _iso(t: datetime | None) -> str | None:
     return None if t is None else t.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
-def _open_page_alerts(store: Store, cohort: Cohort, since: datetime, until: datetime) -> list[str]:
+def _open_page_alerts(store: Store, cohort: Cohort, since: datetime, until: datetime,
+                      window: timedelta) -> list[str]:
+    # An alert first seen at T judged [T - window, T): its change lies in the data from there on.
     rows = store.query(
         """SELECT field, kind, coalesce(value, ''), first_seen FROM alerts
            WHERE model = ? AND prompt_version = ? AND contract = ? AND severity = 'page'
-             AND state <> 'resolved' AND first_seen < ? AND last_seen >= ?
-           ORDER BY first_seen""", [*cohort, until, since])
+             AND state <> 'resolved' AND first_seen - ? < ?
+           ORDER BY first_seen""", [*cohort, window, until])
     return [f"{kind} on {field}{' = ' + repr(v) if v else ''} since {_iso(t)}" for field, kind, v, t in rows]
 
 
@@ -57,7 +59,7 @@ def freeze(store: Store, config: AnalyzerConfig, *, model: str, prompt_version: 
            activate: bool = True, now: datetime | None = None) -> dict[str, Any]:
     """Freeze a cohort's window as a baseline (refused over open page alerts or too few samples)."""
     cohort = Cohort(model, prompt_version, contract)
-    open_pages = _open_page_alerts(store, cohort, since, until)
+    open_pages = _open_page_alerts(store, cohort, since, until, config.window)
     objections = ([f"the window holds {len(open_pages)} unresolved page alert(s): " + "; ".join(open_pages[:5])]
                   if open_pages else [])
     b = freeze_baseline(store, cohort, since, until, author=author, note=note,

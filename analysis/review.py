@@ -91,12 +91,15 @@ def _alerts(store: Store, cohort: Cohort, since: datetime, until: datetime) -> d
 
 
 def _candidate(store: Store, cohort_id: int, cohort: Cohort, since: datetime, until: datetime,
-               min_samples: int) -> dict[str, Any] | None:
-    """The latest whole UTC day of the period with enough samples and no page alert open in it."""
-    pages = store.query(
+               min_samples: int, window: timedelta) -> dict[str, Any] | None:
+    """The latest whole UTC day of the period with enough samples and no page alert in it.
+
+    An alert first seen at T judged the data of ``[T - window, T)``: that is where its change lies.
+    """
+    pages = [(start - window, stop) for start, stop in store.query(
         """SELECT first_seen, coalesce(resolved_at, ?) FROM alerts
            WHERE model = ? AND prompt_version = ? AND contract = ? AND severity = 'page'""",
-        [until, *cohort])
+        [until, *cohort])]
     day = until.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=1)
     while day >= since - timedelta(days=1):
         end = day + timedelta(days=1)
@@ -148,7 +151,8 @@ def build_review(store: Store, config: AnalyzerConfig, *, now: datetime | None =
             "served_models": dict(sorted(profile.served_models.items(), key=lambda kv: -kv[1])),
             "daily_events": _daily_events(store, int(cid), since, until),
             "alerts": _alerts(store, cohort, since, until),
-            "candidate": _candidate(store, int(cid), cohort, since, until, config.defaults.min_samples),
+            "candidate": _candidate(store, int(cid), cohort, since, until, config.defaults.min_samples,
+                                    config.window),
             "baseline": None, "fields": []}
         if entry["candidate"] is not None and resolved is not None:
             entry["candidate"]["differs"] = _differences(store, int(cid), entry["candidate"], resolved.baseline,
