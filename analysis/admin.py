@@ -65,7 +65,9 @@ def freeze(store: Store, config: AnalyzerConfig, *, model: str, prompt_version: 
     b = freeze_baseline(store, cohort, since, until, author=author, note=note,
                         min_samples=config.defaults.min_samples, objections=objections, force=force,
                         activate=activate, now=now)
-    return {**b.summary(), "active": activate}
+    active = next((item.active for item in list_baselines(store, cohort)
+                   if item.baseline.baseline_id == b.baseline_id), False)
+    return {**b.summary(), "active": active}
 
 
 def list_all(store: Store, cohort: Cohort | None = None) -> list[dict[str, Any]]:
@@ -160,7 +162,7 @@ def cohorts(store: Store, *, since: datetime | None = None, until: datetime | No
             b = resolved.baseline
             baseline = {"baseline_id": b.baseline_id, "how": resolved.how, "cohort": b.cohort._asdict(),
                         "created_at": _iso(b.created_at), "author": b.author, "note": b.note,
-                        "age_days": round((until - b.created_at).total_seconds() / 86400, 2),
+                        "age_days": round((datetime.now(UTC) - b.created_at).total_seconds() / 86400, 2),
                         "window": {"since": _iso(b.since), "until": _iso(b.until)}, "samples": b.samples}
         out.append({"cohort_id": int(cid), "cohort": cohort._asdict(), "first_seen": _iso(first),
                     "events": traffic.get(int(cid), 0), "unpinned": is_unpinned(cohort.model),

@@ -24,7 +24,7 @@ from collector import ShapewatchError, Store, error_body, require_token
 
 from . import admin
 from .analyzer import Analyzer
-from .config import AnalyzerConfig, parse_duration
+from .config import AlertKind, AnalyzerConfig, parse_duration
 from .errors import AlertError, AlertNotFound, ConfigInvalid
 
 __all__ = ["AnalysisApi", "install_analysis_error_handlers"]
@@ -131,6 +131,9 @@ class AnalysisApi:
                 duration = parse_duration(body.duration, key="duration")
             except ConfigInvalid as exc:
                 raise AlertError(str(exc)) from exc
+            if body.kind is not None and body.kind not in {k.value for k in AlertKind}:
+                raise AlertError(f"kind: {body.kind!r} is not an alert kind; one of "
+                                 + ", ".join(k.value for k in AlertKind))
             return _json(admin.silence(store, duration=duration, author=body.author, reason=body.reason,
                                        fingerprint=body.fingerprint, model=body.model,
                                        prompt_version=body.prompt_version, contract=body.contract,
@@ -156,6 +159,8 @@ class AnalysisApi:
         @r.get("/v1/baselines", summary="Baselines, newest first")
         def get_baselines(model: str | None = None, prompt_version: str | None = None,
                           contract: str | None = None) -> Response:
+            if bool(model) != bool(prompt_version):
+                raise BaselineError("model and prompt_version filter together: give both or neither")
             cohort = Cohort(model, prompt_version, contract or "default") if model and prompt_version else None
             return _json(admin.list_all(store, cohort))
 
@@ -218,8 +223,10 @@ class AnalysisApi:
             if self.analyzer is None:
                 raise ShapewatchError("no analyzer in this process")
             res = self.analyzer.run()
+            if not res.ok:  # recorded in analyzer_runs and counted; the caller gets the shared error shape
+                return _json(error_body(500, f"evaluation failed: {res.error}"), 500)
             return _json({"ok": res.ok, "at": res.at.isoformat(), "duration_seconds": round(res.duration_seconds, 4),
-                          "error": res.error, "transitions": len(res.transitions)}, 200 if res.ok else 500)
+                          "transitions": len(res.transitions)})
 
         return r
 

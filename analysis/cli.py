@@ -180,14 +180,15 @@ def _author() -> str:
 
 
 @contextmanager
-def _backend(ctx: click.Context, db_path: str | None, url: str | None, token: str | None) -> Iterator[Backend]:
+def _backend(ctx: click.Context, db_path: str | None, url: str | None, token: str | None, *,
+             create: bool = False) -> Iterator[Backend]:
     from .client import backend
 
     if db_path and url:
         raise click.UsageError("give --db or --url, not both")
     settings = _settings(ctx, db_path=db_path)
     try:
-        with backend(url=url, token=token, settings=settings, config=_analyzer_config(ctx)) as b:
+        with backend(url=url, token=token, settings=settings, config=_analyzer_config(ctx), create=create) as b:
             yield b
     except ShapewatchError as exc:
         _fail(exc)
@@ -234,6 +235,8 @@ def analyze(ctx: click.Context, db_path: str | None, once: bool, at_text: str | 
     except ConfigInvalid as exc:
         raise click.BadParameter(str(exc), param_hint="--window") from None
     settings = _settings(ctx, db_path=db_path)
+    if not settings.db_path.exists():
+        _fail(ShapewatchError(f"database {settings.db_path} does not exist (check --db)"))
     try:
         with open_store(settings) as store:
             evaluation, alerts = analyze_once(store, config, at, window=window)
@@ -447,7 +450,7 @@ def export(ctx: click.Context, out_dir: Path, db_path: str | None, url: str | No
 def import_(ctx: click.Context, paths: tuple[Path, ...], db_path: str | None, url: str | None,
             token: str | None) -> None:
     """Import exported baseline files; a file already imported is a no-op, a tampered one is refused."""
-    with _backend(ctx, db_path, url, token) as b:
+    with _backend(ctx, db_path, url, token, create=True) as b:
         for path in paths:
             try:
                 doc = orjson.loads(path.read_bytes())

@@ -30,6 +30,7 @@ __all__ = ["Backend", "RemoteError", "backend"]
 class RemoteError(ShapewatchError):
     def __init__(self, status: int, message: str) -> None:
         self.status = status
+        self.message = message
         super().__init__(f"the service answered {status}: {message}")
 
 
@@ -151,7 +152,10 @@ class RemoteBackend:
         return result
 
     def import_document(self, doc: dict[str, Any], where: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._call("POST", "/v1/baselines/import", json=doc)
+        try:
+            result: dict[str, Any] = self._call("POST", "/v1/baselines/import", json=doc)
+        except RemoteError as exc:  # name the file, as the local backend does
+            raise RemoteError(exc.status, f"{where}: {exc.message}") from exc
         return result
 
     def alerts(self, **filters: str | None) -> list[dict[str, Any]]:
@@ -178,8 +182,10 @@ class RemoteBackend:
 
 
 @contextmanager
-def backend(*, url: str | None, token: str | None, settings: Settings, config: AnalyzerConfig) -> Iterator[Backend]:
-    """The remote backend with ``url``, else the database file of ``settings`` (opened, then closed)."""
+def backend(*, url: str | None, token: str | None, settings: Settings, config: AnalyzerConfig,
+            create: bool = False) -> Iterator[Backend]:
+    """The remote backend with ``url``, else the database file of ``settings`` (opened, then closed;
+    created only with ``create``, for importing baselines into a new deployment)."""
     if url:
         remote = RemoteBackend(url, token)
         try:
@@ -188,6 +194,10 @@ def backend(*, url: str | None, token: str | None, settings: Settings, config: A
             remote.client.close()
         return
     from .store_access import open_store
+    if not create and not settings.db_path.exists():
+        # Never create a database here: a mistyped --db would read as an empty, all-clear one.
+        raise ShapewatchError(f"database {settings.db_path} does not exist (check --db; `shapewatch serve` or "
+                              "`shapewatch ingest` create it)")
     store = open_store(settings)
     try:
         yield LocalBackend(store, config)

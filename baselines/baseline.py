@@ -194,9 +194,12 @@ def freeze_baseline(store: Store, cohort: Cohort, since: datetime, until: dateti
                         f"fewer than the minimum of {min_samples}")
     if found and not (force and force.strip()):
         raise BaselineRefused(found)
+    # The profile holds the buckets that start in the window, i.e. events in [ceil(since), ceil(until))
+    # on the bucket grid; count contract versions over exactly those events.
+    lo, hi = _bucket_ceil(since, store.bucket_seconds), _bucket_ceil(until, store.bucket_seconds)
     versions = {str(v): int(n) for v, n in store.query(
         """SELECT coalesce(contract_version, ''), count(*) FROM events
-           WHERE cohort_id = ? AND ts >= ? AND ts < ? GROUP BY ALL""", [cid, since, until])}
+           WHERE cohort_id = ? AND ts >= ? AND ts < ? GROUP BY ALL""", [cid, lo, hi])}
     draft = Baseline("", "", cohort, since.astimezone(UTC), until.astimezone(UTC), profile.events,
                      dict(sorted(profile.served_models.items())), dict(sorted(versions.items())),
                      author, note, now or datetime.now(UTC), force if found else None, profile.fields)
@@ -207,6 +210,11 @@ def freeze_baseline(store: Store, cohort: Cohort, since: datetime, until: dateti
         if activate:
             _record(con, cohort, "activate", baseline.baseline_id, baseline.created_at, author, note)
     return get_baseline(store, baseline.baseline_id)
+
+
+def _bucket_ceil(t: datetime, width: int) -> datetime:
+    epoch = t.timestamp()
+    return datetime.fromtimestamp(-(-epoch // width) * width, UTC)
 
 
 def _insert(con: Any, b: Baseline) -> bool:
