@@ -188,8 +188,11 @@ def step(alerts: dict[str, Alert], evaluated: Iterable[Judged], config: Analyzer
                 changed[fp] = new
                 if old is None or new.state is not old.state or (
                         new.state is AlertState.firing and new.severity is not old.severity):
+                    # Told: firing (or its severity changing), and a resolve of what fired.
+                    # A pending alert that never fired is nobody's news.
                     moves.append(Transition(new, old.state if old else None,
-                                            notify=new.state is not AlertState.pending))
+                                            notify=new.state is AlertState.firing or (
+                                                old is not None and old.state is AlertState.firing)))
         for fp, old in alerts.items():
             if fp in seen or old.cohort != judged.cohort or old.state is AlertState.resolved:
                 continue

@@ -221,6 +221,9 @@ class _Comparison:
     def add(self, kind: AlertKind, value: str | None, effect: float, threshold: float, p: float,
             baseline: dict[str, Any], current: dict[str, Any], detail: str,
             escalate_at: float | None = None) -> None:
+        # Effects are rounded so that a move of exactly the tolerance (70% -> 60%) breaches
+        # whatever the float error of the subtraction.
+        effect = round(effect, 9)
         self.out.append(Check(self.path, kind, value, self.rules.severity_of(kind), effect, threshold, p,
                               self.rules.alpha, baseline, current, detail, escalate_at))
 
@@ -232,11 +235,18 @@ def compare_profiles(baseline: dict[str, FieldProfile], baseline_events: int,
     had too few samples. ``rules_for(path)`` gives the thresholds of a field."""
     checks: list[Check] = []
     short: list[Insufficient] = []
+    vanished: set[str] = set()  # paths absent from the window: their subtrees say nothing more
     for path in sorted(set(baseline) | set(current)):
         rules = rules_for(path)
         if rules.ignore:
             continue
         base, cur = baseline.get(path), current.get(path)
+        if base is not None and (cur is None or cur.present == 0):
+            if _under(path, vanished):
+                continue
+            vanished.add(path)
+        if base is None and (parent := parent_path(path)) is not None and parent not in baseline:
+            continue  # inside a new subtree: its topmost key is the one new_field reports
         b_units = base.units if base else _units(baseline, baseline_events, cur)
         c_units = cur.units if cur else _units(current, current_events, base)
         if b_units < rules.min_samples or c_units < rules.min_samples:
@@ -245,13 +255,20 @@ def compare_profiles(baseline: dict[str, FieldProfile], baseline_events: int,
         cmp = _Comparison(path, base, cur, rules)
         if base is None:
             assert cur is not None
-            parent = parent_path(path)
-            if parent is None or parent in baseline:  # only the topmost new key of a new subtree
-                _new_field(cmp, cur, b_units)
+            _new_field(cmp, cur, b_units)
         elif _presence(cmp, base, cur, c_units) and cur is not None:
             _shape(cmp, base, cur)
         checks.extend(cmp.out)
     return checks, short
+
+
+def _under(path: str, roots: set[str]) -> bool:
+    parent = parent_path(path)
+    while parent is not None:
+        if parent in roots:
+            return True
+        parent = parent_path(parent)
+    return False
 
 
 def _shape(cmp: _Comparison, base: FieldProfile, cur: FieldProfile) -> None:
@@ -283,8 +300,10 @@ def _presence(cmp: _Comparison, base: FieldProfile, cur: FieldProfile | None, c_
     p = two_proportion_p(base.filled, base.units, c_filled, c_units)
     b = {"presence_rate": round(b_rate, 6), "samples": base.units}
     c = {"presence_rate": round(c_rate, 6), "samples": c_units}
-    if (cur is None or cur.present == 0) and b_rate >= r.tolerance:
-        cmp.add(AlertKind.field_missing, None, b_rate, r.tolerance, p, b, c,
+    if cur is None or cur.present == 0:
+        # Absent altogether: judged at the same low share a new field is (a rare field vanishing is
+        # news too); significance says whether the baseline's rate makes the absence surprising.
+        cmp.add(AlertKind.field_missing, None, b_rate, r.new_field_min_share, p, b, c,
                 f"field absent from the window (baseline presence {_pct(b_rate)})")
         return False
     if c_rate <= b_rate:
@@ -344,10 +363,15 @@ def _enums(cmp: _Comparison, base: FieldProfile, cur: FieldProfile) -> None:
     cmp.add(AlertKind.unknown_enum_growth, None, c_share - b_share, r.unknown_warn, p_unknown,
             {"unknown_share": round(b_share, 6), "samples": b_strings, "known": sorted(known)[:50]},
             {"unknown_share": round(c_share, 6), "samples": c_strings},
-            f"unknown values {_pct(b_share)} -> {_pct(c_share)}", escalate_at=r.unknown_page)
-    for value, n in sorted(cur.values.items(), key=lambda kv: (-kv[1], kv[0])):
-        if value in known or value in base.values:
-            continue
+            f"unknown values {_pct(b_share)} -> {_pct(c_share)}",
+            # A severity set in the configuration wins over the built-in escalation to page.
+            escalate_at=None if AlertKind.unknown_enum_growth in r.severity else r.unknown_page)
+    # Values too rare to breach (or to keep an alert firing) get no check: a firing alert without
+    # a check clears. At most 50 per field: an explosion of values is cardinality_jump's to report.
+    floor = r.new_enum_min_count * 0.5
+    new_values = [(v, n) for v, n in sorted(cur.values.items(), key=lambda kv: (-kv[1], kv[0]))
+                  if v not in known and v not in base.values and n >= floor][:50]
+    for value, n in new_values:
         cmp.add(AlertKind.new_enum_value, value, float(n), float(r.new_enum_min_count),
                 two_proportion_p(base.values.get(value, 0), b_strings, n, c_strings),
                 {"values": b_top, "samples": b_strings},

@@ -72,7 +72,7 @@ class Cohort(NamedTuple):
         return f"{self.model} / {self.prompt_version} / {self.contract}"
 
 
-_DATED = re.compile(r"(\d{4}-?\d{2}-?\d{2}|\d{8}|\d{4}$|-\d{3,4}$|@|:)")
+_DATED = re.compile(r"(\d{4}-?\d{2}-?\d{2}|\d{8}|\d{4}$|-\d{4}(-|$)|-\d{3}$|@|:)")
 
 
 def is_unpinned(model: str) -> bool:
@@ -245,7 +245,23 @@ def get_baseline(store: Store, baseline_id: str) -> Baseline:
         raise BaselineNotFound(repr(baseline_id))
     if len(rows) > 1:
         raise BaselineNotFound(f"{baseline_id!r}: the prefix matches several baselines; give more of the id")
-    return baseline_from_document(orjson.loads(rows[0][0]), where=f"stored baseline {baseline_id}")
+    return _verified(str(rows[0][0]), where=f"stored baseline {baseline_id}")
+
+
+_VERIFIED: dict[str, Baseline] = {}  # document text -> baseline; frozen documents never change
+
+
+def _verified(text: str, *, where: str = "stored baseline") -> Baseline:
+    # Every evaluation reads each cohort's baseline; parsing and re-hashing a large document
+    # each time would cost more than the comparison. The cache key is the whole stored text,
+    # so a document edited in the file is verified (and refused) again.
+    b = _VERIFIED.get(text)
+    if b is None:
+        b = baseline_from_document(orjson.loads(text), where=where)
+        if len(_VERIFIED) >= 256:
+            _VERIFIED.pop(next(iter(_VERIFIED)))
+        _VERIFIED[text] = b
+    return b
 
 
 class ActivationAction(str, Enum):
@@ -302,11 +318,14 @@ def resolve_baseline(store: Store, cohort: Cohort, *, current: dict[Cohort, Acti
                      first_seen: dict[Cohort, datetime] | None = None) -> Resolved | None:
     """The baseline ``cohort`` is compared against: its own, a named parent's, or the previous prompt
     version's (same model and contract, the latest first seen before it that has an active baseline).
+    A cohort whose baseline was retired is compared against nothing: retiring is a decision.
 
     ``current`` and ``first_seen`` may be passed in when resolving many cohorts at once.
     """
     current = _current(store) if current is None else current
     act = current.get(cohort)
+    if act is not None and act.action is ActivationAction.retire:
+        return None
     if act is not None and act.baseline_id is not None:
         if act.action is ActivationAction.activate:
             return Resolved(get_baseline(store, act.baseline_id), "own")
@@ -342,7 +361,7 @@ def list_baselines(store: Store, cohort: Cohort | None = None) -> list[BaselineL
     out = []
     for (doc,) in store.query(f"SELECT document FROM baselines {where} ORDER BY created_at DESC, baseline_id",
                               params):
-        b = baseline_from_document(orjson.loads(doc), where="stored baseline")
+        b = _verified(str(doc))
         out.append(BaselineListing(b, b.baseline_id in active))
     return out
 
