@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from baselines import (
+    BaselineError,
     Cohort,
     activate_baseline,
     activation_history,
@@ -35,7 +36,8 @@ from collector import Store, read_profile
 from .alerts import AlertBook, AlertState
 from .config import AnalyzerConfig, Severity
 
-__all__ = ["acknowledge", "activate", "alerts", "cohort_fields", "cohorts", "freeze", "import_document",
+__all__ = ["acknowledge", "activate", "alerts", "cohort_fields", "cohorts", "events", "field_series", "freeze",
+           "import_document",
            "inherit", "list_all", "retire", "show", "silence", "served_model_changes"]
 
 
@@ -188,3 +190,68 @@ def served_model_changes(store: Store) -> list[dict[str, Any]]:
             for m, p, c, prev, cur, t in store.query(
                 """SELECT model, prompt_version, contract, previous, current, detected_at
                    FROM served_model_changes ORDER BY detected_at DESC""")]
+
+
+def field_series(store: Store, config: AnalyzerConfig, cohort_id: int, path: str, *, since: datetime,
+                 until: datetime, points: int = 24) -> dict[str, Any]:
+    """One field of one cohort over time, in ``points`` equal steps: presence, type shares, values
+    and the unknown share against the cohort's baseline, array-size percentiles; with the baseline's
+    levels, for charts against it. Each step is a window profile (a sum of buckets)."""
+    from .rules import enum_like
+
+    if not 1 <= points <= 500:
+        raise BaselineError("points must be between 1 and 500")
+    cohort_rows = store.query("SELECT model, prompt_version, contract FROM cohorts WHERE cohort_id = ?", [cohort_id])
+    if not cohort_rows:
+        raise LookupError(f"no cohort {cohort_id}")
+    cohort = Cohort(*(str(x) for x in cohort_rows[0]))
+    resolved = resolve_baseline(store, cohort)
+    base = resolved.baseline.fields.get(path) if resolved else None
+    known = set(base.values) if base else set()
+    step = (until - since) / points
+    series = []
+    for i in range(points):
+        lo, hi = since + step * i, since + step * (i + 1)
+        f = read_profile(store, cohort_id, lo, hi).fields.get(path)
+        strings = f.types.get("string", 0) if f else 0
+        unknown = (sum(n for v, n in f.values.items() if v not in known) + f.values_overflow + f.long_strings
+                   if f and base else 0)
+        series.append({
+            "since": _iso(lo), "until": _iso(hi), "units": f.units if f else 0,
+            "presence_rate": round(f.presence_rate, 6) if f else None,
+            "types": {t: round(f.type_share(t), 6) for t in sorted(f.types)} if f else {},
+            "values": dict(sorted(f.values.items(), key=lambda kv: -kv[1])[:20]) if f else {},
+            "unknown_share": round(unknown / strings, 6) if strings and base else None,
+            "array": ({"p50": f.array_percentile(0.5), "p90": f.array_percentile(0.9),
+                       "p99": f.array_percentile(0.99), "empty_share": round(f.empty_array_share, 6)}
+                      if f and f.array_lengths else None)})
+    baseline = None
+    if resolved is not None:
+        b = resolved.baseline
+        baseline = {"baseline_id": b.baseline_id, "how": resolved.how, "present": base is not None}
+        if base is not None:
+            rules = config.rules_for(cohort.contract, path)
+            baseline |= {"presence_rate": round(base.presence_rate, 6),
+                         "types": {t: round(base.type_share(t), 6) for t in sorted(base.types)},
+                         "values": dict(sorted(base.values.items(), key=lambda kv: -kv[1])[:50]),
+                         "enum_like": enum_like(base, rules),
+                         "array": ({"p50": base.array_percentile(0.5), "p90": base.array_percentile(0.9),
+                                    "p99": base.array_percentile(0.99)} if base.array_lengths else None)}
+    return {"cohort_id": cohort_id, "cohort": cohort._asdict(), "field": path, "since": _iso(since),
+            "until": _iso(until), "baseline": baseline, "series": series}
+
+
+def events(store: Store, event_ids: list[str]) -> list[dict[str, Any]]:
+    """Stored outputs by event id (samples of an alert), with their tags; unknown ids are left out."""
+    import orjson
+
+    if not event_ids or len(event_ids) > 100:
+        raise BaselineError("give between 1 and 100 event ids")
+    rows = store.query(
+        """SELECT e.event_id, e.ts, c.model, c.prompt_version, c.contract, e.served_model, e.contract_version,
+                  e.source, e.output FROM events e JOIN cohorts c USING (cohort_id)
+           WHERE e.id_key IN (SELECT md5_number(unnest(?::VARCHAR[]))) AND list_contains(?::VARCHAR[], e.event_id)
+           ORDER BY e.ts""", [event_ids, event_ids])
+    return [{"event_id": r[0], "ts": _iso(r[1]), "cohort": {"model": r[2], "prompt_version": r[3], "contract": r[4]},
+             "served_model": r[5], "contract_version": r[6], "source": r[7], "output": orjson.loads(r[8])}
+            for r in rows]

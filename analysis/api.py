@@ -152,6 +152,20 @@ class AnalysisApi:
             except LookupError as exc:
                 return _json(error_body(404, str(exc)), 404)
 
+        @r.get("/v1/cohorts/{cohort_id}/series", summary="One field over time against the baseline (charts)")
+        def get_series(cohort_id: int, field: str, since: AwareDatetime | None = None,
+                       until: AwareDatetime | None = None, points: int = Query(24, ge=1, le=500)) -> Response:
+            end = until or self.clock()
+            try:
+                return _json(admin.field_series(store, config, cohort_id, field, since=since or end - config.window,
+                                                until=end, points=points))
+            except LookupError as exc:
+                return _json(error_body(404, str(exc)), 404)
+
+        @r.get("/v1/events", summary="Stored outputs by event id (an alert's samples)")
+        def get_events(ids: Annotated[list[str], Query(description="event ids, up to 100")]) -> Response:
+            return _json(admin.events(store, ids))
+
         @r.get("/v1/served-model-changes", summary="Served models that changed behind a requested model id")
         def get_served() -> Response:
             return _json(admin.served_model_changes(store))
