@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: up test test-slow bench venv clean
+.PHONY: up test test-slow bench bench-analyze venv clean
 
 $(STAMP): pyproject.toml setup.py collector/_speedups.c
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -29,6 +29,9 @@ test-slow: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/ingest.py
+
+bench-analyze: $(STAMP)
+	$(BIN)/python bench/analyze.py
 
 clean:
 	rm -rf $(VENV) var .pytest_cache
