@@ -91,13 +91,115 @@ def _serve(settings: Settings, ctx: click.Context) -> None:
 @cli.command()
 @click.option("--db", "db_path", type=click.Path(dir_okay=False), help="DuckDB file (default ./var/shapewatch.duckdb).")
 @click.option("--port", type=int, help="Port of the service (default 8000).")
+@click.option("--dashboard-port", type=int, default=8501, show_default=True, help="Port of the dashboard.")
+@click.option("--no-sample", is_flag=True, help="Do not load the sample workspace into an empty database.")
 @click.pass_context
-def up(ctx: click.Context, db_path: str | None, port: int | None) -> None:
-    """Run the product locally: the service on ./var/shapewatch.duckdb."""
+def up(ctx: click.Context, db_path: str | None, port: int | None, dashboard_port: int, no_sample: bool) -> None:
+    """Run the product locally: the service on ./var/shapewatch.duckdb and the dashboard.
+
+    A database that holds no event yet gets the sample workspace (contracts named
+    ``sample-...``: a baseline period, then drift, so alerts show within a minute),
+    written through the service's API; ``--no-sample`` skips it. A database with
+    events is never touched. Ctrl-C stops both.
+    """
+    import signal
+    import threading
+
     settings = _settings(ctx, db_path=db_path, port=port)
-    click.echo(f"shapewatch service: http://{settings.host}:{settings.port}  "
-               f"(API docs at /docs, metrics at /metrics; database {settings.db_path})")
-    _serve(settings, ctx)
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
+    url = f"http://{host}:{settings.port}"
+    token = os.environ.get("SHAPEWATCH_TOKEN") or (settings.tokens[0] if settings.tokens else None)
+    click.echo(f"shapewatch service:   {url}  (API docs at /docs, metrics at /metrics; database {settings.db_path})")
+    click.echo(f"shapewatch dashboard: http://127.0.0.1:{dashboard_port}")
+    dash = _start_dashboard(url, dashboard_port, token, host="127.0.0.1", quiet=True)
+    threading.Thread(target=_after_start, args=(url, token, not no_sample, dash, dashboard_port), daemon=True,
+                     name="shapewatch-up").start()
+    # SIGTERM like Ctrl-C: the service stops cleanly (uvicorn re-raises the signal after its
+    # shutdown), then the dashboard is stopped here, never left running on its own.
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        _serve(settings, ctx)
+    except KeyboardInterrupt:  # the service already stopped cleanly; this is the re-raised signal
+        pass
+    finally:
+        _stop_process(dash)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _start_dashboard(url: str, port: int, token: str | None, *, host: str, quiet: bool = False) -> Any:
+    """``streamlit run dashboard/app.py`` as a child process, told where the service is by environment."""
+    import subprocess
+
+    app = Path(__file__).resolve().parent.parent / "dashboard" / "app.py"
+    if not app.is_file():
+        raise click.UsageError(f"the dashboard is not installed here ({app} is missing)")
+    env = {**os.environ, "SHAPEWATCH_URL": url}
+    if token:
+        env["SHAPEWATCH_TOKEN"] = token
+    cmd = [sys.executable, "-m", "streamlit", "run", str(app), "--server.headless", "true",
+           "--server.port", str(port), "--server.address", host, "--browser.gatherUsageStats", "false",
+           "--server.fileWatcherType", "none", "--client.toolbarMode", "viewer"]
+    # Quiet: Streamlit's own banner would repeat the URL printed above; its errors still show.
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL if quiet else None)
+
+
+def _stop_process(proc: Any, timeout: float = 15.0) -> int:
+    """Stop a child cleanly (SIGTERM, then SIGKILL after ``timeout``); its exit code."""
+    import subprocess
+
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return int(proc.wait())
+
+
+def _after_start(url: str, token: str | None, sample: bool, dash: Any, dashboard_port: int) -> None:
+    """Once the service answers: load the sample workspace into an empty database, then say what is ready."""
+    import time
+
+    import httpx
+
+    from .sample import SampleError, seed_sample
+
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/healthz", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)  # polling the service's start-up, with a deadline
+    else:
+        return  # the service did not start; it says why itself
+    if sample:
+        try:
+            summary = seed_sample(url, token=token)
+        except SampleError as exc:
+            click.echo(f"warning: {exc}", err=True)
+        else:
+            if summary.seeded:
+                click.echo(f"loaded the sample workspace: {summary.events} events of contracts named sample-..., "
+                           f"{len(summary.baselines)} baselines, {summary.alerts} alerts "
+                           "(start an empty database with --no-sample to skip it)")
+            else:
+                click.echo("the database already holds events: no sample workspace loaded")
+    dash_url = f"http://127.0.0.1:{dashboard_port}"
+    while dash.poll() is None and time.monotonic() < deadline:
+        try:
+            if httpx.get(dash_url + "/_stcore/health", timeout=2).status_code == 200:
+                click.echo(f"ready: open {dash_url} (Ctrl-C stops the service and the dashboard)")
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)  # polling the dashboard's start-up, with a deadline
+    if dash.poll() is not None:
+        click.echo(f"error: the dashboard exited with code {dash.returncode}", err=True)
 
 
 @cli.command()
@@ -173,6 +275,25 @@ _url_option = click.option("--url", envvar="SHAPEWATCH_URL",
 _token_option = click.option("--token", envvar="SHAPEWATCH_TOKEN", help="Bearer token for --url (SHAPEWATCH_TOKEN).")
 _format_option = click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
                               show_default=True, help="Output format.")
+
+
+@cli.command()
+@click.option("--url", envvar="SHAPEWATCH_URL", default="http://127.0.0.1:8000", show_default=True,
+              help="URL of the running service (SHAPEWATCH_URL).")
+@click.option("--port", type=int, default=8501, show_default=True, help="Port of the dashboard.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address the dashboard binds.")
+@_token_option
+def dashboard(url: str, port: int, host: str, token: str | None) -> None:
+    """Run the Streamlit dashboard against a running service (it reads everything over HTTP)."""
+    import signal
+
+    proc = _start_dashboard(url.rstrip("/"), port, token, host=host)
+    signal.signal(signal.SIGTERM, _interrupt)  # stopping this process stops Streamlit, never orphans it
+    try:
+        code = proc.wait()
+    except KeyboardInterrupt:  # Ctrl-C (which reached Streamlit too) or SIGTERM
+        code = _stop_process(proc)
+    sys.exit(code if code > 0 else 0)
 
 
 def _author() -> str:

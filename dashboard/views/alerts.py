@@ -1,0 +1,162 @@
+"""Alerts: what is paging, for which cohort and field, what changed and since when; acknowledge and silence.
+
+Open alerts come grouped by severity, page first (``GET /v1/alerts``), each
+with its diff against the baseline, its sample outputs (``GET /v1/events``)
+and a link to its field's charts; the list refreshes itself every few
+seconds. Resolved alerts follow as history.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+from dashboard import ui
+from dashboard.compare import alert_diff_rows
+
+ALERT_KINDS = ("presence_drop", "field_missing", "presence_rise", "new_type", "type_shift", "new_enum_value",
+               "unknown_enum_growth", "cardinality_jump", "array_size_shift", "new_field")
+STATES = {"open (pending and firing)": "open", "firing": "firing", "pending": "pending", "resolved": "resolved",
+          "all": None}
+ALL = "(all)"
+
+
+def _choice(label: str, options: list[str], key: str) -> str | None:
+    picked = st.selectbox(label, [ALL, *options], key=key)
+    return None if picked == ALL else picked
+
+
+def _filters(cohorts: list[dict[str, Any]]) -> dict[str, str | None]:
+    def values(k: str) -> list[str]:
+        return sorted({c["cohort"][k] for c in cohorts})
+
+    cols = st.columns(5)
+    with cols[0]:
+        state = STATES[st.selectbox("State", list(STATES), key="alerts-state")]
+    with cols[1]:
+        model = _choice("Model", values("model"), "alerts-model")
+    with cols[2]:
+        prompt_version = _choice("Prompt version", values("prompt_version"), "alerts-prompt")
+    with cols[3]:
+        contract = _choice("Contract", values("contract"), "alerts-contract")
+    with cols[4]:
+        kind = _choice("Kind", list(ALERT_KINDS), "alerts-kind")
+    return {"state": state, "model": model, "prompt_version": prompt_version, "contract": contract, "kind": kind}
+
+
+def _cohort_key(c: dict[str, Any]) -> tuple[str, str, str]:
+    return c["model"], c["prompt_version"], c["contract"]
+
+
+def _actions(s: ui.Session, a: dict[str, Any]) -> None:
+    fp = a["fingerprint"]
+    left, right = st.columns([1, 3])
+    with left:
+        if st.button("Acknowledge", key=f"ack-{fp}", disabled=bool(a.get("acknowledged_by")),
+                     help="Say that someone is on it; it changes who is told, not the alert's state."):
+            if not s.author:
+                st.warning("Write your name in the sidebar first: acknowledgements are signed.")
+            else:
+                s.api.acknowledge(fp, author=s.author)
+                ui.after_write(f"Acknowledged {a['kind']} on {a['field']} as {s.author}.")
+    with right, st.expander("Silence this alert"):
+        with st.form(f"silence-{fp}", border=False):
+            duration = st.text_input("For how long", value="2h", help="e.g. 30m, 2h, 3d", key=f"silence-for-{fp}")
+            reason = st.text_input("Reason", key=f"silence-reason-{fp}")
+            submitted = st.form_submit_button("Silence")
+        if submitted:
+            if not reason.strip() or not s.author:
+                st.warning("A silence needs a reason, and your name in the sidebar.")
+            else:
+                done = s.api.silence(duration=duration.strip(), author=s.author, reason=reason.strip(),
+                                     fingerprint=fp)
+                ui.after_write(f"Silenced {a['kind']} on {a['field']} until {done['ends_at']}.")
+
+
+def _alert_card(s: ui.Session, a: dict[str, Any], cohort_ids: dict[tuple[str, str, str], int],
+                events: dict[str, dict[str, Any]]) -> None:
+    c = a["cohort"]
+    value = f" = `{a['value']}`" if a.get("value") else ""
+    with st.container(border=True):
+        st.markdown(f"**:{'red' if a['severity'] == 'page' else 'orange'}[{a['severity'].upper()}]** "
+                    f"`{a['field']}` · **{a['kind']}**{value} · {a['state']} · {ui.cohort_label(c)}")
+        st.markdown(f"{a['detail']}")
+        when = (f"first seen {ui.ago(a['first_seen'])} · last seen {ui.ago(a['last_seen'])}"
+                + (f" · fired {ui.ago(a['fired_at'])}" if a.get("fired_at") else "")
+                + (f" · resolved {ui.ago(a['resolved_at'])}" if a.get("resolved_at") else ""))
+        st.caption(when)
+        notes = []
+        if a.get("acknowledged_by"):
+            notes.append(f"acknowledged by **{a['acknowledged_by']}** {ui.ago(a.get('acknowledged_at'))}")
+        if a.get("silenced_until"):
+            notes.append(f"silenced until {ui.ago(a['silenced_until'])}")
+        if notes:
+            st.markdown(" · ".join(notes))
+        left, right = st.columns([3, 2])
+        with left:
+            st.dataframe(pd.DataFrame(alert_diff_rows(a)), hide_index=True)
+        with right:
+            p, q = a.get("p_value"), a.get("q_value")
+            st.markdown(
+                f"p-value {'-' if p is None else f'{p:.2g}'} (adjusted {'-' if q is None else f'{q:.2g}'})  \n"
+                f"effect {a.get('effect')} over threshold {a.get('threshold')}  \n"
+                f"compared with {a.get('compared_with') or '-'}  \n"
+                f"fingerprint `{a['fingerprint']}`, episode {a.get('episode')}")
+            cid = cohort_ids.get(_cohort_key(c))
+            if cid is not None:
+                st.page_link("views/field.py", label=f"Charts of {a['field']}", icon=":material/show_chart:",
+                             query_params={"cohort": str(cid), "field": a["field"]})
+        samples = [events[i] for i in a.get("samples") or [] if i in events]
+        with st.expander(f"Sample outputs ({len(samples)})"):
+            for e in samples:
+                st.caption(f"{e['event_id']} · {e['ts']} · served by {e.get('served_model') or '-'}")
+                st.json(e["output"], expanded=True)
+        if a["state"] != "resolved":
+            _actions(s, a)
+
+
+@ui.guard
+def _alert_list(s: ui.Session, filters: dict[str, str | None]) -> None:
+    ui.show_flash()
+    alerts = s.read("/v1/alerts", **filters)
+    cohort_ids = {_cohort_key(c["cohort"]): int(c["cohort_id"]) for c in s.read("/v1/cohorts")}
+    ids = sorted({i for a in alerts for i in (a.get("samples") or [])})[:100]
+    events = {e["event_id"]: e for e in s.read("/v1/events", ids=ids)} if ids else {}
+    st.caption(f"{len(alerts)} alert(s) · refreshed {ui.ago(pd.Timestamp.now(tz='UTC').isoformat())} "
+               f"every {s.settings.refresh_seconds:g} s")
+    if not alerts:
+        st.info("No alert matches. Nothing is drifting away from its baseline, or nothing is judged yet "
+                "(a cohort needs a frozen baseline: see Baselines and review).")
+    for severity in ("page", "warn"):
+        group = [a for a in alerts if a["severity"] == severity]
+        if not group:
+            continue
+        st.subheader(f"{'Page' if severity == 'page' else 'Warn'} ({len(group)})")
+        for a in group:
+            _alert_card(s, a, cohort_ids, events)
+
+
+def _history(s: ui.Session, filters: dict[str, str | None]) -> None:
+    resolved = s.read("/v1/alerts", **{**filters, "state": "resolved"})
+    st.subheader(f"Resolved ({len(resolved)})")
+    if not resolved:
+        st.caption("No resolved alert yet.")
+        return
+    st.dataframe(pd.DataFrame([{
+        "severity": a["severity"], "field": a["field"], "kind": a["kind"], "value": a.get("value") or "",
+        "cohort": ui.cohort_label(a["cohort"]), "first seen": a["first_seen"], "fired": a.get("fired_at"),
+        "resolved": a.get("resolved_at"), "acknowledged by": a.get("acknowledged_by") or "",
+        "detail": a["detail"]} for a in resolved]), hide_index=True)
+
+
+def render(s: ui.Session) -> None:
+    st.title("Alerts")
+    filters = _filters(s.read("/v1/cohorts"))
+    st.fragment(_alert_list, run_every=s.settings.refresh_seconds)(s, filters)
+    if filters["state"] == "open":
+        _history(s, filters)
+
+
+ui.run_page(render)

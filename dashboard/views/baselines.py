@@ -1,0 +1,189 @@
+"""Baselines and review: the weekly meeting's page.
+
+Every baseline, active and past (``GET /v1/baselines``); a side-by-side diff
+of a baseline against a candidate window (``GET /v1/baselines/{id}`` beside
+``GET /v1/cohorts/{id}/fields?since=&until=``); freezing that window
+(``POST /v1/baselines``) or activating another baseline
+(``POST /v1/baselines/{id}/activate``), each with a note and only after an
+explicit confirmation, since a frozen baseline never changes; and the weekly
+review report (``GET /v1/review``), rendered and as an HTML download.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+from dashboard import ui
+from dashboard.client import RequestRefused
+from dashboard.compare import baseline_window_rows
+
+PENDING = "_baselines_pending"
+
+
+def _iso(t: datetime) -> str:
+    return t.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def _parse(text: str) -> datetime | None:
+    try:
+        t = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return t if t.tzinfo is not None else None
+
+
+def _listing(baselines: list[dict[str, Any]]) -> None:
+    if not baselines:
+        st.info("No baseline yet. Pick a cohort and a calm window below, compare it, and freeze it.")
+        return
+    st.dataframe(pd.DataFrame([{
+        "baseline": b["baseline_id"], "active": "active" if b["active"] else "", "cohort": ui.cohort_label(b["cohort"]),
+        "window": f"{b['window']['since']} .. {b['window']['until']}", "samples": b["samples"],
+        "author": b["author"], "note": b["note"], "frozen": b["created_at"],
+        "unpinned model": "⚠ unpinned" if b.get("unpinned") else "", "forced": b.get("forced") or ""}
+        for b in baselines]), hide_index=True)
+
+
+def _confirm(s: ui.Session) -> None:
+    """The second step of a freeze or an activation: nothing is written before it."""
+    pending = st.session_state.get(PENDING)
+    if not pending:
+        return
+    with st.container(border=True):
+        if pending["action"] == "freeze":
+            st.warning(f"Freeze **{pending['label']}** over {pending['since']} .. {pending['until']} as a new "
+                       f"baseline{' and make it active' if pending['activate'] else ''}? A frozen baseline never "
+                       f"changes. Note: \u201c{pending['note']}\u201d")
+        else:
+            st.warning(f"Make baseline **{pending['baseline_id']}** the active one of **{pending['label']}**? "
+                       f"Note: \u201c{pending['note']}\u201d")
+        yes, no = st.columns(2)
+        confirmed = yes.button("Confirm", type="primary", key="baselines-confirm")
+        cancelled = no.button("Cancel", key="baselines-cancel")
+    if cancelled:
+        st.session_state.pop(PENDING, None)
+        st.rerun()
+    if not confirmed:
+        return
+    st.session_state.pop(PENDING, None)
+    try:
+        if pending["action"] == "freeze":
+            c = pending["cohort"]
+            done = s.api.freeze(model=c["model"], prompt_version=c["prompt_version"], contract=c["contract"],
+                                since=pending["since"], until=pending["until"], note=pending["note"],
+                                author=s.author, activate=pending["activate"], force=pending["force"] or None)
+            message = (f"Froze baseline {done['baseline_id']} ({done['samples']} samples)"
+                       + (", now active." if done.get("active") else ", not active."))
+        else:
+            done = s.api.activate(pending["baseline_id"], author=s.author, note=pending["note"])
+            message = f"Baseline {done['baseline_id']} is now active."
+    except RequestRefused as exc:
+        st.error(f"Not done. {exc.message}")
+        return
+    ui.after_write(message)
+
+
+def _compare_and_freeze(s: ui.Session, cohorts: list[dict[str, Any]], baselines: list[dict[str, Any]]) -> None:
+    by_id = {int(c["cohort_id"]): c for c in cohorts}
+    cid = st.selectbox("Cohort", list(by_id), format_func=lambda i: ui.cohort_label(by_id[i]["cohort"]),
+                       key="baselines-cohort")
+    cohort = by_id[cid]
+    today = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    left, right = st.columns(2)
+    since_text = left.text_input("Candidate window from", _iso(today - timedelta(days=1)), key="baselines-since",
+                                 help="ISO 8601 with a zone, e.g. 2026-11-29T00:00:00Z")
+    until_text = right.text_input("until (exclusive)", _iso(today), key="baselines-until")
+    since, until = _parse(since_text), _parse(until_text)
+    if since is None or until is None or since >= until:
+        st.error("Give the window as two ISO 8601 times with a zone (e.g. 2026-11-29T00:00:00Z), the first "
+                 "one earlier.")
+        return
+
+    own = [b for b in baselines if b["cohort"] == cohort["cohort"]]
+    current = cohort.get("baseline")
+    choices = {b["baseline_id"]: f"{b['baseline_id']} ({'active, ' if b['active'] else ''}{b['window']['since']} "
+               f".. {b['window']['until']})" for b in own}
+    if current and current["baseline_id"] not in choices:
+        choices = {current["baseline_id"]: f"{current['baseline_id']} (inherited: "
+                                           f"{current['how'].replace('_', ' ')})", **choices}
+    window = s.read(f"/v1/cohorts/{cid}/fields", since=_iso(since), until=_iso(until))
+    if choices:
+        ids = list(choices)
+        default = ids.index(current["baseline_id"]) if current and current["baseline_id"] in ids else 0
+        bid = st.selectbox("Compare with baseline", ids, index=default, format_func=lambda i: choices[i],
+                           key="baselines-compare")
+        doc = s.read(f"/v1/baselines/{bid}")
+        st.caption(f"Baseline {bid}: {doc['samples']} samples over {doc['window']['since']} .. "
+                   f"{doc['window']['until']}, by {doc['author']}: {doc['note']}  \n"
+                   f"Candidate window: {window['events']} events.")
+        rows = baseline_window_rows(doc["fields"], window["fields"])
+    else:
+        st.caption(f"This cohort has no baseline to compare with. Candidate window: {window['events']} events.")
+        rows = baseline_window_rows({}, window["fields"])
+    if rows:
+        st.dataframe(pd.DataFrame(rows), hide_index=True)
+    else:
+        st.info("No event in this window.")
+
+    st.markdown("**Freeze this window as a baseline**")
+    with st.form("freeze-form"):
+        note = st.text_input("Note: why this window is the reference", key="freeze-note")
+        activate = st.checkbox("Make it the cohort's active baseline", value=True, key="freeze-activate")
+        force = st.text_input("Force reason (only to override the service's objections)", key="freeze-force")
+        asked = st.form_submit_button("Freeze…")
+    if asked:
+        if not note.strip() or not s.author:
+            st.warning("A baseline needs a note, and your name in the sidebar.")
+        else:
+            st.session_state[PENDING] = {"action": "freeze", "cohort": cohort["cohort"],
+                                         "label": ui.cohort_label(cohort["cohort"]), "since": _iso(since),
+                                         "until": _iso(until), "note": note.strip(), "activate": activate,
+                                         "force": force.strip()}
+
+    inactive = [b for b in own if not b["active"]]
+    if inactive:
+        st.markdown("**Activate another baseline of this cohort**")
+        with st.form("activate-form"):
+            pick = st.selectbox("Baseline", [b["baseline_id"] for b in inactive], key="activate-pick",
+                                format_func=lambda i: choices.get(i, i))
+            note2 = st.text_input("Note: why", key="activate-note")
+            asked2 = st.form_submit_button("Activate…")
+        if asked2:
+            if not note2.strip() or not s.author:
+                st.warning("An activation needs a note, and your name in the sidebar.")
+            else:
+                st.session_state[PENDING] = {"action": "activate", "baseline_id": pick, "note": note2.strip(),
+                                             "label": ui.cohort_label(cohort["cohort"])}
+    _confirm(s)
+
+
+def _review(s: ui.Session) -> None:
+    period = st.selectbox("Review period", ["7d", "14d", "30d"], key="review-period")
+    html = s.text("/v1/review", format="html", since=period)
+    st.download_button("Download the report (HTML)", html, file_name=f"shapewatch-review-{period}.html",
+                       mime="text/html", icon=":material/download:")
+    st.markdown(s.text("/v1/review", format="markdown", since=period))
+
+
+def render(s: ui.Session) -> None:
+    st.title("Baselines and review")
+    ui.show_flash()
+    baselines = s.read("/v1/baselines")
+    cohorts = s.read("/v1/cohorts")
+    listing, compare, review = st.tabs(["Baselines", "Compare and freeze", "Weekly review"])
+    with listing:
+        _listing(baselines)
+    with compare:
+        if cohorts:
+            _compare_and_freeze(s, cohorts, baselines)
+        else:
+            st.info("No cohort yet: nothing was ever sent to the collector.")
+    with review:
+        _review(s)
+
+
+ui.run_page(render)

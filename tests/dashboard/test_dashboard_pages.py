@@ -1,0 +1,401 @@
+"""Every dashboard page through Streamlit's AppTest, against a real service on loopback.
+
+The service holds the sample workspace ``shapewatch up`` loads, written through
+its HTTP API (``analysis.sample``): a baseline period three days ago, drift in
+the last five hours, two evaluations. The dashboard reaches it over HTTP only
+(``SHAPEWATCH_URL``). Read-only tests share one service; tests that write share
+another (each changes a different alert), and the freeze gets one of its own.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from dashboard_live import free_port, live_service
+from streamlit.testing.v1 import AppTest
+
+from analysis.sample import SAMPLE_AUTHOR, seed_sample
+
+APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
+PAGES = ["views/alerts.py", "views/cohorts.py", "views/field.py", "views/baselines.py", "views/ingestion.py"]
+INTAKE = {"model": "claude-sonnet-4-5-20250929", "prompt_version": "intake-v3", "contract": "sample-intake"}
+
+
+@pytest.fixture(scope="module")
+def sample_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with live_service(tmp_path_factory.mktemp("sample") / "sample.duckdb") as url:
+        assert seed_sample(url).seeded
+        yield url
+
+
+@pytest.fixture
+def fresh_url(tmp_path: Path) -> Iterator[str]:
+    """A service of its own with the sample workspace, unsilenced: for a test that changes baselines."""
+    with live_service(tmp_path / "fresh.duckdb") as url:
+        assert seed_sample(url, silence=False).seeded
+        yield url
+
+
+@pytest.fixture(scope="module")
+def writable_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The sample workspace, unsilenced, for tests that each change a different alert (or nothing)."""
+    with live_service(tmp_path_factory.mktemp("writable") / "writable.duckdb") as url:
+        assert seed_sample(url, silence=False).seeded
+        yield url
+
+
+@pytest.fixture(autouse=True)
+def _env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SHAPEWATCH_AUTHOR", "ana")
+    monkeypatch.delenv("SHAPEWATCH_TOKEN", raising=False)
+    monkeypatch.delenv("SHAPEWATCH_URL", raising=False)
+
+
+def open_page(url: str, page: str = "views/alerts.py", token: str | None = None,
+              query: dict[str, str] | None = None, monkeypatch: pytest.MonkeyPatch | None = None) -> AppTest:
+    """The app at ``page``, talking to the service at ``url``."""
+    assert monkeypatch is not None
+    monkeypatch.setenv("SHAPEWATCH_URL", url)
+    if token is not None:
+        monkeypatch.setenv("SHAPEWATCH_TOKEN", token)
+    at = AppTest.from_file(APP, default_timeout=30).run()
+    assert not at.exception, [e.value for e in at.exception]
+    if page != "views/alerts.py" or query:
+        at.query_params.update(query or {})
+        at.switch_page(page).run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def api(url: str) -> httpx.Client:
+    return httpx.Client(base_url=url, timeout=30)
+
+
+def markdown(at: AppTest) -> list[str]:
+    return [m.value for m in at.markdown]
+
+
+def by_field_kind(url: str) -> dict[tuple[str, str], dict[str, Any]]:
+    with api(url) as c:
+        return {(a["field"], a["kind"]): a for a in c.get("/v1/alerts").json()}
+
+
+# --- alerts ----------------------------------------------------------------------------------
+
+
+def test_alerts_page_shows_page_alerts_first_with_their_diff(sample_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = open_page(sample_url, monkeypatch=monkeypatch)
+    assert [h.value for h in at.subheader] == ["Page (2)", "Warn (4)", "Resolved (0)"]
+    heads = [m for m in markdown(at) if m.startswith("**:")]
+    assert [h.split("]**")[0] for h in heads] == ["**:red[PAGE"] * 2 + ["**:orange[WARN"] * 4
+    page_fields = {h.split("`")[1] for h in heads[:2]}
+    assert page_fields == {"customer.tier", "score"}
+    assert "presence 100.0% -> 50.0% (p < 1e-6)" in markdown(at)
+    # The presence drop's diff: baseline against current, as a table.
+    drop = by_field_kind(sample_url)[("customer.tier", "presence_drop")]
+    tables = [d.value.to_dict("records") for d in at.dataframe]
+    assert [{"measure": "presence_rate", "baseline": "100.0%", "current": "50.0%"},
+            {"measure": "samples", "baseline": "480", "current": "600"}] in tables
+    assert any(f"compared with baseline {drop['baseline_id']}" in m and f"`{drop['fingerprint']}`" in m
+               for m in markdown(at))
+    # Links to the field's charts, and the alert's sample outputs.
+    links = {ln.proto.label: ln.proto.query_string for ln in at.get("page_link")}
+    cohort_id = next(c["cohort_id"] for c in api(sample_url).get("/v1/cohorts").json() if c["cohort"] == INTAKE)
+    assert links["Charts of customer.tier"] == f"cohort={cohort_id}&field=customer.tier"
+    assert len(at.json) == 6 * 3  # three sample outputs per alert
+    outputs = [json.loads(j.proto.body) for j in at.json]
+    assert sum(1 for o in outputs if "customer" in o and "tier" not in o["customer"]) >= 3
+    # The sample workspace is silenced (never paged), and says so.
+    assert any(m.startswith("silenced until") for m in markdown(at))
+
+
+def test_alert_filters_narrow_the_list(sample_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = open_page(sample_url, monkeypatch=monkeypatch)
+    at.selectbox(key="alerts-kind").select("new_type").run()
+    assert [h.value for h in at.subheader] == ["Page (1)", "Resolved (0)"]
+    assert any(m.startswith("**:red[PAGE]** `score` · **new_type** = `string`") for m in markdown(at))
+    at.selectbox(key="alerts-kind").select("(all)")
+    at.selectbox(key="alerts-contract").select("sample-intake").run()
+    assert [h.value for h in at.subheader] == ["Page (1)", "Warn (2)", "Resolved (0)"]
+    at.selectbox(key="alerts-state").select("resolved").run()
+    assert [h.value for h in at.subheader] == []
+    assert [i.value for i in at.info][0].startswith("No alert matches.")
+
+
+def test_acknowledge_from_the_page(writable_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    drop = by_field_kind(writable_url)[("customer.tier", "presence_drop")]
+    assert drop["acknowledged_by"] is None
+    at = open_page(writable_url, monkeypatch=monkeypatch)
+    at.button(key=f"ack-{drop['fingerprint']}").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    acked = api(writable_url).get(f"/v1/alerts/{drop['fingerprint']}").json()
+    assert acked["acknowledged_by"] == "ana"
+    assert acked["state"] == "firing"  # acknowledging changes who is told, never the state
+    assert [s.value for s in at.success] == ["Acknowledged presence_drop on customer.tier as ana."]
+    assert any(m.startswith("acknowledged by **ana**") for m in markdown(at))
+    assert at.button(key=f"ack-{drop['fingerprint']}").disabled
+
+
+def test_silence_from_the_page(writable_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    alert = by_field_kind(writable_url)[("priority", "new_enum_value")]
+    assert alert["silenced_until"] is None
+    fp = alert["fingerprint"]
+    at = open_page(writable_url, monkeypatch=monkeypatch)
+    # Without a reason nothing is written.
+    at.text_input(key=f"silence-for-{fp}").input("3h")
+    at.button(key=f"FormSubmitter:silence-{fp}-Silence").click().run()
+    assert any("needs a reason" in w.value for w in at.warning)
+    assert api(writable_url).get(f"/v1/alerts/{fp}").json()["silenced_until"] is None
+    before = datetime.now(UTC)
+    at.text_input(key=f"silence-reason-{fp}").input("URGENT is being added to the contract")
+    at.button(key=f"FormSubmitter:silence-{fp}-Silence").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    until = datetime.fromisoformat(api(writable_url).get(f"/v1/alerts/{fp}").json()["silenced_until"])
+    assert before + timedelta(hours=3) <= until <= datetime.now(UTC) + timedelta(hours=3)
+    assert [s.value for s in at.success][0].startswith("Silenced new_enum_value on priority until ")
+    # Only that alert: the other alerts of the cohort are not silenced.
+    assert {k for k, a in by_field_kind(writable_url).items() if a["silenced_until"]} == {("priority", "new_enum_value")}
+
+
+# --- cohorts, field detail --------------------------------------------------------------------
+
+
+def test_cohorts_page_lists_cohorts_with_the_unpinned_marker(sample_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = open_page(sample_url, "views/cohorts.py", monkeypatch=monkeypatch)
+    cohorts, changes = (d.value for d in at.dataframe)
+    rows = {(r["model"], r["prompt version"]): r for r in cohorts.to_dict("records")}
+    assert set(rows) == {("claude-sonnet-4-5-20250929", "intake-v3"), ("claude-sonnet-4-5-20250929", "intake-v4"),
+                         ("gemini-2.0-flash-001", "extract-v1"), ("gpt-4o", "triage-v2")}
+    assert {k: r["pinned"] for k, r in rows.items()} == {
+        ("claude-sonnet-4-5-20250929", "intake-v3"): "pinned", ("claude-sonnet-4-5-20250929", "intake-v4"): "pinned",
+        ("gemini-2.0-flash-001", "extract-v1"): "pinned", ("gpt-4o", "triage-v2"): "⚠ unpinned alias"}
+    intake = rows[("claude-sonnet-4-5-20250929", "intake-v3")]
+    assert (intake["events (7 days)"], intake["page firing"], intake["warn firing"], intake["baseline how"]) == (
+        1560, 1, 2, "own")
+    assert rows[("claude-sonnet-4-5-20250929", "intake-v4")]["baseline how"] == (
+        "inherited (previous prompt version: claude-sonnet-4-5-20250929 / intake-v3 / sample-intake)")
+    assert rows[("gpt-4o", "triage-v2")]["served models"] == "gpt-4o-2024-08-06 (960), gpt-4o-2024-11-20 (600)"
+    assert changes.to_dict("records")[0] | {"detected": None} == {
+        "cohort": "gpt-4o / triage-v2 / sample-triage", "previous": "gpt-4o-2024-08-06",
+        "current": "gpt-4o-2024-11-20", "detected": None}
+    assert [m.value for m in at.metric] == ["4", "0", "1", "2"]
+
+
+def _cohort_id(url: str, contract: str, prompt_version: str | None = None) -> int:
+    return next(c["cohort_id"] for c in api(url).get("/v1/cohorts").json()
+                if c["cohort"]["contract"] == contract
+                and (prompt_version is None or c["cohort"]["prompt_version"] == prompt_version))
+
+
+def _specs(at: AppTest) -> list[dict[str, Any]]:
+    return [json.loads(c.proto.spec) for c in at.get("vega_lite_chart")]
+
+
+def test_field_page_draws_presence_against_the_baseline(sample_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    cid = _cohort_id(sample_url, "sample-intake", "intake-v3")
+    at = open_page(sample_url, "views/field.py", query={"cohort": str(cid), "field": "customer.tier"},
+                   monkeypatch=monkeypatch)
+    assert [h.value for h in at.subheader] == ["Presence", "Type shares", "Values",
+                                               "Sample outputs that show the change", "Every field of the cohort"]
+    presence, types, values, unknown = _specs(at)
+    marks = [layer["mark"]["type"] for layer in presence["layer"]]
+    assert marks == ["area", "rule", "line"]  # tolerance band, baseline level, the series
+    assert presence["layer"][2]["encoding"]["y"]["field"] == "presence"
+    assert types["encoding"]["y"]["stack"] == "zero"
+    assert unknown["encoding"]["y"]["field"] == "unknown share"
+    assert (values["mark"]["type"], values["encoding"]["color"]["field"]) == ("bar", "seen")
+    assert any("Baseline presence 100.0%" in c.value for c in at.caption)
+    assert "**:red[PAGE]** presence_drop: presence 100.0% -> 50.0% (p < 1e-6)" in markdown(at)
+    fields = at.dataframe[-1].value
+    assert set(fields["field"]) >= {"customer.tier", "priority", "intent", "tags"}
+    assert at.query_params == {"cohort": str(cid), "field": "customer.tier"}
+
+
+def test_field_page_highlights_new_values_and_draws_array_sizes(sample_url: str,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    cid = _cohort_id(sample_url, "sample-intake", "intake-v3")
+    at = open_page(sample_url, "views/field.py", query={"cohort": str(cid), "field": "priority"},
+                   monkeypatch=monkeypatch)
+    values = at.dataframe[0].value
+    assert values.to_dict("records")[0] == {"value": "URGENT", "count (period)": 60, "count (baseline)": 0,
+                                            "new": True}
+    assert not values["new"][1:].any()
+    assert "**1 value(s) the baseline never had:** `URGENT`" in markdown(at)
+
+    triage = _cohort_id(sample_url, "sample-triage")
+    at = open_page(sample_url, "views/field.py", query={"cohort": str(triage), "field": "labels"},
+                   monkeypatch=monkeypatch)
+    assert "Array size" in [h.value for h in at.subheader]
+    arrays = _specs(at)[-1]
+    assert [layer["mark"]["type"] for layer in arrays["layer"]] == ["line", "rule"]
+    assert any(c.value == "Baseline p50/p90/p99: 1/2/2 items (dashed)." for c in at.caption)
+
+
+def test_field_page_without_query_params_picks_a_cohort_and_field(sample_url: str,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    at = open_page(sample_url, "views/field.py", monkeypatch=monkeypatch)
+    assert len(at.get("vega_lite_chart")) >= 2
+    assert set(at.query_params) == {"cohort", "field"}
+
+
+# --- baselines and review ---------------------------------------------------------------------
+
+
+def _iso(t: datetime) -> str:
+    return t.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def _normal_window(url: str) -> tuple[str, str]:
+    """The sample's second calm period: a day after its baseline period, four hours long."""
+    b = next(b for b in api(url).get("/v1/baselines").json() if b["cohort"] == INTAKE)
+    since = datetime.fromisoformat(b["window"]["since"]) + timedelta(days=1)
+    return _iso(since), _iso(since + timedelta(hours=4))
+
+
+def _pick_cohort(at: AppTest, url: str) -> None:
+    at.selectbox(key="baselines-cohort").set_value(_cohort_id(url, "sample-intake", "intake-v3"))
+
+
+def test_freezing_asks_for_confirmation_first(fresh_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    before = api(fresh_url).get("/v1/baselines").json()
+    at = open_page(fresh_url, "views/baselines.py", monkeypatch=monkeypatch)
+    _pick_cohort(at, fresh_url)
+    since, until = _normal_window(fresh_url)
+    at.text_input(key="baselines-since").input(since)
+    at.text_input(key="baselines-until").input(until).run()
+    at.text_input(key="freeze-note").input("week 48: calm period after the v3 rollout")
+    at.button(key="FormSubmitter:freeze-form-Freeze…").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    # Asked, not done.
+    assert api(fresh_url).get("/v1/baselines").json() == before
+    assert any(w.value.startswith(f"Freeze **{' / '.join(INTAKE.values())}** over {since} .. {until}")
+               for w in at.warning)
+    at.button(key="baselines-cancel").click().run()
+    assert api(fresh_url).get("/v1/baselines").json() == before
+    assert not [b for b in at.button if b.key == "baselines-confirm"]
+
+    at.button(key="FormSubmitter:freeze-form-Freeze…").click().run()
+    at.button(key="baselines-confirm").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    after = api(fresh_url).get("/v1/baselines").json()
+    (new,) = [b for b in after if b["baseline_id"] not in {x["baseline_id"] for x in before}]
+    assert (new["cohort"], new["window"], new["author"], new["note"], new["samples"], new["active"]) == (
+        INTAKE, {"since": since, "until": until}, "ana", "week 48: calm period after the v3 rollout", 480, True)
+    assert [s.value for s in at.success] == [f"Froze baseline {new['baseline_id']} (480 samples), now active."]
+
+
+def test_a_refused_freeze_shows_the_services_objection(writable_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    now = datetime.now(UTC).replace(second=0, microsecond=0)
+    at = open_page(writable_url, "views/baselines.py", monkeypatch=monkeypatch)
+    _pick_cohort(at, writable_url)
+    at.text_input(key="baselines-since").input(_iso(now - timedelta(hours=5)))
+    at.text_input(key="baselines-until").input(_iso(now + timedelta(minutes=1))).run()
+    at.text_input(key="freeze-note").input("the drifted hours")
+    at.button(key="FormSubmitter:freeze-form-Freeze…").click().run()
+    at.button(key="baselines-confirm").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    (err,) = [e.value for e in at.error]
+    assert err.startswith("Not done. baseline not frozen: the window holds 1 unresolved page alert(s): "
+                          "presence_drop on customer.tier")
+    assert len(api(writable_url).get("/v1/baselines").json()) == 3
+
+
+def test_baselines_page_lists_compares_and_renders_the_review(sample_url: str,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    at = open_page(sample_url, "views/baselines.py", monkeypatch=monkeypatch)
+    listing = at.dataframe[0].value
+    assert len(listing) == 3 and set(listing["active"]) == {"active"} and set(listing["author"]) == {SAMPLE_AUTHOR}
+    _pick_cohort(at, sample_url)
+    now = datetime.now(UTC).replace(second=0, microsecond=0)
+    at.text_input(key="baselines-since").input(_iso(now - timedelta(hours=5)))
+    at.text_input(key="baselines-until").input(_iso(now + timedelta(minutes=1))).run()
+    rows = {r["field"]: r for r in at.dataframe[1].value.to_dict("records")}
+    assert (rows["customer.tier"]["presence (baseline)"], rows["customer.tier"]["presence (window)"],
+            rows["customer.tier"]["move (points)"]) == ("100.0%", "50.0%", -50.0)
+    assert rows["priority"]["new values"] == "URGENT"
+    assert any(m.startswith("# shapewatch weekly review") for m in markdown(at))
+    (download,) = at.get("download_button")
+    assert download.proto.label == "Download the report (HTML)"
+
+
+# --- ingestion health -------------------------------------------------------------------------
+
+
+def test_ingestion_page_shows_counts_and_the_analyzers_runs(sample_url: str,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    at = open_page(sample_url, "views/ingestion.py", monkeypatch=monkeypatch)
+    metrics = {m.label: m.value for m in at.metric}
+    assert (metrics["Accepted"], metrics["Duplicates"], metrics["Rejected"]) == ("4,730", "0", "0")
+    assert metrics["Result"] == "ok"
+    assert metrics["Cohorts / checks / breaches"].startswith("4 / ")
+    runs = at.dataframe[-1].value
+    assert list(runs["run"]) == [2, 1] and runs["ok"].all()
+    per_cohort = {(r["model"], r["prompt version"]): r["accepted"] for r in at.dataframe[-2].value.to_dict("records")}
+    assert per_cohort[("gpt-4o", "triage-v2")] == 1560
+
+
+# --- the service down, a wrong token ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_page_says_clearly_when_the_service_is_down(page: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    at = open_page(url, page, query={"cohort": "1", "field": "x"} if page == "views/field.py" else None,
+                   monkeypatch=monkeypatch)
+    assert not at.exception
+    (err,) = [e.value for e in at.error]
+    assert err.startswith(f"**The service is not reachable.** Cannot reach the shapewatch service at {url}")
+    assert "SHAPEWATCH_URL" in err
+
+
+@pytest.fixture(scope="module")
+def guarded_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with live_service(tmp_path_factory.mktemp("guarded") / "guarded.duckdb", tokens=("s3cret",)) as url:
+        yield url
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_a_wrong_token_shows_the_auth_message(guarded_url: str, page: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = open_page(guarded_url, page, token="wrong", monkeypatch=monkeypatch)
+    assert not at.exception
+    (err,) = [e.value for e in at.error]
+    assert err.startswith(f"**Not authorised.** The service at {guarded_url} refused the dashboard's token (401")
+    assert "SHAPEWATCH_TOKEN" in err
+
+
+def test_the_right_token_is_sent(guarded_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = open_page(guarded_url, token="s3cret", monkeypatch=monkeypatch)
+    assert not at.error
+    assert [i.value for i in at.info][0].startswith("No alert matches.")
+
+
+# --- optional login ---------------------------------------------------------------------------
+
+
+def test_with_oidc_configured_nothing_shows_before_a_login(sample_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SHAPEWATCH_URL", sample_url)
+    at = AppTest.from_file(APP, default_timeout=30)
+    at.secrets["auth"] = {"redirect_uri": "http://localhost:8501/oauth2callback", "cookie_secret": "x" * 32,
+                          "client_id": "shapewatch", "client_secret": "s",
+                          "server_metadata_url": "https://login.example/.well-known/openid-configuration"}
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert [t.value for t in at.title] == ["shapewatch"]
+    assert [b.label for b in at.button] == ["Log in"]
+    assert not at.subheader and not at.dataframe  # no page ran
+
+    # Signed in: the pages show, and writes are signed with the login's e-mail.
+    at = AppTest.from_file(APP, default_timeout=30)
+    at.secrets["auth"] = {"cookie_secret": "x" * 32}
+    at.user = {"is_logged_in": True, "email": "ana@example.com"}
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert [t.value for t in at.title] == ["Alerts"]
+    assert at.text_input(key="author").value == "ana@example.com"
+    assert "Log out" in [b.label for b in at.button]
