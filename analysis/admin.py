@@ -35,8 +35,9 @@ from collector import Store, read_profile
 
 from .alerts import AlertBook, AlertState
 from .config import AnalyzerConfig, Severity
+from .errors import AlertNotFound
 
-__all__ = ["acknowledge", "activate", "alerts", "cohort_fields", "cohorts", "events", "field_series", "freeze",
+__all__ = ["acknowledge", "activate", "alert", "alerts", "cohort_fields", "cohorts", "events", "field_series", "freeze", "silences",
            "import_document",
            "inherit", "list_all", "retire", "show", "silence", "served_model_changes"]
 
@@ -105,6 +106,8 @@ def alerts(store: Store, *, state: str | None = None, severity: str | None = Non
            kind: str | None = None, now: datetime | None = None) -> list[dict[str, Any]]:
     """Alerts (page first), filtered; ``state`` may be ``open`` for pending and firing."""
     now = now or datetime.now(UTC)
+    ids = {Cohort(str(m), str(p), str(c)): int(i) for i, m, p, c in store.query(
+        "SELECT cohort_id, model, prompt_version, contract FROM cohorts")}
     found = AlertBook(store).alerts(state=AlertState(state) if state and state != "open" else None,
                                     severity=Severity(severity) if severity else None, now=now)
     out = []
@@ -114,22 +117,47 @@ def alerts(store: Store, *, state: str | None = None, severity: str | None = Non
         if (model and a.cohort.model != model) or (prompt_version and a.cohort.prompt_version != prompt_version) \
                 or (contract and a.cohort.contract != contract) or (kind and a.kind.value != kind):
             continue
-        out.append(a.to_json())
+        out.append({**a.to_json(), "cohort_id": ids.get(a.cohort)})
     return out
 
 
+def _cohort_id_of(store: Store, cohort: Cohort) -> int | None:
+    rows = store.query("SELECT cohort_id FROM cohorts WHERE model = ? AND prompt_version = ? AND contract = ?",
+                       list(cohort))
+    return int(rows[0][0]) if rows else None
+
+
+def alert(store: Store, fingerprint: str) -> dict[str, Any]:
+    """One alert (silences filled in) with its history."""
+    book = AlertBook(store)
+    for a in book.alerts(now=datetime.now(UTC)):
+        if a.fingerprint == fingerprint:
+            return {**a.to_json(), "cohort_id": _cohort_id_of(store, a.cohort), "history": book.history(fingerprint)}
+    raise AlertNotFound(fingerprint)
+
+
 def acknowledge(store: Store, fingerprint: str, *, by: str) -> dict[str, Any]:
-    return AlertBook(store).acknowledge(fingerprint, by=by, now=datetime.now(UTC)).to_json()
+    a = AlertBook(store).acknowledge(fingerprint, by=by, now=datetime.now(UTC))
+    return {**a.to_json(), "cohort_id": _cohort_id_of(store, a.cohort)}
 
 
-def silence(store: Store, *, duration: timedelta, author: str, reason: str, **match: str | None) -> dict[str, Any]:
-    now = datetime.now(UTC)
-    s = AlertBook(store).silence(starts_at=now, ends_at=now + duration, author=author, reason=reason, **match)
+def _silence_json(s: Any) -> dict[str, Any]:
     return {"silence_id": s.silence_id, "starts_at": _iso(s.starts_at), "ends_at": _iso(s.ends_at),
             "author": s.author, "reason": s.reason,
             "match": {k: v for k, v in (("fingerprint", s.fingerprint), ("model", s.model),
                                         ("prompt_version", s.prompt_version), ("contract", s.contract),
                                         ("field", s.field), ("kind", s.kind)) if v is not None}}
+
+
+def silence(store: Store, *, duration: timedelta, author: str, reason: str, **match: str | None) -> dict[str, Any]:
+    now = datetime.now(UTC)
+    return _silence_json(AlertBook(store).silence(starts_at=now, ends_at=now + duration, author=author,
+                                                  reason=reason, **match))
+
+
+def silences(store: Store, *, active: bool = True) -> list[dict[str, Any]]:
+    """Silences, oldest first; with ``active`` only those not yet ended."""
+    return [_silence_json(s) for s in AlertBook(store).silences(now=datetime.now(UTC) if active else None)]
 
 
 def cohorts(store: Store, *, since: datetime | None = None, until: datetime | None = None) -> list[dict[str, Any]]:
@@ -231,7 +259,7 @@ def field_series(store: Store, config: AnalyzerConfig, cohort_id: int, path: str
         baseline = {"baseline_id": b.baseline_id, "how": resolved.how, "present": base is not None}
         if base is not None:
             rules = config.rules_for(cohort.contract, path)
-            baseline |= {"presence_rate": round(base.presence_rate, 6),
+            baseline |= {"presence_rate": round(base.presence_rate, 6), "tolerance": rules.tolerance,
                          "types": {t: round(base.type_share(t), 6) for t in sorted(base.types)},
                          "values": dict(sorted(base.values.items(), key=lambda kv: -kv[1])[:50]),
                          "enum_like": enum_like(base, rules),

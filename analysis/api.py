@@ -112,13 +112,7 @@ class AnalysisApi:
 
         @r.get("/v1/alerts/{fingerprint}", summary="One alert and its history")
         def get_alert(fingerprint: str) -> Response:
-            from .alerts import AlertBook
-            book = AlertBook(store)
-            found = book.alerts(now=self.clock())
-            for a in found:
-                if a.fingerprint == fingerprint:
-                    return _json({**a.to_json(), "history": book.history(fingerprint)})
-            raise AlertNotFound(fingerprint)
+            return _json(admin.alert(store, fingerprint))
 
         @r.post("/v1/alerts/{fingerprint}/ack", summary="Acknowledge an alert")
         def ack(fingerprint: str, body: ActorRequest) -> Response:
@@ -138,6 +132,10 @@ class AnalysisApi:
                                        fingerprint=body.fingerprint, model=body.model,
                                        prompt_version=body.prompt_version, contract=body.contract,
                                        field=body.field, kind=body.kind), 201)
+
+        @r.get("/v1/silences", summary="Silences (by default only those still active)")
+        def get_silences(active: bool = True) -> Response:
+            return _json(admin.silences(store, active=active))
 
         @r.get("/v1/cohorts", summary="Cohorts with traffic, baselines, alerts and served models")
         def get_cohorts(since: AwareDatetime | None = None, until: AwareDatetime | None = None) -> Response:

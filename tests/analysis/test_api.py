@@ -527,6 +527,10 @@ def test_acknowledge_and_silence(client: TestClient) -> None:
                  "reason": "URGENT is being added", "match": {"model": MODEL, "kind": "new_enum_value"}}
     silenced = {a["kind"]: a["silenced_until"] for a in client.get("/v1/alerts").json()}
     assert silenced == {"presence_drop": None, "new_enum_value": s["ends_at"], "unknown_enum_growth": None}
+    assert client.get("/v1/silences").json() == [s]
+    assert {a["cohort_id"] for a in client.get("/v1/alerts").json()} == {
+        c["cohort_id"] for c in client.get("/v1/cohorts").json() if c["cohort"]["model"] == MODEL
+        and c["cohort"]["prompt_version"] == drop["cohort"]["prompt_version"]}
 
 
 # --- cohorts, runs, metrics --------------------------------------------------------------------
@@ -611,7 +615,7 @@ def test_openapi_lists_the_analysis_routes(judged: Judged) -> None:
     paths = judged.c.get("/openapi.json").json()["paths"]
     expected = {
         "/v1/alerts": {"get"}, "/v1/alerts/{fingerprint}": {"get"}, "/v1/alerts/{fingerprint}/ack": {"post"},
-        "/v1/silences": {"post"}, "/v1/cohorts": {"get"}, "/v1/cohorts/{cohort_id}/fields": {"get"},
+        "/v1/silences": {"get", "post"}, "/v1/cohorts": {"get"}, "/v1/cohorts/{cohort_id}/fields": {"get"},
         "/v1/served-model-changes": {"get"}, "/v1/baselines": {"get", "post"}, "/v1/baselines/import": {"post"},
         "/v1/baselines/retire": {"post"}, "/v1/baselines/inherit": {"post"},
         "/v1/baselines/{baseline_id}": {"get"}, "/v1/baselines/{baseline_id}/activate": {"post"},
