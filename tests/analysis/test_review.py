@@ -137,3 +137,26 @@ def test_the_html_report_renders_in_headless_chromium_without_errors(seeded: Pat
     assert "unpinned alias" in dom and "no baseline" in dom
     problems = [line for line in run.stderr.splitlines() if ":CONSOLE" in line or "Uncaught" in line]
     assert problems == []
+
+
+def test_the_review_is_served_in_each_format(seeded: Path, tmp_path: Path) -> None:
+    import shutil as sh
+
+    from fastapi.testclient import TestClient
+
+    from analysis.service import create_app
+    from collector import load_settings
+
+    db = tmp_path / "copy.duckdb"
+    sh.copy(seeded, db)
+    app = create_app(load_settings({"db_path": str(db)}, env={}), registry=CollectorRegistry(), analyze=False)
+    with TestClient(app) as client:
+        as_json = client.get("/v1/review", params={"since": "30d"})
+        md = client.get("/v1/review", params={"since": "30d", "format": "markdown"})
+        page = client.get("/v1/review", params={"since": "30d", "format": "html"})
+        bad = client.get("/v1/review", params={"since": "soon"})
+    assert as_json.status_code == md.status_code == page.status_code == 200
+    assert {Cohort(**c["cohort"]) for c in as_json.json()["cohorts"]} == {DRIFT, STABLE, NEW}
+    assert md.headers["content-type"].startswith("text/markdown") and "# shapewatch weekly review" in md.text
+    assert page.headers["content-type"].startswith("text/html") and page.text.count('<section class="cohort">') == 3
+    assert bad.status_code == 400 and "not a duration" in bad.json()["error"]["message"]
