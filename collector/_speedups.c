@@ -10,6 +10,8 @@
 #include <Python.h>
 #include <string.h>
 #include <math.h>
+#include <float.h>
+#include <stdint.h>
 #include <structmember.h>
 
 /* walk(obj, max_depth, max_array, max_key, max_leaves) -> (keys, leaves, huge) | None
@@ -103,14 +105,14 @@ static PyObject *py_count_keys(PyObject *self, PyObject *arg) {
  *
  * Acc(namer, max_value_length). add(output, group) walks one output (already
  * validated) and counts, per (group, path): presence, each JSON type, long
- * strings; per (group, path, short string) and per (group, path, array
- * length): occurrences. Paths are interned per parent: children[parent + 1] is
- * a dict key -> id (str keys carry their hash, so no tuple is built per node)
- * and items[parent + 1] the id of the parent's array items; parent -1 is the
- * output itself. On a miss `namer(parent_id, key)` (Python, which owns the path
- * syntax and escaping; key None for items) returns the new id. The reference
- * definition of all of this is flatten.flatten_output; tests hold the two to
- * each other.
+ * strings; per (group, path, short string), per (group, path, array length)
+ * and per (group, path, number bin): occurrences. Paths are interned per
+ * parent: children[parent + 1] is a dict key -> id (str keys carry their hash,
+ * so no tuple is built per node) and items[parent + 1] the id of the parent's
+ * array items; parent -1 is the output itself. On a miss `namer(parent_id, key)`
+ * (Python, which owns the path syntax and escaping; key None for items) returns
+ * the new id. The reference definition of all of this is flatten.flatten_output
+ * (and rollup.number_bin for numbers); tests hold the two to each other.
  * ------------------------------------------------------------------------------------- */
 
 enum { C_PRESENT, C_NULL, C_BOOLEAN, C_INTEGER, C_NUMBER, C_STRING, C_ARRAY, C_OBJECT, C_LONG, NCOUNT };
@@ -119,6 +121,41 @@ typedef struct {
     Py_ssize_t *slot_of_path; /* path id -> slot + 1 (0: none yet) */
     Py_ssize_t cap;
 } group_map;
+
+/* Number bins, the same as rollup.number_bin (the reference; a property test holds the
+ * two together): an int with |x| <= NB_EXACT is its own bin, |x| < NB_TINY is 0, every
+ * other number falls in the logarithmic bin k = ceil(log|x| / log(gamma)), whose
+ * representative is sign(x) * 2 * gamma**k / (gamma + 1).
+ *
+ * While counting, a bin is named by a small integer code, so a number costs a log() and
+ * a probe in its slot's small C hash table: no Python object, no pow(). Per slot, not one
+ * table for all: a batch holds hundreds of thousands of (slot, bin) pairs, and a slot's
+ * bins then stay within a few kilobytes instead of each probe landing on its own cache
+ * line and page of one large table. Codes: the exact ints themselves
+ * (0 is also the tiny bin); sign * (NB_BASE + k) for bin k (k is in [-1047, 35843] for
+ * finite doubles, so these never meet the exact codes); sign * NB_INF for infinities
+ * (JSON has none, but a Python int too large for a double lands there). NaN has no bin. */
+#define NB_EXACT 100
+#define NB_TINY 1e-9
+#define NB_GAMMA 1.02
+#define NB_BASE (1 << 20)
+#define NB_INF (1 << 30)
+#define NB_NONE INT32_MIN /* "not counted" (NaN) */
+
+/* log(gamma) from the same libm call as Python's math.log(1.02), set at import: a
+ * constant the compiler folds itself could differ in the last bit and move bin edges. */
+static double nb_log_gamma;
+
+typedef struct {
+    int32_t code;
+    long long n;      /* 0: an empty entry */
+} nb_entry;
+
+typedef struct {
+    nb_entry *entries; /* open addressing, linear probing, at most half full */
+    uint32_t cap;      /* 0 or a power of two */
+    uint32_t used;
+} nb_table;
 
 typedef struct {
     PyObject_HEAD
@@ -134,6 +171,10 @@ typedef struct {
     PyObject *lengths;    /* list: slot -> dict int -> int */
     Py_ssize_t nslots, cap;
     Py_ssize_t max_value_length;
+    /* slot -> number bin code -> count. Numbers are the most frequent leaves, so unlike
+     * values and lengths they get no dict (and no boxed key or count). */
+    nb_table *numbers;
+    Py_ssize_t nnumbers;  /* bins over all slots */
 } Acc;
 
 static void acc_dealloc(Acc *self) {
@@ -142,6 +183,8 @@ static void acc_dealloc(Acc *self) {
     Py_XDECREF(self->values);
     Py_XDECREF(self->lengths);
     for (Py_ssize_t g = 0; g < self->ngroups; g++) PyMem_Free(self->groups[g].slot_of_path);
+    for (Py_ssize_t s = 0; s < self->nslots; s++) PyMem_Free(self->numbers[s].entries);
+    PyMem_Free(self->numbers);
     PyMem_Free(self->groups);
     PyMem_Free(self->items);
     PyMem_Free(self->counts);
@@ -250,6 +293,9 @@ static Py_ssize_t slot_of(Acc *self, Py_ssize_t group, Py_ssize_t path) {
         Py_ssize_t *sp = PyMem_Realloc(self->slot_path, sizeof(Py_ssize_t) * cap);
         if (!sp) { PyErr_NoMemory(); return -1; }
         self->slot_path = sp;
+        nb_table *nt = PyMem_Realloc(self->numbers, sizeof(nb_table) * cap);
+        if (!nt) { PyErr_NoMemory(); return -1; }
+        self->numbers = nt;
         self->cap = cap;
     }
     s = self->nslots;
@@ -261,6 +307,7 @@ static Py_ssize_t slot_of(Acc *self, Py_ssize_t group, Py_ssize_t path) {
     Py_DECREF(ld);
     self->nslots++;
     memset(self->counts + s * NCOUNT, 0, sizeof(long long) * NCOUNT);
+    memset(self->numbers + s, 0, sizeof(nb_table));
     self->slot_group[s] = group;
     self->slot_path[s] = path;
     gm->slot_of_path[path] = s + 1;
@@ -276,6 +323,100 @@ static int bump(PyObject *dict, PyObject *key) {
     int r = nv ? PyDict_SetItem(dict, key, nv) : -1;
     Py_XDECREF(nv);
     return r;
+}
+
+/* --- number bins ------------------------------------------------------------------------ */
+
+static inline int32_t nb_code_of_double(double d) {
+    double a = fabs(d);
+    if (a < NB_TINY) return 0;
+    if (isnan(a)) return NB_NONE;
+    if (isinf(a)) return d < 0 ? -NB_INF : NB_INF;
+    int32_t k = (int32_t)ceil(log(a) / nb_log_gamma);
+    return d < 0 ? -(NB_BASE + k) : NB_BASE + k;
+}
+
+/* The code of an exact int (not a bool); -1 with an exception set on failure. */
+static inline int nb_code_of_long(PyObject *v, int32_t *code) {
+    int overflow;
+    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (overflow == 0) {
+        if (x == -1 && PyErr_Occurred()) return -1;
+        if (x >= -NB_EXACT && x <= NB_EXACT) { *code = (int32_t)x; return 0; }
+        /* Rounds to nearest even, as float(int) does: the same double as the reference. */
+        *code = nb_code_of_double((double)x);
+        return 0;
+    }
+    double d = PyLong_AsDouble(v);
+    if (d == -1.0 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError)) return -1;
+        PyErr_Clear(); /* beyond any double: the infinite bin of its sign */
+        *code = overflow < 0 ? -NB_INF : NB_INF;
+        return 0;
+    }
+    *code = nb_code_of_double(d);
+    return 0;
+}
+
+/* The representative value of a bin code: what rollup.number_bin returns. */
+static double nb_value(int32_t code) {
+    if (code >= -NB_EXACT && code <= NB_EXACT) return (double)code;
+    int32_t m = code < 0 ? -code : code;
+    double r;
+    if (m == NB_INF) {
+        r = Py_HUGE_VAL;
+    } else {
+        double k = (double)(m - NB_BASE);
+        r = 2.0 * pow(NB_GAMMA, k) / (NB_GAMMA + 1.0);
+        if (isinf(r)) {
+            /* In the top bin gamma**k overflows a double: the same value from gamma**(k-1),
+             * which does not (and, defensively, kept finite). */
+            r = pow(NB_GAMMA, k - 1.0) * (2.0 * NB_GAMMA / (NB_GAMMA + 1.0));
+            if (isinf(r)) r = DBL_MAX;
+        }
+    }
+    return code < 0 ? -r : r;
+}
+
+static inline uint32_t nb_hash(int32_t code) {
+    uint32_t h = (uint32_t)code * 0x9E3779B1u; /* neighbouring bins have neighbouring codes */
+    return h ^ (h >> 15);
+}
+
+static int nb_grow(nb_table *t) {
+    uint32_t cap = t->cap ? t->cap * 2 : 8;
+    nb_entry *e = PyMem_Calloc(cap, sizeof(nb_entry));
+    if (!e) { PyErr_NoMemory(); return -1; }
+    for (uint32_t j = 0; j < t->cap; j++) {
+        nb_entry *old = &t->entries[j];
+        if (old->n == 0) continue;
+        uint32_t i = nb_hash(old->code) & (cap - 1);
+        while (e[i].n) i = (i + 1) & (cap - 1);
+        e[i] = *old;
+    }
+    PyMem_Free(t->entries);
+    t->entries = e;
+    t->cap = cap;
+    return 0;
+}
+
+static int nb_count(Acc *self, Py_ssize_t slot, int32_t code) {
+    if (code == NB_NONE) return 0;
+    nb_table *t = &self->numbers[slot];
+    if (t->used * 2 >= t->cap && nb_grow(t) < 0) return -1;
+    uint32_t mask = t->cap - 1, i = nb_hash(code) & mask;
+    for (;;) {
+        nb_entry *e = &t->entries[i];
+        if (e->n == 0) {
+            e->code = code;
+            e->n = 1;
+            t->used++;
+            self->nnumbers++;
+            return 0;
+        }
+        if (e->code == code) { e->n++; return 0; }
+        i = (i + 1) & mask;
+    }
 }
 
 static int acc_value(Acc *self, PyObject *v, Py_ssize_t group, Py_ssize_t path);
@@ -316,9 +457,12 @@ static int acc_value(Acc *self, PyObject *v, Py_ssize_t group, Py_ssize_t path) 
         c[C_BOOLEAN]++;
     } else if (PyLong_CheckExact(v)) {
         c[C_INTEGER]++;
+        int32_t code;
+        if (nb_code_of_long(v, &code) < 0 || nb_count(self, slot, code) < 0) return -1;
     } else if (PyFloat_CheckExact(v)) {
         double d = PyFloat_AS_DOUBLE(v);
         if (d == floor(d)) c[C_INTEGER]++; else c[C_NUMBER]++;
+        if (nb_count(self, slot, nb_code_of_double(d)) < 0) return -1;
     } else if (PyUnicode_CheckExact(v)) {
         c[C_STRING]++;
         if (PyUnicode_GET_LENGTH(v) <= self->max_value_length) {
@@ -376,12 +520,47 @@ static PyObject *acc_counts(Acc *self, PyObject *unused) {
     return out;
 }
 
+/* The number bins as three packed native arrays (bytes): slots (int64), representative
+ * values (float64) and counts (int64), by slot. Not lists: a batch has several bins per
+ * event, and boxing each slot, value and count cost more than counting them (Arrow
+ * wraps these buffers without a copy). */
+static PyObject *acc_number_rows(Acc *self) {
+    Py_ssize_t n = self->nnumbers;
+    PyObject *slots = PyBytes_FromStringAndSize(NULL, n * 8);
+    PyObject *values = PyBytes_FromStringAndSize(NULL, n * 8);
+    PyObject *counts = PyBytes_FromStringAndSize(NULL, n * 8);
+    if (!slots || !values || !counts) {
+        Py_XDECREF(slots);
+        Py_XDECREF(values);
+        Py_XDECREF(counts);
+        return NULL;
+    }
+    int64_t *ps = (int64_t *)PyBytes_AS_STRING(slots), *pn = (int64_t *)PyBytes_AS_STRING(counts);
+    double *pv = (double *)PyBytes_AS_STRING(values);
+    Py_ssize_t row = 0;
+    for (Py_ssize_t s = 0; s < self->nslots; s++) {
+        nb_table *t = &self->numbers[s];
+        for (uint32_t i = 0; i < t->cap; i++) {
+            nb_entry *e = &t->entries[i];
+            if (e->n == 0) continue;
+            ps[row] = s;
+            pv[row] = nb_value(e->code);
+            pn[row] = e->n;
+            row++;
+        }
+    }
+    return Py_BuildValue("(NNN)", slots, values, counts);
+}
+
 /* rows(which) -> (slots, keys, counts): the per-slot dicts of `values` (which=0) or
- * `lengths` (which=1) flattened into three parallel lists, for building columns. */
+ * `lengths` (which=1) flattened into three parallel lists, for building columns; or the
+ * number bins (which=2) as three packed arrays (see acc_number_rows). */
 static PyObject *acc_rows(Acc *self, PyObject *arg) {
     if (self->namer == NULL) { PyErr_SetString(PyExc_RuntimeError, "Acc is not initialised"); return NULL; }
     long which = PyLong_AsLong(arg);
     if (which == -1 && PyErr_Occurred()) return NULL;
+    if (which < 0 || which > 2) { PyErr_SetString(PyExc_ValueError, "rows(which): which is 0, 1 or 2"); return NULL; }
+    if (which == 2) return acc_number_rows(self);
     PyObject *src = which ? self->lengths : self->values;
     PyObject *slots = PyList_New(0), *keys = PyList_New(0), *counts = PyList_New(0);
     if (!slots || !keys || !counts) goto fail;
@@ -409,7 +588,8 @@ fail:
 }
 
 static PyMethodDef acc_methods[] = {
-    {"rows", (PyCFunction)acc_rows, METH_O, "rows(0|1) -> (slots, keys, counts) of values (0) or lengths (1)."},
+    {"rows", (PyCFunction)acc_rows, METH_O,
+     "rows(0|1|2) -> (slots, keys, counts) of values (0), lengths (1) or number bins (2, packed)."},
     {"add", (PyCFunction)acc_add, METH_VARARGS, "add(output: dict, group: int): count one output."},
     {"counts", (PyCFunction)acc_counts, METH_NOARGS, "Per slot: (group, path, nine counts); slot i is row i."},
     {NULL, NULL, 0, NULL},
@@ -436,6 +616,8 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "collector._speedups", NULL, -1, methods};
 
 PyMODINIT_FUNC PyInit__speedups(void) {
+    volatile double gamma = NB_GAMMA; /* volatile: computed by libm here, not folded at compile time */
+    nb_log_gamma = log(gamma);
     if (PyType_Ready(&AccType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;

@@ -17,13 +17,15 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from .store import Store
 
 __all__ = ["FieldProfile", "Profile", "read_profile", "read_profiles"]
 
 TYPES = ("null", "boolean", "integer", "number", "string", "array", "object")
+
+_Key = TypeVar("_Key", int, float)
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,9 @@ class FieldProfile:
     values: dict[str, int]  # short string -> count (bounded per bucket; the rest is overflow)
     values_overflow: int
     array_lengths: dict[int, int] = field(default_factory=dict)  # exact histogram
+    # Number histogram: bin representative -> count (rollup.number_bin: exact for integers up
+    # to 100, within 1% otherwise). Integers and fractions together; booleans are not numbers.
+    numbers: dict[float, int] = field(default_factory=dict)
 
     @property
     def filled(self) -> int:
@@ -63,16 +68,14 @@ class FieldProfile:
 
     def array_percentile(self, q: float) -> int | None:
         """The q-quantile (0..1) of array lengths, exact (nearest rank); None without arrays."""
-        total = sum(self.array_lengths.values())
-        if not total:
-            return None
-        rank = max(1, math.ceil(round(q * total, 9)))  # nearest rank; round() absorbs 0.9 * 10 = 9.000...02
-        seen = 0
-        for length in sorted(self.array_lengths):
-            seen += self.array_lengths[length]
-            if seen >= rank:
-                return length
-        return max(self.array_lengths)
+        return _nearest_rank(self.array_lengths, q)
+
+    def number_percentile(self, q: float) -> float | None:
+        """The q-quantile (0..1) of numbers (nearest rank over the bins); None without numbers.
+
+        Exact for integers up to 100 in magnitude, within 1% otherwise (``rollup.number_bin``).
+        """
+        return _nearest_rank(self.numbers, q)
 
     @property
     def empty_array_share(self) -> float:
@@ -83,13 +86,31 @@ class FieldProfile:
         """A plain-JSON form (string keys, sorted when dumped) that ``from_json`` reads back equal."""
         out = dataclasses.asdict(self)
         out["array_lengths"] = {str(k): v for k, v in sorted(self.array_lengths.items())}
+        # repr() of a float is the shortest text that float() reads back to the same float.
+        out["numbers"] = {repr(k): v for k, v in sorted(self.numbers.items())}
         return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> FieldProfile:
         data = dict(data)
         data["array_lengths"] = {int(k): int(v) for k, v in data.get("array_lengths", {}).items()}
+        # Absent in profiles written before number histograms existed.
+        data["numbers"] = {float(k): int(v) for k, v in data.get("numbers", {}).items()}
         return cls(**data)
+
+
+def _nearest_rank(histogram: dict[_Key, int], q: float) -> _Key | None:
+    """The q-quantile (0..1) of a histogram value -> count, nearest rank; None if it is empty."""
+    total = sum(histogram.values())
+    if not total:
+        return None
+    rank = max(1, math.ceil(round(q * total, 9)))  # nearest rank; round() absorbs 0.9 * 10 = 9.000...02
+    seen = 0
+    for value in sorted(histogram):
+        seen += histogram[value]
+        if seen >= rank:
+            return value
+    return max(histogram)
 
 
 @dataclass(frozen=True)
@@ -137,6 +158,10 @@ def _read(store: Store, cohort_id: int, since: datetime, until: datetime) -> Pro
     for path, value, n in store.query(
             f"SELECT path, value, sum(n)::BIGINT FROM value_rollups WHERE {where} GROUP BY ALL", window):
         values.setdefault(path, {})[value] = int(n)
+    numbers: dict[str, dict[float, int]] = {}
+    for path, value, n in store.query(
+            f"SELECT path, value, sum(n)::BIGINT FROM number_rollups WHERE {where} GROUP BY ALL", window):
+        numbers.setdefault(path, {})[float(value)] = int(n)
     fields: dict[str, FieldProfile] = {}
     for row in store.query(
             f"""SELECT path, scope, sum(present), sum(n_null), sum(n_boolean), sum(n_integer), sum(n_number),
@@ -148,7 +173,7 @@ def _read(store: Store, cohort_id: int, since: datetime, until: datetime) -> Pro
         counts = [int(x) for x in row[2:]]
         types = {t: c for t, c in zip(TYPES, counts[1:8], strict=True) if c}
         fields[path] = FieldProfile(path, scope, units, counts[0], types, counts[8], values.get(path, {}),
-                                    counts[9], lengths.get(path, {}))
+                                    counts[9], lengths.get(path, {}), numbers.get(path, {}))
     served = {str(m): int(n) for m, n in store.query(
         f"SELECT served_model, sum(n)::BIGINT FROM served_models WHERE {where} GROUP BY ALL", window)}
     model, prompt_version, contract = cohort[0]

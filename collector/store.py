@@ -95,10 +95,21 @@ _V3 = """
 CREATE TABLE outcome_keys (key VARCHAR PRIMARY KEY, received_at TIMESTAMPTZ NOT NULL);
 """
 
+_V4 = """
+-- Number histograms: value is a bin's representative (rollup.number_bin), n its count.
+-- Events stored before this version have none: re-reading the whole history here could
+-- take as long as its import, so a window reaching back before the upgrade shows the
+-- numbers of the newer events only. (Events after the rollup watermark are re-rolled at
+-- open as always, numbers included.)
+CREATE TABLE number_rollups (
+    cohort_id INTEGER NOT NULL, bucket TIMESTAMPTZ NOT NULL, path VARCHAR NOT NULL, value DOUBLE NOT NULL,
+    n BIGINT NOT NULL);
+"""
+
 # Each entry turns version i into version i + 1; never edit a released one, append.
 # "{bucket}" stands for the store's bucket width in seconds. Buckets are always on the
 # Unix-epoch grid (epoch - epoch % width), the same grid the rollups use.
-MIGRATIONS: list[str] = [_V1, _V2, _V3]
+MIGRATIONS: list[str] = [_V1, _V2, _V3, _V4]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -10,18 +10,21 @@ from typing import Any
 import orjson
 import pytest
 from conftest import make_envelope
+from test_rollup import numbers_of
 
 from collector import Store, flatten_output, read_profile, read_profiles
 from collector.envelope import LIMITS, parse_envelope
 from collector.profile import FieldProfile
+from collector.rollup import number_bin
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
 
 def output(rnd: random.Random) -> dict[str, Any]:
     out: dict[str, Any] = {"priority": rnd.choice(["low", "high", None]),
-                           "items": [{"k": rnd.choice(["a", "b"]), "n": rnd.choice([1, 2.5])}
-                                     for _ in range(rnd.randint(0, 3))]}
+                           "items": [{"k": rnd.choice(["a", "b"]), "n": rnd.choice([1, 2.5, -40, 1e6 + 0.5])}
+                                     for _ in range(rnd.randint(0, 3))],
+                           "latency_ms": rnd.choice([rnd.randrange(0, 5000), rnd.uniform(0, 5000)])}
     if rnd.random() < 0.6:
         out["customer"] = {"tier": rnd.choice(["gold", "free"])}
     if rnd.random() < 0.3:
@@ -53,9 +56,13 @@ def expected(written: list[tuple[datetime, dict[str, Any]]], since: datetime, un
     fields: dict[str, dict[str, Any]] = {}
     items: Counter[str] = Counter()
     for out in inside:
+        numbers: dict[str, Counter[float]] = {}
+        for path, value in numbers_of(out):
+            numbers.setdefault(path, Counter())[value] += 1
         for o in flatten_output(out):
             f = fields.setdefault(o.path, {"scope": o.scope, "present": 0, "types": Counter(),
-                                           "values": Counter(), "lengths": Counter()})
+                                           "values": Counter(), "lengths": Counter(), "numbers": Counter()})
+            f["numbers"].update(numbers.pop(o.path, {}))
             f["present"] += 1
             f["types"][o.type.value] += 1
             if o.string is not None:
@@ -70,7 +77,7 @@ def expected(written: list[tuple[datetime, dict[str, Any]]], since: datetime, un
 
 def as_plain(p: FieldProfile) -> dict[str, Any]:
     return {"scope": p.scope, "present": p.present, "types": Counter(p.types), "values": Counter(p.values),
-            "lengths": Counter(p.array_lengths), "units": p.units}
+            "lengths": Counter(p.array_lengths), "numbers": Counter(p.numbers), "units": p.units}
 
 
 @pytest.mark.parametrize("minutes", [(0, 10), (2, 5), (9, 10)])
@@ -96,6 +103,57 @@ def test_rates_and_percentiles(store: Store) -> None:
     assert (a.array_percentile(0.5), a.array_percentile(0.9), a.array_percentile(0.0)) == (1, 3, 0)
     assert a.empty_array_share == 1 / 3
     assert (items.units, items.present, items.presence_rate) == (4, 4, 1.0)  # units: the 4 items
+
+
+def test_a_window_profile_is_the_merge_of_its_parts(store: Store) -> None:
+    write(store, 200, seed=4)
+    minutes = [T0 + timedelta(minutes=m) for m in range(11)]
+    (whole,) = read_profiles(store, minutes[0], minutes[-1])
+    parts = [read_profiles(store, a, b) for a, b in zip(minutes, minutes[1:], strict=False)]
+    merged: dict[str, dict[str, Counter[Any]]] = {}
+    for part in parts:
+        for p in part:
+            for path, f in p.fields.items():
+                m = merged.setdefault(path, {"types": Counter(), "lengths": Counter(), "numbers": Counter()})
+                m["types"].update(f.types)
+                m["lengths"].update(f.array_lengths)
+                m["numbers"].update(f.numbers)
+    assert {path: {"types": Counter(f.types), "lengths": Counter(f.array_lengths), "numbers": Counter(f.numbers)}
+            for path, f in whole.fields.items()} == merged
+    assert sum(whole.fields["latency_ms"].numbers.values()) == whole.events
+
+
+def test_number_percentiles_and_shares(store: Store) -> None:
+    # latency: 1..100 ms exactly (small ints are their own bins), then one 250.0 and one 5000.5
+    outs: list[dict[str, Any]] = [{"latency": i} for i in range(1, 101)]
+    outs += [{"latency": 250.0}, {"latency": 5000.5}, {"latency": None}, {"latency": True}, {"latency": "3"}]
+    outs += [{"scores": [0.5, -2, 1e-12]}, {"label": "x"}]
+    store.write_batch([parse_envelope(orjson.dumps(make_envelope(event_id=f"n{i}", output=o)), LIMITS)
+                       for i, o in enumerate(outs)])
+    cohort_id = store.query("SELECT cohort_id FROM cohorts")[0][0]
+    p = read_profile(store, cohort_id, T0, T0 + timedelta(hours=1))
+    latency, scores = p.fields["latency"], p.fields["scores[]"]
+    assert sum(latency.numbers.values()) == 102  # null, boolean and string are not numbers
+    assert (latency.number_percentile(0.0), latency.number_percentile(0.5), latency.number_percentile(0.9)) == (
+        1.0, 51.0, 92.0)  # nearest rank: 51st and 92nd of 102
+    assert latency.number_percentile(0.99) == number_bin(250.0)  # 101st of 102
+    assert latency.number_percentile(1.0) == number_bin(5000.5)
+    assert abs(latency.number_percentile(1.0) - 5000.5) <= 0.01 * 5000.5
+    assert scores.numbers == {-2.0: 1, 0.0: 1, number_bin(0.5): 1}  # items of an array, tiny -> 0
+    assert (scores.number_percentile(0.0), scores.number_percentile(0.5)) == (-2.0, 0.0)
+    assert p.fields["label"].numbers == {} and p.fields["label"].number_percentile(0.5) is None
+
+
+def test_field_profiles_round_trip_through_json_exactly() -> None:
+    f = FieldProfile("x", None, 10, 9, {"number": 6, "integer": 3}, 0, {}, 0, {0: 1, 3: 2},
+                     {0.1: 2, -3.0: 1, 1e300: 1, number_bin(1e-5): 3, 0.0: 1, -1.7976931348623157e308: 1})
+    data = orjson.loads(orjson.dumps(f.to_json(), option=orjson.OPT_SORT_KEYS))
+    assert data["numbers"]["0.1"] == 2 and data["numbers"]["-3.0"] == 1 and data["numbers"]["1e+300"] == 1
+    back = FieldProfile.from_json(data)
+    assert back == f
+    # a profile written before number histograms existed reads back with none
+    old = {k: v for k, v in data.items() if k != "numbers"}
+    assert FieldProfile.from_json(old).numbers == {}
 
 
 def test_a_cohort_without_traffic_in_the_window_has_an_empty_profile(store: Store) -> None:

@@ -5,15 +5,17 @@ Invariants checked on real DuckDB files: the rollup of a window is the merge of
 the rollups of its parts, however the events were split into batches and in
 whatever order; the rollups equal a recomputation from the raw `output` column;
 the value cap bounds the distinct values and accounts for the rest in
-``values_overflow``; compaction changes no sum. TIMESTAMPTZ values are read as
-epoch seconds (DuckDB's Python conversion of TIMESTAMPTZ needs pytz).
+``values_overflow``; compaction changes no sum. Number histograms are recomputed
+with ``numbers_of`` below (``rollup.number_bin`` over every number leaf).
+TIMESTAMPTZ values are read as epoch seconds (DuckDB's Python conversion of
+TIMESTAMPTZ needs pytz).
 """
 
 from __future__ import annotations
 
 import random
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -21,8 +23,8 @@ from typing import Any
 import orjson
 
 from collector.envelope import LIMITS, Envelope, parse_envelope
-from collector.flatten import JsonType, flatten_output
-from collector.rollup import ROLLUP_TABLES, RollupConfig, compact_rollups
+from collector.flatten import JsonType, flatten_output, items_path, join_key
+from collector.rollup import ROLLUP_TABLES, RollupConfig, compact_rollups, number_bin
 from collector.store import Store, WriteStatus
 
 MakeEnvelope = Callable[..., dict[str, Any]]
@@ -46,6 +48,27 @@ def open_store(tmp_path: Path, name: str, **kw: Any) -> Store:
 def write_all(store: Store, batches: list[list[Envelope]]) -> None:
     for batch in batches:
         assert {r.status for r in store.write_batch(batch)} == {WriteStatus.accepted}
+
+
+def numbers_of(output: dict[str, Any]) -> Iterator[tuple[str, float]]:
+    """(path, number_bin(value)) for every number leaf of an output: the reference for number_rollups.
+
+    Booleans are not numbers; numbers inside arrays count under the items path.
+    """
+    def walk(v: Any, path: str) -> Iterator[tuple[str, float]]:
+        if isinstance(v, bool) or v is None or isinstance(v, str):
+            return
+        if isinstance(v, int | float):
+            yield path, number_bin(v)
+        elif isinstance(v, list):
+            for item in v:
+                yield from walk(item, items_path(path))
+        else:
+            for k, x in v.items():
+                yield from walk(x, join_key(path, k))
+
+    for k, v in output.items():
+        yield from walk(v, join_key(None, k))
 
 
 def rollup_sums(store: Store, *, since: int | None = None, until: int | None = None,
@@ -135,6 +158,13 @@ def random_output(rng: random.Random) -> dict[str, Any]:
         out["mixed"] = rng.choice(["5", 5, 5.5, True, None, [], {}, "é" * 64, "é" * 65])
     if rng.random() < 0.1:
         out["deep"] = {"l1": {"l2": {"l3": [{"k": None}, {"k": "v"}, {}]}}}
+    if rng.random() < 0.7:  # numbers over the whole range: exact small ints, every kind of bin
+        out["amount"] = rng.choice([0, 7, -3, 100, -100, 101, -101, 250, 10**6, 2**53 + 1, -(2**63), 2**64 - 1,
+                                    0.1, -0.1, 1e-9, 5e-10, -0.0, 3.0, 99.5, 1234.5678, -1e15, 1e300,
+                                    1.7976931348623157e308, round(rng.uniform(-1000, 1000), 2)])
+    if rng.random() < 0.4:
+        out["readings"] = [rng.choice([rng.uniform(-50, 50), rng.randrange(-200, 200), True, None])
+                           for _ in range(rng.randrange(4))]
     return out
 
 
@@ -211,11 +241,14 @@ def recompute(store: Store, max_len: int) -> dict[str, dict[tuple[Any, ...], Any
     field: dict[tuple[Any, ...], dict[str, Any]] = {}
     values: dict[tuple[Any, ...], Counter[str]] = defaultdict(Counter)
     lengths: dict[tuple[Any, ...], Counter[int]] = defaultdict(Counter)
+    numbers: dict[tuple[Any, ...], Counter[float]] = defaultdict(Counter)
     buckets: Counter[tuple[Any, ...]] = Counter()
     rows = store.query("SELECT cohort_id, epoch_us(ts), output FROM events")
     for cohort_id, ts_us, output in rows:
         bucket = ts_us // 1_000_000 // store.bucket_seconds * store.bucket_seconds
         buckets[(cohort_id, bucket)] += 1
+        for path, value in numbers_of(orjson.loads(output)):
+            numbers[(cohort_id, bucket, path)][value] += 1
         for obs in flatten_output(orjson.loads(output)):
             key = (cohort_id, bucket, obs.path)
             f = field.setdefault(key, {"scope": obs.scope, **dict.fromkeys(FIELD_COLS, 0),
@@ -232,7 +265,8 @@ def recompute(store: Store, max_len: int) -> dict[str, dict[tuple[Any, ...], Any
             if obs.type is JsonType.array:
                 assert obs.length is not None
                 lengths[key][obs.length] += 1
-    return {"field": field, "values": dict(values), "lengths": dict(lengths), "buckets": dict(buckets)}
+    return {"field": field, "values": dict(values), "lengths": dict(lengths), "numbers": dict(numbers),
+            "buckets": dict(buckets)}
 
 
 def stored(store: Store) -> dict[str, dict[tuple[Any, ...], Any]]:
@@ -249,9 +283,14 @@ def stored(store: Store) -> dict[str, dict[tuple[Any, ...], Any]]:
     for cid, b, path, length, n in store.query("SELECT cohort_id, epoch(bucket)::BIGINT, path, length, "
                                                "sum(n)::BIGINT FROM array_rollups GROUP BY ALL"):
         lengths[(cid, b, path)][length] = n
+    numbers: dict[tuple[Any, ...], Counter[float]] = defaultdict(Counter)
+    for cid, b, path, value, n in store.query("SELECT cohort_id, epoch(bucket)::BIGINT, path, value, "
+                                              "sum(n)::BIGINT FROM number_rollups GROUP BY ALL"):
+        numbers[(cid, b, path)][value] = n
     buckets = {(cid, b): n for cid, b, n in store.query(
         "SELECT cohort_id, epoch(bucket)::BIGINT, sum(events)::BIGINT FROM cohort_buckets GROUP BY ALL")}
-    return {"field": field, "values": dict(values), "lengths": dict(lengths), "buckets": buckets}
+    return {"field": field, "values": dict(values), "lengths": dict(lengths), "numbers": dict(numbers),
+            "buckets": buckets}
 
 
 def test_rollups_equal_a_recomputation_from_the_raw_outputs(store: Store, envelope: MakeEnvelope) -> None:
@@ -265,6 +304,7 @@ def test_rollups_equal_a_recomputation_from_the_raw_outputs(store: Store, envelo
     assert got["field"] == expected["field"]
     assert got["values"] == expected["values"]
     assert got["lengths"] == expected["lengths"]
+    assert got["numbers"] == expected["numbers"]
     # the data exercised what it was meant to
     paths = {k[2] for k in got["field"]}
     assert {"a\\.b", "a.b", "x\\[0\\].in\\]ner", "x\\[0\\].back\\\\slash[]", "entities[].spans[][]",
@@ -272,6 +312,9 @@ def test_rollups_equal_a_recomputation_from_the_raw_outputs(store: Store, envelo
     totals = {c: sum(f[c] for f in got["field"].values()) for c in FIELD_COLS}
     assert all(totals[c] > 0 for c in FIELD_COLS), totals
     assert any(0 in h for h in got["lengths"].values())  # empty arrays counted as length 0
+    binned = Counter(v for h in got["numbers"].values() for v in h)
+    assert {0.0, 7.0, -100.0, 1.7849871279102503e+308} <= set(binned)  # exact, tiny, top bin
+    assert {p for (_, _, p) in got["numbers"]} >= {"amount", "readings[]", "matrix[][]", "entities[].spans[][]"}
 
 
 def test_the_accumulator_agrees_with_flatten_on_awkward_documents(store: Store, envelope: MakeEnvelope) -> None:
@@ -282,7 +325,7 @@ def test_the_accumulator_agrees_with_flatten_on_awkward_documents(store: Store, 
         {"a": [{}, {"b": None}, [], "s", 1, 1.0, 1.5, True, None]},
         {"e": {"": 1}},
         {"k": "x" * 64, "l": "x" * 65, "u": "\U0001F600" * 64, "v": "\U0001F600" * 65},
-        {"n": -0.0, "m": 1e300, "big": 2**63 + 5, "neg": -(2**63)},
+        {"n": -0.0, "m": 1e300, "big": 2**63 + 5, "neg": -(2**63), "t": 1e-9, "u": -5e-324, "b": [True, 1]},
         {"q\\.": {"r": 1}, "q\\": {".r": 2}},
     ]
     store.write_batch([parse(envelope(event_id=f"w{i}", output=o)) for i, o in enumerate(outputs)])
