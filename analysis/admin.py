@@ -209,7 +209,9 @@ def cohort_fields(store: Store, cohort_id: int, *, since: datetime, until: datet
             "since": _iso(since), "until": _iso(until), "events": p.events, "served_models": p.served_models,
             "fields": [{**f.to_json(), "presence_rate": round(f.presence_rate, 6), "filled": f.filled,
                         "array_p50": f.array_percentile(0.5), "array_p90": f.array_percentile(0.9),
-                        "array_p99": f.array_percentile(0.99)} for f in p.fields.values()]}
+                        "array_p99": f.array_percentile(0.99), "number_p50": f.number_percentile(0.5),
+                        "number_p90": f.number_percentile(0.9), "number_p99": f.number_percentile(0.99)}
+                       for f in p.fields.values()]}
 
 
 def served_model_changes(store: Store) -> list[dict[str, Any]]:

@@ -578,6 +578,7 @@ def test_cohort_fields_are_the_window_profile(judged: Judged) -> None:
     assert fields["priority"]["values"] == {"URGENT": 40, "high": 120, "low": 120, "medium": 120}
     assert (fields["tags"]["array_lengths"], fields["tags"]["array_p50"], fields["tags"]["array_p90"]) == (
         {"0": 134, "1": 133, "2": 133}, 1, 2)
+    assert (fields["priority"]["number_p50"], fields["tags"]["numbers"]) == (None, {})  # no numbers there
     # Without since/until: the configured window (24h) up to now holds the same events.
     assert judged.c.get(f"/v1/cohorts/{cid}/fields").json()["events"] == 400
 
