@@ -173,6 +173,11 @@ def cohorts(store: Store, *, since: datetime | None = None, until: datetime | No
             """SELECT cohort_id, served_model, sum(n)::BIGINT FROM served_models WHERE bucket >= ? AND bucket < ?
                GROUP BY ALL ORDER BY 3 DESC""", [since, until]):
         served.setdefault(int(cid), {})[str(m)] = int(n)
+    outcomes: dict[int, dict[str, int]] = {}
+    for cid, kind, n in store.query(
+            "SELECT cohort_id, kind, sum(n)::BIGINT FROM outcomes WHERE bucket >= ? AND bucket < ? GROUP BY ALL "
+            "ORDER BY 2", [since, until]):
+        outcomes.setdefault(int(cid), {})[str(kind)] = int(n)
     counts: dict[tuple[str, str, str], dict[str, int]] = {}
     for m, p, c, sev, n in store.query(
             "SELECT model, prompt_version, contract, severity, count(*) FROM alerts WHERE state = 'firing' "
@@ -197,6 +202,8 @@ def cohorts(store: Store, *, since: datetime | None = None, until: datetime | No
         out.append({"cohort_id": int(cid), "cohort": cohort._asdict(), "first_seen": _iso(first),
                     "events": traffic.get(int(cid), 0), "unpinned": is_unpinned(cohort.model),
                     "served_models": served.get(int(cid), {}), "baseline": baseline,
+                    # responses that never reached a parser: truncated, refused, filtered, invalid JSON
+                    "provider_outcomes": outcomes.get(int(cid), {}),
                     "alerts_firing": counts.get((cohort.model, cohort.prompt_version, cohort.contract), {})})
     return out
 

@@ -35,6 +35,8 @@ def cohort_rows(cohorts: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "baseline age (days)": b["age_days"] if b else None,
             "baseline samples": b["samples"] if b else None,
             "page firing": firing.get("page", 0), "warn firing": firing.get("warn", 0),
+            "truncated / refused outputs": ", ".join(
+                f"{k} {n}" for k, n in (c.get("provider_outcomes") or {}).items()) or "-",
             "first seen": c.get("first_seen")})
     return rows
 

@@ -546,15 +546,16 @@ def test_cohorts_show_traffic_baseline_unpinned_models_and_alert_counts(judged: 
                "author": "ana", "note": "reviewed: week 48", "window": b["window"], "samples": 400}
     assert {k: v for k, v in main.items() if k not in ("cohort_id", "first_seen")} == {
         "cohort": COHORT, "events": 800, "unpinned": False, "served_models": {MODEL: 800},
-        "baseline": {**summary, "how": "own", "age_days": 0.0}, "alerts_firing": {"page": 1, "warn": 2}}
+        "baseline": {**summary, "how": "own", "age_days": 0.0}, "alerts_firing": {"page": 1, "warn": 2},
+        "provider_outcomes": {}}
     assert main["first_seen"] == iso(judged.t.base)
     assert {k: v for k, v in v4.items() if k not in ("cohort_id", "first_seen")} == {
         "cohort": {**COHORT, "prompt_version": "intake-v4"}, "events": 20, "unpinned": False,
         "served_models": {MODEL: 20}, "baseline": {**summary, "how": "previous_prompt_version", "age_days": 0.0},
-        "alerts_firing": {}}
+        "alerts_firing": {}, "provider_outcomes": {}}
     assert {k: v for k, v in alias.items() if k not in ("cohort_id", "first_seen")} == {
         "cohort": {**COHORT, "model": "gpt-4o"}, "events": 20, "unpinned": True,
-        "served_models": {"gpt-4o": 20}, "baseline": None, "alerts_firing": {}}
+        "served_models": {"gpt-4o": 20}, "baseline": None, "alerts_firing": {}, "provider_outcomes": {}}
     # A window that holds only the baseline period.
     since, until = judged.t.base_window
     narrow = judged.c.get("/v1/cohorts", params={"since": since, "until": until}).json()
@@ -668,3 +669,16 @@ def test_every_analysis_route_wants_a_valid_token(tmp_path: Path) -> None:
             assert ok.status_code != 401, (method, path, ok.text)
         assert c.get("/v1/alerts", headers={"Authorization": "Bearer t1"}).json() == []
 
+
+
+def test_cohorts_count_provider_outcomes_that_never_reached_a_parser(tmp_path: Path) -> None:
+    fixture = Path(__file__).parents[1] / "collector" / "fixtures" / "providers" / "openai_chat_truncated.json"
+    app = create_app(dataclasses.replace(Settings(), db_path=tmp_path / "o.duckdb"), registry=CollectorRegistry(),
+                     analyze=False)
+    with TestClient(app) as c:
+        for _ in range(2):  # the same response twice counts once
+            r = c.post("/v1/provider/openai", params={"prompt_version": "p1", "contract": "intake"},
+                       content=fixture.read_bytes(), headers={"content-type": "application/json"})
+            assert r.status_code < 300, r.text
+        cohorts = c.get("/v1/cohorts").json()
+    assert [(x["cohort"]["prompt_version"], x["provider_outcomes"]) for x in cohorts] == [("p1", {"truncated": 1})]
