@@ -612,6 +612,30 @@ def review(ctx: click.Context, since: str, fmt: str, out_path: Path | None, db_p
         click.echo(str(out_path))
 
 
+@cli.command("demo-traffic")
+@click.option("--url", envvar="SHAPEWATCH_URL", default="http://127.0.0.1:8000", show_default=True,
+              help="The service to send to (SHAPEWATCH_URL).")
+@_token_option
+@click.option("--rate", type=click.FloatRange(min=0.1, max=100_000), default=20.0, show_default=True,
+              help="Events per second.")
+@click.option("--drift/--no-drift", default=False, show_default=True,
+              help="Make the sample cohorts that drift in the sample workspace drift now.")
+@click.option("--duration", type=click.FloatRange(min=0.1), help="Seconds to run (default: until Ctrl-C).")
+def demo_traffic(url: str, token: str | None, rate: float, drift: bool, duration: float | None) -> None:
+    """Stream realistic synthetic traffic of the sample cohorts to a running service, for trying it live."""
+    from .sample import SampleError, stream_demo_traffic
+
+    click.echo(f"sending {rate:g} events/s to {url}{' with drift' if drift else ''}; Ctrl-C stops", err=True)
+    try:
+        sent = stream_demo_traffic(url, token=token, rate=rate, drift=drift, duration=duration)
+    except KeyboardInterrupt:
+        click.echo("stopped", err=True)
+        return
+    except SampleError as exc:
+        _fail(exc)
+    click.echo(f"sent {sent} events")
+
+
 def main() -> None:
     cli(prog_name="shapewatch")
 

@@ -37,7 +37,7 @@ from typing import Any
 import httpx
 
 __all__ = ["SAMPLE_AUTHOR", "SAMPLE_COHORTS", "SampleCohort", "SampleError", "SampleSummary", "sample_envelopes",
-           "seed_sample"]
+           "seed_sample", "stream_demo_traffic"]
 
 SAMPLE_AUTHOR = "shapewatch sample"
 _STEP = timedelta(seconds=30)
@@ -203,3 +203,44 @@ def _post(c: httpx.Client, batch: list[dict[str, Any]]) -> int:
         first = next(r for r in body["results"] if r["status"] == "rejected")
         raise SampleError("storing events", f"{body['rejected']} rejected, e.g. {first}")
     return int(body["accepted"])
+
+
+def stream_demo_traffic(url: str, *, token: str | None = None, rate: float = 20.0, drift: bool = False,
+                        duration: float | None = None, batch_seconds: float = 1.0,
+                        clock: Any = None, sleep: Any = None, on_batch: Any = None) -> int:
+    """Send live synthetic traffic of the sample cohorts to ``url`` at ``rate`` events/s; returns events sent.
+
+    With ``drift`` the sample cohorts that drift in the sample workspace drift now, so an evaluation
+    over the last minutes shows them. Runs for ``duration`` seconds, or until interrupted. Every event
+    is labelled like the sample workspace (``attributes.sample = "true"``; ``source`` is "probe").
+    """
+    import time as _time
+
+    clock = clock or _time.monotonic
+    sleep = sleep or _time.sleep
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    live = [c for c in SAMPLE_COHORTS]
+    sent = i = 0
+    started = clock()
+    with httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=30.0) as client:
+        while duration is None or clock() - started < duration:
+            tick = clock()
+            now = datetime.now(UTC)
+            n = max(1, round(rate * batch_seconds))
+            batch = []
+            for _ in range(n):
+                c = live[i % len(live)]
+                served = "gpt-4o-2024-11-20" if c.model == "gpt-4o" else c.model
+                batch.append({"event_id": f"demo-{uuid.uuid4().hex}", "ts": _iso(now), "model": c.model,
+                              "served_model": served, "prompt_version": c.prompt_version, "contract": c.contract,
+                              "contract_version": "1", "source": "probe", "attributes": {"sample": "true"},
+                              "output": _output(c.contract, i, drift and c.drift)})
+                i += 1
+            try:
+                sent += _post(client, batch)
+            except httpx.HTTPError as exc:
+                raise SampleError("cannot reach the service", f"{type(exc).__name__}: {exc}") from exc
+            if on_batch is not None:
+                on_batch(sent)
+            sleep(max(0.0, batch_seconds - (clock() - tick)))
+    return sent

@@ -132,3 +132,16 @@ def service_factory(tmp_path: Path) -> Iterator[Callable[..., Service]]:
     yield factory
     for svc in started:
         svc.stop()
+
+
+def ensure_tool(name: str) -> str | None:
+    """The path of a Debian-packaged tool a test needs (chromium, promtool), installing it once
+    through .ci/install-tools when it is missing (root with apt only); None if that cannot be done."""
+    import shutil
+
+    found = shutil.which(name)
+    if found is None:
+        subprocess.run([str(ROOT / ".ci" / "install-tools")], check=False, timeout=900,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        found = shutil.which(name)
+    return found

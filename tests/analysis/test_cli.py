@@ -22,6 +22,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 from click.testing import CliRunner, Result
@@ -475,3 +476,13 @@ def test_import_over_url_names_the_refused_file(db: Path, tmp_path: Path, live_u
     assert over_db.exit_code == over_url.exit_code == 2
     assert str(bad) in over_db.stderr
     assert str(bad) in over_url.stderr
+
+
+def test_demo_traffic_streams_labelled_sample_cohorts(live_url: str) -> None:
+    out = ok("demo-traffic", "--url", live_url, "--rate", "40", "--duration", "1.5", "--drift")
+    sent = int(out.split()[1])
+    assert 40 <= sent <= 120  # one batch per second of 40 events, for 1.5 s
+    cohorts = httpx.get(f"{live_url}/v1/cohorts").json()
+    assert sum(c["events"] for c in cohorts) == sent
+    assert {c["cohort"]["contract"] for c in cohorts} == {"sample-intake", "sample-triage", "sample-invoice"}
+    assert run("demo-traffic", "--url", "http://127.0.0.1:9", "--duration", "1").exit_code == 2

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -12,12 +11,13 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from analysis.service import create_app
 from collector import load_settings
+from tests.conftest import ensure_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "rules.yml"
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (Debian package prometheus)")
+@pytest.mark.skipif(ensure_tool("promtool") is None, reason="promtool missing and not installable here (Debian package prometheus)")
 def test_promtool_accepts_the_rules() -> None:
     out = subprocess.run(["promtool", "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import shutil
 import subprocess
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -20,7 +19,7 @@ from analysis.review import build_review, render_html, render_markdown
 from baselines import BASELINES_SCHEMA, Cohort, freeze_baseline
 from collector import Store, parse_envelope
 from collector.envelope import LIMITS
-from tests.conftest import make_envelope
+from tests.conftest import ensure_tool, make_envelope
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 DRIFT = Cohort("claude-sonnet-4-5-20250929", "intake-v3", "intake")
@@ -124,7 +123,7 @@ def test_the_markdown_report_says_it_in_words(seeded: Path) -> None:
     assert "**(older than the configured age)**" in text
 
 
-@pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium not installed (Debian package chromium)")
+@pytest.mark.skipif(ensure_tool("chromium") is None, reason="chromium missing and not installable here (Debian package chromium)")
 def test_the_html_report_renders_in_headless_chromium_without_errors(seeded: Path, tmp_path: Path) -> None:
     page = tmp_path / "review.html"
     page.write_text(render_html(_review(seeded)), encoding="utf-8")

@@ -9,7 +9,6 @@ temporary folder.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -18,14 +17,14 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-from conftest import ROOT, start_service
+from conftest import ROOT, ensure_tool, start_service
 from dashboard_live import free_port
 
 from analysis.sample import seed_sample
 
 pytestmark = pytest.mark.slow
 
-CHROMIUM = shutil.which("chromium")
+CHROMIUM = ensure_tool("chromium")  # installed from Debian by the test when missing
 
 
 def _chromium(*args: str, timeout: float = 60) -> str:
