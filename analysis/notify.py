@@ -45,7 +45,6 @@ DeliveryReport(sent=1, retried=0, failed=0)
 
 from __future__ import annotations
 
-import email.utils
 import heapq
 import logging
 import math
@@ -66,7 +65,7 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from collector import Schema, Store, StoreError
+from collector import Schema, Store, StoreError, parse_retry_after
 
 from .errors import NotifyConfigInvalid
 
@@ -490,21 +489,9 @@ def _request(target: Target, row: _Row) -> tuple[bytes, dict[str, str]]:
 # --- delivery ----------------------------------------------------------------------------------
 
 def _parse_retry_after(value: str | None, now: datetime) -> float | None:
-    """Seconds to wait from a Retry-After header (delta-seconds or an HTTP date), or None."""
-    if value is None:
-        return None
-    value = value.strip()
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError, IndexError):
-            return None
-        seconds = (_utc(when) - now).total_seconds()
-    if math.isnan(seconds):
-        return None
-    return min(max(0.0, seconds), _RETRY_AFTER_MAX)
+    """Seconds to wait from a Retry-After header (the SDK's reading), capped at an hour."""
+    seconds = parse_retry_after(value, _utc(now))
+    return None if seconds is None else min(seconds, _RETRY_AFTER_MAX)
 
 
 def _backoff(base: float, cap: float, attempt: int, rng: random.Random) -> float:

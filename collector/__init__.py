@@ -28,7 +28,7 @@ _WHERE = {
     "CollectorMetrics": "metrics",
     "FieldProfile": "profile", "Profile": "profile", "read_profile": "profile", "read_profiles": "profile",
     "RollupConfig": "rollup", "compact_rollups": "rollup",
-    "Client": "sdk",
+    "Client": "sdk", "parse_retry_after": "sdk",
     "Settings": "settings", "load_settings": "settings", "settings_help": "settings",
     "SCHEMA_VERSION": "store", "Schema": "store", "Store": "store", "WriteResult": "store", "WriteStatus": "store",
     "Writer": "writer",
@@ -77,6 +77,7 @@ __all__ = [
     "load_settings",
     "parse_body",
     "parse_envelope",
+    "parse_retry_after",
     "quarantine_path",
     "read_profile",
     "read_profiles",
@@ -138,7 +139,7 @@ if TYPE_CHECKING:
     from .metrics import CollectorMetrics
     from .profile import FieldProfile, Profile, read_profile, read_profiles
     from .rollup import RollupConfig, compact_rollups
-    from .sdk import Client
+    from .sdk import Client, parse_retry_after
     from .settings import Settings, load_settings, settings_help
     from .store import SCHEMA_VERSION, Schema, Store, WriteResult, WriteStatus
     from .writer import Writer

@@ -63,7 +63,7 @@ from typing import Any, BinaryIO, Final, Literal
 import httpx
 import orjson
 
-__all__ = ["Client"]
+__all__ = ["Client", "parse_retry_after"]
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +121,9 @@ def _format_ts(ts: datetime | str | None) -> str:
     return ts.isoformat()
 
 
-def _parse_retry_after(value: str | None) -> float | None:
+def parse_retry_after(value: str | None, now: datetime | None = None) -> float | None:
+    """Seconds to wait from a Retry-After header (delta-seconds or an HTTP date; a date without a
+    zone is UTC), or None when absent or unreadable. ``now`` is the clock for a date."""
     if value is None:
         return None
     value = value.strip()
@@ -134,7 +136,7 @@ def _parse_retry_after(value: str | None) -> float | None:
             return None
         if when.tzinfo is None:
             when = when.replace(tzinfo=timezone.utc)
-        seconds = (when - datetime.now(timezone.utc)).total_seconds()
+        seconds = (when - (now or datetime.now(timezone.utc))).total_seconds()
     if math.isnan(seconds):
         return None
     return max(0.0, seconds)
@@ -872,7 +874,7 @@ class Client:
             return _Reply(
                 "transient",
                 detail=f"HTTP {status}: {_error_summary(response)}",
-                retry_after=_parse_retry_after(response.headers.get("retry-after")),
+                retry_after=parse_retry_after(response.headers.get("retry-after")),
             )
         return _Reply("permanent", detail=f"HTTP {status}: {_error_summary(response)}")
 
