@@ -21,7 +21,7 @@ __all__ = ["TOLERANCE", "Chart", "array_chart", "presence_chart", "series_frame"
 
 Chart = alt.Chart | alt.LayerChart | alt.FacetChart
 
-TOLERANCE = 0.10  # the analyzer's default tolerance (10 points); the series route does not carry the configured one
+TOLERANCE = 0.10  # the analyzer's default tolerance (10 points), used when the series carries none
 
 
 def _time(item: dict[str, Any]) -> pd.Timestamp:

@@ -89,10 +89,12 @@ def render(s: ui.Session) -> None:
                     f"{a['kind']}: {a['detail']}")
 
     st.subheader("Presence")
-    st.altair_chart(charts.presence_chart(doc))
+    # The field's configured tolerance (the series route carries it); the default before it did.
+    tolerance = float((base or {}).get("tolerance", charts.TOLERANCE))
+    st.altair_chart(charts.presence_chart(doc, tolerance))
     if base and base.get("present"):
         st.caption(f"Baseline presence {100 * base['presence_rate']:.1f}%; the band is +/- "
-                   f"{100 * charts.TOLERANCE:.0f} points (the default tolerance).")
+                   f"{100 * tolerance:.0f} points (the field's tolerance).")
 
     st.subheader("Type shares")
     st.altair_chart(charts.type_chart(doc))
