@@ -106,7 +106,7 @@ def evaluate(store: Store, config: AnalyzerConfig, at: datetime, *,
              window: timedelta | None = None) -> Evaluation:
     """Judge every cohort with traffic in ``[at - window, at)`` against its baseline (reads only)."""
     since = at - (window or config.window)
-    profiles = read_profiles(store, since, at)
+    profiles = read_profiles(store, since, at, numbers=False)  # no rule reads number histograms
     current: dict[Cohort, Activation] = {a.cohort: a for a in activation_history(store)}
     first_seen = {Cohort(str(m), str(p), str(c)): t for m, p, c, t in store.query(
         "SELECT model, prompt_version, contract, first_seen FROM cohorts")}

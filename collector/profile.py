@@ -128,10 +128,14 @@ class Profile:
     served_models: dict[str, int]
 
 
-def read_profiles(store: Store, since: datetime, until: datetime) -> list[Profile]:
-    """The profile of every cohort with events in ``[since, until)``, by cohort id."""
+def read_profiles(store: Store, since: datetime, until: datetime, *, numbers: bool = True) -> list[Profile]:
+    """The profile of every cohort with events in ``[since, until)``, by cohort id.
+
+    ``numbers=False`` leaves number histograms out (empty): a reader with no use for them (the
+    analyzer's rules) skips the largest rollup table.
+    """
     store.flush_rollups()
-    return [p for p in _read(store, None, since, until) if p.events > 0]
+    return [p for p in _read(store, None, since, until, numbers=numbers) if p.events > 0]
 
 
 def read_profile(store: Store, cohort_id: int, since: datetime, until: datetime) -> Profile:
@@ -142,7 +146,8 @@ def read_profile(store: Store, cohort_id: int, since: datetime, until: datetime)
     return _read(store, cohort_id, since, until)[0]
 
 
-def _read(store: Store, cohort_id: int | None, since: datetime, until: datetime) -> list[Profile]:
+def _read(store: Store, cohort_id: int | None, since: datetime, until: datetime, *,
+          numbers: bool = True) -> list[Profile]:
     # One query per rollup table for every cohort at once: each scan of a table costs about
     # the same for one cohort as for all of them (measured: 3-6x less than a query per cohort).
     params: list[Any] = [since, until]
@@ -160,10 +165,11 @@ def _read(store: Store, cohort_id: int | None, since: datetime, until: datetime)
     for c, path, value, n in store.query(
             f"SELECT cohort_id, path, value, sum(n)::BIGINT FROM value_rollups WHERE {where} GROUP BY ALL", params):
         values.setdefault((c, path), {})[value] = int(n)
-    numbers: dict[tuple[int, str], dict[float, int]] = {}
+    histograms: dict[tuple[int, str], dict[float, int]] = {}
     for c, path, value, n in store.query(
-            f"SELECT cohort_id, path, value, sum(n)::BIGINT FROM number_rollups WHERE {where} GROUP BY ALL", params):
-        numbers.setdefault((c, path), {})[float(value)] = int(n)
+            f"SELECT cohort_id, path, value, sum(n)::BIGINT FROM number_rollups WHERE {where} GROUP BY ALL",
+            params) if numbers else []:
+        histograms.setdefault((c, path), {})[float(value)] = int(n)
     fields: dict[int, dict[str, FieldProfile]] = {}
     for row in store.query(
             f"""SELECT cohort_id, path, scope, sum(present), sum(n_null), sum(n_boolean), sum(n_integer),
@@ -178,7 +184,7 @@ def _read(store: Store, cohort_id: int | None, since: datetime, until: datetime)
         types = {t: n for t, n in zip(TYPES, counts[1:8], strict=True) if n}
         fields.setdefault(c, {})[path] = FieldProfile(
             path, scope, units, counts[0], types, counts[8], values.get((c, path), {}), counts[9],
-            lengths.get((c, path), {}), numbers.get((c, path), {}))
+            lengths.get((c, path), {}), histograms.get((c, path), {}))
     served: dict[int, dict[str, int]] = {}
     for c, m, n in store.query(
             f"SELECT cohort_id, served_model, sum(n)::BIGINT FROM served_models WHERE {where} GROUP BY ALL",

@@ -89,6 +89,11 @@ def test_a_window_profile_equals_the_recomputation(store: Store, minutes: tuple[
     assert profile.events == events
     assert {p: as_plain(f) for p, f in profile.fields.items()} == fields
     assert profile.served_models == {"claude-sonnet-4-5-20250929": events}
+    # Without number histograms: everything else identical, numbers empty.
+    (lean,) = read_profiles(store, since, until, numbers=False)
+    assert {p: as_plain(f) for p, f in lean.fields.items()} == {
+        p: {**f, "numbers": Counter()} for p, f in fields.items()}
+    assert any(f["numbers"] for f in fields.values())  # the comparison above is not vacuous
 
 
 def test_rates_and_percentiles(store: Store) -> None:
