@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from dataclasses import field as dc_field
 from datetime import datetime
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -40,7 +40,9 @@ from collector import Schema, Store
 
 from .config import AlertKind, AnalyzerConfig, Severity
 from .errors import AlertError, AlertNotFound
-from .rules import Check
+
+if TYPE_CHECKING:  # rules pulls in scipy, which bulk import (opening the store) must not pay for
+    from .rules import Check
 
 __all__ = ["ALERTS_SCHEMA", "Alert", "AlertBook", "Judged", "AlertState", "Silence", "Transition", "fingerprint", "step"]
 

@@ -486,3 +486,13 @@ def test_demo_traffic_streams_labelled_sample_cohorts(live_url: str) -> None:
     assert sum(c["events"] for c in cohorts) == sent
     assert {c["cohort"]["contract"] for c in cohorts} == {"sample-intake", "sample-triage", "sample-invoice"}
     assert run("demo-traffic", "--url", "http://127.0.0.1:9", "--duration", "1").exit_code == 2
+
+
+def test_bulk_import_does_not_load_the_statistics_stack() -> None:
+    # `shapewatch ingest` opens the store with every package's tables; scipy (the rules) costs
+    # ~70 MiB of resident memory that the bulk-import memory target has no room for.
+    code = ("import sys, analysis.cli, analysis.store_access, collector.ingest; "
+            "print(sorted(m for m in ('scipy', 'streamlit', 'pandas') if m in sys.modules))")
+    out = subprocess.run([*SHAPEWATCH[:1], "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
