@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from drift_outputs import iso, output
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
@@ -30,27 +31,9 @@ MODEL = "claude-sonnet-4-5-20250929"
 PROMPT = "intake-v3"
 CONTRACT = "intake"
 COHORT = {"model": MODEL, "prompt_version": PROMPT, "contract": CONTRACT}
-INTENTS = ("refund", "billing", "shipping", "cancel")
-PRIORITIES = ("low", "medium", "high")
-TIERS = ("gold", "silver", "bronze")
 DESIGN_ALERT_KEYS = {"cohort", "field", "kind", "severity", "state", "fingerprint", "baseline", "current", "detail"}
 
 
-def output(i: int, drift: bool = False) -> dict[str, Any]:
-    """A deterministic output; ``drift`` drops customer.tier from every second one and sends
-    priority "URGENT" (never in the baseline) in every tenth."""
-    out: dict[str, Any] = {"intent": INTENTS[i % 4], "priority": PRIORITIES[i % 3],
-                           "customer": {"tier": TIERS[i % 3]}, "tags": ["billing"] * (i % 3)}
-    if drift:
-        if i % 2 == 0:
-            del out["customer"]["tier"]
-        if i % 10 == 0:
-            out["priority"] = "URGENT"
-    return out
-
-
-def iso(t: datetime) -> str:
-    return t.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
 def envelopes(start: datetime, n: int, *, drift: bool = False, model: str = MODEL, prompt_version: str = PROMPT,

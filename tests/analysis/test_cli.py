@@ -27,6 +27,7 @@ import orjson
 import pytest
 from click.testing import CliRunner, Result
 from conftest import ROOT, SHAPEWATCH, Service, free_port
+from drift_outputs import iso, output
 from prometheus_client import CollectorRegistry
 
 from analysis.analyzer import Analyzer
@@ -40,9 +41,6 @@ ALIAS = "gpt-4o"
 PROMPT = "intake-v3"
 CONTRACT = "intake"
 COHORT = {"model": MODEL, "prompt_version": PROMPT, "contract": CONTRACT}
-INTENTS = ("refund", "billing", "shipping", "cancel")
-PRIORITIES = ("low", "medium", "high")
-TIERS = ("gold", "silver", "bronze")
 DESIGN_ALERT_KEYS = {"cohort", "field", "kind", "severity", "state", "fingerprint", "baseline", "current", "detail"}
 ENV = {"SHAPEWATCH_AUTHOR": "ana", "SHAPEWATCH_URL": None, "SHAPEWATCH_TOKEN": None, "SHAPEWATCH_CONFIG": None}
 
@@ -50,21 +48,6 @@ DAY0 = (datetime.now(UTC) - timedelta(days=4)).replace(hour=0, minute=0, second=
 BASE_DAY, NORMAL_DAY, DRIFT_DAY = DAY0, DAY0 + timedelta(days=1), DAY0 + timedelta(days=2)
 
 
-def iso(t: datetime) -> str:
-    return t.astimezone(UTC).isoformat().replace("+00:00", "Z")
-
-
-def output(i: int, drift: bool = False) -> dict[str, Any]:
-    """A deterministic output; ``drift`` drops customer.tier from every second one and sends
-    priority "URGENT" (never in the baseline) in every tenth."""
-    out: dict[str, Any] = {"intent": INTENTS[i % 4], "priority": PRIORITIES[i % 3],
-                           "customer": {"tier": TIERS[i % 3]}, "tags": ["billing"] * (i % 3)}
-    if drift:
-        if i % 2 == 0:
-            del out["customer"]["tier"]
-        if i % 10 == 0:
-            out["priority"] = "URGENT"
-    return out
 
 
 def day_of(start: datetime, n: int, *, drift: bool = False, model: str = MODEL) -> list[str]:
