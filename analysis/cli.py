@@ -273,6 +273,11 @@ _db_option = click.option("--db", "db_path", type=click.Path(dir_okay=False),
 _url_option = click.option("--url", envvar="SHAPEWATCH_URL",
                            help="URL of a running service to ask instead of opening the file (SHAPEWATCH_URL).")
 _token_option = click.option("--token", envvar="SHAPEWATCH_TOKEN", help="Bearer token for --url (SHAPEWATCH_TOKEN).")
+def _backend_options(f: Any) -> Any:
+    """--db, --url and --token: where a command reading or changing baselines and alerts works."""
+    return _db_option(_url_option(_token_option(f)))
+
+
 _format_option = click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
                               show_default=True, help="Output format.")
 
@@ -381,9 +386,7 @@ def analyze(ctx: click.Context, db_path: str | None, once: bool, at_text: str | 
 
 
 @cli.command()
-@_db_option
-@_url_option
-@_token_option
+@_backend_options
 @click.option("--severity", type=click.Choice(["page", "warn"]), help="Only this severity.")
 @click.option("--state", type=click.Choice(["open", "pending", "firing", "resolved"]), help="Only this state.")
 @click.option("--model", help="Only this model.")
@@ -426,9 +429,7 @@ def _cohort_options(f: Any) -> Any:
 @click.option("--note", required=True, help="Why this window is the reference (kept with the baseline).")
 @click.option("--force", help="Freeze despite objections (too few samples, open page alerts); give the reason.")
 @click.option("--no-activate", is_flag=True, help="Freeze without making it the cohort's active baseline.")
-@_db_option
-@_url_option
-@_token_option
+@_backend_options
 @_format_option
 @click.pass_context
 def freeze(ctx: click.Context, model: str, prompt_version: str, contract: str, since_text: str, until_text: str,
@@ -450,9 +451,7 @@ def freeze(ctx: click.Context, model: str, prompt_version: str, contract: str, s
 @click.option("--model", help="Only this model (with --prompt-version).")
 @click.option("--prompt-version", help="Only this prompt version (with --model).")
 @click.option("--contract", default="default", show_default=True, help="Contract (with --model).")
-@_db_option
-@_url_option
-@_token_option
+@_backend_options
 @_format_option
 @click.pass_context
 def list_(ctx: click.Context, model: str | None, prompt_version: str | None, contract: str, db_path: str | None,
@@ -481,9 +480,7 @@ def list_(ctx: click.Context, model: str | None, prompt_version: str | None, con
 
 @baseline.command()
 @click.argument("baseline_id")
-@_db_option
-@_url_option
-@_token_option
+@_backend_options
 @click.pass_context
 def show(ctx: click.Context, baseline_id: str, db_path: str | None, url: str | None, token: str | None) -> None:
     """Print one baseline's full document (JSON)."""
@@ -494,9 +491,7 @@ def show(ctx: click.Context, baseline_id: str, db_path: str | None, url: str | N
 @baseline.command()
 @click.argument("baseline_id")
 @click.option("--note", default="", help="Why (kept in the activation history).")
-@_db_option
-@_url_option
-@_token_option
+@_backend_options
 @click.pass_context
 def activate(ctx: click.Context, baseline_id: str, note: str, db_path: str | None, url: str | None,
              token: str | None) -> None:
@@ -509,9 +504,7 @@ def activate(ctx: click.Context, baseline_id: str, note: str, db_path: str | Non
 @baseline.command()
 @_cohort_options
 @click.option("--note", default="", help="Why (kept in the activation history).")
-@_db_option
-@_url_option
-@_token_option
+@_backend_options
 @click.pass_context
 def retire(ctx: click.Context, model: str, prompt_version: str, contract: str, note: str, db_path: str | None,
            url: str | None, token: str | None) -> None:
@@ -527,9 +520,7 @@ def retire(ctx: click.Context, model: str, prompt_version: str, contract: str, n
 @_cohort_options
 @click.option("--parent", required=True, help="Id of the baseline to compare this cohort against.")
 @click.option("--note", default="", help="Why (kept in the activation history).")
-@_db_option
-@_url_option
-@_token_option
+@_backend_options
 @click.pass_context
 def inherit(ctx: click.Context, model: str, prompt_version: str, contract: str, parent: str, note: str,
             db_path: str | None, url: str | None, token: str | None) -> None:
@@ -544,9 +535,7 @@ def inherit(ctx: click.Context, model: str, prompt_version: str, contract: str, 
 @baseline.command()
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Directory to write DIR/<model>/<prompt_version>/<contract>/<date>-<id>.json into.")
-@_db_option
-@_url_option
-@_token_option
+@_backend_options
 @click.pass_context
 def export(ctx: click.Context, out_dir: Path, db_path: str | None, url: str | None, token: str | None) -> None:
     """Write every baseline as a canonical JSON file, for review in a pull request."""
@@ -564,9 +553,7 @@ def export(ctx: click.Context, out_dir: Path, db_path: str | None, url: str | No
 
 @baseline.command("import")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@_db_option
-@_url_option
-@_token_option
+@_backend_options
 @click.pass_context
 def import_(ctx: click.Context, paths: tuple[Path, ...], db_path: str | None, url: str | None,
             token: str | None) -> None:
@@ -588,9 +575,7 @@ def import_(ctx: click.Context, paths: tuple[Path, ...], db_path: str | None, ur
               show_default=True, help="Report format.")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the report to this file instead of standard output.")
-@_db_option
-@_url_option
-@_token_option
+@_backend_options
 @click.pass_context
 def review(ctx: click.Context, since: str, fmt: str, out_path: Path | None, db_path: str | None, url: str | None,
            token: str | None) -> None:
