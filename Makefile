@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: up test test-slow bench bench-analyze venv clean
+.PHONY: up test test-slow reliability bench bench-analyze venv clean
 
 $(STAMP): pyproject.toml setup.py collector/_speedups.c
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -26,6 +26,12 @@ test: $(STAMP)
 # Slow suites (SIGKILL crash test and friends): their own script, not the default run.
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
+
+# The reliability suite (issue 7): every scenario of reliability/, the long ones included;
+# writes reliability/REPORT.md with the figures each one measured.
+reliability: $(STAMP)
+	SHAPEWATCH_RELIABILITY_REPORT=reliability/REPORT.md $(BIN)/python -m pytest -q \
+		-m 'reliability or not reliability' reliability
 
 bench: $(STAMP)
 	$(BIN)/python bench/ingest.py

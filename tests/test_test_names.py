@@ -1,5 +1,6 @@
 """Test modules are imported by basename (pytest's prepend mode, which lets tests import their
-helpers, such as ``from synth import ...``): two test files with one name break collection."""
+helpers, such as ``from synth import ...``): two test files with one name, in tests/ or
+reliability/, break collection."""
 
 from __future__ import annotations
 
@@ -8,5 +9,6 @@ from pathlib import Path
 
 
 def test_no_two_test_modules_share_a_name() -> None:
-    names = Counter(p.name for p in Path(__file__).parent.rglob("test_*.py"))
+    root = Path(__file__).parent.parent
+    names = Counter(p.name for d in ("tests", "reliability") for p in (root / d).rglob("test_*.py"))
     assert [n for n, count in names.items() if count > 1] == []
