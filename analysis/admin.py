@@ -31,7 +31,7 @@ from baselines import (
 from baselines import (
     import_document as store_document,
 )
-from collector import Store, read_profile
+from collector import Store, read_profile, served_aliases
 
 from .alerts import AlertBook, AlertState
 from .config import AnalyzerConfig, Severity
@@ -186,12 +186,13 @@ def cohorts(store: Store, *, since: datetime | None = None, until: datetime | No
     current = {a.cohort: a for a in activation_history(store)}
     first_seen = {Cohort(str(m), str(p), str(c)): t for m, p, c, t in store.query(
         "SELECT model, prompt_version, contract, first_seen FROM cohorts")}
+    aliases = served_aliases(store)
     out = []
     for cid, m, p, c, first in store.query(
             "SELECT cohort_id, model, prompt_version, contract, first_seen FROM cohorts ORDER BY model, "
             "prompt_version, contract"):
         cohort = Cohort(str(m), str(p), str(c))
-        resolved = resolve_baseline(store, cohort, current=current, first_seen=first_seen)
+        resolved = resolve_baseline(store, cohort, current=current, first_seen=first_seen, aliases=aliases)
         baseline = None
         if resolved is not None:
             b = resolved.baseline
@@ -202,6 +203,8 @@ def cohorts(store: Store, *, since: datetime | None = None, until: datetime | No
         out.append({"cohort_id": int(cid), "cohort": cohort._asdict(), "first_seen": _iso(first),
                     "events": traffic.get(int(cid), 0), "unpinned": is_unpinned(cohort.model),
                     "served_models": served.get(int(cid), {}), "baseline": baseline,
+                    # a served cohort: the aliases (requested model ids) this model answered for
+                    "answered_for": [a[0] for a in aliases.get(cohort, [])],
                     # responses that never reached a parser: truncated, refused, filtered, invalid JSON
                     "provider_outcomes": outcomes.get(int(cid), {}),
                     "alerts_firing": counts.get((cohort.model, cohort.prompt_version, cohort.contract), {})})

@@ -32,7 +32,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from baselines import Activation, Cohort, activation_history, is_unpinned, resolve_baseline
-from collector import Profile, Store, flatten_output, read_profiles
+from collector import Profile, Store, flatten_output, read_profiles, served_aliases
 
 from .alerts import Alert, AlertBook, AlertState, Judged, Transition, step
 from .config import AlertKind, AnalyzerConfig
@@ -57,6 +57,9 @@ class CohortReport:
     checks: list[Check]
     insufficient: list[Insufficient]
     presence: dict[str, float]  # field -> presence rate in the window (for the gauges)
+    # A served cohort whose outputs in the window are exactly those of one alias (the only
+    # model behind it): judged there, not twice. Its open alerts clear here.
+    mirror_of: Cohort | None = None
 
     @property
     def unpinned(self) -> bool:
@@ -64,11 +67,14 @@ class CohortReport:
 
     @property
     def compared_with(self) -> str:
+        if self.mirror_of is not None:
+            return f"the same outputs as {self.mirror_of} (the only model behind that alias): judged there"
         if self.baseline_id is None or self.baseline_cohort is None:
             return "no baseline"
         if self.how == "own":
             return f"baseline {self.baseline_id}"
-        why = "named parent" if self.how == "parent" else "previous prompt version"
+        why = {"parent": "named parent", "served_alias": "the alias this model answered for"}.get(
+            self.how or "", "previous prompt version")
         return (f"baseline {self.baseline_id} of {self.baseline_cohort.prompt_version} "
                 f"({self.baseline_cohort.model}), inherited: {why}")
 
@@ -82,6 +88,7 @@ class CohortReport:
         return {"cohort": self.cohort._asdict(), "events": self.events, "unpinned": self.unpinned,
                 "served_models": self.served_models, "baseline_id": self.baseline_id,
                 "compared_with": self.compared_with,
+                "mirror_of": self.mirror_of._asdict() if self.mirror_of is not None else None,
                 "insufficient": [{"field": i.field, "baseline_samples": i.baseline_samples,
                                   "current_samples": i.current_samples, "needed": i.needed}
                                  for i in self.insufficient]}
@@ -110,28 +117,45 @@ def evaluate(store: Store, config: AnalyzerConfig, at: datetime, *,
     current: dict[Cohort, Activation] = {a.cohort: a for a in activation_history(store)}
     first_seen = {Cohort(str(m), str(p), str(c)): t for m, p, c, t in store.query(
         "SELECT model, prompt_version, contract, first_seen FROM cohorts")}
-    pending: list[tuple[Profile, Cohort, Any, list[Check], list[Insufficient]]] = []
+    aliases = served_aliases(store)
+    in_window = {Cohort(p.model, p.prompt_version, p.contract): p for p in profiles}
+    pending: list[tuple[Profile, Cohort, Any, list[Check], list[Insufficient], Cohort | None]] = []
     for profile in profiles:
         cohort = Cohort(profile.model, profile.prompt_version, profile.contract)
-        resolved = resolve_baseline(store, cohort, current=current, first_seen=first_seen)
+        resolved = resolve_baseline(store, cohort, current=current, first_seen=first_seen, aliases=aliases)
+        mirror = _mirrored(profile, aliases.get(cohort, []), in_window)
         checks: list[Check] = []
         short: list[Insufficient] = []
-        if resolved is not None:
+        if resolved is not None and mirror is None:
             b = resolved.baseline
             checks, short = compare_profiles(b.fields, b.samples, profile.fields, profile.events,
                                              _rules_for(config, cohort.contract))
-        pending.append((profile, cohort, resolved, checks, short))
+        pending.append((profile, cohort, resolved, checks, short, mirror))
     # Significance is judged over every test of the evaluation at once.
-    adjusted = iter(adjust_p_values([c for *_, checks, _ in pending for c in checks]))
+    adjusted = iter(adjust_p_values([c for *_, checks, _, _ in pending for c in checks]))
     reports = []
-    for profile, cohort, resolved, checks, short in pending:
+    for profile, cohort, resolved, checks, short, mirror in pending:
         mine = [next(adjusted) for _ in checks]
         reports.append(CohortReport(
             cohort, profile.cohort_id, profile.events, profile.served_models,
             resolved.baseline.baseline_id if resolved else None, resolved.how if resolved else None,
             resolved.baseline.cohort if resolved else None, mine, short,
-            {p: round(f.presence_rate, 6) for p, f in profile.fields.items() if f.scope is None}))
+            {p: round(f.presence_rate, 6) for p, f in profile.fields.items() if f.scope is None}, mirror))
     return Evaluation(at, since, reports)
+
+
+def _mirrored(profile: Profile, aliases: list[tuple[str, str, str]], in_window: dict[Cohort, Profile]) -> Cohort | None:
+    """The alias cohort whose outputs in the window are exactly this served cohort's, if any.
+
+    Most of the time an alias is answered by one model: its served cohort then holds the same
+    outputs and judging both would raise every alert twice. Only while an alias is answered by
+    several models (a snapshot rolling out behind it) does its served cohort say something new.
+    """
+    for alias in aliases:
+        a = in_window.get(Cohort(*alias))
+        if a is not None and a.events == profile.events == a.served_models.get(profile.model):
+            return Cohort(*alias)
+    return None
 
 
 def _rules_for(config: AnalyzerConfig, contract: str) -> Callable[[str], Any]:
@@ -177,7 +201,7 @@ def sample_event_ids(store: Store, cohort_id: int, since: datetime, until: datet
     """Event ids of stored outputs in the window that show the alert's change (newest first)."""
     found = []
     for event_id, output in store.query(
-            """SELECT event_id, output FROM events WHERE cohort_id = ? AND ts >= ? AND ts < ?
+            """SELECT event_id, output FROM cohort_events WHERE cohort_id = ? AND ts >= ? AND ts < ?
                ORDER BY ts DESC LIMIT ?""", [cohort_id, since, until, _SAMPLE_SCAN]):
         if _shows(alert, orjson.loads(output)):
             found.append(str(event_id))

@@ -29,6 +29,7 @@ from collector import (
 )
 
 from .config import AnalyzerConfig
+from .contract_cli import contract
 
 if TYPE_CHECKING:
     from .client import Backend
@@ -619,6 +620,9 @@ def demo_traffic(url: str, token: str | None, rate: float, drift: bool, duration
     except SampleError as exc:
         _fail(exc)
     click.echo(f"sent {sent} events")
+
+
+cli.add_command(contract)
 
 
 def main() -> None:

@@ -137,10 +137,16 @@ def build_review(store: Store, config: AnalyzerConfig, *, now: datetime | None =
     traffic = {int(cid): int(n) for cid, n in store.query(
         "SELECT cohort_id, sum(events)::BIGINT FROM cohort_buckets WHERE bucket >= ? AND bucket < ? GROUP BY ALL",
         [since, until])}
+    # A served cohort (a model's outputs under an alias) that nobody requested by its own id is
+    # reviewed through its alias, whose entry lists the models that answered: the baseline
+    # decisions are the alias's, unless one was made for the served cohort itself.
+    requested = {int(r[0]) for r in store.query("SELECT DISTINCT cohort_id FROM events")}
     cohorts, without, stale = [], [], []
     for cid, m, p, c in store.query("SELECT cohort_id, model, prompt_version, contract FROM cohorts "
                                     "ORDER BY model, prompt_version, contract"):
         cohort = Cohort(str(m), str(p), str(c))
+        if int(cid) not in requested and cohort not in current:
+            continue
         events = traffic.get(int(cid), 0)
         resolved = resolve_baseline(store, cohort, current=current, first_seen=first_seen)
         if not events and resolved is None:

@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from collector import FieldProfile, Schema, Store, read_profile
+from collector import FieldProfile, Schema, Store, read_profile, served_aliases
 
 from .errors import BaselineError, BaselineNotFound, BaselineRefused, BaselineTampered
 
@@ -198,7 +198,7 @@ def freeze_baseline(store: Store, cohort: Cohort, since: datetime, until: dateti
     # on the bucket grid; count contract versions over exactly those events.
     lo, hi = _bucket_ceil(since, store.bucket_seconds), _bucket_ceil(until, store.bucket_seconds)
     versions = {str(v): int(n) for v, n in store.query(
-        """SELECT coalesce(contract_version, ''), count(*) FROM events
+        """SELECT coalesce(contract_version, ''), count(*) FROM cohort_events
            WHERE cohort_id = ? AND ts >= ? AND ts < ? GROUP BY ALL""", [cid, lo, hi])}
     draft = Baseline("", "", cohort, since.astimezone(UTC), until.astimezone(UTC), profile.events,
                      dict(sorted(profile.served_models.items())), dict(sorted(versions.items())),
@@ -307,7 +307,7 @@ class Resolved:
     """What a cohort is compared against, and how that was decided."""
 
     baseline: Baseline
-    how: str  # "own", "parent" (named with inherit) or "previous_prompt_version"
+    how: str  # "own", "parent" (named with inherit), "previous_prompt_version" or "served_alias"
 
     @property
     def inherited_from(self) -> Cohort | None:
@@ -315,14 +315,32 @@ class Resolved:
 
 
 def resolve_baseline(store: Store, cohort: Cohort, *, current: dict[Cohort, Activation] | None = None,
-                     first_seen: dict[Cohort, datetime] | None = None) -> Resolved | None:
-    """The baseline ``cohort`` is compared against: its own, a named parent's, or the previous prompt
-    version's (same model and contract, the latest first seen before it that has an active baseline).
+                     first_seen: dict[Cohort, datetime] | None = None,
+                     aliases: dict[tuple[str, str, str], list[tuple[str, str, str]]] | None = None
+                     ) -> Resolved | None:
+    """The baseline ``cohort`` is compared against: its own, a named parent's, the previous prompt
+    version's (same model and contract, the latest first seen before it that has an active baseline),
+    or, for the cohort of a model that answered under an alias (a served cohort), the baseline the
+    alias's cohort resolves to (the alias it answered most for first): a new snapshot behind an alias
+    is judged against what the alias was frozen on.
     A cohort whose baseline was retired is compared against nothing: retiring is a decision.
 
-    ``current`` and ``first_seen`` may be passed in when resolving many cohorts at once.
+    ``current``, ``first_seen`` and ``aliases`` (``collector.served_aliases``) may be passed in when
+    resolving many cohorts at once.
     """
     current = _current(store) if current is None else current
+    found = _resolve(store, cohort, current, first_seen)
+    if found is not None or cohort in current:
+        return found  # an activation of its own (or a retirement) is never overridden
+    for alias in (served_aliases(store) if aliases is None else aliases).get(cohort, []):
+        via = _resolve(store, Cohort(*alias), current, first_seen)
+        if via is not None:
+            return Resolved(via.baseline, "served_alias")
+    return None
+
+
+def _resolve(store: Store, cohort: Cohort, current: dict[Cohort, Activation],
+             first_seen: dict[Cohort, datetime] | None) -> Resolved | None:
     act = current.get(cohort)
     if act is not None and act.action is ActivationAction.retire:
         return None

@@ -27,6 +27,7 @@ _WHERE = {
     "ImportSummary": "ingest", "import_files": "ingest", "quarantine_path": "ingest",
     "CollectorMetrics": "metrics",
     "FieldProfile": "profile", "Profile": "profile", "read_profile": "profile", "read_profiles": "profile",
+    "served_aliases": "profile",
     "RollupConfig": "rollup", "compact_rollups": "rollup",
     "Client": "sdk", "parse_retry_after": "sdk",
     "Settings": "settings", "load_settings": "settings", "settings_help": "settings",
@@ -81,6 +82,7 @@ __all__ = [
     "quarantine_path",
     "read_profile",
     "read_profiles",
+    "served_aliases",
     "require_token",
     "settings_help",
     "validate_envelope",
@@ -137,9 +139,68 @@ if TYPE_CHECKING:
     from .flatten import JsonType, Observation, flatten_output
     from .ingest import ImportSummary, import_files, quarantine_path
     from .metrics import CollectorMetrics
-    from .profile import FieldProfile, Profile, read_profile, read_profiles
+    from .profile import FieldProfile, Profile, read_profile, read_profiles, served_aliases
     from .rollup import RollupConfig, compact_rollups
     from .sdk import Client, parse_retry_after
     from .settings import Settings, load_settings, settings_help
     from .store import SCHEMA_VERSION, Schema, Store, WriteResult, WriteStatus
     from .writer import Writer
+
+# Contracts: reading, fingerprints, the registry, validation (contracts.py) and diffs (contract_diff.py).
+_WHERE.update({
+    "ContractConflict": "errors", "ContractError": "errors", "ContractInvalid": "errors",
+    "ContractNotFound": "errors", "ContractToolAmbiguous": "errors",
+    "CONTRACTS_SCHEMA": "contracts", "Contract": "contracts", "ContractValidator": "contracts",
+    "RegisteredContract": "contracts", "SchemaFacts": "contracts", "Tool": "contracts", "ToolFormat": "contracts",
+    "ValidatorCache": "contracts", "Violation": "contracts", "contract_from_document": "contracts",
+    "declared_facts": "contracts", "get_contract": "contracts", "list_contracts": "contracts",
+    "normalize_schema": "contracts", "parse_contract": "contracts", "read_contract": "contracts",
+    "register_contract": "contracts",
+    "ChangeKind": "contract_diff", "Classification": "contract_diff", "ContractChange": "contract_diff",
+    "Verdict": "contract_diff", "diff_contracts": "contract_diff", "diff_exit_code": "contract_diff",
+    "diff_verdict": "contract_diff",
+})
+__all__ += [
+    "CONTRACTS_SCHEMA", "ChangeKind", "Classification", "Contract", "ContractChange", "ContractConflict",
+    "ContractError", "ContractInvalid", "ContractNotFound", "ContractToolAmbiguous", "ContractValidator",
+    "RegisteredContract", "SchemaFacts", "Tool", "ToolFormat", "ValidatorCache", "Verdict", "Violation",
+    "contract_from_document", "declared_facts", "diff_contracts", "diff_exit_code", "diff_verdict", "get_contract",
+    "list_contracts", "normalize_schema", "parse_contract", "read_contract", "register_contract",
+]
+
+if TYPE_CHECKING:
+    from .contract_diff import (
+        ChangeKind,
+        Classification,
+        ContractChange,
+        Verdict,
+        diff_contracts,
+        diff_exit_code,
+        diff_verdict,
+    )
+    from .contracts import (
+        CONTRACTS_SCHEMA,
+        Contract,
+        ContractValidator,
+        RegisteredContract,
+        SchemaFacts,
+        Tool,
+        ToolFormat,
+        ValidatorCache,
+        Violation,
+        contract_from_document,
+        declared_facts,
+        get_contract,
+        list_contracts,
+        normalize_schema,
+        parse_contract,
+        read_contract,
+        register_contract,
+    )
+    from .errors import (
+        ContractConflict,
+        ContractError,
+        ContractInvalid,
+        ContractNotFound,
+        ContractToolAmbiguous,
+    )

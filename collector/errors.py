@@ -118,3 +118,49 @@ class SettingsInvalid(ShapewatchError, ValueError):
     def __init__(self, key: str, problem: str) -> None:
         self.key = key
         super().__init__(f"setting {key!r}: {problem}")
+
+
+# --- contracts (collector/contracts.py); exported from there -------------------------------
+
+class ContractError(ShapewatchError, ValueError):
+    """A contract (JSON Schema or tool definition) could not be read, registered or used as asked."""
+
+
+class ContractInvalid(ContractError):
+    """A contract document is not usable: not JSON, not a schema or tool, or not valid Draft 2020-12."""
+
+    def __init__(self, where: str, problem: str) -> None:
+        self.where, self.problem = where, problem
+        super().__init__(f"{where}: {problem}")
+
+
+class ContractNotFound(ContractError, LookupError):
+    """No registered version of that contract (or no such tool in it)."""
+
+    def __init__(self, contract: str, version: str | None = None, *, tool: str | None = None) -> None:
+        self.contract, self.version, self.tool = contract, version, tool
+        what = f"contract {contract!r}" + (f" version {version!r}" if version is not None else "")
+        if tool is not None:
+            super().__init__(f"{what} has no tool named {tool!r}")
+        else:
+            super().__init__(f"no {what} is registered")
+
+
+class ContractConflict(ContractError):
+    """A (contract, version) already registered with different content: registered versions never change."""
+
+    def __init__(self, contract: str, version: str, stored: str, given: str) -> None:
+        self.contract, self.version = contract, version
+        super().__init__(
+            f"contract {contract!r} version {version!r} is already registered with different content "
+            f"(stored {stored[:12]}..., given {given[:12]}...); registered versions never change: "
+            f"register the new content under a new version")
+
+
+class ContractToolAmbiguous(ContractError, LookupError):
+    """A catalog holds several tools and nobody said which one an output belongs to."""
+
+    def __init__(self, where: str, tools: list[str]) -> None:
+        self.where, self.tools = where, tools
+        super().__init__(f"{where} holds {len(tools)} tools ({', '.join(tools)}); "
+                         f"name the tool whose arguments the output is")

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from .store import Store
 
-__all__ = ["FieldProfile", "Profile", "read_profile", "read_profiles"]
+__all__ = ["FieldProfile", "Profile", "read_profile", "read_profiles", "served_aliases"]
 
 TYPES = ("null", "boolean", "integer", "number", "string", "array", "object")
 
@@ -126,6 +126,23 @@ class Profile:
     events: int
     fields: dict[str, FieldProfile]
     served_models: dict[str, int]
+
+
+def served_aliases(store: Store) -> dict[tuple[str, str, str], list[tuple[str, str, str]]]:
+    """For each served cohort, the cohorts whose alias it answered, the most answered first.
+
+    A cohort is (model, prompt version, contract). An output requested under one model id and
+    answered by another also counts in the cohort of the model that answered (``rollup.py``):
+    this maps that cohort to the requested ones, so it can be judged against what they were.
+    """
+    out: dict[tuple[str, str, str], list[tuple[str, str, str]]] = {}
+    for served, prompt_version, contract, model, _ in store.query(
+            """SELECT s.served_model, c.prompt_version, c.contract, c.model, sum(s.n) AS n
+               FROM served_models s JOIN cohorts c USING (cohort_id)
+               WHERE s.served_model <> c.model GROUP BY ALL ORDER BY n DESC, c.model"""):
+        out.setdefault((str(served), str(prompt_version), str(contract)), []).append(
+            (str(model), str(prompt_version), str(contract)))
+    return out
 
 
 def read_profiles(store: Store, since: datetime, until: datetime, *, numbers: bool = True) -> list[Profile]:

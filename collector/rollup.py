@@ -136,7 +136,8 @@ class RollupBatch:
         self.cfg = cfg
         self.bucket_seconds = bucket_seconds
         self._paths = _PathNames()
-        self._groups: dict[tuple[str, str, str, int], int] = {}
+        # (model, prompt version, contract, served model if it differs from the model, bucket)
+        self._groups: dict[tuple[str, str, str, str | None, int], int] = {}
         self._events: list[int] = []  # outputs per group: the units of the top scope
         self._served: dict[tuple[int, str], int] = {}  # (group, served model) -> outputs
         # The namer is its own object, not a bound method of this batch: Acc is not tracked
@@ -147,7 +148,11 @@ class RollupBatch:
     def add(self, output: dict[str, Any], cohort: tuple[str, str, str], ts: datetime,
             served_model: str | None = None) -> None:
         epoch = int(ts.timestamp())
-        key = (*cohort, epoch - epoch % self.bucket_seconds)
+        # An output answered by another model than the one requested (an alias) also counts
+        # in the cohort of the model that answered: its group carries that model, and the
+        # merge adds the group's counts to both cohorts (the output is walked once).
+        alias = served_model if served_model is not None and served_model != cohort[0] else None
+        key = (*cohort, alias, epoch - epoch % self.bucket_seconds)
         group = self._groups.get(key)
         if group is None:
             group = self._groups[key] = len(self._groups)
@@ -202,7 +207,8 @@ class RollupBatch:
             "model": pa.array([k[0] for k, _ in groups], pa.string()),
             "prompt_version": pa.array([k[1] for k, _ in groups], pa.string()),
             "contract": pa.array([k[2] for k, _ in groups], pa.string()),
-            "epoch": pa.array([k[3] for k, _ in groups], pa.int64()),
+            "served": pa.array([k[3] for k, _ in groups], pa.string()),
+            "epoch": pa.array([k[4] for k, _ in groups], pa.int64()),
             "events": pa.array([self._events[i] for _, i in groups], pa.int64())})
         counts = acc.counts()
         cols: list[tuple[Any, ...]] = list(zip(*counts, strict=True)) if counts else [() for _ in range(11)]
@@ -280,13 +286,29 @@ def merge_rollups(con: duckdb.DuckDBPyConnection, batches: list[RollupBatch], cf
 
 
 def _merge(con: duckdb.DuckDBPyConnection, cfg: RollupConfig, f: pa.Table, nums: pa.Table) -> None:
-    # shared: several batches of this merge hold the (cohort, bucket); only their rows can
-    # repeat a key, so only they need summing (_merge_numbers relies on it).
+    # A group counts in its cohort and, when an alias was answered by another model, in the
+    # served cohort (that model, same prompt version and contract) too, created here when it
+    # is new: every path that merges counts (ingest, deferred merges, recovery at open) meets it.
+    con.execute(
+        """INSERT INTO cohorts
+           SELECT nextval('cohort_seq'), * FROM (
+               SELECT served, prompt_version, contract, to_timestamp(min(epoch)) FROM _rg
+               WHERE served IS NOT NULL AND NOT EXISTS (
+                   SELECT 1 FROM cohorts c WHERE c.model = _rg.served AND c.prompt_version = _rg.prompt_version
+                                             AND c.contract = _rg.contract)
+               GROUP BY ALL ORDER BY ALL)""")
+    # shared: several groups of this merge hold the (cohort, bucket); only their rows can
+    # repeat a key, so only they need summing (_merge_numbers relies on it). served: the row
+    # adds a group to its served cohort (a group has at most one such row).
     con.execute(
         """CREATE OR REPLACE TEMP TABLE _groups AS
-           SELECT g, c.cohort_id, to_timestamp(epoch) AS bucket, events,
+           WITH m AS (SELECT g, model, prompt_version, contract, epoch, events, false AS served FROM _rg
+                      UNION ALL
+                      SELECT g, served, prompt_version, contract, epoch, events, true FROM _rg
+                      WHERE served IS NOT NULL)
+           SELECT g, c.cohort_id, to_timestamp(epoch) AS bucket, events, served,
                   count(*) OVER (PARTITION BY c.cohort_id, epoch) > 1 AS shared
-           FROM _rg JOIN cohorts c USING (model, prompt_version, contract)""")
+           FROM m JOIN cohorts c USING (model, prompt_version, contract)""")
     con.execute(
         """CREATE OR REPLACE TEMP TABLE _buckets AS
            SELECT cohort_id, bucket, sum(events) AS events,
@@ -342,12 +364,27 @@ def _merge_numbers(con: duckdb.DuckDBPyConnection, f: pa.Table, nums: pa.Table) 
     # Numbers are most of the rows (several per event), so each row's cohort, bucket and
     # path are taken in Arrow, through its slot and group, and DuckDB only appends: joining
     # them in SQL cost about three times the append itself (measured).
-    groups = con.execute("SELECT g, cohort_id, bucket, shared FROM _groups").to_arrow_table()
-    row = pa.compute.index_in(f["g"].take(nums["slot"]), value_set=groups["g"])  # each bin's group
-    con.register("_rn", pa.table({
-        "cohort_id": groups["cohort_id"].take(row), "bucket": groups["bucket"].take(row),
-        "path": f["path"].take(nums["slot"]), "value": nums["value"], "n": nums["n"],
-        "shared": groups["shared"].take(row)}))
+    # A bin belongs to its group's cohort and, for an alias answered by another model, to the
+    # served cohort too: one pass per kind of row, each with one row per group.
+    parts = []
+    for served in (False, True):
+        groups = con.execute("SELECT g, cohort_id, bucket, shared FROM _groups WHERE served = ?",
+                             [served]).to_arrow_table()
+        if not groups.num_rows:
+            continue
+        g_of_bin = f["g"].take(nums["slot"])
+        part = nums
+        if served:  # only the bins of groups that have a served cohort
+            keep = pa.compute.is_in(g_of_bin, value_set=groups["g"])
+            part, g_of_bin = nums.filter(keep), g_of_bin.filter(keep)
+        row = pa.compute.index_in(g_of_bin, value_set=groups["g"])  # each bin's group
+        parts.append(pa.table({
+            "cohort_id": groups["cohort_id"].take(row), "bucket": groups["bucket"].take(row),
+            "path": f["path"].take(part["slot"]), "value": part["value"], "n": part["n"],
+            "shared": groups["shared"].take(row)}))
+    if not parts:
+        return
+    con.register("_rn", pa.concat_tables(parts))
     # Within one batch a (group, path, bin) is one row, and no two bins share a value (a log
     # bin's representative is never a whole number up to 100: a test checks every bin). So
     # only groups that several batches of this merge hold can repeat a key and need summing.

@@ -106,10 +106,27 @@ CREATE TABLE number_rollups (
     n BIGINT NOT NULL);
 """
 
+_V5 = """
+-- Served cohorts: an output answered by another model than the one requested (an alias
+-- served by a dated snapshot) counts in its cohort and in the cohort of the model that
+-- answered (same prompt version and contract), so each served model is analysed on its
+-- own too (rollup.py). This view is the raw side of that rule: the events of every cohort,
+-- an alias's events listed once more under their served cohort. Rollups of events stored
+-- before this version are left as they were: re-reading the whole history here could take
+-- as long as its import, so served cohorts start with the upgrade.
+CREATE VIEW cohort_events AS
+    SELECT * FROM events
+    UNION ALL
+    SELECT e.* REPLACE (s.cohort_id AS cohort_id)
+    FROM events e JOIN cohorts r ON r.cohort_id = e.cohort_id
+    JOIN cohorts s ON s.model = e.served_model AND s.prompt_version = r.prompt_version AND s.contract = r.contract
+    WHERE e.served_model <> r.model;
+"""
+
 # Each entry turns version i into version i + 1; never edit a released one, append.
 # "{bucket}" stands for the store's bucket width in seconds. Buckets are always on the
 # Unix-epoch grid (epoch - epoch % width), the same grid the rollups use.
-MIGRATIONS: list[str] = [_V1, _V2, _V3, _V4]
+MIGRATIONS: list[str] = [_V1, _V2, _V3, _V4, _V5]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -29,6 +29,8 @@ def cohort_rows(cohorts: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "prompt version": c["cohort"]["prompt_version"], "contract": c["cohort"]["contract"],
             "events (7 days)": c["events"],
             "served models": ", ".join(f"{m} ({n})" for m, n in (c.get("served_models") or {}).items()) or "-",
+            # a served cohort also holds the outputs this model gave under these aliases
+            "answers for alias": ", ".join(c.get("answered_for") or []) or "-",
             "baseline": b["baseline_id"] if b else "none: not judged",
             "baseline how": "" if not b else "own" if b["how"] == "own" else
             f"inherited ({b['how'].replace('_', ' ')}: {ui.cohort_label(b['cohort'])})",

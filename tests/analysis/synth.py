@@ -150,15 +150,16 @@ def synth_outputs(seed: int, n: int, drift: Drift = NO_DRIFT) -> list[dict[str, 
 
 def write_outputs(store: Store, outputs: Sequence[dict[str, Any]], since: datetime, span: timedelta, *,
                   prompt_version: str = PROMPT, model: str = MODEL, contract: str = CONTRACT,
-                  batch: int = 2000, id_prefix: str | None = None) -> None:
-    """Store ``outputs`` through the ingest path, evenly spread over ``[since, since + span)``."""
+                  batch: int = 2000, id_prefix: str | None = None, served_model: str | None = None) -> None:
+    """Store ``outputs`` through the ingest path, evenly spread over ``[since, since + span)``
+    (answered by ``served_model``; by default the model requested)."""
     seconds = int(span.total_seconds())
     n = len(outputs)
     prefix = id_prefix or f"{model}/{prompt_version}/{contract}/{since.isoformat()}"
     envs = []
     for i, out in enumerate(outputs):
         ts = since + timedelta(seconds=i * seconds // n)
-        env = make_envelope(event_id=f"{prefix}/{i}", ts=ts.isoformat(), model=model, served_model=model,
+        env = make_envelope(event_id=f"{prefix}/{i}", ts=ts.isoformat(), model=model, served_model=served_model or model,
                             prompt_version=prompt_version, contract=contract, output=out)
         envs.append(parse_envelope(orjson.dumps(env), LIMITS))
         if len(envs) == batch:

@@ -257,8 +257,8 @@ def accumulated_counts(outputs: list[dict[str, Any]], max_len: int) -> tuple[
         batch.add(output, COHORT, TS)
     g, f, v, a, _served = batch.tables()  # see the module docstring
     epoch = int(TS.timestamp()) // 60 * 60
-    assert g.to_pylist() == ([{"g": 0, "model": "m", "prompt_version": "p", "contract": "c", "epoch": epoch,
-                               "events": len(outputs)}] if outputs else [])
+    assert g.to_pylist() == ([{"g": 0, "model": "m", "prompt_version": "p", "contract": "c", "served": None,
+                               "epoch": epoch, "events": len(outputs)}] if outputs else [])
     fields: dict[str, dict[str, Any]] = {}
     path_of_slot: dict[int, str] = {}
     for slot, row in enumerate(f.to_pylist()):

@@ -170,11 +170,15 @@ def test_cohorts_page_lists_cohorts_with_the_unpinned_marker(sample_url: str, mo
     at = open_page(sample_url, "views/cohorts.py", monkeypatch=monkeypatch)
     cohorts, changes = (d.value for d in at.dataframe)
     rows = {(r["model"], r["prompt version"]): r for r in cohorts.to_dict("records")}
-    assert set(rows) == {("claude-sonnet-4-5-20250929", "intake-v3"), ("claude-sonnet-4-5-20250929", "intake-v4"),
-                         ("gemini-2.0-flash-001", "extract-v1"), ("gpt-4o", "triage-v2")}
-    assert {k: r["pinned"] for k, r in rows.items()} == {
-        ("claude-sonnet-4-5-20250929", "intake-v3"): "pinned", ("claude-sonnet-4-5-20250929", "intake-v4"): "pinned",
-        ("gemini-2.0-flash-001", "extract-v1"): "pinned", ("gpt-4o", "triage-v2"): "⚠ unpinned alias"}
+    # the two snapshots behind gpt-4o are served cohorts of their own, judged against its baseline
+    assert {k: (r["pinned"], r["answers for alias"]) for k, r in rows.items()} == {
+        ("claude-sonnet-4-5-20250929", "intake-v3"): ("pinned", "-"),
+        ("claude-sonnet-4-5-20250929", "intake-v4"): ("pinned", "-"),
+        ("gemini-2.0-flash-001", "extract-v1"): ("pinned", "-"), ("gpt-4o", "triage-v2"): ("⚠ unpinned alias", "-"),
+        ("gpt-4o-2024-08-06", "triage-v2"): ("pinned", "gpt-4o"), ("gpt-4o-2024-11-20", "triage-v2"): ("pinned", "gpt-4o")}
+    assert rows[("gpt-4o-2024-11-20", "triage-v2")]["baseline how"] == (
+        "inherited (served alias: gpt-4o / triage-v2 / sample-triage)")
+    assert rows[("gpt-4o-2024-11-20", "triage-v2")]["served models"] == "gpt-4o-2024-11-20 (600)"
     intake = rows[("claude-sonnet-4-5-20250929", "intake-v3")]
     assert (intake["events (7 days)"], intake["page firing"], intake["warn firing"], intake["baseline how"]) == (
         1560, 1, 2, "own")
@@ -184,7 +188,7 @@ def test_cohorts_page_lists_cohorts_with_the_unpinned_marker(sample_url: str, mo
     assert changes.to_dict("records")[0] | {"detected": None} == {
         "cohort": "gpt-4o / triage-v2 / sample-triage", "previous": "gpt-4o-2024-08-06",
         "current": "gpt-4o-2024-11-20", "detected": None}
-    assert [m.value for m in at.metric] == ["4", "0", "1", "2"]
+    assert [m.value for m in at.metric] == ["6", "0", "1", "2"]
 
 
 def _cohort_id(url: str, contract: str, prompt_version: str | None = None) -> int:
@@ -333,7 +337,7 @@ def test_ingestion_page_shows_counts_and_the_analyzers_runs(sample_url: str,
     metrics = {m.label: m.value for m in at.metric}
     assert (metrics["Accepted"], metrics["Duplicates"], metrics["Rejected"]) == ("4,730", "0", "0")
     assert metrics["Result"] == "ok"
-    assert metrics["Cohorts / checks / breaches"].startswith("4 / ")
+    assert metrics["Cohorts / checks / breaches"].startswith("5 / ")  # the cohorts with traffic in the 24-hour window
     runs = at.dataframe[-1].value
     assert list(runs["run"]) == [2, 1] and runs["ok"].all()
     per_cohort = {(r["model"], r["prompt version"]): r["accepted"] for r in at.dataframe[-2].value.to_dict("records")}

@@ -1,0 +1,755 @@
+"""Contracts: JSON Schemas and tool definitions, their fingerprints, the registry, and validation.
+
+A *contract* is what an application declares its structured outputs (or tool
+arguments) must look like. This module reads one from any of the forms it
+ships in, fingerprints it, keeps registered versions in the store, and checks
+outputs against a registered version. Classifying the changes between two
+contracts is ``contract_diff.py``.
+
+**Forms read** (``contract_from_document``): a plain JSON Schema object; an
+OpenAI tool (``{"type": "function", "function": {...}}``, the flat Responses
+form ``{"type": "function", "name": ..., "parameters": ...}`` and the legacy
+``{"name", "description", "parameters"}`` function); an OpenAI structured-output
+``response_format`` (``{"type": "json_schema", "json_schema": {"name", "schema"}}``
+and the flat Responses ``text.format`` form); an Anthropic tool (``input_schema``);
+an MCP tool (``inputSchema``). A *catalog* is a JSON array of tools,
+``{"tools": [...]}`` (a request body or MCP ``tools/list`` result) or a whole
+JSON-RPC ``tools/list`` response. Every schema must pass Draft 2020-12's
+``check_schema``; a tool without its schema is refused (an OpenAI function
+without arguments must say ``{"type": "object", "properties": {}}``).
+
+**Normalization** (``normalize_schema``) is schema-aware: it walks only the
+keywords that hold subschemas (``properties``, ``items``, ``anyOf``, ``$defs``,
+...), so a property *named* ``description`` is kept while the keyword is not.
+It strips the annotation keywords (``title``, ``description``, ``default``,
+``examples``, ``deprecated``, ``readOnly``, ``writeOnly``, ``$comment``) and
+``$schema`` (every schema is read as Draft 2020-12); sorts and deduplicates the
+sets of ``required``, ``enum``, a ``type`` list (a one-element list becomes its
+type) and ``dependentRequired``; and orders ``anyOf``/``oneOf``/``allOf``
+options canonically (their order never changes what validates). Key order
+never matters anywhere: hashes are over canonical JSON (sorted keys).
+Unknown keywords are kept as they are (a provider may act on them). ``$ref``
+is kept, not inlined.
+
+**Fingerprints** (SHA-256, hex): the *invocation hash* covers, per tool, its
+name, its ``strict`` flag (OpenAI) and its normalized schema; the *discovery
+hash* covers, per tool, its name and description and every annotation
+(description, title, examples, default, ...) at its place in the schema. A
+description edit moves the discovery hash only; a reordering moves neither.
+A single plain schema is a tool with no name. The *content hash* covers the
+canonical JSON of the document as given, array order included: it is what
+registration compares.
+
+**Paths** are shapewatch's (``customer.tier``, ``entities[].type``, keys
+escaped with ``flatten.join_key``); the output itself has path None.
+
+>>> c = contract_from_document({"name": "get_weather", "input_schema": {"type": "object"}})
+>>> c.tools[0].name, c.tools[0].format.value
+('get_weather', 'anthropic_tool')
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import Enum
+from functools import cached_property
+from pathlib import Path
+from typing import Any, NamedTuple
+from urllib.parse import unquote
+
+import orjson
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+
+from .errors import (
+    ContractConflict,
+    ContractError,
+    ContractInvalid,
+    ContractNotFound,
+    ContractToolAmbiguous,
+)
+from .flatten import items_path, join_key
+from .store import Schema, Store
+
+__all__ = [
+    "ANNOTATION_KEYWORDS", "CONTRACTS_SCHEMA", "Contract", "ContractConflict", "ContractError", "ContractInvalid",
+    "ContractNotFound", "ContractToolAmbiguous", "ContractValidator", "RegisteredContract", "SchemaFacts", "Tool",
+    "ToolFormat", "ValidatorCache", "Violation", "canonical_json", "contract_from_document", "declared_facts",
+    "get_contract", "list_contracts", "normalize_schema", "parse_contract", "read_contract", "register_contract",
+    "resolve_ref",
+]
+
+#: Keywords that describe rather than constrain: out of the invocation hash, in the discovery hash.
+ANNOTATION_KEYWORDS = frozenset({"title", "description", "default", "examples", "deprecated", "readOnly",
+                                 "writeOnly", "$comment"})
+_STRIPPED = ANNOTATION_KEYWORDS | {"$schema"}
+#: Keywords whose value maps names to subschemas.
+SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
+#: Keywords whose value is one subschema (``items`` may also be an array, in older drafts).
+SCHEMA_SINGLES = frozenset({"additionalProperties", "items", "additionalItems", "contains", "propertyNames", "not",
+                            "if", "then", "else", "unevaluatedItems", "unevaluatedProperties", "contentSchema"})
+#: Keywords whose value is an array of subschemas; the first three are sets (order never matters).
+SCHEMA_LISTS = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
+_UNORDERED_LISTS = frozenset({"allOf", "anyOf", "oneOf"})
+#: Every keyword of Draft 2020-12 (and ``definitions``/``additionalItems``) that is not an annotation.
+VALIDATION_KEYWORDS = SCHEMA_MAPS | SCHEMA_SINGLES | SCHEMA_LISTS | frozenset({
+    "$ref", "$id", "$anchor", "$dynamicRef", "$dynamicAnchor", "$vocabulary", "type", "enum", "const",
+    "multipleOf", "maximum", "exclusiveMaximum", "minimum", "exclusiveMinimum", "maxLength", "minLength", "pattern",
+    "maxItems", "minItems", "uniqueItems", "maxContains", "minContains", "maxProperties", "minProperties",
+    "required", "dependentRequired", "format", "contentEncoding", "contentMediaType"})
+
+_SCHEMA_HINTS = VALIDATION_KEYWORDS | {"$schema"}
+
+
+def canonical_json(value: Any) -> bytes:
+    """The canonical JSON of a value: sorted keys, no whitespace (what every hash here covers)."""
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+
+
+def _sha256(value: Any) -> str:
+    return hashlib.sha256(canonical_json(value)).hexdigest()
+
+
+# --- reading --------------------------------------------------------------------------------
+
+class ToolFormat(str, Enum):
+    """The form a schema came in."""
+
+    json_schema = "json_schema"
+    openai_function = "openai_function"
+    openai_response_format = "openai_response_format"
+    anthropic_tool = "anthropic_tool"
+    mcp_tool = "mcp_tool"
+
+
+@dataclass(frozen=True)
+class Tool:
+    """One schema of a contract, with the tool (or response format) it belongs to.
+
+    >>> Tool(None, None, {"type": "object"}, ToolFormat.json_schema).label
+    '(schema)'
+    """
+
+    name: str | None  # None for a plain JSON Schema
+    description: str | None
+    schema: dict[str, Any]
+    format: ToolFormat
+    strict: bool | None = None  # OpenAI's strict flag, where given
+
+    @property
+    def label(self) -> str:
+        return self.name if self.name is not None else "(schema)"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "description": self.description, "format": self.format.value,
+                "strict": self.strict, "schema": self.schema}
+
+
+@dataclass(frozen=True)
+class Contract:
+    """A document read as a contract: one schema or tool, or a catalog of tools.
+
+    >>> a = parse_contract('{"type": "object", "properties": {"a": {"type": "string", "title": "A"}}}')
+    >>> b = parse_contract('{"properties": {"a": {"type": "string"}}, "type": "object"}')
+    >>> (a.invocation_hash == b.invocation_hash, a.discovery_hash == b.discovery_hash)
+    (True, False)
+    """
+
+    tools: tuple[Tool, ...]
+    catalog: bool  # a list of tools (matched by name when diffed), even when it holds one
+    document: Any = field(compare=False)  # as given
+
+    @cached_property
+    def content_hash(self) -> str:
+        return _sha256(self.document)
+
+    @cached_property
+    def invocation_hash(self) -> str:
+        return _sha256({"catalog": self.catalog, "tools": sorted(
+            ({"name": t.name, "strict": t.strict, "schema": normalize_schema(t.schema)} for t in self.tools),
+            key=lambda t: canonical_json(t["name"]))})
+
+    @cached_property
+    def discovery_hash(self) -> str:
+        return _sha256({"catalog": self.catalog, "tools": sorted(
+            ({"name": t.name, "description": t.description, "parameters": _annotations(t.schema)}
+             for t in self.tools), key=lambda t: canonical_json(t["name"]))})
+
+    def tool(self, name: str | None = None, *, where: str = "the contract") -> Tool:
+        """The tool an output belongs to: see ``ContractValidator`` for the rule."""
+        if name is None:
+            if len(self.tools) == 1:
+                return self.tools[0]
+            raise ContractToolAmbiguous(where, [t.label for t in self.tools])
+        for t in self.tools:
+            if t.name == name:
+                return t
+        if len(self.tools) == 1 and self.tools[0].name is None:
+            return self.tools[0]  # a plain schema has no name to disagree with
+        raise ContractInvalid(where, f"no tool named {name!r} (it has {', '.join(t.label for t in self.tools)})")
+
+
+def parse_contract(text: str | bytes, *, where: str = "contract") -> Contract:
+    """Read a contract from JSON text."""
+    try:
+        doc = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise ContractInvalid(where, f"not JSON ({exc})") from exc
+    return contract_from_document(doc, where=where)
+
+
+def read_contract(path: Path | str) -> Contract:
+    """Read a contract from a JSON file."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise ContractInvalid(str(path), f"cannot read the file ({exc.strerror or exc})") from exc
+    return parse_contract(data, where=str(path))
+
+
+def contract_from_document(doc: Any, *, where: str = "contract") -> Contract:
+    """Recognize a parsed JSON document as a schema, a tool or a catalog (module docstring)."""
+    if isinstance(doc, list):
+        return _catalog(doc, where)
+    if not isinstance(doc, dict):
+        raise ContractInvalid(where, f"not a JSON object or array of tools (found {_json_kind(doc)})")
+    tools = _catalog_tools(doc)
+    if tools is not None:
+        return _catalog(tools, where)
+    tool = _tool(doc, where)
+    if tool is None:
+        tool = Tool(None, None, doc, ToolFormat.json_schema)
+        _check_schema(doc, where)
+    return Contract((tool,), False, doc)
+
+
+def _json_kind(v: Any) -> str:
+    return {type(None): "null", bool: "a boolean", int: "a number", float: "a number", str: "a string",
+            list: "an array", dict: "an object"}.get(type(v), type(v).__name__)
+
+
+def _catalog_tools(doc: dict[str, Any]) -> list[Any] | None:
+    result = doc.get("result")
+    if "jsonrpc" in doc and isinstance(result, dict) and isinstance(result.get("tools"), list):
+        return list(result["tools"])
+    if isinstance(doc.get("tools"), list) and "properties" not in doc and "type" not in doc:
+        return list(doc["tools"])
+    return None
+
+
+def _catalog(items: list[Any], where: str) -> Contract:
+    if not items:
+        raise ContractInvalid(where, "the catalog holds no tools")
+    tools: list[Tool] = []
+    seen: set[str] = set()
+    for i, item in enumerate(items):
+        at = f"{where}: tool #{i + 1}"
+        if not isinstance(item, dict):
+            raise ContractInvalid(at, f"not a tool definition (found {_json_kind(item)})")
+        tool = _tool(item, at)
+        if tool is None:
+            raise ContractInvalid(at, "not a tool definition (no name with parameters, input_schema or "
+                                      "inputSchema); a catalog holds tools, not bare schemas")
+        assert tool.name is not None
+        if tool.name in seen:
+            raise ContractInvalid(where, f"two tools are named {tool.name!r}")
+        seen.add(tool.name)
+        tools.append(tool)
+    return Contract(tuple(tools), True, items)
+
+
+def _tool(doc: dict[str, Any], where: str) -> Tool | None:
+    """The tool ``doc`` defines, or None when it is a plain schema."""
+    kind = doc.get("type")
+    if kind == "function":
+        fn = doc.get("function")
+        if isinstance(fn, dict):  # Chat Completions
+            return _make_tool(fn, where, ToolFormat.openai_function, "parameters", strict=fn.get("strict"))
+        if "name" in doc:  # Responses API: flat
+            return _make_tool(doc, where, ToolFormat.openai_function, "parameters", strict=doc.get("strict"))
+        raise ContractInvalid(where, 'an OpenAI tool ("type": "function") without "function" or "name"')
+    if kind == "json_schema":
+        rf = doc.get("json_schema")
+        if isinstance(rf, dict):
+            return _make_tool(rf, where, ToolFormat.openai_response_format, "schema", strict=rf.get("strict"))
+        if "schema" in doc:  # Responses API text.format: flat
+            return _make_tool(doc, where, ToolFormat.openai_response_format, "schema", strict=doc.get("strict"))
+        raise ContractInvalid(where, 'an OpenAI response_format ("type": "json_schema") without "json_schema"')
+    if "input_schema" in doc:
+        return _make_tool(doc, where, ToolFormat.anthropic_tool, "input_schema")
+    if "inputSchema" in doc:
+        return _make_tool(doc, where, ToolFormat.mcp_tool, "inputSchema")
+    if "name" in doc and "parameters" in doc and "type" not in doc:  # legacy OpenAI `functions` entry
+        return _make_tool(doc, where, ToolFormat.openai_function, "parameters")
+    if "name" in doc and not any(k in doc for k in _SCHEMA_HINTS):
+        raise ContractInvalid(where, f"tool {doc['name']!r} has no schema (expected parameters, input_schema "
+                                     "or inputSchema holding its JSON Schema)")
+    return None
+
+
+def _make_tool(doc: dict[str, Any], where: str, fmt: ToolFormat, key: str, *, strict: Any = None) -> Tool:
+    name = doc.get("name")
+    if not isinstance(name, str) or not name:
+        raise ContractInvalid(where, f"a {fmt.value} without a name")
+    at = f"{where}: tool {name!r}"
+    if key not in doc:
+        raise ContractInvalid(at, f"no {key!r}: a tool without a schema (a tool without arguments declares "
+                                  '{"type": "object", "properties": {}})')
+    schema = doc[key]
+    if not isinstance(schema, dict):
+        raise ContractInvalid(at, f"{key!r} is not a JSON object (found {_json_kind(schema)})")
+    description = doc.get("description")
+    if description is not None and not isinstance(description, str):
+        raise ContractInvalid(at, "its description is not a string")
+    if strict is not None and not isinstance(strict, bool):
+        raise ContractInvalid(at, "its strict flag is not a boolean")
+    _check_schema(schema, at)
+    return Tool(name, description, schema, fmt, strict)
+
+
+def _check_schema(schema: dict[str, Any], where: str) -> None:
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        location = "/".join(str(p) for p in exc.path)
+        raise ContractInvalid(where, f"not a valid Draft 2020-12 JSON Schema"
+                                     f"{' at /' + location if location else ''}: {exc.message}") from None
+
+
+# --- normalization and annotations -----------------------------------------------------------
+
+def normalize_schema(schema: Any) -> Any:
+    """The schema as it validates: annotations stripped, sets sorted (module docstring)."""
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for k, v in schema.items():
+        if k in _STRIPPED:
+            continue
+        if k in SCHEMA_MAPS and isinstance(v, dict):
+            out[k] = {name: normalize_schema(sub) for name, sub in v.items()}
+        elif (k in SCHEMA_SINGLES or k in SCHEMA_LISTS) and isinstance(v, list):
+            subs = [normalize_schema(sub) for sub in v]
+            out[k] = _canonical_set(subs) if k in _UNORDERED_LISTS else subs
+        elif k in SCHEMA_SINGLES:
+            out[k] = normalize_schema(v)
+        elif k in ("required", "enum") and isinstance(v, list):
+            out[k] = _canonical_set(v)
+        elif k == "type" and isinstance(v, list):
+            types = sorted(set(v))
+            out[k] = types[0] if len(types) == 1 else types
+        elif k == "dependentRequired" and isinstance(v, dict):
+            out[k] = {p: _canonical_set(names) if isinstance(names, list) else names for p, names in v.items()}
+        else:
+            out[k] = v
+    return out
+
+
+def _canonical_set(values: list[Any]) -> list[Any]:
+    unique = {canonical_json(v): v for v in values}
+    return [unique[k] for k in sorted(unique)]
+
+
+def _annotations(schema: Any) -> Any:
+    """The annotations of a schema, at their places: what a model reads to choose and fill a tool."""
+    if not isinstance(schema, dict):
+        return {}
+    out: dict[str, Any] = {k: schema[k] for k in ANNOTATION_KEYWORDS if k in schema}
+    for k, v in schema.items():
+        if k in SCHEMA_MAPS and isinstance(v, dict):
+            found = {name: a for name, sub in v.items() if (a := _annotations(sub))}
+            if found:
+                out[k] = found
+        elif (k in SCHEMA_SINGLES or k in SCHEMA_LISTS) and isinstance(v, list):
+            pairs = [(normalize_schema(sub), _annotations(sub)) for sub in v]
+            if k in _UNORDERED_LISTS:
+                pairs.sort(key=canonical_json)
+            if any(a for _, a in pairs):
+                out[k] = [a for _, a in pairs]
+        elif k in SCHEMA_SINGLES and (a := _annotations(v)):
+            out[k] = a
+    return out
+
+
+def resolve_ref(root: Any, ref: str) -> Any:
+    """The subschema a local ``$ref`` (``#``, ``#/$defs/x``, ``#/definitions/x``) points at, or None."""
+    if not ref.startswith("#"):
+        return None  # remote references are not fetched
+    pointer = unquote(ref[1:])
+    if pointer == "":
+        return root
+    if not pointer.startswith("/"):
+        return None  # plain-name anchors are not resolved
+    node = root
+    for part in pointer[1:].split("/"):
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node
+
+
+def deref(node: Any, root: Any) -> tuple[Any, tuple[str, ...]]:
+    """``node`` with its local ``$ref`` chain followed (siblings of ``$ref`` win), and the refs followed.
+
+    A boolean schema becomes its object form (``true``: ``{}``, ``false``: ``{"not": {}}``).
+    An unresolvable or looping ``$ref`` is left in place.
+    """
+    followed: list[str] = []
+    while True:
+        if node is True:
+            return {}, tuple(followed)
+        if node is False:
+            return {"not": {}}, tuple(followed)
+        if not isinstance(node, dict) or not isinstance(node.get("$ref"), str):
+            return node, tuple(followed)
+        ref = node["$ref"]
+        target = resolve_ref(root, ref)
+        if ref in followed or not isinstance(target, (dict, bool)):
+            return node, tuple(followed)
+        followed.append(ref)
+        target = {} if target is True else {"not": {}} if target is False else target
+        node = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
+
+
+# --- declared facts (enums, optional fields) ------------------------------------------------
+
+@dataclass(frozen=True)
+class SchemaFacts:
+    """What a schema declares per path: enum values, and which fields are optional or required.
+
+    A path is *optional* when some object declares it under ``properties`` without
+    listing it in ``required``, and no object declaring it requires it. Enums
+    (and ``const``) met at one path in several places (``anyOf`` options) are merged.
+
+    >>> declared_facts({"properties": {"tier": {"enum": ["gold", "free"]}}}).optional
+    frozenset({'tier'})
+    """
+
+    enums: dict[str, tuple[Any, ...]]
+    optional: frozenset[str]
+    required: frozenset[str]
+
+
+def declared_facts(schema: dict[str, Any]) -> SchemaFacts:
+    """The declared enums and optional/required fields of one schema, by shapewatch path."""
+    enums: dict[str, dict[bytes, Any]] = {}
+    optional: set[str] = set()
+    required: set[str] = set()
+
+    def walk(node: Any, path: str | None, active: frozenset[str], depth: int) -> None:
+        node, refs = deref(node, schema)
+        if not isinstance(node, dict) or depth > 64 or active & set(refs):
+            return
+        active = active | set(refs)
+        if path is not None:
+            values = list(node["enum"]) if isinstance(node.get("enum"), list) else []
+            if "const" in node:
+                values.append(node["const"])
+            for v in values:
+                enums.setdefault(path, {}).setdefault(canonical_json(v), v)
+        props = node.get("properties")
+        if isinstance(props, dict):
+            req = set(node.get("required") or ())
+            for name, sub in props.items():
+                p = join_key(path, name)
+                (required if name in req else optional).add(p)
+                walk(sub, p, active, depth + 1)
+        items = node.get("items")
+        for sub in ([items] if isinstance(items, (dict, bool)) else []) + list(node.get("prefixItems") or ()):
+            walk(sub, items_path(path or ""), active, depth + 1)
+        for kw in ("anyOf", "oneOf", "allOf"):
+            for sub in node.get(kw) or ():
+                walk(sub, path, active, depth + 1)
+        for kw in ("then", "else"):
+            if kw in node:
+                walk(node[kw], path, active, depth + 1)
+
+    walk(schema, None, frozenset(), 0)
+    return SchemaFacts({p: tuple(v.values()) for p, v in sorted(enums.items())}, frozenset(optional - required),
+                       frozenset(required))
+
+
+# --- validation ------------------------------------------------------------------------------
+
+class Violation(NamedTuple):
+    """Where an output breaks its contract (shapewatch path; None: the output itself) and which keyword."""
+
+    path: str | None
+    keyword: str
+
+
+class ContractValidator:
+    """Checks outputs against one contract; compiled once, reused for every output.
+
+    Which schema an output is checked against: with ``tool=None``, the contract's
+    only schema (a catalog of several tools raises ``ContractToolAmbiguous``);
+    with a tool name, that tool's schema (``ContractInvalid`` when there is none),
+    except that a single plain JSON Schema, having no name, takes any.
+
+    Formats are asserted (``format_checker``): a provider that enforces the
+    schema enforces them too, and a violated format is worth counting. A value
+    where the schema says ``false`` (a forbidden property) is reported as ``not``.
+
+    >>> v = ContractValidator(contract_from_document(
+    ...     {"type": "object", "required": ["a"], "properties": {"b": {"type": "array", "items": {"type": "string"}}}}))
+    >>> v.violations({"b": ["x", 3]})
+    [Violation(path='a', keyword='required'), Violation(path='b[]', keyword='type')]
+    """
+
+    def __init__(self, contract: Contract, *, where: str = "the contract") -> None:
+        self.contract = contract
+        self.where = where
+        checker = Draft202012Validator.FORMAT_CHECKER
+        self._validators = {t.name: Draft202012Validator(_without_false(t.schema), format_checker=checker)
+                            for t in contract.tools}
+        self._facts: dict[str | None, SchemaFacts] = {}
+
+    def violations(self, output: dict[str, Any], *, tool: str | None = None) -> list[Violation]:
+        """Every violation of the chosen schema by ``output``, sorted, each (path, keyword) once."""
+        validator = self._validators[self.contract.tool(tool, where=self.where).name]
+        found: dict[Violation, None] = {}
+        for error in validator.iter_errors(output):
+            for v in _violations_of(error):
+                found[v] = None
+        return sorted(found, key=lambda v: (v.path is not None, v.path or "", v.keyword))
+
+    def facts(self, tool: str | None = None) -> SchemaFacts:
+        """The chosen schema's declared enums and optional fields (the same rule picks the schema)."""
+        t = self.contract.tool(tool, where=self.where)
+        if t.name not in self._facts:
+            self._facts[t.name] = declared_facts(t.schema)
+        return self._facts[t.name]
+
+
+# Keywords whose `false` is reported well by jsonschema (at the object or array, by its own name).
+_FALSE_KEPT = frozenset({"additionalProperties", "unevaluatedProperties", "unevaluatedItems", "items"})
+
+
+def _without_false(schema: Any) -> Any:
+    """``schema`` with each ``false`` subschema written ``{"not": {}}`` (the same validation).
+
+    jsonschema reports a ``false`` subschema's error without its instance path
+    (``{"properties": {"legacy": false}}`` blames the object, not ``legacy``);
+    ``not`` is reported where the value is.
+    """
+    if not isinstance(schema, dict):
+        return {"not": {}} if schema is False else schema
+    out: dict[str, Any] = {}
+    for k, v in schema.items():
+        if k in SCHEMA_MAPS and isinstance(v, dict):
+            out[k] = {name: _without_false(sub) for name, sub in v.items()}
+        elif (k in SCHEMA_LISTS or k in SCHEMA_SINGLES) and isinstance(v, list):
+            out[k] = [_without_false(sub) for sub in v]
+        elif k in SCHEMA_SINGLES and k not in _FALSE_KEPT:
+            out[k] = _without_false(v)
+        elif k in _FALSE_KEPT and isinstance(v, dict):
+            out[k] = _without_false(v)
+        else:
+            out[k] = v
+    return out
+
+
+def _instance_path(parts: Sequence[Any]) -> str | None:
+    path: str | None = None
+    for part in parts:
+        path = items_path(path or "") if isinstance(part, int) else join_key(path, str(part))
+    return path
+
+
+def _violations_of(error: Any) -> Iterator[Violation]:
+    path = _instance_path(list(error.absolute_path))
+    keyword = "false" if error.validator is None else str(error.validator)  # None: a `false` schema
+    instance, value = error.instance, error.validator_value
+    if keyword == "required" and isinstance(instance, dict) and isinstance(value, list):
+        missing = [k for k in value if isinstance(k, str) and k not in instance]
+        if missing:
+            for k in missing:
+                yield Violation(join_key(path, k), keyword)
+            return
+    if keyword == "additionalProperties" and value is False and isinstance(instance, dict):
+        schema = error.schema if isinstance(error.schema, dict) else {}
+        props = schema.get("properties") or {}
+        patterns = list((schema.get("patternProperties") or {}).keys())
+        extra = [k for k in instance if k not in props and not any(_matches(p, k) for p in patterns)]
+        if extra:
+            for k in extra:
+                yield Violation(join_key(path, k), keyword)
+            return
+    yield Violation(path, keyword)
+
+
+def _matches(pattern: str, key: str) -> bool:
+    try:
+        return re.search(pattern, key) is not None
+    except re.error:  # an ECMA-262 pattern Python cannot compile: jsonschema reported it already
+        return False
+
+
+class ValidatorCache:
+    """Compiled validators per registered (contract, version), for checking outputs as they arrive.
+
+    Registered versions never change, so a compiled validator stays valid; an
+    unknown version gives None (count it, never fail ingestion on it) and is
+    looked up again after ``miss_seconds``. Safe to share between threads.
+
+    >>> cache = ValidatorCache(store)                                  # doctest: +SKIP
+    >>> v = cache.get("intake", "3")                                   # doctest: +SKIP
+    >>> v.violations(output) if v else "unknown contract version"      # doctest: +SKIP
+    """
+
+    def __init__(self, store: Store, *, size: int = 128, miss_seconds: float = 30.0) -> None:
+        self.store = store
+        self.size = size
+        self.miss_seconds = miss_seconds
+        self._lock = threading.Lock()
+        self._found: OrderedDict[tuple[str, str], ContractValidator] = OrderedDict()
+        self._missed: dict[tuple[str, str], float] = {}
+
+    def get(self, contract: str, version: str) -> ContractValidator | None:
+        key = (contract, version)
+        with self._lock:
+            v = self._found.get(key)
+            if v is not None:
+                self._found.move_to_end(key)
+                return v
+            missed = self._missed.get(key)
+            if missed is not None and time.monotonic() - missed < self.miss_seconds:
+                return None
+        try:
+            registered = get_contract(self.store, contract, version)
+        except ContractNotFound:
+            with self._lock:
+                self._missed[key] = time.monotonic()
+                if len(self._missed) > 10 * self.size:
+                    self._missed.clear()
+            return None
+        validator = registered.validator()
+        with self._lock:
+            self._missed.pop(key, None)
+            self._found[key] = validator
+            while len(self._found) > self.size:
+                self._found.popitem(last=False)
+        return validator
+
+
+# --- the registry ----------------------------------------------------------------------------
+
+CONTRACTS_SCHEMA = Schema("contracts", ("""
+-- One row per registered (contract, version); rows are only ever inserted.
+-- document: the canonical JSON of the document as registered; content_hash its SHA-256.
+-- tools: a JSON array of {name, description, format, strict, schema}, one per schema.
+CREATE TABLE contract_versions (
+    contract VARCHAR NOT NULL, version VARCHAR NOT NULL,
+    document VARCHAR NOT NULL, content_hash VARCHAR NOT NULL, catalog BOOLEAN NOT NULL, tools VARCHAR NOT NULL,
+    invocation_hash VARCHAR NOT NULL, discovery_hash VARCHAR NOT NULL,
+    registered_at TIMESTAMPTZ NOT NULL, author VARCHAR, note VARCHAR,
+    PRIMARY KEY (contract, version));
+""",))
+
+
+@dataclass(frozen=True)
+class RegisteredContract:
+    """One registered, immutable version of a contract.
+
+    >>> r, created = register_contract(store, "intake", "3", contract, author="ana")   # doctest: +SKIP
+    >>> r.validator().violations({"priority": "urgent"})                              # doctest: +SKIP
+    [Violation(path='priority', keyword='enum')]
+    """
+
+    contract: str
+    version: str
+    definition: Contract
+    invocation_hash: str
+    discovery_hash: str
+    content_hash: str
+    registered_at: datetime
+    author: str | None
+    note: str | None
+
+    def validator(self) -> ContractValidator:
+        return ContractValidator(self.definition, where=f"contract {self.contract!r} version {self.version!r}")
+
+    def summary(self) -> dict[str, Any]:
+        """The listing form: everything but the document."""
+        return {"contract": self.contract, "version": self.version, "catalog": self.definition.catalog,
+                "tools": [t.name for t in self.definition.tools],
+                "formats": sorted({t.format.value for t in self.definition.tools}),
+                "invocation_hash": self.invocation_hash, "discovery_hash": self.discovery_hash,
+                "content_hash": self.content_hash,
+                "registered_at": self.registered_at.astimezone(UTC).isoformat().replace("+00:00", "Z"),
+                "author": self.author, "note": self.note}
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.summary(), "document": self.definition.document}
+
+
+def _check_name(what: str, value: str) -> None:
+    if not isinstance(value, str) or not value.strip():
+        raise ContractInvalid(what, "must be a non-empty string")
+    if len(value) > 200:
+        raise ContractInvalid(what, "must be at most 200 characters")
+
+
+def register_contract(store: Store, contract: str, version: str, document: Contract | Any, *,
+                      author: str | None = None, note: str | None = None,
+                      now: datetime | None = None) -> tuple[RegisteredContract, bool]:
+    """Register ``document`` (a Contract, or a parsed JSON document) as ``contract`` ``version``.
+
+    Returns the registered version and whether it is new. Registering the same
+    content again (the same canonical JSON: key order aside) is a no-op returning
+    the existing row, whatever author and note say; different content under a
+    registered version raises ``ContractConflict``. Array order is content here,
+    even where it validates the same (an enum's order is what a model reads).
+    """
+    _check_name("the contract name", contract)
+    _check_name("the contract version", version)
+    definition = document if isinstance(document, Contract) else contract_from_document(document)
+    content = definition.content_hash
+    with store.transaction(f"registering contract {contract!r} version {version!r}") as con:
+        row = con.execute("SELECT content_hash FROM contract_versions WHERE contract = ? AND version = ?",
+                          [contract, version]).fetchone()
+        if row is not None and row[0] != content:
+            raise ContractConflict(contract, version, str(row[0]), content)
+        if row is None:
+            con.execute("INSERT INTO contract_versions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", [
+                contract, version, canonical_json(definition.document).decode(), content, definition.catalog,
+                orjson.dumps([t.to_json() for t in definition.tools], option=orjson.OPT_SORT_KEYS).decode(),
+                definition.invocation_hash, definition.discovery_hash, now or datetime.now(UTC), author, note])
+    return get_contract(store, contract, version), row is None
+
+
+_COLUMNS = "contract, version, document, invocation_hash, discovery_hash, content_hash, registered_at, author, note"
+
+
+def _registered(row: tuple[Any, ...]) -> RegisteredContract:
+    contract, version, document = str(row[0]), str(row[1]), orjson.loads(row[2])
+    definition = contract_from_document(document, where=f"stored contract {contract!r} version {version!r}")
+    return RegisteredContract(contract, version, definition, str(row[3]), str(row[4]), str(row[5]), row[6],
+                              row[7], row[8])
+
+
+def get_contract(store: Store, contract: str, version: str) -> RegisteredContract:
+    """The registered version, or ``ContractNotFound``."""
+    rows = store.query(f"SELECT {_COLUMNS} FROM contract_versions WHERE contract = ? AND version = ?",
+                       [contract, version])
+    if not rows:
+        raise ContractNotFound(contract, version)
+    return _registered(rows[0])
+
+
+def list_contracts(store: Store, contract: str | None = None) -> list[RegisteredContract]:
+    """Every registered version (of one contract), by contract, oldest registration first."""
+    rows = store.query(f"SELECT {_COLUMNS} FROM contract_versions WHERE ? IS NULL OR contract = ? "
+                       "ORDER BY contract, registered_at, version", [contract, contract])
+    return [_registered(r) for r in rows]
