@@ -20,6 +20,7 @@ to be confirmed) with the states in memory, writing nothing.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -32,11 +33,19 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from baselines import Activation, Cohort, activation_history, is_unpinned, resolve_baseline
-from collector import Profile, Store, flatten_output, read_profiles, served_aliases
+from collector import (
+    ContractError,
+    ContractToolAmbiguous,
+    Profile,
+    Store,
+    flatten_output,
+    read_profiles,
+    served_aliases,
+)
 
 from .alerts import Alert, AlertBook, AlertState, Judged, Transition, step
-from .config import AlertKind, AnalyzerConfig
-from .rules import Check, Insufficient, adjust_p_values, compare_profiles
+from .config import AlertKind, AnalyzerConfig, FieldRules
+from .rules import Check, Insufficient, adjust_p_values, compare_profiles, compare_violations
 
 __all__ = ["Analyzer", "CohortReport", "Evaluation", "RunResult", "analyze_once", "evaluate", "sample_event_ids"]
 
@@ -128,8 +137,11 @@ def evaluate(store: Store, config: AnalyzerConfig, at: datetime, *,
         short: list[Insufficient] = []
         if resolved is not None and mirror is None:
             b = resolved.baseline
-            checks, short = compare_profiles(b.fields, b.samples, profile.fields, profile.events,
-                                             _rules_for(config, cohort.contract))
+            rules_for = _rules_for(config, cohort.contract, _declared_enums(store, profile))
+            checks, short = compare_profiles(b.fields, b.samples, profile.fields, profile.events, rules_for)
+            v_checks, v_short = compare_violations(b.violations, b.checked, profile.violations, profile.checked,
+                                                   rules_for)
+            checks, short = checks + v_checks, short + v_short
         pending.append((profile, cohort, resolved, checks, short, mirror))
     # Significance is judged over every test of the evaluation at once.
     adjusted = iter(adjust_p_values([c for *_, checks, _, _ in pending for c in checks]))
@@ -158,8 +170,35 @@ def _mirrored(profile: Profile, aliases: list[tuple[str, str, str]], in_window: 
     return None
 
 
-def _rules_for(config: AnalyzerConfig, contract: str) -> Callable[[str], Any]:
-    return lambda path: config.rules_for(contract, path)
+def _rules_for(config: AnalyzerConfig, contract: str,
+               declared: dict[str, tuple[str, ...]] | None = None) -> Callable[[str], FieldRules]:
+    """The rules of a contract's fields; a field whose registered contract declares its enum, and
+    whose configuration does not, takes the declared values as its known set (the unknown bucket)."""
+    def rules(path: str) -> FieldRules:
+        r = config.rules_for(contract, path)
+        if declared and r.allowed is None and path in declared:
+            return replace(r, allowed=declared[path])
+        return r
+    return rules
+
+
+def _declared_enums(store: Store, profile: Profile) -> dict[str, tuple[str, ...]]:
+    """The string enums declared by the registered contract version live in the window."""
+    version = profile.live_contract_version
+    if version is None:
+        return {}
+    validator = store.contract_validators.get(profile.contract, version)
+    if validator is None:
+        return {}
+    try:
+        facts = validator.facts()
+    except ContractToolAmbiguous:
+        try:
+            facts = validator.facts(profile.contract)  # a tool call's contract is its tool's name
+        except ContractError:
+            return {}
+    return {path: tuple(v for v in values if isinstance(v, str)) for path, values in facts.enums.items()
+            if any(isinstance(v, str) for v in values)}
 
 
 # --- sample events --------------------------------------------------------------------------
@@ -196,14 +235,24 @@ def _shows(alert: Alert, output: dict[str, Any]) -> bool:
     return False
 
 
+def _breaks(store: Store, alert: Alert, version: str, output: dict[str, Any]) -> bool:
+    """Whether ``output`` breaks its contract version at the alert's path."""
+    _, found = store.contract_validators.check(alert.cohort.contract, version, output)
+    return any((path or "$") == alert.field for path, _ in found)
+
+
 def sample_event_ids(store: Store, cohort_id: int, since: datetime, until: datetime, alert: Alert,
                      limit: int = 3) -> list[str]:
     """Event ids of stored outputs in the window that show the alert's change (newest first)."""
     found = []
-    for event_id, output in store.query(
-            """SELECT event_id, output FROM cohort_events WHERE cohort_id = ? AND ts >= ? AND ts < ?
+    for event_id, output, version in store.query(
+            """SELECT event_id, output, contract_version FROM cohort_events WHERE cohort_id = ? AND ts >= ? AND ts < ?
                ORDER BY ts DESC LIMIT ?""", [cohort_id, since, until, _SAMPLE_SCAN]):
-        if _shows(alert, orjson.loads(output)):
+        if alert.kind is AlertKind.schema_violation:
+            shown = version is not None and _breaks(store, alert, str(version), orjson.loads(output))
+        else:
+            shown = _shows(alert, orjson.loads(output))
+        if shown:
             found.append(str(event_id))
             if len(found) >= limit:
                 break
@@ -280,6 +329,7 @@ class Analyzer:
         self.clock = clock
         self.last: Evaluation | None = None
         self.max_presence_series = max_presence_series
+        self._one_at_a_time = threading.Lock()
         self.duration = Histogram("shapewatch_analyzer_run_seconds", "Time of one analyzer evaluation",
                                   registry=registry, buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120))
         self.runs = Counter("shapewatch_analyzer_runs_total", "Analyzer evaluations by result", ["result"],
@@ -291,7 +341,17 @@ class Analyzer:
         registry.register(_AlertGauges(self))
 
     def run(self, at: datetime | None = None) -> RunResult:
-        """One evaluation, recorded; never raises (a failure is logged, recorded and counted)."""
+        """One evaluation, recorded; never raises (a failure is logged, recorded and counted).
+
+        One at a time, whoever asks: the scheduler's ``max_instances=1`` keeps scheduled runs
+        apart, but ``POST /v1/analyzer/run`` calls this from a request thread, and two
+        evaluations at once would both step the same open alerts (a page confirmed twice, an
+        episode counted twice). A requested run waits for a scheduled one, and the other way round.
+        """
+        with self._one_at_a_time:
+            return self._run(at)
+
+    def _run(self, at: datetime | None) -> RunResult:
         started = self.clock()
         at = at or started
         t0 = time.perf_counter()

@@ -54,6 +54,7 @@ class AlertKind(str, Enum):
     cardinality_jump = "cardinality_jump"
     array_size_shift = "array_size_shift"
     new_field = "new_field"
+    schema_violation = "schema_violation"  # outputs breaking their registered contract at a path
 
 
 class Severity(str, Enum):
@@ -68,6 +69,7 @@ DEFAULT_SEVERITY: dict[AlertKind, Severity] = {
     AlertKind.unknown_enum_growth: Severity.warn,  # page above unknown_page
     AlertKind.cardinality_jump: Severity.warn, AlertKind.array_size_shift: Severity.warn,
     AlertKind.new_field: Severity.warn,
+    AlertKind.schema_violation: Severity.page,  # callers that parse by the contract break now
 }
 
 
@@ -93,6 +95,7 @@ class FieldRules:
     array_min_change: int = 1  # ... and at least this many items
     new_field_min_share: float = 0.01  # a new key must be filled in this share of its units
     enum_max_distinct: int = 50  # auto mode: more distinct values than this is free text
+    violation_tolerance: float = 0.02  # rise of the share of outputs breaking the contract at a path
     ignore: bool = False
     mode: EnumMode = EnumMode.auto
     allowed: tuple[str, ...] | None = None  # declared enum values: the known set
@@ -184,7 +187,7 @@ def _rules(base: FieldRules, table: Any, where: str, *, allow_fields: bool = Fal
             if isinstance(value, bool) or not isinstance(value, (int, float)) or (want is int and
                                                                                   not isinstance(value, int)):
                 raise ConfigInvalid(k, f"must be a{'n integer' if want is int else ' number'}, not {value!r}")
-            if value < 0 or (key in ("alpha", "tolerance", "hysteresis") and value > 1):
+            if value < 0 or (key in ("alpha", "tolerance", "violation_tolerance", "hysteresis") and value > 1):
                 raise ConfigInvalid(k, f"{value!r} is out of range")
             changes[key] = want(value)
     rules = replace(base, **changes)

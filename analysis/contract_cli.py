@@ -39,7 +39,7 @@ def _fail(exc: BaseException | str) -> NoReturn:
 @contextmanager
 def _store(ctx: click.Context, db_path: str | None, *, must_exist: bool) -> Iterator[Store]:
     """The store at --db (or the configured one), with the contracts tables, closed at the end."""
-    from collector import CONTRACTS_SCHEMA, RollupConfig, SettingsInvalid, ShapewatchError, Store, load_settings
+    from collector import RollupConfig, SettingsInvalid, ShapewatchError, Store, load_settings
 
     from .store_access import SCHEMAS
 
@@ -53,7 +53,7 @@ def _store(ctx: click.Context, db_path: str | None, *, must_exist: bool) -> Iter
         _fail(f"database {settings.db_path} does not exist (check --db)")
     try:
         store = Store.open(settings.db_path, memory_limit=settings.memory_limit, threads=settings.duckdb_threads,
-                           bucket_seconds=settings.bucket_seconds, schemas=(*SCHEMAS, CONTRACTS_SCHEMA),
+                           bucket_seconds=settings.bucket_seconds, schemas=SCHEMAS,
                            rollup=RollupConfig(enum_value_max_length=settings.enum_value_max_length,
                                                enum_values_per_path=settings.enum_values_per_path,
                                                max_depth=settings.max_depth))

@@ -35,7 +35,8 @@ from collector import FieldProfile
 
 from .config import AlertKind, EnumMode, FieldRules, Severity
 
-__all__ = ["Check", "Insufficient", "adjust_p_values", "compare_profiles", "enum_like", "parent_path"]
+__all__ = ["Check", "Insufficient", "adjust_p_values", "compare_profiles", "compare_violations", "enum_like",
+           "parent_path"]
 
 
 @dataclass(frozen=True)
@@ -258,6 +259,51 @@ def compare_profiles(baseline: dict[str, FieldProfile], baseline_events: int,
             _new_field(cmp, cur, b_units)
         elif _presence(cmp, base, cur, c_units) and cur is not None:
             _shape(cmp, base, cur)
+        checks.extend(cmp.out)
+    return checks, short
+
+
+def compare_violations(baseline: dict[str, dict[str, int]], baseline_checked: int,
+                       current: dict[str, dict[str, int]], current_checked: int,
+                       rules_for: Callable[[str], FieldRules]) -> tuple[list[Check], list[Insufficient]]:
+    """``schema_violation`` checks: per path, the share of checked outputs breaking their registered
+    contract there, against the baseline's share.
+
+    ``baseline``/``current`` map a path ('$': the output itself) to outputs per JSON Schema
+    keyword; an output is counted once per keyword, so a path's share is that of its most
+    frequent keyword (a lower bound when one output breaks a path two ways). A baseline frozen
+    before its contract was registered (nothing checked) expects no violation: the share is
+    then judged against half the tolerance (binomial test), so a breach needs evidence.
+    """
+    checks: list[Check] = []
+    short: list[Insufficient] = []
+    if not current_checked:
+        return checks, short
+    for path in sorted(set(baseline) | set(current)):
+        rules = rules_for(path)
+        if rules.ignore:
+            continue
+        if current_checked < rules.min_samples or (baseline_checked and baseline_checked < rules.min_samples):
+            short.append(Insufficient(path, baseline_checked, current_checked, rules.min_samples))
+            continue
+        b_n = max(baseline.get(path, {}).values(), default=0)
+        c_n = max(current.get(path, {}).values(), default=0)
+        b_rate = b_n / baseline_checked if baseline_checked else 0.0
+        c_rate = c_n / current_checked
+        if c_rate <= b_rate:
+            continue  # fewer violations are no alert
+        threshold = rules.violation_tolerance
+        if baseline_checked:
+            p = two_proportion_p(b_n, baseline_checked, c_n, current_checked)
+        else:
+            p = float(stats.binomtest(c_n, current_checked, max(threshold / 2, 1e-9), alternative="greater").pvalue)
+        keywords = ", ".join(f"{k} {n}" for k, n in sorted(current.get(path, {}).items(), key=lambda kv: -kv[1]))
+        cmp = _Comparison(path, None, None, rules)
+        cmp.add(AlertKind.schema_violation, None, c_rate - b_rate, threshold, p,
+                {"violation_rate": round(b_rate, 6), "samples": baseline_checked},
+                {"violation_rate": round(c_rate, 6), "samples": current_checked,
+                 "keywords": dict(sorted(current.get(path, {}).items()))},
+                f"outputs breaking the contract at {path}: {_pct(b_rate)} -> {_pct(c_rate)} ({keywords})")
         checks.extend(cmp.out)
     return checks, short
 

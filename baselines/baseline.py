@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import Enum
 from pathlib import Path
@@ -102,6 +102,10 @@ class Baseline:
     created_at: datetime
     forced: str | None  # the reason given when objections were overridden
     fields: dict[str, FieldProfile]
+    # Outputs checked against a registered contract version in the window, and those breaking
+    # it per path and JSON Schema keyword (collector.Profile.violations); none before contracts.
+    checked: int = 0
+    violations: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def unpinned(self) -> bool:
@@ -133,6 +137,8 @@ def _content(b: Baseline) -> dict[str, Any]:
         "samples": b.samples, "served_models": b.served_models, "contract_versions": b.contract_versions,
         "author": b.author, "note": b.note, "forced": b.forced,
         "fields": {p: f.to_json() for p, f in sorted(b.fields.items())},
+        # only when something was checked: documents frozen before contracts keep their hash
+        **({"contract_checks": {"checked": b.checked, "violations": b.violations}} if b.checked else {}),
     }
 
 
@@ -157,7 +163,10 @@ def baseline_from_document(doc: dict[str, Any], *, where: str = "baseline") -> B
             contract_versions={str(k): int(v) for k, v in doc["contract_versions"].items()},
             author=str(doc["author"]), note=str(doc["note"]), created_at=datetime.fromisoformat(doc["created_at"]),
             forced=doc.get("forced"),
-            fields={str(p): FieldProfile.from_json(f) for p, f in doc["fields"].items()})
+            fields={str(p): FieldProfile.from_json(f) for p, f in doc["fields"].items()},
+            checked=int(doc.get("contract_checks", {}).get("checked", 0)),
+            violations={str(p): {str(k): int(n) for k, n in by.items()}
+                        for p, by in doc.get("contract_checks", {}).get("violations", {}).items()})
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         if isinstance(exc, BaselineError):
             raise
@@ -202,7 +211,8 @@ def freeze_baseline(store: Store, cohort: Cohort, since: datetime, until: dateti
            WHERE cohort_id = ? AND ts >= ? AND ts < ? GROUP BY ALL""", [cid, lo, hi])}
     draft = Baseline("", "", cohort, since.astimezone(UTC), until.astimezone(UTC), profile.events,
                      dict(sorted(profile.served_models.items())), dict(sorted(versions.items())),
-                     author, note, now or datetime.now(UTC), force if found else None, profile.fields)
+                     author, note, now or datetime.now(UTC), force if found else None, profile.fields,
+                     profile.checked, profile.violations)
     digest = _hash(_content(draft))
     baseline = Baseline(**{**draft.__dict__, "baseline_id": digest[:16], "hash": digest})
     with store.transaction("freezing a baseline") as con:

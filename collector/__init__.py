@@ -150,7 +150,7 @@ if TYPE_CHECKING:
 _WHERE.update({
     "ContractConflict": "errors", "ContractError": "errors", "ContractInvalid": "errors",
     "ContractNotFound": "errors", "ContractToolAmbiguous": "errors",
-    "CONTRACTS_SCHEMA": "contracts", "Contract": "contracts", "ContractValidator": "contracts",
+    "Contract": "contracts", "ContractValidator": "contracts",
     "RegisteredContract": "contracts", "SchemaFacts": "contracts", "Tool": "contracts", "ToolFormat": "contracts",
     "ValidatorCache": "contracts", "Violation": "contracts", "contract_from_document": "contracts",
     "declared_facts": "contracts", "get_contract": "contracts", "list_contracts": "contracts",
@@ -161,7 +161,7 @@ _WHERE.update({
     "diff_verdict": "contract_diff",
 })
 __all__ += [
-    "CONTRACTS_SCHEMA", "ChangeKind", "Classification", "Contract", "ContractChange", "ContractConflict",
+    "ChangeKind", "Classification", "Contract", "ContractChange", "ContractConflict",
     "ContractError", "ContractInvalid", "ContractNotFound", "ContractToolAmbiguous", "ContractValidator",
     "RegisteredContract", "SchemaFacts", "Tool", "ToolFormat", "ValidatorCache", "Verdict", "Violation",
     "contract_from_document", "declared_facts", "diff_contracts", "diff_exit_code", "diff_verdict", "get_contract",
@@ -179,7 +179,6 @@ if TYPE_CHECKING:
         diff_verdict,
     )
     from .contracts import (
-        CONTRACTS_SCHEMA,
         Contract,
         ContractValidator,
         RegisteredContract,

@@ -76,10 +76,11 @@ from .errors import (
     ContractToolAmbiguous,
 )
 from .flatten import items_path, join_key
-from .store import Schema, Store
+from .rollup import ContractStatus
+from .store import Store
 
 __all__ = [
-    "ANNOTATION_KEYWORDS", "CONTRACTS_SCHEMA", "Contract", "ContractConflict", "ContractError", "ContractInvalid",
+    "ANNOTATION_KEYWORDS", "Contract", "ContractConflict", "ContractError", "ContractInvalid",
     "ContractNotFound", "ContractToolAmbiguous", "ContractValidator", "RegisteredContract", "SchemaFacts", "Tool",
     "ToolFormat", "ValidatorCache", "Violation", "canonical_json", "contract_from_document", "declared_facts",
     "get_contract", "list_contracts", "normalize_schema", "parse_contract", "read_contract", "register_contract",
@@ -642,20 +643,33 @@ class ValidatorCache:
                 self._found.popitem(last=False)
         return validator
 
+    def forget_miss(self, contract: str, version: str) -> None:
+        """Look the version up again on next use (it has just been registered)."""
+        with self._lock:
+            self._missed.pop((contract, version), None)
+
+    def check(self, contract: str, version: str, output: dict[str, Any]) -> tuple[ContractStatus, list[Violation]]:
+        """What checking ``output`` against ``contract`` ``version`` finds (the rollups' check).
+
+        An unregistered version, or a catalog where neither the only tool nor a tool named
+        like the contract (a tool call's contract is its tool's name) applies, is
+        ``unregistered``: counted, never an ingest failure.
+        """
+        validator = self.get(contract, version)
+        if validator is None:
+            return ContractStatus.unregistered, []
+        try:
+            found = validator.violations(output)
+        except ContractToolAmbiguous:
+            try:
+                found = validator.violations(output, tool=contract)
+            except ContractError:
+                return ContractStatus.unregistered, []
+        return (ContractStatus.invalid if found else ContractStatus.valid), found
+
 
 # --- the registry ----------------------------------------------------------------------------
 
-CONTRACTS_SCHEMA = Schema("contracts", ("""
--- One row per registered (contract, version); rows are only ever inserted.
--- document: the canonical JSON of the document as registered; content_hash its SHA-256.
--- tools: a JSON array of {name, description, format, strict, schema}, one per schema.
-CREATE TABLE contract_versions (
-    contract VARCHAR NOT NULL, version VARCHAR NOT NULL,
-    document VARCHAR NOT NULL, content_hash VARCHAR NOT NULL, catalog BOOLEAN NOT NULL, tools VARCHAR NOT NULL,
-    invocation_hash VARCHAR NOT NULL, discovery_hash VARCHAR NOT NULL,
-    registered_at TIMESTAMPTZ NOT NULL, author VARCHAR, note VARCHAR,
-    PRIMARY KEY (contract, version));
-""",))
 
 
 @dataclass(frozen=True)
@@ -726,6 +740,7 @@ def register_contract(store: Store, contract: str, version: str, document: Contr
                 contract, version, canonical_json(definition.document).decode(), content, definition.catalog,
                 orjson.dumps([t.to_json() for t in definition.tools], option=orjson.OPT_SORT_KEYS).decode(),
                 definition.invocation_hash, definition.discovery_hash, now or datetime.now(UTC), author, note])
+    store.contract_validators.forget_miss(contract, version)
     return get_contract(store, contract, version), row is None
 
 

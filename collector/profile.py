@@ -126,6 +126,24 @@ class Profile:
     events: int
     fields: dict[str, FieldProfile]
     served_models: dict[str, int]
+    # contract version ('' untagged) -> rollup.ContractStatus value -> outputs
+    contract_checks: dict[str, dict[str, int]] = field(default_factory=dict)
+    # path ('$': the output itself) -> JSON Schema keyword -> outputs breaking their registered
+    # contract there that way
+    violations: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    @property
+    def checked(self) -> int:
+        """Outputs checked against a registered contract version (valid or not)."""
+        return sum(n for by in self.contract_checks.values() for s, n in by.items() if s in ("valid", "invalid"))
+
+    @property
+    def live_contract_version(self) -> str | None:
+        """The registered contract version most outputs were checked against, if any."""
+        counts = {v: sum(n for s, n in by.items() if s in ("valid", "invalid"))
+                  for v, by in self.contract_checks.items()}
+        counts = {v: n for v, n in counts.items() if n}
+        return max(sorted(counts), key=lambda v: counts[v]) if counts else None
 
 
 def served_aliases(store: Store) -> dict[tuple[str, str, str], list[tuple[str, str, str]]]:
@@ -207,8 +225,19 @@ def _read(store: Store, cohort_id: int | None, since: datetime, until: datetime,
             f"SELECT cohort_id, served_model, sum(n)::BIGINT FROM served_models WHERE {where} GROUP BY ALL",
             params):
         served.setdefault(int(c), {})[str(m)] = int(n)
+    checks: dict[int, dict[str, dict[str, int]]] = {}
+    for c, version, status, n in store.query(
+            f"SELECT cohort_id, contract_version, status, sum(n)::BIGINT FROM contract_rollups WHERE {where} "
+            "GROUP BY ALL", params):
+        checks.setdefault(int(c), {}).setdefault(str(version), {})[str(status)] = int(n)
+    broken: dict[int, dict[str, dict[str, int]]] = {}
+    for c, path, keyword, n in store.query(
+            f"SELECT cohort_id, coalesce(path, '$'), keyword, sum(n)::BIGINT FROM violation_rollups WHERE {where} "
+            "GROUP BY ALL", params):
+        broken.setdefault(int(c), {}).setdefault(str(path), {})[str(keyword)] = int(n)
     wanted = [cohort_id] if cohort_id is not None else sorted(events)
     names = {int(c): (str(m), str(p), str(k)) for c, m, p, k in store.query(
         "SELECT cohort_id, model, prompt_version, contract FROM cohorts")}
-    return [Profile(c, *names[c], since, until, events.get(c, 0), fields.get(c, {}), served.get(c, {}))
+    return [Profile(c, *names[c], since, until, events.get(c, 0), fields.get(c, {}), served.get(c, {}),
+                    checks.get(c, {}), broken.get(c, {}))
             for c in wanted]

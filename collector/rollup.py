@@ -24,6 +24,11 @@ Tables (created by ``store.py``'s migrations):
 - ``number_rollups(cohort_id, bucket, path, value, n)``: number histogram, ``value``
   being the representative of a bin (``number_bin``)
 - ``served_models(cohort_id, bucket, served_model, n)``: what actually answered
+- ``contract_rollups(cohort_id, bucket, contract_version, status, n)``: outputs by the
+  contract version they were tagged with and what checking them against it found
+  (``ContractStatus``)
+- ``violation_rollups(cohort_id, bucket, contract_version, path, keyword, n)``: outputs
+  breaking their registered contract at a path (NULL: the output itself), by JSON Schema keyword
 
 Number bins are fixed, not fitted to the data (as in DDSketch): the same number always
 lands in the same bin whatever the batch, bucket or window, so histograms add up like
@@ -34,8 +39,10 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from enum import Enum
 from typing import Any
 
 import duckdb
@@ -45,7 +52,21 @@ import pyarrow.compute  # noqa: F401  (pa.compute)
 from ._speedups import Acc
 from .flatten import items_path, join_key
 
-__all__ = ["ROLLUP_TABLES", "RollupConfig", "RollupBatch", "compact_rollups", "merge_rollups", "number_bin"]
+__all__ = ["ROLLUP_TABLES", "ContractCheck", "ContractStatus", "RollupConfig", "RollupBatch", "compact_rollups",
+           "merge_rollups", "number_bin"]
+
+
+class ContractStatus(str, Enum):
+    """What checking an output against the contract version it was tagged with found."""
+
+    valid = "valid"
+    invalid = "invalid"  # breaks the registered schema: its violations are counted per path
+    unregistered = "unregistered"  # tagged with a version nobody registered: counted, never refused
+    untagged = "untagged"  # no contract_version: nothing to check against
+
+
+# (contract, version, output) -> status and violations (path, JSON Schema keyword): store.py's check.
+ContractCheck = Callable[[str, str, dict[str, Any]], tuple[ContractStatus, Sequence[tuple[str | None, str]]]]
 
 
 @dataclass(frozen=True)
@@ -132,9 +153,12 @@ class RollupBatch:
     >>> batch.merge_into(con)                                    # doctest: +SKIP
     """
 
-    def __init__(self, cfg: RollupConfig, *, bucket_seconds: int) -> None:
+    def __init__(self, cfg: RollupConfig, *, bucket_seconds: int, check: ContractCheck | None = None) -> None:
         self.cfg = cfg
         self.bucket_seconds = bucket_seconds
+        self._check = check
+        self._contracts: dict[tuple[int, str, ContractStatus], int] = {}  # (group, version, status) -> outputs
+        self._violations: dict[tuple[int, str, str | None, str], int] = {}  # (group, version, path, keyword)
         self._paths = _PathNames()
         # (model, prompt version, contract, served model if it differs from the model, bucket)
         self._groups: dict[tuple[str, str, str, str | None, int], int] = {}
@@ -146,7 +170,7 @@ class RollupBatch:
         self._built: tuple[pa.Table, pa.Table, pa.Table, pa.Table, pa.Table, pa.Table] | None = None
 
     def add(self, output: dict[str, Any], cohort: tuple[str, str, str], ts: datetime,
-            served_model: str | None = None) -> None:
+            served_model: str | None = None, contract_version: str | None = None) -> None:
         epoch = int(ts.timestamp())
         # An output answered by another model than the one requested (an alias) also counts
         # in the cohort of the model that answered: its group carries that model, and the
@@ -164,6 +188,19 @@ class RollupBatch:
         if served_model is not None:
             sk = (group, served_model)
             self._served[sk] = self._served.get(sk, 0) + 1
+        status: ContractStatus
+        found: Sequence[tuple[str | None, str]] = ()
+        if contract_version is None:
+            status = ContractStatus.untagged
+        elif self._check is None:
+            status = ContractStatus.unregistered
+        else:
+            status, found = self._check(cohort[2], contract_version, output)
+        ck = (group, contract_version or "", status)
+        self._contracts[ck] = self._contracts.get(ck, 0) + 1
+        for path, keyword in found:
+            vk = (group, contract_version or "", path, keyword)
+            self._violations[vk] = self._violations.get(vk, 0) + 1
 
     @property
     def events(self) -> int:
@@ -189,6 +226,21 @@ class RollupBatch:
         Apart from ``tables`` because callers unpack that one's five tables.
         """
         return self._all()[5]
+
+    def contract_tables(self) -> tuple[pa.Table, pa.Table]:
+        """Contract checks (g, contract_version, status, n) and violations (g, contract_version, path, keyword, n)."""
+        c = pa.table({
+            "g": pa.array([k[0] for k in self._contracts], pa.int64()),
+            "contract_version": pa.array([k[1] for k in self._contracts], pa.string()),
+            "status": pa.array([k[2].value for k in self._contracts], pa.string()),
+            "n": pa.array(list(self._contracts.values()), pa.int64())})
+        v = pa.table({
+            "g": pa.array([k[0] for k in self._violations], pa.int64()),
+            "contract_version": pa.array([k[1] for k in self._violations], pa.string()),
+            "path": pa.array([k[2] for k in self._violations], pa.string()),
+            "keyword": pa.array([k[3] for k in self._violations], pa.string()),
+            "n": pa.array(list(self._violations.values()), pa.int64())})
+        return c, v
 
     def _all(self) -> tuple[pa.Table, pa.Table, pa.Table, pa.Table, pa.Table, pa.Table]:
         if self._built is None:
@@ -242,13 +294,16 @@ class RollupBatch:
         merge_rollups(con, [self], self.cfg)
 
 
-def _combined(batches: list[RollupBatch]) -> tuple[pa.Table, pa.Table, pa.Table, pa.Table, pa.Table, pa.Table]:
+def _combined(batches: list[RollupBatch]) -> tuple[pa.Table, ...]:
     """The tables of several batches as one, group and slot ids made unique by offsets."""
-    parts: list[list[pa.Table]] = [[], [], [], [], [], []]
+    parts: list[list[pa.Table]] = [[], [], [], [], [], [], [], []]
     g_off = s_off = 0
     for batch in batches:
         g, f, v, a, served = batch.tables()
         nums = batch.number_table()
+        checks, violations = batch.contract_tables()
+        parts[6].append(checks.set_column(0, "g", pa.compute.add(checks["g"], g_off)))
+        parts[7].append(violations.set_column(0, "g", pa.compute.add(violations["g"], g_off)))
         parts[0].append(g.set_column(0, "g", pa.compute.add(g["g"], g_off)))
         f = f.set_column(f.schema.get_field_index("g"), "g", pa.compute.add(f["g"], g_off))
         parts[1].append(f.set_column(0, "slot", pa.compute.add(f["slot"], s_off)))
@@ -258,8 +313,7 @@ def _combined(batches: list[RollupBatch]) -> tuple[pa.Table, pa.Table, pa.Table,
         parts[5].append(nums.set_column(0, "slot", pa.compute.add(nums["slot"], s_off)))
         g_off += g.num_rows
         s_off += f.num_rows
-    g, f, v, a, served, nums = (pa.concat_tables(p) for p in parts)
-    return g, f, v, a, served, nums
+    return tuple(pa.concat_tables(p) for p in parts)
 
 
 def merge_rollups(con: duckdb.DuckDBPyConnection, batches: list[RollupBatch], cfg: RollupConfig) -> None:
@@ -272,16 +326,18 @@ def merge_rollups(con: duckdb.DuckDBPyConnection, batches: list[RollupBatch], cf
     batches = [b for b in batches if b._groups]
     if not batches:
         return
-    g, f, v, a, served, nums = _combined(batches)
+    g, f, v, a, served, nums, checks, violations = _combined(batches)
     con.register("_rg", g)
     con.register("_rf", f)
     con.register("_rv", v)
     con.register("_ra", a)
     con.register("_rs", served)
+    con.register("_rc", checks)
+    con.register("_rx", violations)
     try:
         _merge(con, cfg, f, nums)
     finally:
-        for name in ("_rg", "_rf", "_rv", "_ra", "_rs", "_rn"):
+        for name in ("_rg", "_rf", "_rv", "_ra", "_rs", "_rn", "_rc", "_rx"):
             con.unregister(name)
 
 
@@ -355,6 +411,13 @@ def _merge(con: duckdb.DuckDBPyConnection, cfg: RollupConfig, f: pa.Table, nums:
         """INSERT INTO served_models
            SELECT cohort_id, bucket, served_model, sum(_rs.n) FROM _rs JOIN _groups USING (g) GROUP BY ALL
            ON CONFLICT DO UPDATE SET n = n + excluded.n""")
+    con.execute(
+        """INSERT INTO contract_rollups
+           SELECT cohort_id, bucket, contract_version, status, sum(_rc.n) FROM _rc JOIN _groups USING (g) GROUP BY ALL""")
+    con.execute(
+        """INSERT INTO violation_rollups
+           SELECT cohort_id, bucket, contract_version, path, keyword, sum(_rx.n)
+           FROM _rx JOIN _groups USING (g) GROUP BY ALL""")
     for t in ("_vr", "_buckets", "_groups"):
         con.execute(f"DROP TABLE {t}")
 
@@ -401,6 +464,8 @@ ROLLUP_TABLES: dict[str, tuple[list[str], list[str]]] = {
     "value_rollups": (["cohort_id", "bucket", "path", "value"], ["n"]),
     "array_rollups": (["cohort_id", "bucket", "path", "length"], ["n"]),
     "number_rollups": (["cohort_id", "bucket", "path", "value"], ["n"]),
+    "contract_rollups": (["cohort_id", "bucket", "contract_version", "status"], ["n"]),
+    "violation_rollups": (["cohort_id", "bucket", "contract_version", "path", "keyword"], ["n"]),
 }
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 import orjson
@@ -37,6 +37,9 @@ import pyarrow as pa
 from .envelope import Envelope
 from .errors import StoreError, StoreLocked, StoreUnavailable, StoreVersionTooNew
 from .rollup import RollupBatch, RollupConfig, compact_rollups, merge_rollups
+
+if TYPE_CHECKING:
+    from .contracts import ValidatorCache
 
 __all__ = ["MIGRATIONS", "PreparedBatch", "SCHEMA_VERSION", "Schema", "Store", "WriteResult", "WriteStatus"]
 
@@ -123,10 +126,36 @@ CREATE VIEW cohort_events AS
     WHERE e.served_model <> r.model;
 """
 
+_V6 = """
+-- Contracts (contracts.py): one row per registered (contract, version); rows are only ever
+-- inserted. document: the canonical JSON of the document as registered; content_hash its
+-- SHA-256. tools: a JSON array of {name, description, format, strict, schema}, one per schema.
+CREATE TABLE contract_versions (
+    contract VARCHAR NOT NULL, version VARCHAR NOT NULL,
+    document VARCHAR NOT NULL, content_hash VARCHAR NOT NULL, catalog BOOLEAN NOT NULL, tools VARCHAR NOT NULL,
+    invocation_hash VARCHAR NOT NULL, discovery_hash VARCHAR NOT NULL,
+    registered_at TIMESTAMPTZ NOT NULL, author VARCHAR, note VARCHAR,
+    PRIMARY KEY (contract, version));
+-- What checking outputs against their contract version found (rollup.ContractStatus), and
+-- where they broke it (path NULL: the output itself). Outputs stored before this version
+-- were never checked: they count as untagged or unregistered, from their tags.
+CREATE TABLE contract_rollups (
+    cohort_id INTEGER NOT NULL, bucket TIMESTAMPTZ NOT NULL, contract_version VARCHAR NOT NULL,
+    status VARCHAR NOT NULL, n BIGINT NOT NULL);
+CREATE TABLE violation_rollups (
+    cohort_id INTEGER NOT NULL, bucket TIMESTAMPTZ NOT NULL, contract_version VARCHAR NOT NULL, path VARCHAR,
+    keyword VARCHAR NOT NULL, n BIGINT NOT NULL);
+INSERT INTO contract_rollups
+    SELECT cohort_id, to_timestamp(floor(epoch(ts))::BIGINT // {bucket} * {bucket}) AS bucket,
+           coalesce(contract_version, ''), CASE WHEN contract_version IS NULL THEN 'untagged' ELSE 'unregistered' END,
+           count(*)
+    FROM cohort_events GROUP BY ALL;
+"""
+
 # Each entry turns version i into version i + 1; never edit a released one, append.
 # "{bucket}" stands for the store's bucket width in seconds. Buckets are always on the
 # Unix-epoch grid (epoch - epoch % width), the same grid the rollups use.
-MIGRATIONS: list[str] = [_V1, _V2, _V3, _V4, _V5]
+MIGRATIONS: list[str] = [_V1, _V2, _V3, _V4, _V5, _V6]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -255,6 +284,7 @@ class Store:
         self._pending_first: float | None = None
         self._staged: RollupBatch | None = None
         self.last_merge_error: str | None = None
+        self._validators: ValidatorCache | None = None
 
     # --- opening --------------------------------------------------------------------------
 
@@ -427,6 +457,22 @@ class Store:
                          "(SELECT count(*) FROM events)")[0]
         return {"schema_version": int(row[0]), "events": int(row[1])}
 
+    # --- contracts ----------------------------------------------------------------------------
+
+    @property
+    def contract_validators(self) -> ValidatorCache:
+        """Compiled validators of the registered contract versions (contracts.py), for the rollups."""
+        if self._validators is None:
+            from .contracts import ValidatorCache  # contracts.py builds on this module
+
+            self._validators = ValidatorCache(self)
+        return self._validators
+
+    def _rollup_batch(self) -> RollupBatch:
+        # Every batch of counts checks each output against its contract version: ingest,
+        # a partial insert and the recovery at open count the same way.
+        return RollupBatch(self.rollup, bucket_seconds=self.bucket_seconds, check=self.contract_validators.check)
+
     # --- writing ----------------------------------------------------------------------------
 
     def prepare_batch(self, envelopes: Sequence[Envelope]) -> PreparedBatch:
@@ -531,36 +577,37 @@ class Store:
             return
         rows = self._con.execute(
             """SELECT e.output, c.model, c.prompt_version, c.contract, epoch_us(e.ts), e.served_model,
-                      epoch_us(e.received_at)
+                      e.contract_version, epoch_us(e.received_at)
                FROM events e JOIN cohorts c USING (cohort_id)
                WHERE epoch_us(e.received_at) > ? ORDER BY e.received_at""", [int(row[0])]).fetchall()
         if not rows:
             return
         log.warning("rolling up %d events stored after the last rollup merge (after a crash)", len(rows))
-        batch = RollupBatch(self.rollup, bucket_seconds=self.bucket_seconds)
-        for output, model, prompt_version, contract, ts_us, served, _ in rows:
+        batch = self._rollup_batch()
+        for output, model, prompt_version, contract, ts_us, served, version, _ in rows:
             batch.add(orjson.loads(output), (model, prompt_version, contract),
-                      datetime.fromtimestamp(ts_us / 1_000_000, UTC), served)
+                      datetime.fromtimestamp(ts_us / 1_000_000, UTC), served, version)
         with self._transaction("rolling up events stored after the last merge") as con:
             merge_rollups(con, [batch], self.rollup)
-            con.execute("UPDATE meta SET value = ? WHERE key = 'rollups_through'", [str(rows[-1][6])])
+            con.execute("UPDATE meta SET value = ? WHERE key = 'rollups_through'", [str(rows[-1][7])])
 
     def _rollups_of_rows(self, batch: PreparedBatch, event_ids: set[str]) -> RollupBatch:
         """The counts of some rows of a prepared batch, re-read from its columns."""
         cohorts = list(batch.cohorts)
-        rollups = RollupBatch(self.rollup, bucket_seconds=self.bucket_seconds)
-        cols = batch.table.select(["event_id", "cohort_key", "ts", "served_model", "output"]).to_pydict()
-        for event_id, key, ts, served, output in zip(*cols.values(), strict=True):
+        rollups = self._rollup_batch()
+        cols = batch.table.select(["event_id", "cohort_key", "ts", "served_model", "contract_version",
+                                   "output"]).to_pydict()
+        for event_id, key, ts, served, version, output in zip(*cols.values(), strict=True):
             if event_id in event_ids:
-                rollups.add(orjson.loads(output), cohorts[key], ts, served)
+                rollups.add(orjson.loads(output), cohorts[key], ts, served, version)
         rollups.tables()
         return rollups
 
     def _rollups_of(self, envelopes: Sequence[Envelope]) -> RollupBatch:
-        batch = RollupBatch(self.rollup, bucket_seconds=self.bucket_seconds)
+        batch = self._rollup_batch()
         for e in envelopes:
             output = e.output if e.output is not None else orjson.loads(e.output_json)
-            batch.add(output, (e.model, e.prompt_version, e.contract), e.ts, e.served_model)
+            batch.add(output, (e.model, e.prompt_version, e.contract), e.ts, e.served_model, e.contract_version)
         batch.tables()
         return batch
 

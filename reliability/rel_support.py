@@ -4,6 +4,7 @@ tools), loaded under their own module name so the two conftest modules never sha
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -11,6 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("_shapewatch_test_conftest", ROOT / "tests" / "conftest.py")
 assert _spec is not None and _spec.loader is not None
 _tc = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = _tc  # dataclasses look their module up while the class is built
 _spec.loader.exec_module(_tc)
 
 SHAPEWATCH = _tc.SHAPEWATCH

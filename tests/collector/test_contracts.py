@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from collector import (
-    CONTRACTS_SCHEMA,
     ContractConflict,
     ContractInvalid,
     ContractNotFound,
@@ -324,7 +323,7 @@ def test_a_catalog_picks_the_schema_by_tool_name() -> None:
 
 @pytest.fixture
 def store(tmp_path: Path) -> Any:
-    with Store.open(tmp_path / "contracts.duckdb", schemas=[CONTRACTS_SCHEMA]) as s:
+    with Store.open(tmp_path / "contracts.duckdb") as s:
         yield s
 
 
@@ -362,11 +361,11 @@ def test_register_is_idempotent_and_refuses_other_content_under_a_version(store:
 
 def test_registered_versions_are_listed_and_survive_reopening(tmp_path: Path) -> None:
     path = tmp_path / "reg.duckdb"
-    with Store.open(path, schemas=[CONTRACTS_SCHEMA]) as s:
+    with Store.open(path) as s:
         register_contract(s, "shop", "1", fixture("openai_tools_v1.json"), now=T0)
         register_contract(s, "intake", "3", fixture("intake_v1.json"), now=T0)
         register_contract(s, "shop", "2", fixture("openai_tools_v2.json"), now=datetime(2026, 12, 1, tzinfo=UTC))
-    with Store.open(path, schemas=[CONTRACTS_SCHEMA]) as s:
+    with Store.open(path) as s:
         assert [(r.contract, r.version) for r in list_contracts(s)] == [("intake", "3"), ("shop", "1"), ("shop", "2")]
         assert [r.version for r in list_contracts(s, "shop")] == ["1", "2"]
         assert list_contracts(s, "nothing") == []

@@ -1,0 +1,121 @@
+"""Outputs checked against their registered contract version as they are stored (issue 6, item 3).
+
+On real DuckDB files through ``Store.write_batch``: every output tagged with a registered version
+is counted valid or invalid, its violations per path and JSON Schema keyword; a version nobody
+registered and an output without a version are counted as such and never refused; a version
+registered later is checked from then on; an alias's outputs count in their served cohort too;
+compaction keeps every count.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from conftest import make_envelope
+
+from collector import Store, WriteStatus, register_contract
+from collector.envelope import LIMITS, parse_envelope
+from collector.rollup import compact_rollups
+
+SCHEMA = {
+    "type": "object", "required": ["intent", "priority"],
+    "properties": {
+        "intent": {"type": "string", "enum": ["refund", "billing", "other"]},
+        "priority": {"type": "string", "enum": ["low", "high"]},
+        "confidence": {"type": "number", "minimum": 0, "maximum": 1},
+        "entities": {"type": "array", "items": {"type": "object", "required": ["type"],
+                                                  "properties": {"type": {"type": "string"}}}},
+    },
+}
+VALID = {"intent": "refund", "priority": "low", "confidence": 0.5, "entities": [{"type": "order"}]}
+
+
+def env(i: int, output: dict[str, Any], version: str | None = "3", **kw: Any) -> Any:
+    raw = make_envelope(event_id=f"e{i}", ts=f"2026-11-29T12:0{i % 2}:{i % 60:02d}Z", contract="intake",
+                        contract_version=version, output=output, **kw)
+    return parse_envelope(orjson.dumps(raw), LIMITS)
+
+
+def checks(store: Store) -> dict[tuple[str, str, str], int]:
+    """(model, contract version, status) -> outputs."""
+    return {(m, v, s): int(n) for m, v, s, n in store.query(
+        """SELECT c.model, contract_version, status, sum(n) FROM contract_rollups JOIN cohorts c USING (cohort_id)
+           GROUP BY ALL""")}
+
+
+def violations(store: Store) -> dict[tuple[str, str | None, str], int]:
+    """(model, path, keyword) -> outputs."""
+    return {(m, p, k): int(n) for m, p, k, n in store.query(
+        """SELECT c.model, path, keyword, sum(n) FROM violation_rollups JOIN cohorts c USING (cohort_id)
+           GROUP BY ALL""")}
+
+
+def traffic() -> list[Any]:
+    bad = [
+        {"priority": "low"},  # intent missing
+        {"intent": "refund", "priority": "URGENT"},  # not in the enum
+        {"intent": "refund", "priority": "high", "confidence": "0.9"},  # a string
+        {"intent": "other", "priority": "high", "confidence": 1.5, "entities": [{"value": 1}, {"type": 3}]},
+    ]
+    outputs = [VALID] * 6 + bad
+    evs = [env(i, o) for i, o in enumerate(outputs)]
+    evs += [env(100 + i, VALID, version="9") for i in range(3)]  # a version nobody registered
+    evs += [env(200 + i, {"anything": True}, version=None) for i in range(2)]  # no version at all
+    return evs
+
+
+def test_registered_versions_are_checked_per_path_and_the_rest_is_counted(tmp_path: Any) -> None:
+    with Store.open(tmp_path / "c.duckdb") as store:
+        register_contract(store, "intake", "3", SCHEMA)
+        results = store.write_batch(traffic())
+        assert {r.status for r in results} == {WriteStatus.accepted} and len(results) == 15
+        model = "claude-sonnet-4-5-20250929"
+        assert checks(store) == {(model, "3", "valid"): 6, (model, "3", "invalid"): 4,
+                                 (model, "9", "unregistered"): 3, (model, "", "untagged"): 2}
+        assert violations(store) == {
+            (model, "intent", "required"): 1, (model, "priority", "enum"): 1, (model, "confidence", "type"): 1,
+            (model, "confidence", "maximum"): 1, (model, "entities[].type", "required"): 1,
+            (model, "entities[].type", "type"): 1}
+        # compaction changes no count
+        before = (checks(store), violations(store))
+        with store.transaction("compacting") as con:
+            compact_rollups(con)
+        assert (checks(store), violations(store)) == before
+
+
+def test_a_version_registered_later_is_checked_from_then_on(tmp_path: Any) -> None:
+    with Store.open(tmp_path / "c.duckdb") as store:
+        store.write_batch([env(i, VALID) for i in range(4)])  # "3" is unknown yet: looked up, missed
+        register_contract(store, "intake", "3", SCHEMA)
+        store.write_batch([env(10 + i, {"priority": "low"}) for i in range(5)])
+        model = "claude-sonnet-4-5-20250929"
+        assert checks(store) == {(model, "3", "unregistered"): 4, (model, "3", "invalid"): 5}
+        assert violations(store) == {(model, "intent", "required"): 5}
+
+
+def test_an_alias_counts_its_checks_in_the_served_cohort_too(tmp_path: Any) -> None:
+    with Store.open(tmp_path / "c.duckdb") as store:
+        register_contract(store, "intake", "3", SCHEMA)
+        store.write_batch([env(i, o, model="gpt-4o", served_model="gpt-4o-2024-11-20")
+                           for i, o in enumerate([VALID, VALID, {"priority": "low"}])])
+        assert checks(store) == {("gpt-4o", "3", "valid"): 2, ("gpt-4o", "3", "invalid"): 1,
+                                 ("gpt-4o-2024-11-20", "3", "valid"): 2, ("gpt-4o-2024-11-20", "3", "invalid"): 1}
+        assert violations(store) == {("gpt-4o", "intent", "required"): 1,
+                                     ("gpt-4o-2024-11-20", "intent", "required"): 1}
+
+
+def test_a_crash_before_the_merge_recounts_the_checks_once(tmp_path: Any) -> None:
+    db = tmp_path / "c.duckdb"
+    with Store.open(db) as store:
+        register_contract(store, "intake", "3", SCHEMA)
+        store.write_batch(traffic())
+        expected = (checks(store), violations(store))
+    crashed = tmp_path / "crashed.duckdb"
+    store = Store.open(crashed)
+    register_contract(store, "intake", "3", SCHEMA)
+    store.defer_rollups(max_events=10_000, max_seconds=3600)
+    store.write_batch(traffic())
+    store._con.close()  # private on purpose: the process dies with the counts in memory
+    with Store.open(crashed) as reopened:
+        assert (checks(reopened), violations(reopened)) == expected
