@@ -31,7 +31,7 @@ from baselines import (
 from baselines import (
     import_document as store_document,
 )
-from collector import Store, read_profile, served_aliases
+from collector import Store, contract_changes, read_profile, served_aliases
 
 from .alerts import AlertBook, AlertState
 from .config import AnalyzerConfig, Severity
@@ -173,6 +173,11 @@ def cohorts(store: Store, *, since: datetime | None = None, until: datetime | No
             """SELECT cohort_id, served_model, sum(n)::BIGINT FROM served_models WHERE bucket >= ? AND bucket < ?
                GROUP BY ALL ORDER BY 3 DESC""", [since, until]):
         served.setdefault(int(cid), {})[str(m)] = int(n)
+    contracts: dict[int, dict[str, int]] = {}  # contract version ('' none) -> outputs in the window
+    for cid, version, n in store.query(
+            """SELECT cohort_id, contract_version, sum(n)::BIGINT FROM contract_rollups
+               WHERE bucket >= ? AND bucket < ? GROUP BY ALL ORDER BY 3 DESC, 2""", [since, until]):
+        contracts.setdefault(int(cid), {})[str(version)] = int(n)
     outcomes: dict[int, dict[str, int]] = {}
     for cid, kind, n in store.query(
             "SELECT cohort_id, kind, sum(n)::BIGINT FROM outcomes WHERE bucket >= ? AND bucket < ? GROUP BY ALL "
@@ -205,6 +210,8 @@ def cohorts(store: Store, *, since: datetime | None = None, until: datetime | No
                     "served_models": served.get(int(cid), {}), "baseline": baseline,
                     # a served cohort: the aliases (requested model ids) this model answered for
                     "answered_for": [a[0] for a in aliases.get(cohort, [])],
+                    # contract versions the outputs were tagged with ('' : none), most outputs first
+                    "contract_versions": contracts.get(int(cid), {}),
                     # responses that never reached a parser: truncated, refused, filtered, invalid JSON
                     "provider_outcomes": outcomes.get(int(cid), {}),
                     "alerts_firing": counts.get((cohort.model, cohort.prompt_version, cohort.contract), {})})
@@ -252,8 +259,10 @@ def field_series(store: Store, config: AnalyzerConfig, cohort_id: int, path: str
     series = []
     for i in range(points):
         lo, hi = since + step * i, since + step * (i + 1)
-        f = read_profile(store, cohort_id, lo, hi).fields.get(path)
+        profile = read_profile(store, cohort_id, lo, hi)
+        f = profile.fields.get(path)
         strings = f.types.get("string", 0) if f else 0
+        broken = max((profile.violations.get(path) or {}).values(), default=0)
         unknown = (sum(n for v, n in f.values.items() if v not in known) + f.values_overflow + f.long_strings
                    if f and base else 0)
         series.append({
@@ -262,6 +271,8 @@ def field_series(store: Store, config: AnalyzerConfig, cohort_id: int, path: str
             "types": {t: round(f.type_share(t), 6) for t in sorted(f.types)} if f else {},
             "values": dict(sorted(f.values.items(), key=lambda kv: -kv[1])[:20]) if f else {},
             "unknown_share": round(unknown / strings, 6) if strings and base else None,
+            # outputs breaking their registered contract at this path, of those checked
+            "violation_rate": round(broken / profile.checked, 6) if profile.checked else None,
             "array": ({"p50": f.array_percentile(0.5), "p90": f.array_percentile(0.9),
                        "p99": f.array_percentile(0.99), "empty_share": round(f.empty_array_share, 6)}
                       if f and f.array_lengths else None)})
@@ -277,8 +288,11 @@ def field_series(store: Store, config: AnalyzerConfig, cohort_id: int, path: str
                          "enum_like": enum_like(base, rules),
                          "array": ({"p50": base.array_percentile(0.5), "p90": base.array_percentile(0.9),
                                     "p99": base.array_percentile(0.99)} if base.array_lengths else None)}
+    # a contract version first seen inside the range: a marker on the charts
+    changes = [{"version": c["version"], "at": _iso(c["first_seen"])}
+               for c in contract_changes(store, cohort_id, since, until)]
     return {"cohort_id": cohort_id, "cohort": cohort._asdict(), "field": path, "since": _iso(since),
-            "until": _iso(until), "baseline": baseline, "series": series}
+            "until": _iso(until), "baseline": baseline, "series": series, "contract_changes": changes}
 
 
 def events(store: Store, event_ids: list[str]) -> list[dict[str, Any]]:

@@ -128,6 +128,8 @@ class Alert:
             "p_value": d.get("p_value"), "q_value": d.get("q_value"), "effect": d.get("effect"),
             "threshold": d.get("threshold"), "detail": self.detail,
             "baseline_id": d.get("baseline_id"), "compared_with": d.get("compared_with"),
+            # contract versions live in the window and the baseline, and those first seen in the window
+            "contracts": d.get("contracts", {}),
             "first_seen": _iso(self.first_seen), "last_seen": _iso(self.last_seen),
             "fired_at": _iso(self.fired_at), "resolved_at": _iso(self.resolved_at),
             "acknowledged_at": _iso(self.acknowledged_at), "acknowledged_by": self.acknowledged_by,
@@ -157,6 +159,7 @@ class Judged:
     insufficient: frozenset[str]  # field paths with too few samples
     baseline_id: str
     compared_with: str  # words for the alert: which baseline, own or inherited
+    contracts: dict[str, Any] = dc_field(default_factory=dict)  # the contract versions live (analyzer.CohortReport)
 
 
 def _pvalue_text(q: float) -> str:
@@ -167,7 +170,7 @@ def _diff(check: Check, judged: Judged) -> dict[str, Any]:
     return {"baseline": check.baseline, "current": check.current, "p_value": check.p_value,
             "q_value": check.q_value, "effect": round(check.effect, 6), "threshold": check.threshold,
             "detail": f"{check.detail} ({_pvalue_text(check.q_value)})", "baseline_id": judged.baseline_id,
-            "compared_with": judged.compared_with}
+            "compared_with": judged.compared_with, "contracts": judged.contracts}
 
 
 def step(alerts: dict[str, Alert], evaluated: Iterable[Judged], config: AnalyzerConfig,

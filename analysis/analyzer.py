@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -38,6 +38,7 @@ from collector import (
     ContractToolAmbiguous,
     Profile,
     Store,
+    contract_changes,
     flatten_output,
     read_profiles,
     served_aliases,
@@ -69,6 +70,9 @@ class CohortReport:
     # A served cohort whose outputs in the window are exactly those of one alias (the only
     # model behind it): judged there, not twice. Its open alerts clear here.
     mirror_of: Cohort | None = None
+    # The contract versions live: the window's (version -> outputs tagged with it), the
+    # baseline's, and versions first seen inside the window ("started when v4 went out").
+    contracts: dict[str, Any] = field(default_factory=dict)
 
     @property
     def unpinned(self) -> bool:
@@ -91,13 +95,14 @@ class CohortReport:
         if self.baseline_id is None:
             return None
         return Judged(self.cohort, self.checks, frozenset(i.field for i in self.insufficient), self.baseline_id,
-                      self.compared_with)
+                      self.compared_with, self.contracts)
 
     def to_json(self) -> dict[str, Any]:
         return {"cohort": self.cohort._asdict(), "events": self.events, "unpinned": self.unpinned,
                 "served_models": self.served_models, "baseline_id": self.baseline_id,
                 "compared_with": self.compared_with,
                 "mirror_of": self.mirror_of._asdict() if self.mirror_of is not None else None,
+                "contracts": self.contracts,
                 "insufficient": [{"field": i.field, "baseline_samples": i.baseline_samples,
                                   "current_samples": i.current_samples, "needed": i.needed}
                                  for i in self.insufficient]}
@@ -148,11 +153,19 @@ def evaluate(store: Store, config: AnalyzerConfig, at: datetime, *,
     reports = []
     for profile, cohort, resolved, checks, short, mirror in pending:
         mine = [next(adjusted) for _ in checks]
+        contracts = {
+            "window": {v: sum(by.values()) for v, by in sorted(profile.contract_checks.items()) if v},
+            "live": profile.live_contract_version,
+            "baseline": dict(resolved.baseline.contract_versions) if resolved else {},
+            "changes": [{"version": c["version"], "first_seen": c["first_seen"].isoformat()}
+                        for c in contract_changes(store, profile.cohort_id, since, at)],
+        }
         reports.append(CohortReport(
             cohort, profile.cohort_id, profile.events, profile.served_models,
             resolved.baseline.baseline_id if resolved else None, resolved.how if resolved else None,
             resolved.baseline.cohort if resolved else None, mine, short,
-            {p: round(f.presence_rate, 6) for p, f in profile.fields.items() if f.scope is None}, mirror))
+            {p: round(f.presence_rate, 6) for p, f in profile.fields.items() if f.scope is None}, mirror,
+            contracts))
     return Evaluation(at, since, reports)
 
 

@@ -4,6 +4,12 @@
   per key, so reading a window costs the same at 10 or 10,000 events/s;
 - retention: deletes raw events older than ``raw_retention_days``.
 
+The scheduler reckons in wall-clock time, so a clock stepped back (NTP, a VM restored,
+an operator) would leave every interval job waiting out the jump: an hour back, and no
+evaluation, page or compaction for an hour. A watcher thread compares the wall clock with
+the monotonic one and, on a jump, moves each interval job's next run to where it stood in
+real time (no burst of catch-up runs forward, no stall backward).
+
 A job never raises into the scheduler: it logs, and counts its outcome in
 ``shapewatch_job_runs_total{job, outcome}``.
 
@@ -14,15 +20,18 @@ A job never raises into the scheduler: it logs, and counts its outcome in
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.triggers.interval import IntervalTrigger
 from prometheus_client import CollectorRegistry, Counter
 
 from collector import Settings, Store
 
-__all__ = ["start_maintenance", "MaintenanceJobs"]
+__all__ = ["start_maintenance", "MaintenanceJobs", "watch_clock"]
 
 log = logging.getLogger(__name__)
 
@@ -68,4 +77,51 @@ def start_maintenance(store: Store, settings: Settings, registry: CollectorRegis
     scheduler.add_job(jobs.compact_all, "interval", hours=24, id="compact_all")
     scheduler.add_job(jobs.purge, "interval", hours=1, id="purge", next_run_time=datetime.now(UTC))
     scheduler.start()
+    watch_clock(scheduler)
     return scheduler
+
+
+def watch_clock(scheduler: BackgroundScheduler, *, tick: float = 1.0, tolerance: float = 2.0) -> threading.Thread:
+    """Follow wall-clock jumps of more than ``tolerance`` seconds while ``scheduler`` runs (see the
+    module docstring); the thread ends when the scheduler is shut down."""
+
+    pause = threading.Event()  # never set: its timed wait is a monotonic sleep
+
+    def watch() -> None:
+        offset = time.time() - time.monotonic()
+        while True:
+            pause.wait(tick)  # lasts ``tick`` whatever the wall clock does
+            if not scheduler.running:
+                return
+            now_offset = time.time() - time.monotonic()
+            jump = now_offset - offset
+            if abs(jump) > tolerance:
+                offset = now_offset
+                try:
+                    moved = _follow_clock_jump(scheduler, timedelta(seconds=jump))
+                except Exception:  # the watcher must outlive a scheduler that is shutting down
+                    log.exception("could not reschedule jobs after a clock jump")
+                    continue
+                log.warning("the wall clock jumped by %+.1f s; %d scheduled jobs keep their pace", jump, moved)
+
+    thread = threading.Thread(target=watch, name="shapewatch-clock-watch", daemon=True)
+    thread.start()
+    return thread
+
+
+def _follow_clock_jump(scheduler: BackgroundScheduler, jump: timedelta) -> int:
+    now = datetime.now(UTC)
+    moved = 0
+    for job in scheduler.get_jobs():
+        trigger = job.trigger
+        if job.next_run_time is None:
+            continue
+        if isinstance(trigger, IntervalTrigger):
+            # How long the job still had to wait, in real time, before the clock moved.
+            left = min(max(job.next_run_time - (now - jump), timedelta(0)), trigger.interval)
+            scheduler.reschedule_job(job.id, trigger=IntervalTrigger(
+                seconds=trigger.interval.total_seconds(), start_date=now + left, timezone=UTC))
+        else:  # calendar jobs (the daily digest) follow the new wall clock
+            scheduler.modify_job(job.id, next_run_time=trigger.get_next_fire_time(None, now))
+        moved += 1
+    return moved

@@ -24,7 +24,15 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from baselines import Activation, Cohort, activation_history, is_unpinned, resolve_baseline
-from collector import FieldProfile, Store, read_profile
+from collector import (
+    ContractError,
+    ContractToolAmbiguous,
+    FieldProfile,
+    Profile,
+    Store,
+    contract_changes,
+    read_profile,
+)
 
 from .config import AnalyzerConfig
 from .rules import adjust_p_values, compare_profiles, enum_like
@@ -46,8 +54,30 @@ def _types(f: FieldProfile | None) -> dict[str, float]:
     return {t: round(n / total, 4) for t, n in sorted(filled.items())} if total else {}
 
 
+def _contracts(store: Store, cohort_id: int, contract: str, profile: Profile, since: datetime,
+               until: datetime) -> dict[str, Any]:
+    """The contract versions of a cohort's week: tagged, live, new in the week, and what the live
+    registered version declares (required and optional fields), for the field rows."""
+    live = profile.live_contract_version
+    facts = None
+    if live is not None and (validator := store.contract_validators.get(contract, live)) is not None:
+        try:
+            facts = validator.facts()
+        except ContractToolAmbiguous:
+            try:
+                facts = validator.facts(contract)  # a tool call's contract is its tool's name
+            except ContractError:
+                facts = None
+    violations = {path: max(by.values()) for path, by in sorted(profile.violations.items())}
+    return {"window": {v: sum(by.values()) for v, by in sorted(profile.contract_checks.items()) if v},
+            "live": live, "checked": profile.checked, "violations": violations,
+            "changes": [{"version": c["version"], "first_seen": _iso(c["first_seen"])}
+                        for c in contract_changes(store, cohort_id, since, until)],
+            "required": sorted(facts.required) if facts else [], "optional": sorted(facts.optional) if facts else []}
+
+
 def _field_row(path: str, base: FieldProfile | None, cur: FieldProfile | None, config: AnalyzerConfig,
-               contract: str) -> dict[str, Any]:
+               contract: str, declared: dict[str, Any] | None = None) -> dict[str, Any]:
     rules = config.rules_for(contract, path)
     new_values: list[str] = []
     if base is not None and cur is not None and enum_like(base, rules):
@@ -64,7 +94,11 @@ def _field_row(path: str, base: FieldProfile | None, cur: FieldProfile | None, c
             "samples": [base.units if base else 0, cur.units if cur else 0],
             "types": [_types(base), _types(cur)], "new_values": new_values,
             "arrays": [arrays(base), arrays(cur)],
-            "status": "new" if base is None else "missing" if cur is None else ""}
+            "status": "new" if base is None else "missing" if cur is None else "",
+            # what the live registered contract expects: required fields always present, optional
+            # ones at the baseline's rate
+            "declared": ("required" if declared and path in declared["required"] else
+                         "optional" if declared and path in declared["optional"] else None)}
 
 
 def _daily_events(store: Store, cohort_id: int, since: datetime, until: datetime) -> list[list[Any]]:
@@ -159,7 +193,8 @@ def build_review(store: Store, config: AnalyzerConfig, *, now: datetime | None =
             "alerts": _alerts(store, cohort, since, until),
             "candidate": _candidate(store, int(cid), cohort, since, until, config.defaults.min_samples,
                                     config.window),
-            "baseline": None, "fields": []}
+            "baseline": None, "fields": [],
+            "contracts": _contracts(store, int(cid), cohort.contract, profile, since, until)}
         if entry["candidate"] is not None and resolved is not None:
             entry["candidate"]["differs"] = _differences(store, int(cid), entry["candidate"], resolved.baseline,
                                                          config, cohort.contract)
@@ -177,8 +212,8 @@ def build_review(store: Store, config: AnalyzerConfig, *, now: datetime | None =
                 stale.append({"cohort": cohort._asdict(), "baseline_id": b.baseline_id,
                               "age_days": entry["baseline"]["age_days"]})
             paths = sorted(set(b.fields) | set(profile.fields))
-            rows = [_field_row(path, b.fields.get(path), profile.fields.get(path), config, cohort.contract)
-                    for path in paths if not config.rules_for(cohort.contract, path).ignore]
+            rows = [_field_row(path, b.fields.get(path), profile.fields.get(path), config, cohort.contract,
+                               entry["contracts"]) for path in paths if not config.rules_for(cohort.contract, path).ignore]
 
             def move(r: dict[str, Any]) -> float:
                 bp, cp = r["presence"]
@@ -225,6 +260,15 @@ def render_markdown(review: dict[str, Any]) -> str:
             out.append(f"- **unpinned model alias**: `{c['model']}` has no dated version; served models: {served}")
         elif entry["served_models"]:
             out.append("- served models: " + ", ".join(f"{m} ({n})" for m, n in entry["served_models"].items()))
+        k = entry["contracts"]
+        if k["window"]:
+            out.append("- contract versions: " + ", ".join(f"{_md_cell(v)} ({n})" for v, n in k["window"].items())
+                       + (f"; registered version {_md_cell(k['live'])} checked {k['checked']} outputs" if k["live"]
+                          else "; none registered")
+                       + "".join(f"; **{_md_cell(c['version'])} went out {c['first_seen']}**" for c in k["changes"]))
+            if k["violations"]:
+                out.append("- outputs breaking the contract: " + ", ".join(
+                    f"`{_md_cell(p)}` {n} ({_pct(n / k['checked'])})" for p, n in k["violations"].items()))
         b = entry["baseline"]
         if b is None:
             out.append("- **no baseline**: this cohort is not judged")
@@ -251,7 +295,8 @@ def render_markdown(review: dict[str, Any]) -> str:
             out += ["", "| field | presence (baseline -> week) | types (baseline -> week) | new enum values "
                         "| array p50/p90/p99 (baseline -> week) |", "|---|---|---|---|---|"]
             for r in entry["fields"]:
-                mark = f" ({r['status']})" if r["status"] else ""
+                mark = "".join(f" ({m})" for m in (r["status"], r["declared"] and f"{r['declared']} in the contract")
+                               if m)
                 out.append(f"| `{_md_cell(r['field'])}`{mark} | {_pct(r['presence'][0])} -> {_pct(r['presence'][1])} "
                            f"| {_type_text(r['types'][0])} -> {_type_text(r['types'][1])} "
                            f"| {_md_cell(', '.join(r['new_values'])) or '-'} "
@@ -311,6 +356,16 @@ def render_html(review: dict[str, Any]) -> str:
         if entry["served_models"]:
             parts.append("<p>served models: " + ", ".join(f"<code>{_e(m)}</code> ({n})"
                                                           for m, n in entry["served_models"].items()) + "</p>")
+        k = entry["contracts"]
+        if k["window"]:
+            parts.append("<p>contract versions: " + ", ".join(f"<code>{_e(v)}</code> ({n})"
+                                                               for v, n in k["window"].items())
+                         + (f"; registered <code>{_e(k['live'])}</code> checked {k['checked']} outputs"
+                            if k["live"] else "; none registered")
+                         + "".join(f'; <span class="tag">{_e(c["version"])} went out {_e(c["first_seen"])}</span>'
+                                   for c in k["changes"])
+                         + ("; breaking it: " + ", ".join(f"<code>{_e(p)}</code> {n}" for p, n in k["violations"].items())
+                            if k["violations"] else "") + "</p>")
         b = entry["baseline"]
         if b is None:
             parts.append("<p><strong>no baseline</strong>: this cohort is not judged</p>")
@@ -338,7 +393,7 @@ def render_html(review: dict[str, Any]) -> str:
             for r in entry["fields"]:
                 bp, cp = r["presence"]
                 parts.append(
-                    f"<tr><td><code>{_e(r['field'])}</code> {_e(r['status'])}</td>"
+                    f"<tr><td><code>{_e(r['field'])}</code> {_e(r['status'])} {_e(r['declared'] or '')}</td>"
                     f"<td>{_pct(bp)} &rarr; {_pct(cp)}</td><td>{_presence_bars(bp, cp)}</td>"
                     f"<td>{_e(_type_text(r['types'][0]))} &rarr; {_e(_type_text(r['types'][1]))}</td>"
                     f"<td>{_e(', '.join(r['new_values']))}</td>"

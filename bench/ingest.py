@@ -1,14 +1,16 @@
 """Ingest benchmark: the parse floor, bulk import and HTTP batch ingest, in one run.
 
     .venv/bin/python bench/ingest.py [--n 1000000] [--file FILE] [--http-n 200000]
-                                     [--skip-bulk] [--skip-http] [--keep] [--json OUT]
+                                     [--skip-bulk] [--skip-contracts] [--skip-http] [--keep] [--json OUT]
 
 Steps, each measured as a whole, fresh process (interpreter start included):
 
 1. generate N envelopes with ``bench/gen.py`` into a temporary directory
    (or reuse ``--file``);
 2. the floor: a child that reads the file and ``orjson.loads`` every line;
-3. bulk import: ``shapewatch ingest FILE --db TMP/bench.duckdb --format json``;
+3. bulk import: ``shapewatch ingest FILE --db TMP/bulk.duckdb --format json``; then again into a
+   database where bench/contracts/support_ticket.json is registered for the file's contract
+   versions, so outputs are checked against it as they are stored (the cost of contract checks);
 4. HTTP: ``shapewatch serve`` on a free loopback port, then the first M
    envelopes POSTed to ``/v1/outputs`` as JSON arrays from concurrent clients.
 
@@ -141,6 +143,8 @@ class Report:
     generate: dict[str, Any] | None = None
     floor: dict[str, Any] | None = None
     bulk: dict[str, Any] | None = None
+    bulk_contracts: dict[str, Any] | None = None
+    """The bulk import again, with the bench contracts registered (outputs checked as stored)."""
     http: dict[str, Any] | None = None
     checks: list[Check] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)
@@ -182,11 +186,32 @@ def measure_floor(path: Path, workdir: Path) -> dict[str, Any]:
             "peak_rss": run.peak_rss}
 
 
-def measure_bulk(shapewatch: Path, path: Path, workdir: Path) -> dict[str, Any]:
-    """``shapewatch ingest`` into a fresh database; returns the figures and its summary."""
-    argv = [str(shapewatch), "ingest", str(path), "--db", str(workdir / "bench.duckdb"),
-            "--format", "json"]
-    child = MeasuredProcess(argv, workdir, "bulk")
+# The contracts of bench/gen.py's cohorts (each tags its outputs with one of these versions).
+CONTRACT_FILE = Path(__file__).resolve().parent / "contracts" / "support_ticket.json"
+BENCH_CONTRACTS = (("intake", "3"), ("triage", "1"))
+
+
+def register_contracts(shapewatch: Path, db: Path, workdir: Path) -> None:
+    """Register the bench contracts in ``db`` (before the measured import)."""
+    for contract, version in BENCH_CONTRACTS:
+        run = subprocess.run([str(shapewatch), "contract", "register", "--contract", contract, "--version", version,
+                              str(CONTRACT_FILE), "--db", str(db)], capture_output=True, cwd=workdir, timeout=300)
+        if run.returncode != 0:
+            raise RuntimeError(f"registering {contract} {version} failed:\n{_tail(run.stderr)}")
+
+
+def measure_bulk(shapewatch: Path, path: Path, workdir: Path, *, contracts: bool = False) -> dict[str, Any]:
+    """``shapewatch ingest`` into a fresh database; returns the figures and its summary.
+
+    With ``contracts``, the database first gets the bench contracts registered, so every output
+    is checked against its contract version as it is stored (up to the checks' per-bucket quota).
+    """
+    name = "bulk-contracts" if contracts else "bulk"
+    db = workdir / f"{name}.duckdb"
+    if contracts:
+        register_contracts(shapewatch, db, workdir)
+    argv = [str(shapewatch), "ingest", str(path), "--db", str(db), "--format", "json"]
+    child = MeasuredProcess(argv, workdir, name)
     run = child.wait()
     # Exit 1 means "worked, some lines rejected": the summary still says how many.
     if run.returncode not in (0, 1):
@@ -365,6 +390,9 @@ def evaluate(report: Report) -> None:
                       ratio <= MAX_BULK_TO_FLOOR))
         add(Check("bulk peak RSS", _mib(bulk["peak_rss"]), f"< {_mib(MAX_BULK_RSS)}",
                   bulk["peak_rss"] < MAX_BULK_RSS))
+    if report.bulk_contracts is not None:
+        accepted = int(report.bulk_contracts["summary"].get("accepted", -1))
+        add(Check("bulk (contracts) accepted", f"{accepted:,}", f"== {report.n:,}", accepted == report.n))
     if http is not None:
         add(Check("http accepted", f"{http['accepted']:,}", f"== {http['events']:,}",
                   http["accepted"] == http["events"]))
@@ -386,6 +414,13 @@ def render(report: Report) -> str:
         rows.append(("bulk (shapewatch ingest)", f"{b['seconds']:.2f} s", f"{b['events_per_s']:,.0f}/s",
                      f"peak RSS {_mib(b['peak_rss'])}; accepted/duplicate/rejected "
                      + "/".join(_count(s.get(k)) for k in ANSWER_KEYS)))
+    if (b := report.bulk_contracts) is not None:
+        s = b["summary"]
+        rows.append(("bulk, contracts registered", f"{b['seconds']:.2f} s", f"{b['events_per_s']:,.0f}/s",
+                     f"peak RSS {_mib(b['peak_rss'])}; accepted/duplicate/rejected "
+                     + "/".join(_count(s.get(k)) for k in ANSWER_KEYS)
+                     + (f"; {report.bulk['seconds'] / b['seconds']:.2f}x the events/s without"
+                        if report.bulk else "")))
     if (h := report.http) is not None:
         rows.append(("http (POST /v1/outputs)", f"{h['seconds']:.2f} s", f"{h['events_per_s']:,.0f}/s",
                      f"{h['events']:,} events, {h['clients']} clients x {h['batch_size']}; "
@@ -427,6 +462,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--http-clients", type=int, default=4, help="concurrent client threads (default 4)")
     parser.add_argument("--skip-bulk", action="store_true", help="do not run shapewatch ingest")
     parser.add_argument("--skip-http", action="store_true", help="do not run shapewatch serve")
+    parser.add_argument("--skip-contracts", action="store_true",
+                        help="do not repeat the bulk import with the bench contracts registered")
     parser.add_argument("--keep", action="store_true",
                         help="keep the temporary directory (data, databases, child logs)")
     parser.add_argument("--json", type=Path, metavar="OUT", help="also write every figure to OUT as JSON")
@@ -481,6 +518,9 @@ def _run(args: argparse.Namespace, workdir: Path) -> Report:
         report.n = floor["events"]  # the same as --n unless --file was given
     if not args.skip_bulk:
         _run_step(report, "bulk", lambda: measure_bulk(args.shapewatch, path, workdir))
+        if not args.skip_contracts:
+            _run_step(report, "bulk_contracts",
+                      lambda: measure_bulk(args.shapewatch, path, workdir, contracts=True))
     if not args.skip_http:
         _run_step(report, "http", lambda: measure_http(args.shapewatch, path, workdir, args.http_n,
                                                       args.http_batch, args.http_clients))

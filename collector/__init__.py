@@ -27,7 +27,7 @@ _WHERE = {
     "ImportSummary": "ingest", "import_files": "ingest", "quarantine_path": "ingest",
     "CollectorMetrics": "metrics",
     "FieldProfile": "profile", "Profile": "profile", "read_profile": "profile", "read_profiles": "profile",
-    "served_aliases": "profile",
+    "served_aliases": "profile", "contract_changes": "profile",
     "RollupConfig": "rollup", "compact_rollups": "rollup",
     "Client": "sdk", "parse_retry_after": "sdk",
     "Settings": "settings", "load_settings": "settings", "settings_help": "settings",
@@ -83,6 +83,7 @@ __all__ = [
     "read_profile",
     "read_profiles",
     "served_aliases",
+    "contract_changes",
     "require_token",
     "settings_help",
     "validate_envelope",
@@ -139,7 +140,7 @@ if TYPE_CHECKING:
     from .flatten import JsonType, Observation, flatten_output
     from .ingest import ImportSummary, import_files, quarantine_path
     from .metrics import CollectorMetrics
-    from .profile import FieldProfile, Profile, read_profile, read_profiles, served_aliases
+    from .profile import FieldProfile, Profile, contract_changes, read_profile, read_profiles, served_aliases
     from .rollup import RollupConfig, compact_rollups
     from .sdk import Client, parse_retry_after
     from .settings import Settings, load_settings, settings_help

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from .store import Store
 
-__all__ = ["FieldProfile", "Profile", "read_profile", "read_profiles", "served_aliases"]
+__all__ = ["FieldProfile", "Profile", "contract_changes", "read_profile", "read_profiles", "served_aliases"]
 
 TYPES = ("null", "boolean", "integer", "number", "string", "array", "object")
 
@@ -139,11 +139,26 @@ class Profile:
 
     @property
     def live_contract_version(self) -> str | None:
-        """The registered contract version most outputs were checked against, if any."""
-        counts = {v: sum(n for s, n in by.items() if s in ("valid", "invalid"))
+        """The registered contract version most outputs were tagged with, if any."""
+        counts = {v: sum(n for s, n in by.items() if s in ("valid", "invalid", "unchecked"))
                   for v, by in self.contract_checks.items()}
         counts = {v: n for v, n in counts.items() if n}
         return max(sorted(counts), key=lambda v: counts[v]) if counts else None
+
+
+def contract_changes(store: Store, cohort_id: int, since: datetime, until: datetime) -> list[dict[str, Any]]:
+    """Contract versions a cohort's outputs were first tagged with inside ``[since, until)``.
+
+    Each is ``{"version", "first_seen"}`` (the start of the first bucket holding it), oldest first:
+    "this started when contract v4 went out". Untagged outputs are no version.
+    """
+    store.flush_rollups()
+    return [{"version": str(v), "first_seen": t} for v, t in store.query(
+        """SELECT contract_version, min(bucket) AS first FROM contract_rollups
+           WHERE cohort_id = ? AND status <> 'untagged' GROUP BY ALL
+           HAVING first >= ? AND first < ?
+              AND first > (SELECT min(bucket) FROM contract_rollups WHERE cohort_id = ?)  -- not the cohort's start
+           ORDER BY first, contract_version""", [cohort_id, since, until, cohort_id])]
 
 
 def served_aliases(store: Store) -> dict[tuple[str, str, str], list[tuple[str, str, str]]]:

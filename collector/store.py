@@ -36,7 +36,7 @@ import pyarrow as pa
 
 from .envelope import Envelope
 from .errors import StoreError, StoreLocked, StoreUnavailable, StoreVersionTooNew
-from .rollup import RollupBatch, RollupConfig, compact_rollups, merge_rollups
+from .rollup import ContractStatus, RollupBatch, RollupConfig, compact_rollups, merge_rollups
 
 if TYPE_CHECKING:
     from .contracts import ValidatorCache
@@ -234,6 +234,46 @@ def _arrow(envelopes: Sequence[Envelope], cohort_keys: Sequence[int]) -> pa.Tabl
     })
 
 
+_WAL_COPIES_KEPT = 5
+
+
+def _copy_wal(path: Path) -> Path | None:
+    """Copy ``<db>.wal`` (when present and not empty) to ``quarantine/`` beside the database;
+    the newest copies are kept, older ones deleted. None when there is none or it cannot be copied."""
+    import shutil
+
+    wal = Path(f"{path}.wal")
+    try:
+        if not wal.is_file() or wal.stat().st_size == 0:
+            return None
+        where = path.parent / "quarantine"
+        where.mkdir(exist_ok=True)
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
+        copy = where / f"{path.name}.wal.{stamp}.unclean"
+        shutil.copyfile(wal, copy)
+    except OSError as exc:  # a full disk must not also keep the service from starting
+        log.warning("%s: a write-ahead log left by an unclean shutdown could not be copied aside (%s); "
+                    "replaying it", path, exc)
+        return None
+    for old in sorted(where.glob(f"{path.name}.wal.*.unclean"))[:-_WAL_COPIES_KEPT]:
+        old.unlink(missing_ok=True)
+    return copy
+
+
+def _is_wal_error(exc: duckdb.Error) -> bool:
+    msg = str(exc).lower()
+    return "wal" in msg and ("replaying" in msg or "corrupt" in msg)
+
+
+def _wal_refusal(path: Path, exc: duckdb.Error) -> str:
+    wal = f"{path}.wal"
+    detail = " ".join(str(exc).split())
+    return (f"its write-ahead log {wal} is damaged and cannot be replayed, so the database is not opened and "
+            f"nothing was changed ({detail}). To start anyway, move it aside (mv {wal} {wal}.damaged): the "
+            f"database then opens without the writes the log holds (copies of it are kept in "
+            f"{path.parent / 'quarantine'}); or restore the database from a backup")
+
+
 def _is_lock_error(exc: duckdb.Error) -> bool:
     msg = str(exc).lower()
     return "lock" in msg and ("conflicting" in msg or "could not set lock" in msg)
@@ -285,6 +325,10 @@ class Store:
         self._staged: RollupBatch | None = None
         self.last_merge_error: str | None = None
         self._validators: ValidatorCache | None = None
+        # Contract checks done per (cohort, contract version, bucket), for RollupConfig's quota;
+        # in memory: a restart checks a little more, never less.
+        self._checks_done: dict[tuple[tuple[str, str, str], str, int], int] = {}
+        self._checks_lock = threading.Lock()
 
     # --- opening --------------------------------------------------------------------------
 
@@ -304,14 +348,24 @@ class Store:
         config: dict[str, str | bool | int | float | list[str]] = {"memory_limit": memory_limit, "threads": str(threads),
                   "enable_external_access": "false", "autoinstall_known_extensions": "false",
                   "autoload_known_extensions": "false"}
+        # A write-ahead log left by an unclean shutdown is copied aside before DuckDB replays
+        # it: DuckDB drops a torn or unreadable tail without a word, so the copy (and the
+        # warning below) is what lets anyone find out what was on disk.
+        wal_copy = None if read_only else _copy_wal(path)
         try:
             con = duckdb.connect(str(path), read_only=read_only, config=config)
-        except duckdb.IOException as exc:
-            if _is_lock_error(exc):
-                raise StoreLocked(str(path), exc) from exc
-            raise StoreError(f"opening {path}", exc) from exc
         except duckdb.Error as exc:
+            if isinstance(exc, duckdb.IOException) and _is_lock_error(exc):
+                if wal_copy is not None:  # the log of a live writer, not a crash's
+                    wal_copy.unlink(missing_ok=True)
+                raise StoreLocked(str(path), exc) from exc
+            if _is_wal_error(exc):
+                raise StoreError(f"opening {path}", _wal_refusal(path, exc)) from exc
             raise StoreError(f"opening {path}", exc) from exc
+        if wal_copy is not None:
+            log.warning("%s: replayed a write-ahead log left by an unclean shutdown; a copy of it is kept as %s "
+                        "(DuckDB drops a torn or unreadable tail of the log: if acknowledged events are "
+                        "missing, that copy holds what was on disk)", path, wal_copy)
         store = cls(con, path, bucket_seconds=bucket_seconds, rollup=rollup or RollupConfig(),
                     read_only=read_only)
         try:
@@ -469,9 +523,26 @@ class Store:
         return self._validators
 
     def _rollup_batch(self) -> RollupBatch:
-        # Every batch of counts checks each output against its contract version: ingest,
-        # a partial insert and the recovery at open count the same way.
-        return RollupBatch(self.rollup, bucket_seconds=self.bucket_seconds, check=self.contract_validators.check)
+        # Every batch of counts checks outputs against their contract version: ingest, a
+        # partial insert and the recovery at open count the same way.
+        return RollupBatch(self.rollup, bucket_seconds=self.bucket_seconds, check=self._check_contract)
+
+    def _check_contract(self, cohort: tuple[str, str, str], version: str, bucket: int,
+                        output: dict[str, Any]) -> tuple[ContractStatus, Sequence[tuple[str | None, str]]]:
+        validators = self.contract_validators
+        cap = self.rollup.contract_checks_per_bucket
+        if cap:
+            if validators.get(cohort[2], version) is None:
+                return ContractStatus.unregistered, ()
+            key = (cohort, version, bucket)
+            with self._checks_lock:
+                done = self._checks_done.get(key, 0)
+                if done >= cap:
+                    return ContractStatus.unchecked, ()
+                if len(self._checks_done) > 50_000:  # keep the buckets of the last two hours
+                    self._checks_done = {k: n for k, n in self._checks_done.items() if k[2] >= bucket - 7200}
+                self._checks_done[key] = done + 1
+        return validators.check(cohort[2], version, output)
 
     # --- writing ----------------------------------------------------------------------------
 
@@ -627,14 +698,19 @@ class Store:
             inserted, existing = self._write(batch, self._batch_time(now))
             if self._defer is not None and self._pending_events >= self._defer[0]:
                 self._flush_after_commit()
+        # A repeat is judged against what the key holds now: the payload stored before, or the
+        # one this batch stored. (Against the batch's first occurrence alone, a repeat of the
+        # stored payload behind a conflicting line would be called a conflict.)
+        held = dict(existing)
+        held.update((event_id, payload_hash) for event_id, payload_hash, res
+                    in zip(batch.event_ids, batch.hashes, batch.early, strict=True)
+                    if res is None and event_id in inserted)
         out: list[WriteResult] = []
         for event_id, payload_hash, res in zip(batch.event_ids, batch.hashes, batch.early, strict=True):
-            if res is not None:
-                out.append(res)
-            elif event_id in inserted:
+            if res is None and event_id in inserted:
                 out.append(WriteResult(event_id, WriteStatus.accepted))
             else:
-                same = existing.get(event_id) == payload_hash
+                same = held.get(event_id) == payload_hash
                 out.append(WriteResult(event_id, WriteStatus.duplicate if same else WriteStatus.conflict))
         return out
 

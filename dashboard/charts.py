@@ -45,6 +45,37 @@ def series_frame(doc: dict[str, Any]) -> pd.DataFrame:
                                        "empty share"])
 
 
+def contract_changes_frame(doc: dict[str, Any]) -> pd.DataFrame:
+    """Contract versions first seen inside the range (``contract_changes`` of the series route)."""
+    rows = [{"time": pd.Timestamp(c["at"]), "contract": f"contract {c['version']}"}
+            for c in doc.get("contract_changes") or []]
+    return pd.DataFrame(rows, columns=["time", "contract"])
+
+
+def with_contract_changes(doc: dict[str, Any], chart: Chart) -> Chart:
+    """``chart`` with a vertical rule, labelled, where each new contract version went out."""
+    frame = contract_changes_frame(doc)
+    if not len(frame):
+        return chart
+    rules = alt.Chart(frame).mark_rule(color="#7a3db8", strokeDash=[2, 2]).encode(
+        x="time:T", tooltip=["time:T", "contract:N"])
+    labels = alt.Chart(frame).mark_text(align="left", dx=3, dy=-4, color="#7a3db8").encode(
+        x="time:T", y=alt.value(8), text="contract:N")
+    return alt.layer(chart, rules, labels)
+
+
+def violation_chart(doc: dict[str, Any]) -> Chart:
+    """Share of checked outputs breaking the registered contract at this field, per step."""
+    rows = [{"time": _time(item), "violations": item.get("violation_rate")} for item in doc["series"]
+            if item.get("violation_rate") is not None]
+    frame = pd.DataFrame(rows, columns=["time", "violations"])
+    chart: alt.Chart = alt.Chart(frame).mark_line(point=True, color="#7a3db8").encode(
+        x=_x(doc), y=alt.Y("violations:Q", axis=alt.Axis(format=".0%"), title="breaking the contract",
+                           scale=alt.Scale(domainMin=0)),
+        tooltip=["time:T", alt.Tooltip("violations:Q", format=".1%")])
+    return with_contract_changes(doc, chart)
+
+
 def presence_chart(doc: dict[str, Any], tolerance: float = TOLERANCE) -> Chart:
     """Presence per step; the baseline level and a +/- tolerance band when there is a baseline."""
     frame = series_frame(doc)[["time", "presence", "units"]]
@@ -61,7 +92,7 @@ def presence_chart(doc: dict[str, Any], tolerance: float = TOLERANCE) -> Chart:
                                                                                     y2="hi:Q"))
         layers.append(alt.Chart(pd.DataFrame({"baseline": [base]})).mark_rule(strokeDash=[6, 3], color="#555")
                       .encode(y="baseline:Q"))
-    return alt.layer(*layers, line)
+    return with_contract_changes(doc, alt.layer(*layers, line))
 
 
 def type_chart(doc: dict[str, Any]) -> Chart:
@@ -72,7 +103,7 @@ def type_chart(doc: dict[str, Any]) -> Chart:
     chart: alt.Chart = alt.Chart(frame).mark_area().encode(
         x=_x(doc), y=alt.Y("share:Q", stack="zero", axis=alt.Axis(format="%"), title="share"),
         color=alt.Color("type:N"), tooltip=["time:T", "type:N", alt.Tooltip("share:Q", format=".1%")])
-    return chart
+    return with_contract_changes(doc, chart)
 
 
 def unknown_chart(doc: dict[str, Any]) -> Chart:
@@ -83,7 +114,7 @@ def unknown_chart(doc: dict[str, Any]) -> Chart:
         y=alt.Y("unknown share:Q", axis=alt.Axis(format=".0%"), title="unknown share",
                 scale=alt.Scale(domainMin=0)),
         tooltip=["time:T", alt.Tooltip("unknown share:Q", format=".1%")])
-    return chart
+    return with_contract_changes(doc, chart)
 
 
 def array_chart(doc: dict[str, Any]) -> Chart:
@@ -101,7 +132,7 @@ def array_chart(doc: dict[str, Any]) -> Chart:
                                if base.get(k) is not None])
         layers.append(alt.Chart(levels).mark_rule(strokeDash=[6, 3]).encode(
             y="length:Q", color=alt.Color("percentile:N")))
-    return alt.layer(*layers)
+    return with_contract_changes(doc, alt.layer(*layers))
 
 
 def values_chart(values: pd.DataFrame, top: int = 20) -> Chart:

@@ -1,25 +1,15 @@
-"""The test helpers of ``tests/conftest.py`` (real service in a subprocess, envelopes, Debian
-tools), loaded under their own module name so the two conftest modules never shadow each other."""
+"""The shared test helpers (tests/harness.py: a real service in a subprocess, envelopes, Debian
+tools) for the reliability suite, with tests/ put on the import path."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT / "tests") not in sys.path:
+    sys.path.insert(0, str(ROOT / "tests"))
 
-_spec = importlib.util.spec_from_file_location("_shapewatch_test_conftest", ROOT / "tests" / "conftest.py")
-assert _spec is not None and _spec.loader is not None
-_tc = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = _tc  # dataclasses look their module up while the class is built
-_spec.loader.exec_module(_tc)
-
-SHAPEWATCH = _tc.SHAPEWATCH
-Service = _tc.Service
-start_service = _tc.start_service
-free_port = _tc.free_port
-make_envelope = _tc.make_envelope
-ensure_tool = _tc.ensure_tool
+from harness import SHAPEWATCH, Service, ensure_tool, free_port, make_envelope, start_service  # noqa: E402
 
 __all__ = ["ROOT", "SHAPEWATCH", "Service", "ensure_tool", "free_port", "make_envelope", "start_service"]

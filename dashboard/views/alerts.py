@@ -103,6 +103,7 @@ def _alert_card(s: ui.Session, a: dict[str, Any], cohort_ids: dict[tuple[str, st
                 f"p-value {'-' if p is None else f'{p:.2g}'} (adjusted {'-' if q is None else f'{q:.2g}'})  \n"
                 f"effect {a.get('effect')} over threshold {a.get('threshold')}  \n"
                 f"compared with {a.get('compared_with') or '-'}  \n"
+                + contract_line(a.get("contracts") or {}) +
                 f"fingerprint `{a['fingerprint']}`, episode {a.get('episode')}")
             cid = cohort_ids.get(_cohort_key(c))
             if cid is not None:
@@ -149,6 +150,18 @@ def _history(s: ui.Session, filters: dict[str, str | None]) -> None:
         "cohort": ui.cohort_label(a["cohort"]), "first seen": a["first_seen"], "fired": a.get("fired_at"),
         "resolved": a.get("resolved_at"), "acknowledged by": a.get("acknowledged_by") or "",
         "detail": a["detail"]} for a in resolved]), hide_index=True)
+
+
+def contract_line(k: dict[str, Any]) -> str:
+    """The contract versions behind an alert, in words (empty without any)."""
+    if not k.get("window"):
+        return ""
+    text = "contract " + ", ".join(f"{v} ({n} outputs)" for v, n in k["window"].items())
+    if k.get("baseline"):
+        text += "; baseline on " + ", ".join(str(v) for v in k["baseline"])
+    for c in k.get("changes") or []:
+        text += f"; **{c['version']} went out {ui.ago(c['first_seen'])}**"
+    return text + "  \n"
 
 
 def render(s: ui.Session) -> None:

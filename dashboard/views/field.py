@@ -114,6 +114,13 @@ def render(s: ui.Session) -> None:
             st.markdown("Share of values outside the baseline's set")
             st.altair_chart(charts.unknown_chart(doc))
 
+    if any(item.get("violation_rate") for item in doc["series"]):
+        st.subheader("Outputs breaking the contract")
+        st.altair_chart(charts.violation_chart(doc))
+        st.caption("Share of the outputs checked against their registered contract version that break it here.")
+    for change in doc.get("contract_changes") or []:
+        st.caption(f"Contract version {change['version']} went out at {ui.ago(change['at'])} (marked on the charts).")
+
     if any(item.get("array") for item in doc["series"]) or (base and base.get("array")):
         st.subheader("Array size")
         st.altair_chart(charts.array_chart(doc))

@@ -25,7 +25,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import orjson
-from conftest import make_envelope
+from harness import make_envelope
 
 from collector import FieldProfile, Store
 from collector.envelope import LIMITS, parse_envelope

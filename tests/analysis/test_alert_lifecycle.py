@@ -103,7 +103,7 @@ def test_one_alert_per_fingerprint_across_many_evaluations() -> None:
     assert a.diff == {"baseline": {"presence_rate": 0.7, "samples": 5000},
                       "current": {"presence_rate": 0.4, "samples": 3000}, "p_value": 1e-9, "q_value": 1e-9,
                       "effect": 0.3, "threshold": 0.1, "detail": "effect 0.3 (p < 1e-6)",
-                      "baseline_id": "b" * 16, "compared_with": "baseline " + "b" * 16}
+                      "baseline_id": "b" * 16, "compared_with": "baseline " + "b" * 16, "contracts": {}}
 
 
 def test_the_fingerprint_is_cohort_field_kind_and_value() -> None:

@@ -530,16 +530,16 @@ def test_cohorts_show_traffic_baseline_unpinned_models_and_alert_counts(judged: 
     assert {k: v for k, v in main.items() if k not in ("cohort_id", "first_seen")} == {
         "cohort": COHORT, "events": 800, "unpinned": False, "served_models": {MODEL: 800},
         "baseline": {**summary, "how": "own", "age_days": 0.0}, "alerts_firing": {"page": 1, "warn": 2},
-        "provider_outcomes": {}, "answered_for": []}
+        "provider_outcomes": {}, "answered_for": [], "contract_versions": {"3": 800}}
     assert main["first_seen"] == iso(judged.t.base)
     assert {k: v for k, v in v4.items() if k not in ("cohort_id", "first_seen")} == {
         "cohort": {**COHORT, "prompt_version": "intake-v4"}, "events": 20, "unpinned": False,
         "served_models": {MODEL: 20}, "baseline": {**summary, "how": "previous_prompt_version", "age_days": 0.0},
-        "alerts_firing": {}, "provider_outcomes": {}, "answered_for": []}
+        "alerts_firing": {}, "provider_outcomes": {}, "answered_for": [], "contract_versions": {"3": 20}}
     assert {k: v for k, v in alias.items() if k not in ("cohort_id", "first_seen")} == {
         "cohort": {**COHORT, "model": "gpt-4o"}, "events": 20, "unpinned": True,
         "served_models": {"gpt-4o": 20}, "baseline": None, "alerts_firing": {}, "provider_outcomes": {},
-        "answered_for": []}
+        "answered_for": [], "contract_versions": {"3": 20}}
     # A window that holds only the baseline period.
     since, until = judged.t.base_window
     narrow = judged.c.get("/v1/cohorts", params={"since": since, "until": until}).json()

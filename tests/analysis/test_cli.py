@@ -26,8 +26,8 @@ import httpx
 import orjson
 import pytest
 from click.testing import CliRunner, Result
-from conftest import ROOT, SHAPEWATCH, Service, free_port
 from drift_outputs import iso, output
+from harness import ROOT, SHAPEWATCH, Service, free_port
 from prometheus_client import CollectorRegistry
 
 from analysis.analyzer import Analyzer

@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 import pytest
-from conftest import make_envelope
+from harness import make_envelope
 from synth import CONTRACT, MODEL, PROMPT, synth_outputs
 
 from analysis.alerts import ALERTS_SCHEMA
@@ -114,3 +114,46 @@ def test_a_baseline_frozen_before_its_contract_expects_no_violation(tmp_path: Pa
         _, alerts = analyze_once(s, AnalyzerConfig(), T0 + 7 * DAY)
         assert brief(alerts) == [("intent", "schema_violation", None, "page")]
         assert alerts[0].diff["baseline"] == {"violation_rate": 0.0, "samples": 0}
+
+
+V4 = {**SCHEMA, "required": ["intent", "priority", "language"]}  # a new required field
+
+
+def test_the_alert_cohort_review_and_charts_say_which_contract_was_live_and_when_it_changed(store: Store) -> None:
+    from analysis import admin
+    from analysis.review import build_review, render_markdown
+
+    register_contract(store, CONTRACT, "4", V4)
+    write(store, synth_outputs(2, 1_500), day=6)  # 06:00-06:20, still v3
+    late = without(synth_outputs(3, 1_500), "language", 0.3, seed=9)  # v4 from 07:00: language often missing
+    start = T0 + 6 * DAY + timedelta(hours=7)
+    store.write_batch([parse_envelope(orjson.dumps(make_envelope(
+        event_id=f"v4-{i}", ts=(start + timedelta(seconds=i % 1200)).isoformat(), model=MODEL, served_model=MODEL,
+        prompt_version=PROMPT, contract=CONTRACT, contract_version="4", output=o)), LIMITS) for i, o in enumerate(late)])
+    at = T0 + 7 * DAY
+    _, alerts = analyze_once(store, AnalyzerConfig(), at)
+    language = [a for a in alerts if (a.field, a.kind.value) == ("language", "schema_violation")]
+    assert len(language) == 1
+    contracts = language[0].to_json()["contracts"]
+    assert contracts == {"window": {"3": 1_500, "4": 1_500}, "live": "3", "baseline": {"3": 4_000},
+                         "changes": [{"version": "4", "first_seen": start.isoformat()}]}
+
+    (cohort,) = admin.cohorts(store, since=at - DAY, until=at)
+    assert cohort["contract_versions"] == {"3": 1_500, "4": 1_500}
+    series = admin.field_series(store, AnalyzerConfig(), cohort["cohort_id"], "language", since=at - DAY, until=at,
+                                points=24)
+    assert series["contract_changes"] == [{"version": "4", "at": start.isoformat().replace("+00:00", "Z")}]
+    rates = {item["since"][11:13]: item["violation_rate"] for item in series["series"] if item["violation_rate"]}
+    missing = sum("language" not in o for o in late)
+    assert rates == {"07": round(missing / 1_500, 6)}  # only the hour v4 went out breaks it
+
+    review = build_review(store, AnalyzerConfig(), now=at, period=timedelta(days=7))
+    (entry,) = review["cohorts"]
+    k = entry["contracts"]
+    assert (k["window"], k["checked"], k["violations"]) == ({"3": 5_500, "4": 1_500}, 7_000, {"language": missing})
+    assert k["changes"] == [{"version": "4", "first_seen": start.isoformat().replace("+00:00", "Z")}]
+    declared = {r["field"]: r["declared"] for r in entry["fields"]}
+    assert declared["intent"] == "required" and declared["customer"] is None
+    text = render_markdown(review)
+    assert f"**4 went out {start.isoformat().replace('+00:00', 'Z')}**" in text
+    assert f"- outputs breaking the contract: `language` {missing}" in text

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
-from conftest import ROOT, SHAPEWATCH
+from harness import ROOT, SHAPEWATCH
 
 from analysis.cli import cli
 

@@ -7,11 +7,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from harness import ensure_tool
 from prometheus_client import CollectorRegistry, generate_latest
 
 from analysis.service import create_app
 from collector import load_settings
-from tests.conftest import ensure_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "rules.yml"

@@ -10,6 +10,7 @@ from typing import Any
 
 import orjson
 import pytest
+from harness import ensure_tool, make_envelope
 from prometheus_client import CollectorRegistry
 
 from analysis.alerts import ALERTS_SCHEMA
@@ -19,7 +20,6 @@ from analysis.review import build_review, render_html, render_markdown
 from baselines import BASELINES_SCHEMA, Cohort, freeze_baseline
 from collector import Store, parse_envelope
 from collector.envelope import LIMITS
-from tests.conftest import ensure_tool, make_envelope
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 DRIFT = Cohort("claude-sonnet-4-5-20250929", "intake-v3", "intake")

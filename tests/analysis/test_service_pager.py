@@ -30,7 +30,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import ROOT, SHAPEWATCH, Service, free_port
+from harness import ROOT, SHAPEWATCH, Service, free_port
 from pager_receiver import DROP, Incident, PagerReceiver, Step
 from prometheus_client.parser import text_string_to_metric_families
 

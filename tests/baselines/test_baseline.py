@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 import pytest
-from conftest import make_envelope
+from harness import make_envelope
 
 from baselines import (
     BASELINES_SCHEMA,

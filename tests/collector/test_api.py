@@ -21,7 +21,7 @@ from typing import Any
 import duckdb
 import httpx
 import pytest
-from conftest import ROOT, SHAPEWATCH, Service, free_port, make_envelope, start_service
+from harness import ROOT, SHAPEWATCH, Service, free_port, make_envelope, start_service
 from prometheus_client.parser import text_string_to_metric_families
 
 FIXTURES = Path(__file__).parent / "fixtures" / "providers"

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-from conftest import make_envelope
+from harness import make_envelope
 
 from collector import Store, WriteStatus, register_contract
 from collector.envelope import LIMITS, parse_envelope
@@ -119,3 +119,60 @@ def test_a_crash_before_the_merge_recounts_the_checks_once(tmp_path: Any) -> Non
     store._con.close()  # private on purpose: the process dies with the counts in memory
     with Store.open(crashed) as reopened:
         assert (checks(reopened), violations(reopened)) == expected
+
+
+def test_busy_buckets_are_checked_on_a_sample_and_the_rest_is_counted_unchecked(tmp_path: Any) -> None:
+    from collector import RollupConfig
+
+    with Store.open(tmp_path / "c.duckdb", rollup=RollupConfig(contract_checks_per_bucket=3)) as store:
+        register_contract(store, "intake", "3", SCHEMA)
+        # 10 outputs in 12:00 (every other one breaks the contract), 2 in 12:01, 4 unregistered
+        minute0 = [env(2 * i, VALID if i % 2 else {"priority": "low"}) for i in range(10)]
+        minute1 = [env(2 * i + 1, VALID) for i in range(2)]
+        store.write_batch(minute0[:4])
+        store.write_batch(minute0[4:] + minute1 + [env(300 + 2 * i, VALID, version="9") for i in range(4)])
+        model = "claude-sonnet-4-5-20250929"
+        # the first three of 12:00 are checked (across batches), both of 12:01; the quota never hides
+        # an unregistered version
+        assert checks(store) == {(model, "3", "invalid"): 2, (model, "3", "valid"): 3, (model, "3", "unchecked"): 7,
+                                 (model, "9", "unregistered"): 4}
+        assert violations(store) == {(model, "intent", "required"): 2}
+
+
+def test_the_compiled_fast_path_agrees_with_jsonschema_and_steps_aside_for_2020_12_keywords() -> None:
+    import copy
+    from pathlib import Path
+
+    from collector.contracts import ContractValidator, contract_from_document, read_contract
+
+    bench = read_contract(Path(__file__).resolve().parents[2] / "bench" / "contracts" / "support_ticket.json")
+    fast = ContractValidator(bench)
+    slow = ContractValidator(bench)
+    slow._fast = {name: None for name in slow._fast}  # private on purpose: jsonschema alone
+    assert all(v is not None for v in fast._fast.values())
+    good = {"intent": "refund", "priority": "low", "confidence": 0.9, "language": "en", "summary": "s",
+            "customer": {"id": "c", "region": "na", "account_age_days": 3, "tier": None},
+            "entities": [{"type": "order_id", "value": "A1", "start": 0, "end": 2}], "tags": ["x"],
+            "flags": {"needs_human": False, "pii_detected": False, "sentiment": 0.1}, "reply_draft": None,
+            "followup_at": "2026-11-29T12:00:00Z", "scores": {"urgency": 2, "churn_risk": 0.2},
+            "routing": {"queue": "billing", "escalation_level": 0, "sla_minutes": 60}}
+    variants: list[dict[str, Any]] = [good]
+    for path, value in [(("priority",), "URGENT"), (("confidence",), "0.9"), (("confidence",), 1.5),
+                        (("customer", "tier"), "gold"), (("entities", 0, "start"), -1), (("extra",), 1),
+                        (("followup_at",), "tomorrow"), (("scores", "urgency"), 9), (("tags", 0), 3)]:
+        v = copy.deepcopy(good)
+        node: Any = v
+        for k in path[:-1]:
+            node = node[k]
+        node[path[-1]] = value
+        variants.append(v)
+    for missing in ("intent", "routing"):
+        variants.append({k: x for k, x in good.items() if k != missing})
+    assert [fast.violations(v) for v in variants] == [slow.violations(v) for v in variants]
+    assert fast.violations(good) == [] and sum(bool(fast.violations(v)) for v in variants) >= 10
+
+    tuple_schema = contract_from_document({"type": "object", "properties": {
+        "pair": {"type": "array", "prefixItems": [{"type": "string"}, {"type": "integer"}]}}})
+    v2020 = ContractValidator(tuple_schema)
+    assert list(v2020._fast.values()) == [None]  # draft 7 would ignore prefixItems
+    assert v2020.violations({"pair": ["a", "b"]}) == [("pair[]", "type")]

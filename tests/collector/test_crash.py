@@ -18,7 +18,7 @@ from pathlib import Path
 import duckdb
 import httpx
 import pytest
-from conftest import Service, free_port, make_envelope, start_service
+from harness import Service, free_port, make_envelope, start_service
 
 from collector import Store
 

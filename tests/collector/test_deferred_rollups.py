@@ -11,7 +11,7 @@ import random
 from pathlib import Path
 
 import orjson
-from conftest import make_envelope
+from harness import make_envelope
 from test_store import rollup_sums
 
 from collector import Store

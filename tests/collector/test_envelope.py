@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 import pytest
-from conftest import make_envelope
+from harness import make_envelope
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import duckdb
 import pytest
-from conftest import ROOT, SHAPEWATCH, Service, make_envelope
+from harness import ROOT, SHAPEWATCH, Service, make_envelope
 
 from collector import quarantine_path
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 import pytest
-from conftest import make_envelope
+from harness import make_envelope
 from test_rollup import numbers_of
 
 from collector import Store, flatten_output, read_profile, read_profiles

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from conftest import Service, free_port, start_service
+from harness import Service, free_port, start_service
 
 from collector.sdk import Client
 

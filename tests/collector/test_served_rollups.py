@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from conftest import make_envelope
+from harness import make_envelope
 from test_store import rollup_sums
 
 from collector import Store, served_aliases

@@ -247,6 +247,21 @@ def test_duplicates_inside_one_batch(store: Store, envelope: MakeEnvelope) -> No
         == [(1, 1)]
 
 
+def test_a_repeat_is_judged_against_what_the_key_holds_not_its_first_line_in_the_batch(
+        store: Store, envelope: MakeEnvelope) -> None:
+    # Found by the bulk-import crash test: a rerun's batch met a conflicting line for a stored
+    # key first, and the stored payload's own repeat after it was called a conflict too.
+    stored = envelope(event_id="x", output={"v": 1})
+    store.write_batch([parse(stored)])
+    batch = [parse(envelope(event_id="x", output={"v": 2})), parse(stored), parse(envelope(event_id="x", output={"v": 2}))]
+    assert statuses(store.write_batch(batch)) == [("x", C), ("x", D), ("x", C)]
+    # and in one batch with a new key: its first line is what the key holds
+    first = envelope(event_id="y", output={"v": 1})
+    assert statuses(store.write_batch([parse(first), parse(envelope(event_id="y", output={"v": 3})),
+                                       parse(first)])) == [("y", A), ("y", C), ("y", D)]
+    assert store.query("SELECT event_id, output FROM events ORDER BY 1") == [("x", '{"v":1}'), ("y", '{"v":1}')]
+
+
 def test_results_follow_the_input_order_in_a_mixed_batch(store: Store, envelope: MakeEnvelope) -> None:
     store.write_batch([parse(envelope(event_id=f"old-{i}", output={"i": i})) for i in range(3)])
     batch = [

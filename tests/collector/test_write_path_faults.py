@@ -10,7 +10,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from conftest import make_envelope
+from harness import make_envelope
 
 from collector import Store
 from collector.envelope import LIMITS, Envelope, parse_envelope

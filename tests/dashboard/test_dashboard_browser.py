@@ -17,8 +17,8 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-from conftest import ROOT, ensure_tool, start_service
 from dashboard_live import free_port
+from harness import ROOT, ensure_tool, start_service
 
 from analysis.sample import seed_sample
 
