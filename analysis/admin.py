@@ -309,3 +309,30 @@ def events(store: Store, event_ids: list[str]) -> list[dict[str, Any]]:
     return [{"event_id": r[0], "ts": _iso(r[1]), "cohort": {"model": r[2], "prompt_version": r[3], "contract": r[4]},
              "served_model": r[5], "contract_version": r[6], "source": r[7], "output": orjson.loads(r[8])}
             for r in rows]
+
+
+# --- contracts ------------------------------------------------------------------------------
+
+def register_contract(store: Store, contract: str, version: str, document: Any, *, author: str,
+                      note: str | None = None) -> dict[str, Any]:
+    """Register ``document`` (a parsed JSON Schema, tool or catalog) as ``contract`` ``version``;
+    its summary with ``created`` (False: the same content was registered before)."""
+    from collector import register_contract as register
+
+    registered, created = register(store, contract, version, document, author=author, note=note)
+    return {**registered.summary(), "created": created}
+
+
+def list_contracts(store: Store, contract: str | None = None) -> list[dict[str, Any]]:
+    """Every registered contract version (of one contract), oldest registration first."""
+    from collector import list_contracts as listed
+
+    return [r.summary() for r in listed(store, contract)]
+
+
+def show_contract(store: Store, contract: str, version: str) -> dict[str, Any]:
+    """One registered version with its document."""
+    from collector import get_contract
+
+    return get_contract(store, contract, version).to_json()
+

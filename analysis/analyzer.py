@@ -334,7 +334,7 @@ class Analyzer:
 
     def __init__(self, store: Store, config: AnalyzerConfig, *, registry: CollectorRegistry,
                  enqueue: Enqueue | None = None, clock: Callable[[], datetime] = lambda: datetime.now(UTC),
-                 max_presence_series: int = 1000) -> None:
+                 max_presence_series: int = 200) -> None:
         self.store = store
         self.config = config
         self.book = AlertBook(store)

@@ -2,8 +2,10 @@
 
 Each route is a thin shell over ``admin.py`` (the code the CLI runs with
 ``--db``), so ``--url`` and ``--db`` give the same answers. Errors answer in
-the shared JSON shape: unknown ids 404, refused freezes 409, tampered or
-invalid documents 422, other invalid requests 400.
+the shared JSON shape: unknown ids 404, refused freezes and a contract
+version registered with other content 409, requests that are well formed but
+cannot be done (an empty window, a tampered document, an invalid schema) 422,
+malformed ones 400.
 
 Baselines have no PUT, PATCH or DELETE: a frozen baseline never changes.
 """
@@ -15,12 +17,21 @@ from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import orjson
-from fastapi import APIRouter, Body, Depends, FastAPI, Query, Request
+from fastapi import APIRouter, Body, FastAPI, Query, Request
 from fastapi.responses import Response
 from pydantic import AwareDatetime, BaseModel, Field
 
 from baselines import BaselineError, BaselineNotFound, BaselineRefused, BaselineTampered, Cohort
-from collector import ShapewatchError, Store, error_body, require_token
+from collector import (
+    ContractConflict,
+    ContractError,
+    ContractNotFound,
+    ShapewatchError,
+    Store,
+    error_body,
+    error_responses,
+    require_token,
+)
 
 from . import admin
 from .analyzer import Analyzer
@@ -30,13 +41,33 @@ from .errors import AlertError, AlertNotFound, ConfigInvalid
 __all__ = ["AnalysisApi", "install_analysis_error_handlers"]
 
 
+# Query times: ISO 8601 with a zone (a number is no time), years 1971-9998 (arithmetic on a
+# window must not overflow).
+_ISO = r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}(:\d{2}(\.\d{1,9})?)?([Zz]|[+-]\d{2}:?\d{2})$"
+When = Annotated[str | None, Query(pattern=_ISO, description="ISO 8601 time with a zone, e.g. 2026-11-29T12:00:00Z")]
+
+
+def _when(text: str | None, name: str) -> datetime | None:
+    """A query time, or None; a time that is not one (or out of range) is refused with 422."""
+    if text is None:
+        return None
+    try:
+        t = datetime.fromisoformat(text[:-1] + "+00:00" if text[-1:] in "Zz" else text)
+    except ValueError:
+        raise AlertError(f"{name}: {text!r} is not an ISO 8601 time with a zone") from None
+    if t.tzinfo is None or not 1971 <= t.astimezone(UTC).year <= 9998:
+        raise AlertError(f"{name}: {text!r} must have a zone and a year between 1971 and 9998")
+    return t.astimezone(UTC)
+
+
 def _json(body: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(body), status_code=status, media_type="application/json")
 
 
 _STATUS: list[tuple[type[Exception], int]] = [
-    (BaselineNotFound, 404), (AlertNotFound, 404), (BaselineRefused, 409), (BaselineTampered, 422),
-    (BaselineError, 400), (AlertError, 400), (ConfigInvalid, 400)]
+    (BaselineNotFound, 404), (AlertNotFound, 404), (ContractNotFound, 404), (BaselineRefused, 409),
+    (ContractConflict, 409), (BaselineTampered, 422), (BaselineError, 422), (AlertError, 422), (ConfigInvalid, 422),
+    (ContractError, 422)]
 
 
 def install_analysis_error_handlers(app: FastAPI) -> None:
@@ -76,6 +107,14 @@ class ActorRequest(BaseModel):
     note: str = ""
 
 
+class ContractRequest(BaseModel):
+    contract: str = Field(min_length=1, max_length=200)
+    version: str = Field(min_length=1, max_length=200)
+    document: dict[str, Any] | list[Any] = Field(description="a JSON Schema, a tool definition or a catalog")
+    author: str = Field(min_length=1)
+    note: str | None = None
+
+
 class SilenceRequest(BaseModel):
     duration: str = Field(description="how long, e.g. 2h or 3d")
     author: str = Field(min_length=1)
@@ -100,7 +139,9 @@ class AnalysisApi:
 
     def router(self, tokens: tuple[str, ...]) -> APIRouter:
         store, config = self.store, self.config
-        r = APIRouter(dependencies=[Depends(require_token(tokens))])
+        guard = require_token(tokens, "read", writes="admin")  # GETs read, every other method is admin
+        r = APIRouter(route_class=guard.route_class,
+                      responses={**guard.responses, **error_responses(400, 404, 409, 422)})
 
         @r.get("/v1/alerts", summary="Alerts, page first")
         def get_alerts(state: str | None = Query(None, pattern="^(open|pending|firing|resolved)$"),
@@ -138,25 +179,26 @@ class AnalysisApi:
             return _json(admin.silences(store, active=active))
 
         @r.get("/v1/cohorts", summary="Cohorts with traffic, baselines, alerts and served models")
-        def get_cohorts(since: AwareDatetime | None = None, until: AwareDatetime | None = None) -> Response:
-            return _json(admin.cohorts(store, since=since, until=until))
+        def get_cohorts(since: When = None, until: When = None) -> Response:
+            return _json(admin.cohorts(store, since=_when(since, "since"), until=_when(until, "until")))
 
         @r.get("/v1/cohorts/{cohort_id}/fields", summary="A cohort's window profile, field by field")
-        def get_fields(cohort_id: int, since: AwareDatetime | None = None,
-                       until: AwareDatetime | None = None) -> Response:
-            end = until or self.clock()
+        def get_fields(cohort_id: int, since: When = None, until: When = None) -> Response:
+            end = _when(until, "until") or self.clock()
             try:
-                return _json(admin.cohort_fields(store, cohort_id, since=since or end - config.window, until=end))
+                return _json(admin.cohort_fields(store, cohort_id, since=_when(since, "since") or end - config.window,
+                                                 until=end))
             except LookupError as exc:
                 return _json(error_body(404, str(exc)), 404)
 
         @r.get("/v1/cohorts/{cohort_id}/series", summary="One field over time against the baseline (charts)")
-        def get_series(cohort_id: int, field: str, since: AwareDatetime | None = None,
-                       until: AwareDatetime | None = None, points: int = Query(24, ge=1, le=500)) -> Response:
-            end = until or self.clock()
+        def get_series(cohort_id: int, field: str, since: When = None, until: When = None,
+                       points: int = Query(24, ge=1, le=500)) -> Response:
+            end = _when(until, "until") or self.clock()
             try:
-                return _json(admin.field_series(store, config, cohort_id, field, since=since or end - config.window,
-                                                until=end, points=points))
+                return _json(admin.field_series(store, config, cohort_id, field,
+                                                since=_when(since, "since") or end - config.window, until=end,
+                                                points=points))
             except LookupError as exc:
                 return _json(error_body(404, str(exc)), 404)
 
@@ -205,7 +247,8 @@ class AnalysisApi:
         def post_activate(baseline_id: str, body: ActorRequest) -> Response:
             return _json(admin.activate(store, baseline_id, author=body.author, note=body.note))
 
-        @r.get("/v1/review", summary="The weekly review report (json, markdown or html)")
+        @r.get("/v1/review", summary="The weekly review report (json, markdown or html)",
+               responses={200: {"content": {"application/json": {}, "text/markdown": {}, "text/html": {}}}})
         def get_review(since: str = Query("7d", description="the review period, e.g. 7d"),
                        format: str = Query("json", pattern="^(json|markdown|html)$")) -> Response:
             from .review import build_review, render_html, render_markdown
@@ -220,6 +263,23 @@ class AnalysisApi:
             if format == "html":
                 return Response(render_html(review), media_type="text/html; charset=utf-8")
             return _json(review)
+
+        @r.get("/v1/contracts", summary="Registered contract versions (of one contract), oldest first")
+        def get_contracts(contract: str | None = None) -> Response:
+            return _json(admin.list_contracts(store, contract))
+
+        @r.get("/v1/contracts/item", summary="One registered contract version, with its document")
+        def get_contract(contract: str, version: str) -> Response:
+            return _json(admin.show_contract(store, contract, version))
+
+        @r.post("/v1/contracts", summary="Register a contract version (JSON Schema, tool or catalog)",
+                description="Registered versions never change: a new version answers 201, the same content "
+                "again 200 with created false; other content under a registered version answers 409.",
+                status_code=201, responses={200: {"description": "Registered before with the same content"}})
+        def post_contract(body: ContractRequest) -> Response:
+            result = admin.register_contract(store, body.contract, body.version, body.document, author=body.author,
+                                             note=body.note)
+            return _json(result, 201 if result["created"] else 200)
 
         @r.get("/v1/analyzer/runs", summary="The latest analyzer runs")
         def get_runs(limit: int = Query(20, ge=1, le=1000)) -> Response:

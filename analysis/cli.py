@@ -10,39 +10,38 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 import click
 import orjson
 
 from collector import (
     Settings,
-    SettingsInvalid,
     ShapewatchError,
     import_files,
     limits_from_settings,
-    load_settings,
+    parse_token,
 )
 
-from .config import AnalyzerConfig
+from ._cli import (
+    _analyzer_config,
+    _author,
+    _backend,
+    _backend_options,
+    _db_option,
+    _echo_json,
+    _fail,
+    _settings,
+    _token_option,
+)
 from .contract_cli import contract
 
 if TYPE_CHECKING:
-    from .client import Backend
+    pass
 
 __all__ = ["main", "cli"]
-
-
-def _settings(ctx: click.Context, **overrides: Any) -> Settings:
-    config = ctx.obj.get("config") if ctx.obj else None
-    try:
-        return load_settings(overrides, env=os.environ, toml_path=Path(config) if config else None)
-    except SettingsInvalid as exc:
-        raise click.UsageError(str(exc)) from exc
 
 
 @click.group()
@@ -64,18 +63,6 @@ def cli(ctx: click.Context, config: str | None, verbose: bool) -> None:
 def serve(ctx: click.Context, db_path: str | None, host: str | None, port: int | None) -> None:
     """Run the collector API and /metrics on one DuckDB file (the only writer)."""
     _serve(_settings(ctx, db_path=db_path, host=host, port=port), ctx)
-
-
-def _analyzer_config(ctx: click.Context) -> AnalyzerConfig:
-    """The analyzer's rules from the same TOML file as the settings ([defaults], [contracts], ...)."""
-    from .config import load_config
-    from .errors import ConfigInvalid
-
-    config = (ctx.obj or {}).get("config") or os.environ.get("SHAPEWATCH_CONFIG")
-    try:
-        return load_config(Path(config) if config else None)
-    except ConfigInvalid as exc:
-        raise click.UsageError(str(exc)) from exc
 
 
 def _serve(settings: Settings, ctx: click.Context) -> None:
@@ -109,7 +96,10 @@ def up(ctx: click.Context, db_path: str | None, port: int | None, dashboard_port
     settings = _settings(ctx, db_path=db_path, port=port)
     host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
     url = f"http://{host}:{settings.port}"
-    token = os.environ.get("SHAPEWATCH_TOKEN") or (settings.tokens[0] if settings.tokens else None)
+    # The dashboard reads and writes (acknowledgements, baselines) and the sample is ingested:
+    # the configured secret with the most scopes (a bare one has them all).
+    entries = sorted((parse_token(t) for t in settings.tokens), key=lambda e: -len(e.scopes))
+    token = os.environ.get("SHAPEWATCH_TOKEN") or (entries[0].secret if entries else None)
     click.echo(f"shapewatch service:   {url}  (API docs at /docs, metrics at /metrics; database {settings.db_path})")
     click.echo(f"shapewatch dashboard: http://127.0.0.1:{dashboard_port}")
     dash = _start_dashboard(url, dashboard_port, token, host="127.0.0.1", quiet=True)
@@ -260,25 +250,6 @@ def _when(text: str | None, option: str) -> datetime | None:
     return t.astimezone(UTC)
 
 
-def _fail(exc: Exception) -> NoReturn:
-    click.echo(f"error: {exc}", err=True)
-    sys.exit(2)
-
-
-def _echo_json(value: Any) -> None:
-    click.echo(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode())
-
-
-_db_option = click.option("--db", "db_path", type=click.Path(dir_okay=False),
-                          help="DuckDB file, used directly (it must not be held by a running service).")
-_url_option = click.option("--url", envvar="SHAPEWATCH_URL",
-                           help="URL of a running service to ask instead of opening the file (SHAPEWATCH_URL).")
-_token_option = click.option("--token", envvar="SHAPEWATCH_TOKEN", help="Bearer token for --url (SHAPEWATCH_TOKEN).")
-def _backend_options(f: Any) -> Any:
-    """--db, --url and --token: where a command reading or changing baselines and alerts works."""
-    return _db_option(_url_option(_token_option(f)))
-
-
 _format_option = click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
                               show_default=True, help="Output format.")
 
@@ -300,25 +271,6 @@ def dashboard(url: str, port: int, host: str, token: str | None) -> None:
     except KeyboardInterrupt:  # Ctrl-C (which reached Streamlit too) or SIGTERM
         code = _stop_process(proc)
     sys.exit(code if code > 0 else 0)
-
-
-def _author() -> str:
-    return os.environ.get("SHAPEWATCH_AUTHOR") or os.environ.get("USER") or "unknown"
-
-
-@contextmanager
-def _backend(ctx: click.Context, db_path: str | None, url: str | None, token: str | None, *,
-             create: bool = False) -> Iterator[Backend]:
-    from .client import backend
-
-    if db_path and url:
-        raise click.UsageError("give --db or --url, not both")
-    settings = _settings(ctx, db_path=db_path)
-    try:
-        with backend(url=url, token=token, settings=settings, config=_analyzer_config(ctx), create=create) as b:
-            yield b
-    except ShapewatchError as exc:
-        _fail(exc)
 
 
 # --- analyze and alerts --------------------------------------------------------------------

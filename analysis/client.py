@@ -48,6 +48,10 @@ class Backend(Protocol):
     def silence(self, *, duration: str, author: str, reason: str, **match: str | None) -> dict[str, Any]: ...
     def cohorts(self) -> list[dict[str, Any]]: ...
     def review(self, since: str) -> dict[str, Any]: ...
+    def register_contract(self, contract: str, version: str, document: Any, *, author: str,
+                          note: str | None) -> dict[str, Any]: ...
+    def list_contracts(self, contract: str | None = None) -> list[dict[str, Any]]: ...
+    def show_contract(self, contract: str, version: str) -> dict[str, Any]: ...
 
 
 class LocalBackend:
@@ -77,6 +81,16 @@ class LocalBackend:
 
     def import_document(self, doc: dict[str, Any], where: str) -> dict[str, Any]:
         return admin.import_document(self.store, doc, where=where)
+
+    def register_contract(self, contract: str, version: str, document: Any, *, author: str,
+                          note: str | None) -> dict[str, Any]:
+        return admin.register_contract(self.store, contract, version, document, author=author, note=note)
+
+    def list_contracts(self, contract: str | None = None) -> list[dict[str, Any]]:
+        return admin.list_contracts(self.store, contract)
+
+    def show_contract(self, contract: str, version: str) -> dict[str, Any]:
+        return admin.show_contract(self.store, contract, version)
 
     def alerts(self, **filters: str | None) -> list[dict[str, Any]]:
         f = filters.get
@@ -178,6 +192,22 @@ class RemoteBackend:
 
     def review(self, since: str) -> dict[str, Any]:
         result: dict[str, Any] = self._call("GET", "/v1/review", params={"since": since, "format": "json"})
+        return result
+
+    def register_contract(self, contract: str, version: str, document: Any, *, author: str,
+                          note: str | None) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", "/v1/contracts", json={
+            "contract": contract, "version": version, "document": document, "author": author, "note": note})
+        return result
+
+    def list_contracts(self, contract: str | None = None) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self._call("GET", "/v1/contracts",
+                                                  params={"contract": contract} if contract else {})
+        return result
+
+    def show_contract(self, contract: str, version: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", "/v1/contracts/item",
+                                            params={"contract": contract, "version": version})
         return result
 
 

@@ -3,8 +3,11 @@
 ``diff OLD NEW`` classifies every change (collector/contract_diff.py) and exits
 2 when any is breaking, 1 when any is behavioral (and none breaking), 0
 otherwise, so that it can gate a pull request. OLD and NEW are files, or, with
-``--db``, ``NAME@VERSION`` of a registered version. ``register`` stores an
-immutable version with its fingerprints; ``list`` and ``show`` read them back.
+``--db`` or ``--url``, ``NAME@VERSION`` of a registered version. ``register``
+stores an immutable version with its fingerprints; ``list`` and ``show`` read
+them back. Like the baseline commands, they work on the database file (``--db``)
+or through a running service (``--url``: ``POST /v1/contracts``), one code path
+(analysis/admin.py).
 
 Usage and input errors (unreadable files, invalid schemas, a version already
 registered with other content) print one line on stderr and exit 2, never a
@@ -13,61 +16,20 @@ traceback.
 
 from __future__ import annotations
 
-import os
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 import click
 import orjson
 
-# The collector is imported inside the commands: `shapewatch --help` and the other
-# commands do not pay for DuckDB and jsonschema.
+# The collector is imported inside the commands: `shapewatch --help` does not pay for jsonschema.
+from ._cli import _author, _backend, _backend_options, _fail
+
 if TYPE_CHECKING:
-    from collector import Contract, ContractChange, RegisteredContract, Store
+    from collector import Contract, ContractChange
 
 __all__ = ["contract"]
-
-
-def _fail(exc: BaseException | str) -> NoReturn:
-    click.echo(f"error: {exc}", err=True)
-    sys.exit(2)
-
-
-@contextmanager
-def _store(ctx: click.Context, db_path: str | None, *, must_exist: bool) -> Iterator[Store]:
-    """The store at --db (or the configured one), with the contracts tables, closed at the end."""
-    from collector import RollupConfig, SettingsInvalid, ShapewatchError, Store, load_settings
-
-    from .store_access import SCHEMAS
-
-    root = ctx.find_root().obj or {}
-    config = root.get("config")
-    try:
-        settings = load_settings({"db_path": db_path}, env=os.environ, toml_path=Path(config) if config else None)
-    except SettingsInvalid as exc:
-        raise click.UsageError(str(exc)) from exc
-    if must_exist and not settings.db_path.exists():
-        _fail(f"database {settings.db_path} does not exist (check --db)")
-    try:
-        store = Store.open(settings.db_path, memory_limit=settings.memory_limit, threads=settings.duckdb_threads,
-                           bucket_seconds=settings.bucket_seconds, schemas=SCHEMAS,
-                           rollup=RollupConfig(enum_value_max_length=settings.enum_value_max_length,
-                                               enum_values_per_path=settings.enum_values_per_path,
-                                               max_depth=settings.max_depth))
-    except ShapewatchError as exc:
-        _fail(exc)
-    with store:
-        try:
-            yield store
-        except ShapewatchError as exc:
-            _fail(exc)
-
-
-_db_option = click.option("--db", "db_path", type=click.Path(dir_okay=False),
-                          help="DuckDB file, used directly (it must not be held by a running service).")
 
 
 @click.group()
@@ -77,18 +39,19 @@ def contract() -> None:
 
 # --- diff ----------------------------------------------------------------------------------
 
-def _load(ctx: click.Context, spec: str, db_path: str | None) -> Contract:
-    """A file, or with --db a registered ``NAME@VERSION`` (a path that exists always wins)."""
-    from collector import ShapewatchError, get_contract, read_contract
+def _load(ctx: click.Context, spec: str, db_path: str | None, url: str | None, token: str | None) -> Contract:
+    """A file, or with --db or --url a registered ``NAME@VERSION`` (a path that exists always wins)."""
+    from collector import ShapewatchError, contract_from_document, read_contract
 
-    if Path(spec).exists() or db_path is None or "@" not in spec:
-        try:
+    try:
+        if Path(spec).exists() or (db_path is None and url is None) or "@" not in spec:
             return read_contract(spec)
-        except ShapewatchError as exc:
-            _fail(exc)
-    name, _, version = spec.rpartition("@")
-    with _store(ctx, db_path, must_exist=True) as store:
-        return get_contract(store, name, version).definition
+        name, _, version = spec.rpartition("@")
+        with _backend(ctx, db_path, url, token) as b:
+            doc = b.show_contract(name, version)["document"]
+        return contract_from_document(doc, where=f"contract {name!r} version {version!r}")
+    except ShapewatchError as exc:
+        _fail(exc)
 
 
 def _change_line(c: ContractChange, width: int) -> str:
@@ -100,18 +63,19 @@ def _change_line(c: ContractChange, width: int) -> str:
 @click.argument("new")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
               help="Output format.")
-@click.option("--db", "db_path", type=click.Path(dir_okay=False),
-              help="Read OLD or NEW given as NAME@VERSION from the registry in this DuckDB file.")
+@_backend_options
 @click.pass_context
-def diff(ctx: click.Context, old: str, new: str, fmt: str, db_path: str | None) -> None:
+def diff(ctx: click.Context, old: str, new: str, fmt: str, db_path: str | None, url: str | None,
+         token: str | None) -> None:
     """Classify the changes from OLD to NEW (schemas, tools or catalogs) as breaking, compatible or behavioral.
 
     Exit 2 when any change is breaking, 1 when any is behavioral and none breaking, 0 otherwise.
+    OLD or NEW may name a registered version as NAME@VERSION, read with --db or --url.
     """
     from collector import Classification, diff_contracts, diff_verdict
 
     groups = (Classification.breaking, Classification.behavioral, Classification.compatible)
-    changes = diff_contracts(_load(ctx, old, db_path), _load(ctx, new, db_path))
+    changes = diff_contracts(_load(ctx, old, db_path, url, token), _load(ctx, new, db_path, url, token))
     verdict = diff_verdict(changes)
     counts = {cls.value: sum(1 for c in changes if c.classification is cls) for cls in groups}
     if fmt == "json":
@@ -133,60 +97,56 @@ def diff(ctx: click.Context, old: str, new: str, fmt: str, db_path: str | None) 
 
 # --- the registry --------------------------------------------------------------------------
 
-def _author() -> str:
-    return os.environ.get("SHAPEWATCH_AUTHOR") or os.environ.get("USER") or "unknown"
-
-
-def _describe(r: RegisteredContract) -> str:
-    tools = r.definition.tools
-    what = (f"catalog of {len(tools)} tools" if r.definition.catalog
-            else f"{tools[0].format.value}{' ' + repr(tools[0].name) if tools[0].name else ''}")
-    return f"{r.contract} version {r.version}: {what}"
+def _describe(r: dict[str, Any]) -> str:
+    tools = r["tools"]
+    what = (f"catalog of {len(tools)} tools" if r["catalog"]
+            else f"{r['formats'][0]}{' ' + repr(tools[0]) if tools[0] else ''}")
+    return f"{r['contract']} version {r['version']}: {what}"
 
 
 @contract.command()
 @click.option("--contract", "name", required=True, help="Contract name (the envelope's `contract`).")
 @click.option("--version", required=True, help="Contract version (the envelope's `contract_version`).")
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
-@_db_option
+@_backend_options
 @click.option("--note", help="Why this version (kept with it).")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True,
               help="Output format.")
 @click.pass_context
-def register(ctx: click.Context, name: str, version: str, file: Path, db_path: str | None, note: str | None,
-             fmt: str) -> None:
+def register(ctx: click.Context, name: str, version: str, file: Path, db_path: str | None, url: str | None,
+             token: str | None, note: str | None, fmt: str) -> None:
     """Register FILE (a JSON Schema, a tool, or a catalog of tools) as an immutable contract version.
 
     Registering identical content again is a no-op; other content under a registered version is refused.
     """
-    from collector import ShapewatchError, read_contract, register_contract
+    from collector import ShapewatchError, read_contract
 
     try:
-        definition = read_contract(file)
+        definition = read_contract(file)  # refused here, before anything is sent or opened
     except ShapewatchError as exc:
         _fail(exc)
-    with _store(ctx, db_path, must_exist=False) as store:
-        registered, created = register_contract(store, name, version, definition, author=_author(), note=note)
+    with _backend(ctx, db_path, url, token, create=True) as b:
+        registered = b.register_contract(name, version, definition.document, author=_author(), note=note)
     if fmt == "json":
-        click.echo(orjson.dumps({**registered.summary(), "created": created}).decode())
+        click.echo(orjson.dumps(registered).decode())
         return
-    click.echo(f"{'registered' if created else 'already registered (identical content)'}: {_describe(registered)}")
-    click.echo(f"  invocation hash {registered.invocation_hash}")
-    click.echo(f"  discovery hash  {registered.discovery_hash}")
+    click.echo(f"{'registered' if registered['created'] else 'already registered (identical content)'}: "
+               f"{_describe(registered)}")
+    click.echo(f"  invocation hash {registered['invocation_hash']}")
+    click.echo(f"  discovery hash  {registered['discovery_hash']}")
 
 
 @contract.command("list")
 @click.option("--contract", "name", help="Only this contract.")
-@_db_option
+@_backend_options
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True,
               help="Output format.")
 @click.pass_context
-def list_(ctx: click.Context, name: str | None, db_path: str | None, fmt: str) -> None:
+def list_(ctx: click.Context, name: str | None, db_path: str | None, url: str | None, token: str | None,
+          fmt: str) -> None:
     """Every registered contract version, by contract, oldest first."""
-    from collector import list_contracts
-
-    with _store(ctx, db_path, must_exist=True) as store:
-        found = [r.summary() for r in list_contracts(store, name)]
+    with _backend(ctx, db_path, url, token) as b:
+        found = b.list_contracts(name)
     if fmt == "json":
         click.echo(orjson.dumps(found).decode())
         return
@@ -203,12 +163,11 @@ def list_(ctx: click.Context, name: str | None, db_path: str | None, fmt: str) -
 @contract.command()
 @click.argument("name")
 @click.argument("version")
-@_db_option
+@_backend_options
 @click.pass_context
-def show(ctx: click.Context, name: str, version: str, db_path: str | None) -> None:
+def show(ctx: click.Context, name: str, version: str, db_path: str | None, url: str | None,
+         token: str | None) -> None:
     """Print one registered version: its fingerprints and the document (JSON)."""
-    from collector import get_contract
-
-    with _store(ctx, db_path, must_exist=True) as store:
-        found: dict[str, Any] = get_contract(store, name, version).to_json()
+    with _backend(ctx, db_path, url, token) as b:
+        found = b.show_contract(name, version)
     click.echo(orjson.dumps(found, option=orjson.OPT_INDENT_2).decode())

@@ -20,7 +20,7 @@ from typing import Any
 
 import uvicorn
 from fastapi import Depends, FastAPI
-from fastapi.responses import Response
+from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -146,7 +146,11 @@ def create_app(settings: Settings, *, store: Store | None = None, config: Analyz
     app.include_router(api.health_router())
     app.include_router(AnalysisApi(store, config, analyzer).router(settings.tokens))
 
-    @app.get("/metrics", summary="Prometheus metrics", dependencies=[Depends(require_token(settings.tokens))])
+    metrics_guard = require_token(settings.tokens, "read")
+
+    @app.get("/metrics", summary="Prometheus metrics", dependencies=[Depends(metrics_guard)],
+             response_class=PlainTextResponse,
+             responses={**metrics_guard.responses, 200: {"content": {"text/plain": {}}}})
     async def metrics_endpoint() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 

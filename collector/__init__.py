@@ -17,7 +17,7 @@ _WHERE = {
     "AdaptedResponse": "adapters", "AdapterError": "adapters", "OutcomeKind": "adapters",
     "Provider": "adapters", "ProviderOutcome": "adapters", "adapt_response": "adapters",
     "ApiError": "api", "CollectorApi": "api", "error_body": "api", "install_error_handlers": "api",
-    "require_token": "api",
+    "require_token": "api", "TokenGuard": "api", "error_responses": "api",
     "Envelope": "envelope", "Limits": "envelope", "limits_from_settings": "envelope",
     "parse_body": "envelope", "parse_envelope": "envelope", "validate_envelope": "envelope",
     "EnvelopeInvalid": "errors", "FieldError": "errors", "SettingsInvalid": "errors",
@@ -31,11 +31,17 @@ _WHERE = {
     "RollupConfig": "rollup", "compact_rollups": "rollup",
     "Client": "sdk", "parse_retry_after": "sdk",
     "Settings": "settings", "load_settings": "settings", "settings_help": "settings",
+    "Scope": "settings", "TokenEntry": "settings", "parse_token": "settings",
     "SCHEMA_VERSION": "store", "Schema": "store", "Store": "store", "WriteResult": "store", "WriteStatus": "store",
     "Writer": "writer",
 }
 
 __all__ = [
+    "Scope",
+    "TokenEntry",
+    "TokenGuard",
+    "error_responses",
+    "parse_token",
     "AdaptedResponse",
     "AdapterError",
     "ApiError",
@@ -115,7 +121,9 @@ if TYPE_CHECKING:
     from .api import (
         ApiError,
         CollectorApi,
+        TokenGuard,
         error_body,
+        error_responses,
         install_error_handlers,
         require_token,
     )
@@ -143,7 +151,7 @@ if TYPE_CHECKING:
     from .profile import FieldProfile, Profile, contract_changes, read_profile, read_profiles, served_aliases
     from .rollup import RollupConfig, compact_rollups
     from .sdk import Client, parse_retry_after
-    from .settings import Settings, load_settings, settings_help
+    from .settings import Scope, Settings, TokenEntry, load_settings, parse_token, settings_help
     from .store import SCHEMA_VERSION, Schema, Store, WriteResult, WriteStatus
     from .writer import Writer
 

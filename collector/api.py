@@ -15,7 +15,7 @@ import hmac
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
 from typing import Any
 
@@ -23,10 +23,11 @@ import orjson
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .adapters import AdapterError, Provider, adapt_response
-from .envelope import Envelope, Limits, parse_body, validate_envelope
+from .envelope import Envelope, Limits, envelope_json_schema, parse_body, validate_envelope
 from .errors import (
     BatchTooLarge,
     EnvelopeInvalid,
@@ -36,10 +37,12 @@ from .errors import (
     StoreUnavailable,
 )
 from .metrics import CollectorMetrics
+from .settings import Scope, parse_token
 from .store import Store, WriteStatus
 from .writer import Writer
 
-__all__ = ["ApiError", "CollectorApi", "error_body", "install_error_handlers", "require_token"]
+__all__ = ["ApiError", "CollectorApi", "TokenGuard", "error_body", "error_responses", "install_error_handlers",
+           "require_token"]
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +71,49 @@ def _json(status: int, body: Any, headers: dict[str, str] | None = None) -> Resp
     return Response(orjson.dumps(body), status_code=status, media_type="application/json", headers=headers)
 
 
+_ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object", "required": ["error"], "additionalProperties": False,
+    "properties": {"error": {
+        "type": "object", "required": ["status", "message", "fields"],
+        "properties": {"status": {"type": "integer"}, "message": {"type": "string"},
+                       "fields": {"type": "array", "items": {
+                           "type": "object", "required": ["path", "reason"],
+                           "properties": {"path": {"type": "string"}, "reason": {"type": "string"}}}}}}}}
+
+_ERROR_MEANING = {
+    400: "The body is not JSON (or not an array where one was sent)",
+    404: "Unknown resource",
+    413: "The body is over max_body_bytes (with or without Content-Length), or holds too many events",
+    415: "Unsupported content type",
+    422: "Invalid envelope, query parameters or reused event_id; each failing field is named",
+    503: "The store cannot take writes or be read right now; retry after Retry-After seconds",
+}
+
+
+def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses=`` entries for these statuses, each in the shared error shape."""
+    return {c: {"description": _ERROR_MEANING.get(c, "Error"),
+                "content": {"application/json": {"schema": _ERROR_SCHEMA}}} for c in codes}
+
+
+def _allowed_methods(request: Request) -> set[str]:
+    """The methods the app documents for this path, from its most specific templates:
+    ``/v1/baselines/import`` is POST only, though GET ``/v1/baselines/{id}`` matches it too
+    (and answers 404 for it)."""
+    import re
+
+    found: dict[str, int] = {}  # method -> fewest path parameters of a template serving it
+    for template, ops in request.app.openapi().get("paths", {}).items():
+        pattern = "".join("[^/]+" if part.startswith("{") else re.escape(part)
+                          for part in re.split(r"(\{[^}]+\})", template))
+        if re.fullmatch(pattern, request.url.path):
+            n = template.count("{")
+            for m in ops:
+                found[m.upper()] = min(n, found.get(m.upper(), n))
+    fewest = min(found.values(), default=0)
+    return {m for m, n in found.items() if n == fewest}
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Make every error the app can produce answer with the shared JSON shape."""
 
@@ -75,10 +121,14 @@ def install_error_handlers(app: FastAPI) -> None:
         assert isinstance(exc, ApiError)
         return _json(exc.status, error_body(exc.status, exc.message, exc.fields), exc.headers)
 
-    async def http_error(_: Request, exc: Exception) -> Response:
+    async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
-        return _json(exc.status_code, error_body(exc.status_code, str(exc.detail)),
-                     dict(exc.headers or {}))
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            # Starlette names only the methods of the first route matching the path; a path
+            # served by several routes (GET and POST /v1/baselines) allows all of theirs.
+            headers["Allow"] = ", ".join(sorted(_allowed_methods(request))) or headers.get("Allow", "")
+        return _json(exc.status_code, error_body(exc.status_code, str(exc.detail)), headers)
 
     async def validation_error(_: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)
@@ -111,25 +161,78 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(Exception, unexpected)
 
 
-def require_token(tokens: tuple[str, ...]) -> Callable[[Request], Awaitable[None]]:
-    """A dependency that checks the bearer token in constant time (no-op without tokens)."""
-    encoded = [t.encode() for t in tokens]
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
-    async def check(request: Request) -> None:
-        if not encoded:
+_AUTH_RESPONSES: dict[int | str, dict[str, Any]] = {
+    401: {"description": "No bearer token, or one the service does not know (shared error shape)"},
+    403: {"description": "A valid token without the scope this route needs (shared error shape)"},
+}
+
+
+class TokenGuard:
+    """The dependency ``require_token`` builds; ``responses`` documents its 401 and 403.
+
+    >>> guard = require_token(("read:s3cret",), "read", writes="admin")
+    >>> router = APIRouter(route_class=guard.route_class, responses=guard.responses)  # doctest: +SKIP
+    >>> app.get("/metrics", dependencies=[Depends(guard)], responses=guard.responses)  # doctest: +SKIP
+    """
+
+    def __init__(self, tokens: tuple[str, ...], scope: Scope | str, writes: Scope | str | None) -> None:
+        self.read_scope, self.write_scope = Scope(scope), Scope(writes or scope)
+        self.entries = [(e.secret.encode(), e.scopes) for e in map(parse_token, tokens)]
+        #: OpenAPI responses of the routes it guards (none without tokens: nothing is refused)
+        self.responses: dict[int | str, dict[str, Any]] = dict(_AUTH_RESPONSES) if self.entries else {}
+        #: for ``APIRouter(route_class=...)``: checks the token before anything else of the request
+        #: is read. A dependency runs only after FastAPI parsed the body, so a caller without a
+        #: token would learn from a 400 or 422 how the body is checked.
+        self.route_class: type[APIRoute] = type("GuardedRoute", (_GuardedRoute,), {"guard": self})
+
+    async def __call__(self, request: Request) -> None:
+        if not self.entries:
             return
         header = request.headers.get("authorization", "")
         scheme, _, given = header.partition(" ")
-        ok = False
+        granted: frozenset[Scope] | None = None
         if scheme.lower() == "bearer" and given:
             g = given.strip().encode()
-            for t in encoded:  # compare with every token, so timing does not tell which matched
-                ok |= hmac.compare_digest(g, t)
-        if not ok:
+            for secret, scopes in self.entries:  # no early exit: every secret is compared
+                if hmac.compare_digest(g, secret):
+                    granted = scopes
+        if granted is None:
             raise ApiError(401, "missing or invalid bearer token" if header else "authentication required",
                            headers={"WWW-Authenticate": "Bearer"})
+        need = self.read_scope if request.method in _SAFE_METHODS else self.write_scope
+        if need not in granted:
+            has = "+".join(sorted(s.value for s in granted))
+            raise ApiError(403, f"this token lacks the {need.value!r} scope that {request.method} "
+                           f"{request.url.path} needs",
+                           [FieldError("authorization", f"needs scope {need.value}; the token has {has}", "forbidden")],
+                           headers={"WWW-Authenticate": f'Bearer error="insufficient_scope", scope="{need.value}"'})
 
-    return check
+
+class _GuardedRoute(APIRoute):
+    guard: TokenGuard
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler, guard = super().get_route_handler(), self.guard
+
+        async def guarded(request: Request) -> Response:
+            await guard(request)
+            return await handler(request)
+
+        return guarded
+
+
+def require_token(tokens: tuple[str, ...], scope: Scope | str, *, writes: Scope | str | None = None) -> TokenGuard:
+    """A dependency: the bearer token must be known (else 401) and grant the route's scope (else 403).
+
+    ``scope`` is what GET, HEAD and OPTIONS need; ``writes`` what the other methods of the
+    same router need (``require_token(tokens, "read", writes="admin")``), by default ``scope``.
+    Entries are ``SECRET`` (every scope) or ``SCOPE[+SCOPE]:SECRET`` (``parse_token``). The
+    given token is compared with every secret in constant time, so timing tells neither
+    whether nor which one matched. No tokens: no authentication.
+    """
+    return TokenGuard(tokens, scope, writes)
 
 
 def _tags_valid(model: str, prompt_version: str, contract: str, limits: Limits) -> bool:
@@ -146,12 +249,15 @@ class CollectorApi:
     """Builds the collector's router around one store, writer and metrics."""
 
     def __init__(self, store: Store, writer: Writer, metrics: CollectorMetrics, limits: Limits, *,
-                 max_body_bytes: int) -> None:
+                 max_body_bytes: int, max_request_events: int | None = None) -> None:
         self.store = store
         self.writer = writer
         self.metrics = metrics
         self.limits = limits
         self.max_body_bytes = max_body_bytes
+        # More events than the writer's whole queue can never be taken (BatchTooLarge, 413):
+        # refuse them before validating each one, whatever they hold.
+        self.max_request_events = max_request_events or writer._max_queued
 
     async def _read_body(self, request: Request) -> bytes:
         declared = request.headers.get("content-length")
@@ -212,13 +318,22 @@ class CollectorApi:
         return {**counts, "results": out}
 
     def router(self, tokens: tuple[str, ...]) -> APIRouter:
-        from fastapi import Depends
+        guard = require_token(tokens, Scope.ingest)
+        router = APIRouter(route_class=guard.route_class, responses=guard.responses)
 
-        router = APIRouter(dependencies=[Depends(require_token(tokens))])
+        envelope = envelope_json_schema(self.limits)
 
         @router.post("/v1/outputs", summary="Ingest structured outputs",
                      description="One envelope (JSON object), a JSON array of envelopes, or NDJSON. "
-                     "Answers per event once the transaction holding it committed.")
+                     "Answers per event once the transaction holding it committed. A single envelope "
+                     "that is refused answers 422; in an array or NDJSON each event has its own result.",
+                     responses=error_responses(400, 413, 415, 422, 503),
+                     openapi_extra={"requestBody": {"required": True, "content": {
+                         "application/json": {"schema": {"oneOf": [
+                             envelope, {"type": "array", "items": {}, "description": "envelopes, each "
+                                        "accepted or rejected on its own"}]}},
+                         "application/x-ndjson": {"schema": {"type": "string",
+                                                             "description": "one envelope per line"}}}}})
         async def post_outputs(request: Request) -> Response:
             t0 = time.perf_counter()
             ndjson = self._content_kind(request)
@@ -227,7 +342,8 @@ class CollectorApi:
             try:
                 # Parsing a large body takes a while: off the event loop, so other requests
                 # (and /healthz) are not held up by it.
-                items = await asyncio.to_thread(lambda: list(parse_body(body, self.limits, ndjson=ndjson)))
+                items = await asyncio.to_thread(lambda: list(parse_body(
+                    body, self.limits, ndjson=ndjson, max_items=self.max_request_events)))
             except EnvelopeInvalid as exc:
                 self.metrics.count_rejected({f.code for f in exc.fields})
                 raise ApiError(exc.status if exc.status != 422 or single else 400,
@@ -243,7 +359,11 @@ class CollectorApi:
         @router.post("/v1/provider/{provider}", summary="Ingest a raw provider response",
                      description="A raw OpenAI, Anthropic or Gemini response; query parameters "
                      "prompt_version (required), model (the requested model or alias), contract, "
-                     "event_id, source, contract_version.")
+                     "event_id, source, contract_version.",
+                     responses=error_responses(400, 404, 413, 415, 422, 503),
+                     openapi_extra={"requestBody": {"required": True, "content": {
+                         "application/json": {"schema": {"type": "object", "description": "the provider's "
+                                                         "response, as it came"}}}}})
         async def post_provider(request: Request, provider: str, prompt_version: str,
                                 model: str | None = None, contract: str | None = None,
                                 event_id: str | None = None, source: str | None = None,
@@ -303,7 +423,9 @@ class CollectorApi:
     def health_router(self) -> APIRouter:
         router = APIRouter()
 
-        @router.get("/healthz", summary="Health: runs a real query on the store")
+        @router.get("/healthz", summary="Health: runs a real query on the store",
+                    description="Open without a token (liveness and readiness probes).",
+                    responses=error_responses(503))
         async def healthz() -> Response:
             try:
                 info = await asyncio.to_thread(self.store.healthcheck)

@@ -217,6 +217,10 @@ def read_contract(path: Path | str) -> Contract:
 
 def contract_from_document(doc: Any, *, where: str = "contract") -> Contract:
     """Recognize a parsed JSON document as a schema, a tool or a catalog (module docstring)."""
+    try:  # what cannot be stored as JSON text cannot be registered (lone surrogates, 65-bit integers)
+        orjson.dumps(doc)
+    except orjson.JSONEncodeError as exc:
+        raise ContractInvalid(where, f"is not storable as JSON ({exc})") from None
     if isinstance(doc, list):
         return _catalog(doc, where)
     if not isinstance(doc, dict):

@@ -26,7 +26,7 @@ from typing import Any, NamedTuple, NoReturn
 import orjson
 
 from . import _speedups
-from .errors import EnvelopeInvalid, FieldError
+from .errors import BatchTooLarge, EnvelopeInvalid, FieldError
 from .flatten import json_type_of
 from .settings import Settings
 
@@ -40,6 +40,7 @@ __all__ = [
     "validate_envelope",
     "limits_from_settings",
     "loads_marking",
+    "envelope_json_schema",
 ]
 
 SOURCES = frozenset({"production", "probe", "shadow"})
@@ -97,6 +98,34 @@ class Envelope(NamedTuple):
     #: the parsed output, kept while the event travels to the store (rollups count it
     #: without parsing again); never stored as such
     output: dict[str, Any] | None = None
+
+
+def envelope_json_schema(lim: Limits) -> dict[str, Any]:
+    """The envelope as a JSON Schema (the OpenAPI document publishes it).
+
+    It states what a schema can: types, lengths, counts and the closed sets. The rest
+    (a time zone on ``ts``, nesting, leaves and 64-bit integers inside ``output``, an id
+    reused with another payload) is checked by ``validate_envelope`` and answered 422.
+    """
+    tag = {"type": "string", "minLength": 1, "maxLength": lim.max_tag_length,
+           "pattern": "^[^\\x00]*\\S[^\\x00]*$", "description": "no NUL, not only white space"}
+    optional = {**tag, "type": ["string", "null"]}  # null means absent
+    return {
+        "type": "object", "additionalProperties": False, "required": ["model", "prompt_version", "output"],
+        "properties": {
+            "event_id": {"type": ["string", "null"], "minLength": 1, "maxLength": 128, "pattern": "\\S",
+                         "description": "the idempotency key: created once per event, before any retry"},
+            "ts": {"type": ["string", "null"], "format": "date-time",
+                   "description": "ISO 8601 with a zone; default: receipt"},
+            "model": tag, "prompt_version": tag, "contract": {**optional, "default": "default"},
+            **{t: optional for t in _TAGS},
+            "source": {"enum": [*sorted(SOURCES), None]},
+            "attributes": {"type": ["object", "null"], "maxProperties": lim.max_attributes,
+                           "propertyNames": {"maxLength": 64},
+                           "additionalProperties": {"type": "string", "maxLength": lim.max_tag_length}},
+            "output": {"type": "object", "description": "the structured output itself"},
+        },
+    }
 
 
 # --- exact re-parse markers -------------------------------------------------------------
@@ -262,7 +291,7 @@ def _tag(obj: dict[str, Any], name: str, errors: list[FieldError], lim: Limits, 
 
 
 def _jtype(v: Any) -> str:
-    return json_type_of(v).value
+    return "integer" if type(v) is _BigInt else json_type_of(v).value
 
 
 def _parse_ts(v: Any, errors: list[FieldError], now: datetime) -> datetime:
@@ -272,7 +301,7 @@ def _parse_ts(v: Any, errors: list[FieldError], now: datetime) -> datetime:
         errors.append(FieldError("ts", f"must be an ISO 8601 string with a zone, got {_jtype(v)}", code="invalid_timestamp"))
         return now
     try:
-        ts = datetime.fromisoformat(v)
+        ts = datetime.fromisoformat(v.upper())  # RFC 3339 allows a lowercase 't' and 'z'
     except ValueError:
         errors.append(FieldError("ts", f"{v[:40]!r} is not an ISO 8601 timestamp", code="invalid_timestamp"))
         return now
@@ -332,13 +361,15 @@ def validate_envelope(
         elif len(attrs) > lim.max_attributes:
             errors.append(FieldError("attributes", f"has {len(attrs)} entries; the limit is {lim.max_attributes}", code="too_large"))
         else:
+            before = len(errors)
             for k, v in attrs.items():
                 if type(v) is not str:
                     errors.append(FieldError(f"attributes.{k[:64]}", f"must be a string, got {_jtype(v)}", code="wrong_type"))
                 elif len(v) > lim.max_tag_length or len(k) > 64:
                     errors.append(FieldError(f"attributes.{k[:64]}", "key over 64 or value over "
                                              f"{lim.max_tag_length} characters", code="too_large"))
-            attributes_json = orjson.dumps(attrs, option=orjson.OPT_SORT_KEYS).decode()
+            if len(errors) == before:  # only strings: nothing the exact re-parse marked
+                attributes_json = orjson.dumps(attrs, option=orjson.OPT_SORT_KEYS).decode()
     if "output" not in obj:
         errors.append(FieldError("output", "is required", code="missing"))
     output = obj.get("output")
@@ -426,14 +457,20 @@ def parse_envelope(raw: bytes, lim: Limits, *, now: datetime | None = None,
     return env
 
 
-def parse_body(raw: bytes, lim: Limits, *, ndjson: bool, now: datetime | None = None
-               ) -> Iterator[Envelope | EnvelopeInvalid]:
+def parse_body(raw: bytes, lim: Limits, *, ndjson: bool, now: datetime | None = None,
+               max_items: int | None = None) -> Iterator[Envelope | EnvelopeInvalid]:
     """Split an HTTP body into validated envelopes or the error of each item, in order.
 
     A body is one envelope, a JSON array of envelopes, or NDJSON (one per line).
-    A body that is not JSON at all raises EnvelopeInvalid (status 400).
+    A body that is not JSON at all raises EnvelopeInvalid (status 400); one with more
+    than ``max_items`` items raises BatchTooLarge before any item is validated (a
+    16 MB body of ``[1,1,...]`` would otherwise answer eight million per-item errors).
     """
     now = now or datetime.now(UTC)
+    if ndjson and max_items is not None and raw.count(b"\n") + 1 > max_items:
+        lines = sum(1 for line in raw.split(b"\n") if line.strip())
+        if lines > max_items:
+            raise BatchTooLarge(lines, max_items)
     if ndjson:
         for n, line in enumerate(raw.split(b"\n")):
             line = line.strip()
@@ -450,6 +487,8 @@ def parse_body(raw: bytes, lim: Limits, *, ndjson: bool, now: datetime | None = 
         return
     items = _loads(raw, "body")
     assert isinstance(items, list)
+    if max_items is not None and len(items) > max_items:
+        raise BatchTooLarge(len(items), max_items)
     counter = [0, 0]
     results: list[Envelope | EnvelopeInvalid] = []
     for obj in items:

@@ -35,7 +35,7 @@ class FieldError:
     #: a short stable name for the kind of reason, from a closed set (metrics and
     #: summaries group by it): missing, wrong_type, invalid_value, invalid_json,
     #: invalid_timestamp, too_large, too_deep, duplicate_key, number_too_large,
-    #: unknown_field, conflict, body_too_large
+    #: unknown_field, conflict, body_too_large, forbidden
     code: str = "invalid_value"
 
     def as_dict(self) -> dict[str, str]:

@@ -150,9 +150,9 @@ def contract_changes(store: Store, cohort_id: int, since: datetime, until: datet
     """Contract versions a cohort's outputs were first tagged with inside ``[since, until)``.
 
     Each is ``{"version", "first_seen"}`` (the start of the first bucket holding it), oldest first:
-    "this started when contract v4 went out". Untagged outputs are no version.
+    "this started when contract v4 went out". Untagged outputs are no version. Reads the merged
+    rollups as they are: callers that read a profile first (which merges) do not merge twice.
     """
-    store.flush_rollups()
     return [{"version": str(v), "first_seen": t} for v, t in store.query(
         """SELECT contract_version, min(bucket) AS first FROM contract_rollups
            WHERE cohort_id = ? AND status <> 'untagged' GROUP BY ALL

@@ -15,12 +15,63 @@ import math
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from .errors import SettingsInvalid
 
-__all__ = ["Settings", "load_settings", "settings_help"]
+__all__ = ["Scope", "Settings", "TokenEntry", "load_settings", "parse_token", "settings_help"]
+
+
+class Scope(StrEnum):
+    """What a bearer token may do on the HTTP API.
+
+    ``ingest``: POST /v1/outputs and /v1/provider/*; ``read``: every GET of the API and
+    /metrics; ``admin``: every other write (baselines, acknowledgements, silences,
+    analyzer runs). The scopes are independent: a dashboard that also freezes baselines
+    needs ``read+admin``.
+    """
+
+    ingest = "ingest"
+    read = "read"
+    admin = "admin"
+
+
+class TokenEntry(NamedTuple):
+    """One entry of ``Settings.tokens``: the secret a client sends and the scopes it grants."""
+
+    secret: str
+    scopes: frozenset[Scope]
+
+
+def parse_token(entry: str) -> TokenEntry:
+    """``SECRET`` (every scope) or ``SCOPE[+SCOPE]:SECRET``; SettingsInvalid names what is wrong.
+
+    >>> entry = parse_token("read+admin:s3cret")
+    >>> entry.secret, sorted(s.value for s in entry.scopes)
+    ('s3cret', ['admin', 'read'])
+    >>> parse_token("s3cret").scopes == frozenset(Scope)
+    True
+
+    Any ``:`` makes the entry scoped (secrets made by ``secrets.token_urlsafe`` have none),
+    so a mistyped scope is refused rather than read as part of a secret.
+    """
+    prefix, colon, secret = entry.partition(":")
+    if not colon:
+        secret, scopes = entry, frozenset(Scope)
+    else:
+        known = {s.value for s in Scope}
+        names = prefix.split("+")
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise SettingsInvalid("tokens", f"scope {unknown[0]!r} of an entry is unknown; write SECRET (all "
+                                  "scopes) or SCOPE[+SCOPE]:SECRET with scopes " + ", ".join(sorted(known)))
+        scopes = frozenset(Scope(n) for n in names)
+    if not secret or secret != secret.strip() or any(c.isspace() for c in secret):
+        raise SettingsInvalid("tokens", "an entry has an empty secret or one with white space; "
+                              "use a random string such as `python -c 'import secrets; print(secrets.token_urlsafe())'`")
+    return TokenEntry(secret, scopes)
 
 
 def _s(default: Any, help: str, **kw: Any) -> Any:
@@ -35,8 +86,12 @@ class Settings:
     host: str = _s("127.0.0.1", "Address the HTTP service binds; loopback unless told otherwise.")
     port: int = _s(8000, "Port of the HTTP service.", min=1, max=65535)
     tokens: tuple[str, ...] = _s(
-        (), "Bearer tokens accepted by the HTTP API (comma-separated in the environment); "
-        "empty means no authentication.")
+        (), "Bearer tokens accepted by the HTTP API (comma-separated in the environment); empty means "
+        "no authentication. Each entry is SECRET (every scope) or SCOPE[+SCOPE]:SECRET, the client "
+        "sending only SECRET; scopes: ingest (POST /v1/outputs, /v1/provider/*), read (every GET, "
+        "/metrics), admin (other writes: baselines, acks, silences, analyzer runs). Missing or "
+        "unknown token: 401; a valid token without the route's scope: 403. /healthz stays open "
+        "for liveness probes.")
     memory_limit: str = _s("1GB", "DuckDB memory_limit for the connection (service or bulk import).")
     import_memory_limit: str = _s(
         "512MB", "DuckDB memory_limit for bulk import (shapewatch ingest), which needs little cache.")
@@ -54,6 +109,9 @@ class Settings:
     enum_values_per_path: int = _s(
         200, "Most distinct values kept per cohort, time bucket and path; more go to an overflow count.",
         min=1)
+    contract_checks_per_bucket: int = _s(
+        500, "Outputs checked against their registered contract version per cohort, version and time bucket; "
+        "the rest are counted as unchecked (0: check every output).", min=0)
     bucket_seconds: int = _s(60, "Width of a rollup time bucket in seconds.", min=1, max=86_400)
     dedup_ttl_days: float = _s(7.0, "How long an event_id is remembered for deduplication.", min=0.0)
     raw_retention_days: float = _s(
@@ -71,6 +129,10 @@ class Settings:
         200_000, "Events waiting for the writer before new requests get 503.", min=1)
 
     def __post_init__(self) -> None:
+        secrets = [parse_token(t).secret for t in self.tokens]
+        if len(set(secrets)) != len(secrets):
+            raise SettingsInvalid("tokens", "two entries share a secret; give each secret once, "
+                                  "with all its scopes (SCOPE+SCOPE:SECRET)")
         for f in fields(self):
             lo, hi = f.metadata.get("min"), f.metadata.get("max")
             v = getattr(self, f.name)

@@ -601,6 +601,8 @@ class Store:
 
     def flush_rollups(self) -> int:
         """Merge deferred rollups now; returns the events they covered. Readers call this first."""
+        if not self._pending:  # nothing waits: no need to queue behind the writer for the lock
+            return 0  # (a batch that commits meanwhile is merged by the next reader or the writer)
         with self._write_lock:
             return self._flush_locked()
 

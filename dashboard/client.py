@@ -37,8 +37,11 @@ class AuthRejected(DashboardError):
     def __init__(self, url: str, status: int, message: str) -> None:
         self.url = url
         self.status = status
-        super().__init__(f"The service at {url} refused the dashboard's token ({status}: {message}). Set "
-                         "SHAPEWATCH_TOKEN (`shapewatch dashboard --token T`) to one of the service's tokens.")
+        fix = ("Give the dashboard a token with the read scope, and admin for acknowledging, silencing, "
+               "freezing and activating (a SHAPEWATCH_TOKENS entry `read+admin:SECRET`, or a bare SECRET)."
+               if status == 403 else
+               "Set SHAPEWATCH_TOKEN (`shapewatch dashboard --token T`) to one of the service's tokens.")
+        super().__init__(f"The service at {url} refused the dashboard's token ({status}: {message}). {fix}")
 
 
 class ServiceFailed(DashboardError):

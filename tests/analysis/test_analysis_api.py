@@ -331,7 +331,7 @@ def test_import_into_a_fresh_database_once_and_refuse_a_tampered_document(tmp_pa
                                   f"content hashes to {err['message'].split('hashes to ')[1][:16]}...; the file "
                                   "was edited after export and is refused")
         assert err["message"].split("hashes to ")[1][:16] != document["hash"][:16]
-        assert_error(b.post("/v1/baselines/import", json={"format": 1}), 400)
+        assert_error(b.post("/v1/baselines/import", json={"format": 1}), 422)
         assert_error(b.post("/v1/baselines/import", json=[document]), 422)
         assert len(b.get("/v1/baselines").json()) == 1
 
@@ -397,7 +397,7 @@ def test_unknown_ids_answer_404_in_the_error_shape(client: TestClient) -> None:
                  "no alert with fingerprint 'feedbeef'")
     assert_error(client.get("/v1/cohorts/999/fields"), 404, "no cohort 999")
     assert_error(client.post("/v1/baselines", json={**freeze_body(*times().base_window), "model": "nobody"}),
-                 400, f"no events were ever stored for cohort nobody / {PROMPT} / {CONTRACT}")
+                 422, f"no events were ever stored for cohort nobody / {PROMPT} / {CONTRACT}")
 
 
 # --- alerts --------------------------------------------------------------------------------------
@@ -491,13 +491,13 @@ def test_acknowledge_and_silence(client: TestClient) -> None:
 
     assert_error(client.post("/v1/silences", json={"duration": "soon", "author": "ana", "reason": "deploy",
                                                    "model": MODEL}),
-                 400, "duration: 'soon' is not a duration; write e.g. 90s, 15m, 24h or 7d")
+                 422, "duration: 'soon' is not a duration; write e.g. 90s, 15m, 24h or 7d")
     assert_error(client.post("/v1/silences", json={"duration": "-2h", "author": "ana", "reason": "deploy",
-                                                   "model": MODEL}), 400)
-    assert_error(client.post("/v1/silences", json={"duration": "2h", "author": "ana", "reason": "deploy"}), 400,
+                                                   "model": MODEL}), 422)
+    assert_error(client.post("/v1/silences", json={"duration": "2h", "author": "ana", "reason": "deploy"}), 422,
                  "a silence must match something: a fingerprint, or a model, prompt version, contract, field or kind")
     assert_error(client.post("/v1/silences", json={"duration": "2h", "author": "ana", "reason": " ",
-                                                   "kind": "new_enum_value"}), 400, "a silence needs a reason")
+                                                   "kind": "new_enum_value"}), 422, "a silence needs a reason")
 
     before = datetime.now(UTC)
     r = client.post("/v1/silences", json={"duration": "2h", "author": "ana", "reason": "URGENT is being added",

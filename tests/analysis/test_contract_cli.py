@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
-from harness import ROOT, SHAPEWATCH
+from harness import ROOT, SHAPEWATCH, start_service
 
 from analysis.cli import cli
 
@@ -176,6 +176,41 @@ def test_register_list_show_and_diff_against_a_registered_version(tmp_path: Path
 def test_listing_a_database_that_does_not_exist_is_an_input_error(tmp_path: Path) -> None:
     result = run("list", "--db", str(tmp_path / "none.duckdb"))
     assert (result.exit_code, result.output) == (2, f"error: database {tmp_path / 'none.duckdb'} does not exist "
-                                                    f"(check --db)\n")
+                                                    "(check --db; `shapewatch serve` or `shapewatch ingest` create "
+                                                    "it)\n")
     assert not (tmp_path / "none.duckdb").exists()
 
+
+
+def test_register_list_show_and_diff_through_a_running_service_with_scoped_tokens(tmp_path: Path) -> None:
+    # The service holds the database: the CLI goes through POST/GET /v1/contracts (--url), and a
+    # token without the admin scope may read the registry but not write it.
+    svc = start_service(tmp_path / "svc.duckdb", env={"SHAPEWATCH_TOKENS": "read:r3ad,read+admin:adm1n"})
+    try:
+        def cli_(*args: str, token: str) -> subprocess.CompletedProcess[str]:
+            return shapewatch(*args, "--url", svc.url, "--token", token)
+
+        refused = cli_("register", "--contract", "intake", "--version", "1", str(INTAKE), token="r3ad")
+        assert refused.returncode == 2 and "403" in refused.stderr and "admin" in refused.stderr
+        done = cli_("register", "--contract", "intake", "--version", "1", str(INTAKE), "--format", "json",
+                    token="adm1n")
+        assert done.returncode == 0, done.stderr
+        first = json.loads(done.stdout)
+        assert (first["contract"], first["version"], first["created"]) == ("intake", "1", True)
+        again = json.loads(cli_("register", "--contract", "intake", "--version", "1", str(INTAKE), "--format",
+                                "json", token="adm1n").stdout)
+        assert {**again, "created": True} == first  # the same content again: a no-op
+        changed = write(tmp_path, "v2.json", {**intake(), "required": [*intake().get("required", []), "extra"]})
+        conflict = cli_("register", "--contract", "intake", "--version", "1", changed, token="adm1n")
+        assert conflict.returncode == 2 and "409" in conflict.stderr and "already registered" in conflict.stderr
+        listed = json.loads(cli_("list", "--format", "json", token="r3ad").stdout)
+        assert [(c["contract"], c["version"], c["invocation_hash"]) for c in listed] == [
+            ("intake", "1", first["invocation_hash"])]
+        shown = json.loads(cli_("show", "intake", "1", token="r3ad").stdout)
+        assert shown["document"] == json.loads(INTAKE.read_text())
+        # a registered version is a diff side by NAME@VERSION
+        gate = cli_("diff", "intake@1", changed, token="r3ad")
+        assert gate.returncode == 2, gate.stdout + gate.stderr
+        assert "breaking" in gate.stdout
+    finally:
+        svc.stop()

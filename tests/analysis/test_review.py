@@ -158,4 +158,4 @@ def test_the_review_is_served_in_each_format(seeded: Path, tmp_path: Path) -> No
     assert {Cohort(**c["cohort"]) for c in as_json.json()["cohorts"]} == {DRIFT, STABLE, NEW}
     assert md.headers["content-type"].startswith("text/markdown") and "# shapewatch weekly review" in md.text
     assert page.headers["content-type"].startswith("text/html") and page.text.count('<section class="cohort">') == 3
-    assert bad.status_code == 400 and "not a duration" in bad.json()["error"]["message"]
+    assert bad.status_code == 422 and "not a duration" in bad.json()["error"]["message"]

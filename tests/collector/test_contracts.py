@@ -400,3 +400,14 @@ def test_validator_cache_compiles_once_and_counts_unknown_versions(store: Store)
     assert slow.get("intake", "4") is None
     register_contract(store, "intake", "4", fixture("intake_v1.json"))
     assert slow.get("intake", "4") is None  # a miss is remembered for miss_seconds
+
+
+def test_a_document_that_cannot_be_stored_as_json_is_refused_naming_why() -> None:
+    # Found by schemathesis through POST /v1/contracts: these reached the registry and failed there.
+    from collector import ContractInvalid, contract_from_document
+
+    for doc, why in [({"type": "object", "default": 22167602381020831744}, "Integer exceeds 64-bit range"),
+                     ({"type": "object", "properties": {"\udbdd": {}}}, "surrogates not allowed")]:
+        with pytest.raises(ContractInvalid) as err:
+            contract_from_document(doc, where="request body")
+        assert str(err.value).startswith("request body: is not storable as JSON (") and why in str(err.value)

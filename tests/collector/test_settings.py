@@ -224,3 +224,29 @@ def test_the_readme_settings_table_names_each_variable_and_default() -> None:
     expected = {f.name: (f"SHAPEWATCH_{f.name.upper()}", "none" if f.default == () else f"`{f.default}`")
                 for f in dataclasses.fields(Settings)}
     assert {name: (env, default) for name, env, default in rows} == expected
+
+
+def test_token_entries_are_bare_secrets_or_scoped() -> None:
+    from collector.settings import Scope, parse_token
+
+    assert parse_token("s3cret") == ("s3cret", frozenset(Scope))
+    assert parse_token("read:s3") == ("s3", frozenset({Scope.read}))
+    assert parse_token("ingest+read+admin:a:b") == ("a:b", frozenset(Scope))
+    assert load_settings(env={"SHAPEWATCH_TOKENS": "ingest:a, read+admin:b ,c"}).tokens == (
+        "ingest:a", "read+admin:b", "c")
+
+
+@pytest.mark.parametrize(("entry", "says"), [
+    ("reed:s3", "scope 'reed' of an entry is unknown"),
+    ("read+:s3", "scope '' of an entry is unknown"),
+    ("read:", "an entry has an empty secret"),
+    ("read: s3", "an entry has an empty secret or one with white space"),
+])
+def test_a_bad_token_entry_names_the_setting_and_the_syntax(entry: str, says: str) -> None:
+    err = invalid({"tokens": [entry]}, env={})
+    assert err.key == "tokens" and says in str(err)
+
+
+def test_a_secret_given_twice_is_refused() -> None:
+    err = invalid({"tokens": ["read:s3", "admin:s3"]}, env={})
+    assert err.key == "tokens" and "two entries share a secret" in str(err)
