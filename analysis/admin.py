@@ -290,7 +290,7 @@ def field_series(store: Store, config: AnalyzerConfig, cohort_id: int, path: str
                                     "p99": base.array_percentile(0.99)} if base.array_lengths else None)}
     # a contract version first seen inside the range: a marker on the charts
     changes = [{"version": c["version"], "at": _iso(c["first_seen"])}
-               for c in contract_changes(store, cohort_id, since, until)]
+               for c in contract_changes(store, cohort_id, since, until).get(cohort_id, [])]
     return {"cohort_id": cohort_id, "cohort": cohort._asdict(), "field": path, "since": _iso(since),
             "until": _iso(until), "baseline": baseline, "series": series, "contract_changes": changes}
 

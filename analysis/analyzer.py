@@ -151,6 +151,7 @@ def evaluate(store: Store, config: AnalyzerConfig, at: datetime, *,
     # Significance is judged over every test of the evaluation at once.
     adjusted = iter(adjust_p_values([c for *_, checks, _, _ in pending for c in checks]))
     reports = []
+    changes = contract_changes(store, None, since, at)
     for profile, cohort, resolved, checks, short, mirror in pending:
         mine = [next(adjusted) for _ in checks]
         contracts = {
@@ -158,7 +159,7 @@ def evaluate(store: Store, config: AnalyzerConfig, at: datetime, *,
             "live": profile.live_contract_version,
             "baseline": dict(resolved.baseline.contract_versions) if resolved else {},
             "changes": [{"version": c["version"], "first_seen": c["first_seen"].isoformat()}
-                        for c in contract_changes(store, profile.cohort_id, since, at)],
+                        for c in changes.get(profile.cohort_id, [])],
         }
         reports.append(CohortReport(
             cohort, profile.cohort_id, profile.events, profile.served_models,

@@ -72,7 +72,7 @@ def _contracts(store: Store, cohort_id: int, contract: str, profile: Profile, si
     return {"window": {v: sum(by.values()) for v, by in sorted(profile.contract_checks.items()) if v},
             "live": live, "checked": profile.checked, "violations": violations,
             "changes": [{"version": c["version"], "first_seen": _iso(c["first_seen"])}
-                        for c in contract_changes(store, cohort_id, since, until)],
+                        for c in contract_changes(store, cohort_id, since, until).get(cohort_id, [])],
             "required": sorted(facts.required) if facts else [], "optional": sorted(facts.optional) if facts else []}
 
 

@@ -146,19 +146,30 @@ class Profile:
         return max(sorted(counts), key=lambda v: counts[v]) if counts else None
 
 
-def contract_changes(store: Store, cohort_id: int, since: datetime, until: datetime) -> list[dict[str, Any]]:
-    """Contract versions a cohort's outputs were first tagged with inside ``[since, until)``.
+def contract_changes(store: Store, cohort_id: int | None, since: datetime, until: datetime
+                     ) -> dict[int, list[dict[str, Any]]]:
+    """Contract versions each cohort's outputs (or one cohort's) were first tagged with inside
+    ``[since, until)``, by cohort id.
 
     Each is ``{"version", "first_seen"}`` (the start of the first bucket holding it), oldest first:
-    "this started when contract v4 went out". Untagged outputs are no version. Reads the merged
-    rollups as they are: callers that read a profile first (which merges) do not merge twice.
+    "this started when contract v4 went out". A cohort's first version is its start, not a change;
+    untagged outputs are no version. One query for every cohort. Reads the merged rollups as they
+    are: callers that read a profile first (which merges) do not merge twice.
     """
-    return [{"version": str(v), "first_seen": t} for v, t in store.query(
-        """SELECT contract_version, min(bucket) AS first FROM contract_rollups
-           WHERE cohort_id = ? AND status <> 'untagged' GROUP BY ALL
-           HAVING first >= ? AND first < ?
-              AND first > (SELECT min(bucket) FROM contract_rollups WHERE cohort_id = ?)  -- not the cohort's start
-           ORDER BY first, contract_version""", [cohort_id, since, until, cohort_id])]
+    params: list[Any] = [since, until]
+    where = ""
+    if cohort_id is not None:
+        where, params = "AND cohort_id = ?", [cohort_id, since, until]
+    out: dict[int, list[dict[str, Any]]] = {}
+    for c, v, t in store.query(
+            f"""WITH firsts AS (SELECT cohort_id, contract_version, min(bucket) AS first FROM contract_rollups
+                                WHERE status <> 'untagged' {where} GROUP BY ALL),
+                    starts AS (SELECT cohort_id, min(first) AS start FROM firsts GROUP BY ALL)
+                SELECT cohort_id, contract_version, first FROM firsts JOIN starts USING (cohort_id)
+                WHERE first >= ? AND first < ? AND first > start
+                ORDER BY cohort_id, first, contract_version""", params):
+        out.setdefault(int(c), []).append({"version": str(v), "first_seen": t})
+    return out
 
 
 def served_aliases(store: Store) -> dict[tuple[str, str, str], list[tuple[str, str, str]]]:

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import rel_support  # noqa: F401  (puts tests/ and tests/analysis/ on the path for every module here)
 from rel_report import Report
 
 _REPORT = Report()

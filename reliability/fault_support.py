@@ -14,7 +14,6 @@ import signal
 import socket
 import struct
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -23,10 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from pager_receiver import PagerReceiver, Recorded
 from rel_support import ROOT, SHAPEWATCH, free_port
-
-sys.path.insert(0, str(ROOT / "tests" / "analysis"))
-from pager_receiver import PagerReceiver, Recorded  # noqa: E402
 
 __all__ = ["RESET", "Daemon", "FaultPager", "ensure_faketime", "spawn", "tmpfs", "wait_for"]
 
@@ -162,13 +159,7 @@ class FaultPager(PagerReceiver):
         if not reset:
             super()._handle(h)
             return
-        import json
-
-        raw = h.rfile.read(int(h.headers.get("Content-Length") or 0))
-        try:
-            body: Any = json.loads(raw)
-        except ValueError:
-            body = raw.decode("utf-8", "replace")
+        body = self.read_body(h)
         with self._lock:
             self.requests.append(Recorded(h.path, {k.lower(): v for k, v in h.headers.items()}, body, RESET))
         sock: socket.socket = h.connection

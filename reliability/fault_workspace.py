@@ -4,12 +4,13 @@ written through a running service's HTTP API, and the evidence read back from it
 
 from __future__ import annotations
 
-import uuid
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import httpx
+from drift_outputs import envelopes as drift_envelopes
 
 from collector import Store
 
@@ -18,26 +19,11 @@ PROMPT = "intake-v3"
 CONTRACT = "intake"
 COHORT = {"model": MODEL, "prompt_version": PROMPT, "contract": CONTRACT}
 ROUTING_KEY = "R0UT1NGKEY0000000000000000000000"
-_INTENTS = ("refund", "billing", "shipping", "cancel")
-_PRIORITIES = ("low", "medium", "high")
-_TIERS = ("gold", "silver", "bronze")
 
 
-def output(i: int, drift: bool = False) -> dict[str, Any]:
-    out: dict[str, Any] = {"intent": _INTENTS[i % 4], "priority": _PRIORITIES[i % 3],
-                           "customer": {"tier": _TIERS[i % 3]}, "tags": ["billing"] * (i % 3)}
-    if drift:
-        if i % 2 == 0:
-            del out["customer"]["tier"]
-        if i % 4 == 0:
-            out["priority"] = "URGENT"
-    return out
-
-
-def envelopes(start: datetime, n: int, step: timedelta, *, drift: bool = False) -> list[dict[str, Any]]:
-    return [{"event_id": uuid.uuid4().hex, "ts": (start + i * step).isoformat().replace("+00:00", "Z"),
-             "model": MODEL, "served_model": MODEL, "prompt_version": PROMPT, "contract": CONTRACT,
-             "output": output(i, drift)} for i in range(n)]
+# The cohort's outputs; drifted: customer.tier missing from every second one (presence_drop) and
+# a quarter of priorities "URGENT" (unknown_enum_growth above its page level).
+envelopes = partial(drift_envelopes, model=MODEL, prompt_version=PROMPT, contract=CONTRACT, urgent_every=4)
 
 
 def write_config(path: Path, *, pager_url: str, window: str, interval: str, confirm: int = 1) -> Path:

@@ -119,12 +119,17 @@ class PagerReceiver:
 
     # --- request handling (server threads) ---------------------------------------------------
 
-    def _handle(self, h: BaseHTTPRequestHandler) -> None:
+    @staticmethod
+    def read_body(h: BaseHTTPRequestHandler) -> Any:
+        """The request's JSON body, or its text when it is not JSON."""
         raw = h.rfile.read(int(h.headers.get("Content-Length") or 0))
         try:
-            body: Any = json.loads(raw)
+            return json.loads(raw)
         except ValueError:
-            body = raw.decode("utf-8", "replace")
+            return raw.decode("utf-8", "replace")
+
+    def _handle(self, h: BaseHTTPRequestHandler) -> None:
+        body = self.read_body(h)
         with self._lock:
             step: int | str | Step = self._steps.popleft() if self._steps else 202
             answer = step.status if isinstance(step, Step) else step

@@ -22,14 +22,15 @@ import os
 import signal
 import subprocess
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from drift_outputs import envelopes as drift_envelopes
 from harness import ROOT, SHAPEWATCH, Service, free_port
 from pager_receiver import DROP, Incident, PagerReceiver, Step
 from prometheus_client.parser import text_string_to_metric_families
@@ -39,29 +40,12 @@ PROMPT = "intake-v3"
 CONTRACT = "intake"
 COHORT = {"model": MODEL, "prompt_version": PROMPT, "contract": CONTRACT}
 ROUTING_KEY = "R0UT1NGKEY0000000000000000000000"
-INTENTS = ("refund", "billing", "shipping", "cancel")
-PRIORITIES = ("low", "medium", "high")
-TIERS = ("gold", "silver", "bronze")
 DELIVERY_DEADLINE = 75.0  # four delivery passes, 10 s apart, plus start-up, on a loaded machine
 
 
-def output(i: int, drift: bool = False) -> dict[str, Any]:
-    """``drift``: customer.tier missing from every second output (a presence drop, page) and
-    priority "URGENT" in every fourth (a quarter unknown: unknown_enum_growth above its page level)."""
-    out: dict[str, Any] = {"intent": INTENTS[i % 4], "priority": PRIORITIES[i % 3],
-                           "customer": {"tier": TIERS[i % 3]}, "tags": ["billing"] * (i % 3)}
-    if drift:
-        if i % 2 == 0:
-            del out["customer"]["tier"]
-        if i % 4 == 0:
-            out["priority"] = "URGENT"
-    return out
-
-
-def envelopes(start: datetime, n: int, step: timedelta, *, drift: bool = False) -> list[dict[str, Any]]:
-    return [{"event_id": uuid.uuid4().hex, "ts": (start + i * step).isoformat().replace("+00:00", "Z"),
-             "model": MODEL, "served_model": MODEL, "prompt_version": PROMPT, "contract": CONTRACT,
-             "output": output(i, drift)} for i in range(n)]
+# The cohort's outputs; drifted: customer.tier missing from every second one (presence_drop) and
+# a quarter of priorities "URGENT" (unknown_enum_growth above its page level).
+envelopes = partial(drift_envelopes, model=MODEL, prompt_version=PROMPT, contract=CONTRACT, urgent_every=4)
 
 
 def write_config(path: Path, pager_url: str) -> Path:

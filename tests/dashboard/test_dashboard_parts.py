@@ -198,3 +198,29 @@ def test_metrics_are_read_into_ingestion_health() -> None:
     assert h.rejected_by_reason == {"invalid_ts": 2.0, "too_deep": 1.0}
     assert (h.duplicates, h.provider_outcomes, h.analyzer_runs, h.analyzer_last_success) == (
         2.0, {("openai", "truncated"): 4.0}, {"ok": 5.0, "failed": 1.0}, 1.7e9)
+
+
+def test_a_contract_version_going_out_is_marked_on_every_time_chart() -> None:
+    from dashboard import charts
+    from dashboard.views.alerts import contract_line
+
+    doc = {"since": "2026-11-29T00:00:00Z", "until": "2026-11-29T02:00:00Z", "baseline": {"presence_rate": 0.7},
+           "series": [{"since": f"2026-11-29T0{h}:00:00Z", "until": f"2026-11-29T0{h + 1}:00:00Z", "units": 10,
+                       "presence_rate": 0.7, "types": {"string": 1.0}, "unknown_share": 0.0,
+                       "violation_rate": 0.1 * h, "array": None} for h in (0, 1)],
+           "contract_changes": [{"version": "4", "at": "2026-11-29T01:10:00Z"}]}
+    frame = charts.contract_changes_frame(doc)
+    assert frame.to_dict("records") == [{"time": charts.pd.Timestamp("2026-11-29T01:10:00Z"), "contract": "contract 4"}]
+    for chart in (charts.presence_chart(doc), charts.type_chart(doc), charts.unknown_chart(doc),
+                  charts.violation_chart(doc)):
+        spec = chart.to_dict()
+        marks = [(layer["mark"]["type"] if isinstance(layer["mark"], dict) else layer["mark"])
+                 if "mark" in layer else "chart" for layer in spec["layer"]]
+        assert marks[-2:] == ["rule", "text"], marks  # the marker and its label, over the chart
+    # without a change the charts are left as they were
+    plain = charts.type_chart({**doc, "contract_changes": []}).to_dict()
+    assert "layer" not in plain
+    assert contract_line({"window": {"3": 10, "4": 5}, "baseline": {"3": 100},
+                          "changes": [{"version": "4", "first_seen": None}]}) == (
+        "contract 3 (10 outputs), 4 (5 outputs); baseline on 3; **4 went out -**  \n")
+    assert contract_line({}) == ""
