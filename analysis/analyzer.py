@@ -34,8 +34,6 @@ from prometheus_client.registry import Collector
 
 from baselines import Activation, Cohort, activation_history, is_unpinned, resolve_baseline
 from collector import (
-    ContractError,
-    ContractToolAmbiguous,
     Profile,
     Store,
     contract_changes,
@@ -201,16 +199,9 @@ def _declared_enums(store: Store, profile: Profile) -> dict[str, tuple[str, ...]
     version = profile.live_contract_version
     if version is None:
         return {}
-    validator = store.contract_validators.get(profile.contract, version)
-    if validator is None:
+    facts = store.contract_validators.facts(profile.contract, version)
+    if facts is None:
         return {}
-    try:
-        facts = validator.facts()
-    except ContractToolAmbiguous:
-        try:
-            facts = validator.facts(profile.contract)  # a tool call's contract is its tool's name
-        except ContractError:
-            return {}
     return {path: tuple(v for v in values if isinstance(v, str)) for path, values in facts.enums.items()
             if any(isinstance(v, str) for v in values)}
 

@@ -25,8 +25,6 @@ from typing import Any
 
 from baselines import Activation, Cohort, activation_history, is_unpinned, resolve_baseline
 from collector import (
-    ContractError,
-    ContractToolAmbiguous,
     FieldProfile,
     Profile,
     Store,
@@ -59,15 +57,7 @@ def _contracts(store: Store, cohort_id: int, contract: str, profile: Profile, si
     """The contract versions of a cohort's week: tagged, live, new in the week, and what the live
     registered version declares (required and optional fields), for the field rows."""
     live = profile.live_contract_version
-    facts = None
-    if live is not None and (validator := store.contract_validators.get(contract, live)) is not None:
-        try:
-            facts = validator.facts()
-        except ContractToolAmbiguous:
-            try:
-                facts = validator.facts(contract)  # a tool call's contract is its tool's name
-            except ContractError:
-                facts = None
+    facts = store.contract_validators.facts(contract, live) if live is not None else None
     violations = {path: max(by.values()) for path, by in sorted(profile.violations.items())}
     return {"window": {v: sum(by.values()) for v, by in sorted(profile.contract_checks.items()) if v},
             "live": live, "checked": profile.checked, "violations": violations,

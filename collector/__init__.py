@@ -34,36 +34,87 @@ _WHERE = {
     "Scope": "settings", "TokenEntry": "settings", "parse_token": "settings",
     "SCHEMA_VERSION": "store", "Schema": "store", "Store": "store", "WriteResult": "store", "WriteStatus": "store",
     "Writer": "writer",
+    # contracts: reading, fingerprints, the registry and validation; diffs
+    "ContractConflict": "errors", "ContractError": "errors", "ContractInvalid": "errors",
+    "ContractNotFound": "errors", "ContractToolAmbiguous": "errors",
+    "Contract": "contracts", "ContractValidator": "contracts",
+    "RegisteredContract": "contracts", "SchemaFacts": "contracts", "Tool": "contracts", "ToolFormat": "contracts",
+    "ValidatorCache": "contracts", "Violation": "contracts", "contract_from_document": "contracts",
+    "declared_facts": "contracts", "get_contract": "contracts", "list_contracts": "contracts",
+    "normalize_schema": "contracts", "parse_contract": "contracts", "read_contract": "contracts",
+    "register_contract": "contracts",
+    "ChangeKind": "contract_diff", "Classification": "contract_diff", "ContractChange": "contract_diff",
+    "Verdict": "contract_diff", "diff_contracts": "contract_diff", "diff_exit_code": "contract_diff",
+    "diff_verdict": "contract_diff",
 }
 
 __all__ = [
-    "Scope",
-    "TokenEntry",
-    "TokenGuard",
-    "error_responses",
-    "parse_token",
+    "adapt_response",
     "AdaptedResponse",
     "AdapterError",
     "ApiError",
+    "ChangeKind",
+    "Classification",
     "Client",
     "CollectorApi",
     "CollectorMetrics",
+    "compact_rollups",
+    "Contract",
+    "contract_changes",
+    "contract_from_document",
+    "ContractChange",
+    "ContractConflict",
+    "ContractError",
+    "ContractInvalid",
+    "ContractNotFound",
+    "ContractToolAmbiguous",
+    "ContractValidator",
+    "declared_facts",
+    "diff_contracts",
+    "diff_exit_code",
+    "diff_verdict",
     "Envelope",
-    "FieldProfile",
     "EnvelopeInvalid",
+    "error_body",
+    "error_responses",
     "FieldError",
+    "FieldProfile",
+    "flatten_output",
+    "get_contract",
+    "import_files",
     "ImportSummary",
+    "install_error_handlers",
     "JsonType",
     "Limits",
+    "limits_from_settings",
+    "list_contracts",
+    "load_settings",
+    "normalize_schema",
     "Observation",
-    "Profile",
     "OutcomeKind",
+    "parse_body",
+    "parse_contract",
+    "parse_envelope",
+    "parse_retry_after",
+    "parse_token",
+    "Profile",
     "Provider",
     "ProviderOutcome",
+    "quarantine_path",
+    "read_contract",
+    "read_profile",
+    "read_profiles",
+    "register_contract",
+    "RegisteredContract",
+    "require_token",
     "RollupConfig",
-    "SCHEMA_VERSION",
     "Schema",
+    "SCHEMA_VERSION",
+    "SchemaFacts",
+    "Scope",
+    "served_aliases",
     "Settings",
+    "settings_help",
     "SettingsInvalid",
     "ShapewatchError",
     "Store",
@@ -71,28 +122,17 @@ __all__ = [
     "StoreLocked",
     "StoreUnavailable",
     "StoreVersionTooNew",
+    "TokenEntry",
+    "TokenGuard",
+    "Tool",
+    "ToolFormat",
+    "validate_envelope",
+    "ValidatorCache",
+    "Verdict",
+    "Violation",
+    "Writer",
     "WriteResult",
     "WriteStatus",
-    "Writer",
-    "adapt_response",
-    "compact_rollups",
-    "error_body",
-    "flatten_output",
-    "import_files",
-    "install_error_handlers",
-    "limits_from_settings",
-    "load_settings",
-    "parse_body",
-    "parse_envelope",
-    "parse_retry_after",
-    "quarantine_path",
-    "read_profile",
-    "read_profiles",
-    "served_aliases",
-    "contract_changes",
-    "require_token",
-    "settings_help",
-    "validate_envelope",
 ]
 
 
@@ -127,57 +167,6 @@ if TYPE_CHECKING:
         install_error_handlers,
         require_token,
     )
-    from .envelope import (
-        Envelope,
-        Limits,
-        limits_from_settings,
-        parse_body,
-        parse_envelope,
-        validate_envelope,
-    )
-    from .errors import (
-        EnvelopeInvalid,
-        FieldError,
-        SettingsInvalid,
-        ShapewatchError,
-        StoreError,
-        StoreLocked,
-        StoreUnavailable,
-        StoreVersionTooNew,
-    )
-    from .flatten import JsonType, Observation, flatten_output
-    from .ingest import ImportSummary, import_files, quarantine_path
-    from .metrics import CollectorMetrics
-    from .profile import FieldProfile, Profile, contract_changes, read_profile, read_profiles, served_aliases
-    from .rollup import RollupConfig, compact_rollups
-    from .sdk import Client, parse_retry_after
-    from .settings import Scope, Settings, TokenEntry, load_settings, parse_token, settings_help
-    from .store import SCHEMA_VERSION, Schema, Store, WriteResult, WriteStatus
-    from .writer import Writer
-
-# Contracts: reading, fingerprints, the registry, validation (contracts.py) and diffs (contract_diff.py).
-_WHERE.update({
-    "ContractConflict": "errors", "ContractError": "errors", "ContractInvalid": "errors",
-    "ContractNotFound": "errors", "ContractToolAmbiguous": "errors",
-    "Contract": "contracts", "ContractValidator": "contracts",
-    "RegisteredContract": "contracts", "SchemaFacts": "contracts", "Tool": "contracts", "ToolFormat": "contracts",
-    "ValidatorCache": "contracts", "Violation": "contracts", "contract_from_document": "contracts",
-    "declared_facts": "contracts", "get_contract": "contracts", "list_contracts": "contracts",
-    "normalize_schema": "contracts", "parse_contract": "contracts", "read_contract": "contracts",
-    "register_contract": "contracts",
-    "ChangeKind": "contract_diff", "Classification": "contract_diff", "ContractChange": "contract_diff",
-    "Verdict": "contract_diff", "diff_contracts": "contract_diff", "diff_exit_code": "contract_diff",
-    "diff_verdict": "contract_diff",
-})
-__all__ += [
-    "ChangeKind", "Classification", "Contract", "ContractChange", "ContractConflict",
-    "ContractError", "ContractInvalid", "ContractNotFound", "ContractToolAmbiguous", "ContractValidator",
-    "RegisteredContract", "SchemaFacts", "Tool", "ToolFormat", "ValidatorCache", "Verdict", "Violation",
-    "contract_from_document", "declared_facts", "diff_contracts", "diff_exit_code", "diff_verdict", "get_contract",
-    "list_contracts", "normalize_schema", "parse_contract", "read_contract", "register_contract",
-]
-
-if TYPE_CHECKING:
     from .contract_diff import (
         ChangeKind,
         Classification,
@@ -205,10 +194,35 @@ if TYPE_CHECKING:
         read_contract,
         register_contract,
     )
+    from .envelope import (
+        Envelope,
+        Limits,
+        limits_from_settings,
+        parse_body,
+        parse_envelope,
+        validate_envelope,
+    )
     from .errors import (
         ContractConflict,
         ContractError,
         ContractInvalid,
         ContractNotFound,
         ContractToolAmbiguous,
+        EnvelopeInvalid,
+        FieldError,
+        SettingsInvalid,
+        ShapewatchError,
+        StoreError,
+        StoreLocked,
+        StoreUnavailable,
+        StoreVersionTooNew,
     )
+    from .flatten import JsonType, Observation, flatten_output
+    from .ingest import ImportSummary, import_files, quarantine_path
+    from .metrics import CollectorMetrics
+    from .profile import FieldProfile, Profile, contract_changes, read_profile, read_profiles, served_aliases
+    from .rollup import RollupConfig, compact_rollups
+    from .sdk import Client, parse_retry_after
+    from .settings import Scope, Settings, TokenEntry, load_settings, parse_token, settings_help
+    from .store import SCHEMA_VERSION, Schema, Store, WriteResult, WriteStatus
+    from .writer import Writer

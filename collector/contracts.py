@@ -538,6 +538,11 @@ class ContractValidator:
                 found[v] = None
         return sorted(found, key=lambda v: (v.path is not None, v.path or "", v.keyword))
 
+    def tool_for(self, contract: str) -> str | None:
+        """The tool whose schema applies to the outputs of envelope contract ``contract``: the only
+        one, else the one named like it (a tool call's contract is its tool's name)."""
+        return None if len(self.contract.tools) == 1 else contract
+
     def facts(self, tool: str | None = None) -> SchemaFacts:
         """The chosen schema's declared enums and optional fields (the same rule picks the schema)."""
         t = self.contract.tool(tool, where=self.where)
@@ -707,13 +712,20 @@ class ValidatorCache:
         if validator is None:
             return ContractStatus.unregistered, []
         try:
-            found = validator.violations(output)
-        except ContractToolAmbiguous:
-            try:
-                found = validator.violations(output, tool=contract)
-            except ContractError:
-                return ContractStatus.unregistered, []
+            found = validator.violations(output, tool=validator.tool_for(contract))
+        except ContractError:
+            return ContractStatus.unregistered, []
         return (ContractStatus.invalid if found else ContractStatus.valid), found
+
+    def facts(self, contract: str, version: str) -> SchemaFacts | None:
+        """What ``contract`` ``version`` declares for its outputs (the schema ``check`` uses), if registered."""
+        validator = self.get(contract, version)
+        if validator is None:
+            return None
+        try:
+            return validator.facts(validator.tool_for(contract))
+        except ContractError:
+            return None
 
 
 # --- the registry ----------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from harness import make_envelope
 
 from collector import Store, WriteStatus, register_contract
 from collector.envelope import LIMITS, parse_envelope
-from collector.rollup import compact_rollups
+from collector.rollup import ContractStatus, compact_rollups
 
 SCHEMA = {
     "type": "object", "required": ["intent", "priority"],
@@ -176,3 +176,21 @@ def test_the_compiled_fast_path_agrees_with_jsonschema_and_steps_aside_for_2020_
     v2020 = ContractValidator(tuple_schema)
     assert list(v2020._fast.values()) == [None]  # draft 7 would ignore prefixItems
     assert v2020.violations({"pair": ["a", "b"]}) == [("pair[]", "type")]
+
+
+def test_a_catalog_checks_outputs_against_the_tool_named_like_their_contract(tmp_path: Any) -> None:
+    tools = [{"name": "get_weather", "input_schema": {"type": "object", "required": ["city"],
+                                                       "properties": {"city": {"type": "string"}}}},
+             {"name": "get_time", "input_schema": {"type": "object", "required": ["zone"],
+                                                    "properties": {"zone": {"type": "string"}}}}]
+    with Store.open(tmp_path / "c.duckdb") as store:
+        register_contract(store, "get_weather", "1", tools)  # a tool call's contract is its tool's name
+        register_contract(store, "assistant", "1", tools)  # no tool of that name: nothing to check against
+        validators = store.contract_validators
+        assert validators.check("get_weather", "1", {"city": "Lyon"}) == (ContractStatus.valid, [])
+        assert validators.check("get_weather", "1", {"zone": "CET"}) == (
+            ContractStatus.invalid, [("city", "required")])
+        assert validators.check("assistant", "1", {"city": "Lyon"}) == (ContractStatus.unregistered, [])
+        facts = validators.facts("get_weather", "1")
+        assert facts is not None and facts.required == frozenset({"city"})
+        assert validators.facts("assistant", "1") is None and validators.facts("get_weather", "9") is None
