@@ -101,6 +101,181 @@ static PyObject *py_count_keys(PyObject *self, PyObject *arg) {
 }
 
 /* ---------------------------------------------------------------------------------------
+ * check_envelope(obj, max_tag, max_depth, max_array, max_key, max_leaves) -> tuple | None
+ *
+ * The common case of envelope.validate_envelope in one call: a dict with known fields
+ * only, every tag a short string with a non-blank character and no NUL, no attributes,
+ * `ts` absent or in the RFC 3339 form `YYYY-MM-DDTHH:MM:SS[.f{1,6}](Z|+HH:MM|-HH:MM)`,
+ * and an output object within the limits. It answers
+ *   (event_id | None, ts | None, model, prompt_version, contract | None, served_model,
+ *    contract_version, source, run_id, agent_release, finish_reason, output, keys, huge)
+ * with ts as an aware UTC datetime, or None for anything else: the Python validator then
+ * runs and names every fault. So this never decides that an envelope is wrong; it only
+ * recognises, exactly as the Python rules would, one that is right. A test holds the two
+ * to the same answers.
+ * ------------------------------------------------------------------------------------- */
+
+#include <datetime.h>
+
+enum { K_EVENT_ID, K_TS, K_MODEL, K_PROMPT_VERSION, K_CONTRACT, K_SERVED_MODEL, K_CONTRACT_VERSION,
+       K_SOURCE, K_RUN_ID, K_AGENT_RELEASE, K_FINISH_REASON, K_OUTPUT, K_ATTRIBUTES, NKEYS };
+static const char *key_names[NKEYS] = {"event_id", "ts", "model", "prompt_version", "contract", "served_model",
+    "contract_version", "source", "run_id", "agent_release", "finish_reason", "output", "attributes"};
+static PyObject *key_objs[NKEYS];
+static const char *sources[] = {"production", "probe", "shadow"};
+
+/* A tag the Python rule (envelope._tag) accepts: str, 1..max characters, no NUL, not only
+ * white space (str.isspace is Py_UNICODE_ISSPACE over every character). */
+static int good_tag(PyObject *v, Py_ssize_t max_tag) {
+    if (!PyUnicode_CheckExact(v)) return 0;
+    Py_ssize_t n = PyUnicode_GET_LENGTH(v);
+    if (n == 0 || n > max_tag) return 0;
+    if (PyUnicode_FindChar(v, 0, 0, n, 1) != -1) return 0;
+    int kind = PyUnicode_KIND(v);
+    const void *data = PyUnicode_DATA(v);
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (!Py_UNICODE_ISSPACE(PyUnicode_READ(kind, data, i))) return 1;
+    return 0;
+}
+
+static int digits(const char *s, int n) {
+    int v = 0;
+    for (int i = 0; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9') return -1;
+        v = v * 10 + (s[i] - '0');
+    }
+    return v;
+}
+
+static int64_t days_from_civil(int64_t y, int m, int d) { /* days since 1970-01-01 (H. Hinnant) */
+    y -= m <= 2;
+    int64_t era = (y >= 0 ? y : y - 399) / 400;
+    int64_t yoe = y - era * 400;
+    int64_t doy = (153 * (m + (m > 2 ? -3 : 9)) + 2) / 5 + d - 1;
+    int64_t doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    return era * 146097 + doe - 719468;
+}
+
+static void civil_from_days(int64_t z, int *y, int *m, int *d) {
+    z += 719468;
+    int64_t era = (z >= 0 ? z : z - 146096) / 146097;
+    int64_t doe = z - era * 146097;
+    int64_t yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+    int64_t doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    int64_t mp = (5 * doy + 2) / 153;
+    *d = (int)(doy - (153 * mp + 2) / 5 + 1);
+    *m = (int)(mp < 10 ? mp + 3 : mp - 9);
+    *y = (int)(yoe + era * 400 + (*m <= 2));
+}
+
+/* The UTC datetime of an RFC 3339 timestamp, or NULL without an exception when the text
+ * is in any other form (datetime.fromisoformat, the reference, then decides). */
+static PyObject *parse_ts(PyObject *v) {
+    static const int dim[] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+    if (!PyUnicode_CheckExact(v) || !PyUnicode_IS_ASCII(v)) return NULL;
+    Py_ssize_t n = PyUnicode_GET_LENGTH(v);
+    const char *s = (const char *)PyUnicode_1BYTE_DATA(v);
+    if (n < 20 || n > 32) return NULL;
+    if (s[4] != '-' || s[7] != '-' || (s[10] != 'T' && s[10] != 't') || s[13] != ':' || s[16] != ':') return NULL;
+    int y = digits(s, 4), mo = digits(s + 5, 2), d = digits(s + 8, 2);
+    int h = digits(s + 11, 2), mi = digits(s + 14, 2), se = digits(s + 17, 2);
+    if (y < 1000 || y > 9998 || mo < 1 || mo > 12 || d < 1 || h < 0 || h > 23 || mi < 0 || mi > 59 || se < 0 || se > 59)
+        return NULL;
+    int leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+    if (d > dim[mo - 1] + (mo == 2 && leap)) return NULL;
+    Py_ssize_t i = 19;
+    int us = 0;
+    if (s[i] == '.') {
+        int nd = 0;
+        i++;
+        while (i < n && s[i] >= '0' && s[i] <= '9' && nd < 7) { us = us * 10 + (s[i] - '0'); i++; nd++; }
+        if (nd == 0 || nd > 6) return NULL;
+        for (; nd < 6; nd++) us *= 10;
+    }
+    int off = 0; /* minutes east of UTC */
+    if (i == n - 1 && (s[i] == 'Z' || s[i] == 'z')) {
+        off = 0;
+    } else if (i == n - 6 && (s[i] == '+' || s[i] == '-') && s[i + 3] == ':') {
+        int oh = digits(s + i + 1, 2), om = digits(s + i + 4, 2);
+        if (oh < 0 || oh > 23 || om < 0 || om > 59) return NULL;
+        off = (oh * 60 + om) * (s[i] == '-' ? -1 : 1);
+    } else {
+        return NULL;
+    }
+    int64_t secs = days_from_civil(y, mo, d) * 86400 + h * 3600 + mi * 60 + se - (int64_t)off * 60;
+    int64_t days = secs >= 0 ? secs / 86400 : -((-secs + 86399) / 86400);
+    int64_t rest = secs - days * 86400;
+    int uy, um, ud;
+    civil_from_days(days, &uy, &um, &ud);
+    return PyDateTimeAPI->DateTime_FromDateAndTime(uy, um, ud, (int)(rest / 3600), (int)(rest % 3600 / 60),
+                                                   (int)(rest % 60), us, PyDateTime_TimeZone_UTC,
+                                                   PyDateTimeAPI->DateTimeType);
+}
+
+static PyObject *py_check_envelope(PyObject *self, PyObject *args) {
+    PyObject *obj;
+    Py_ssize_t max_tag;
+    walk_state st = {0};
+    if (!PyArg_ParseTuple(args, "Onnnnn", &obj, &max_tag, &st.max_depth, &st.max_array, &st.max_key,
+                          &st.max_leaves))
+        return NULL;
+    if (!PyDict_CheckExact(obj)) Py_RETURN_NONE;
+    PyObject *val[NKEYS];
+    Py_ssize_t found = 0;
+    for (int k = 0; k < NKEYS; k++) {
+        val[k] = PyDict_GetItemWithError(obj, key_objs[k]); /* borrowed */
+        if (val[k] == NULL && PyErr_Occurred()) return NULL;
+        if (val[k] != NULL) found++;
+        if (val[k] == Py_None && k != K_MODEL && k != K_PROMPT_VERSION && k != K_OUTPUT) val[k] = NULL;
+    }
+    if (found != PyDict_GET_SIZE(obj)) Py_RETURN_NONE; /* an unknown field */
+    if (val[K_ATTRIBUTES] != NULL) Py_RETURN_NONE;
+    if (val[K_MODEL] == NULL || !good_tag(val[K_MODEL], max_tag)) Py_RETURN_NONE;
+    if (val[K_PROMPT_VERSION] == NULL || !good_tag(val[K_PROMPT_VERSION], max_tag)) Py_RETURN_NONE;
+    static const int optional[] = {K_CONTRACT, K_SERVED_MODEL, K_CONTRACT_VERSION, K_SOURCE, K_RUN_ID,
+                                   K_AGENT_RELEASE, K_FINISH_REASON};
+    for (size_t j = 0; j < sizeof optional / sizeof optional[0]; j++) {
+        PyObject *t = val[optional[j]];
+        if (t != NULL && !good_tag(t, max_tag)) Py_RETURN_NONE;
+    }
+    if (val[K_SOURCE] != NULL) {
+        int known = 0;
+        for (size_t j = 0; j < sizeof sources / sizeof sources[0]; j++)
+            if (PyUnicode_CompareWithASCIIString(val[K_SOURCE], sources[j]) == 0) known = 1;
+        if (!known) Py_RETURN_NONE;
+    }
+    PyObject *id = val[K_EVENT_ID];
+    if (id != NULL) {
+        if (!PyUnicode_CheckExact(id) || PyUnicode_GET_LENGTH(id) > 128) Py_RETURN_NONE;
+        int kind = PyUnicode_KIND(id), blank = 1;
+        const void *data = PyUnicode_DATA(id);
+        for (Py_ssize_t i = 0; i < PyUnicode_GET_LENGTH(id) && blank; i++)
+            if (!Py_UNICODE_ISSPACE(PyUnicode_READ(kind, data, i))) blank = 0;
+        if (blank) Py_RETURN_NONE;
+    }
+    PyObject *output = val[K_OUTPUT];
+    if (output == NULL || !PyDict_CheckExact(output)) Py_RETURN_NONE;
+    if (walk_value(output, 1, &st) < 0) Py_RETURN_NONE;
+    PyObject *ts = NULL;
+    if (val[K_TS] != NULL) {
+        ts = parse_ts(val[K_TS]);
+        if (ts == NULL) {
+            if (PyErr_Occurred()) return NULL;
+            Py_RETURN_NONE;
+        }
+    }
+#define OR_NONE(x) ((x) != NULL ? (x) : Py_None)
+    PyObject *res = Py_BuildValue("(OOOOOOOOOOOOni)", OR_NONE(id), OR_NONE(ts), val[K_MODEL],
+                                  val[K_PROMPT_VERSION], OR_NONE(val[K_CONTRACT]), OR_NONE(val[K_SERVED_MODEL]),
+                                  OR_NONE(val[K_CONTRACT_VERSION]), OR_NONE(val[K_SOURCE]), OR_NONE(val[K_RUN_ID]),
+                                  OR_NONE(val[K_AGENT_RELEASE]), OR_NONE(val[K_FINISH_REASON]), output,
+                                  PyDict_GET_SIZE(obj) + st.keys, st.huge);
+#undef OR_NONE
+    Py_XDECREF(ts);
+    return res;
+}
+
+/* ---------------------------------------------------------------------------------------
  * Accumulator: flattens parsed outputs into mergeable rollup counts.
  *
  * Acc(namer, max_value_length). add(output, group) walks one output (already
@@ -610,6 +785,7 @@ static PyTypeObject AccType = {
 static PyMethodDef methods[] = {
     {"walk", py_walk, METH_VARARGS, "Count keys and leaves of a parsed output within limits, or None."},
     {"count_keys", py_count_keys, METH_O, "Count the object keys in JSON text (strings followed by a colon)."},
+    {"check_envelope", py_check_envelope, METH_VARARGS, "The fields of an envelope that is plainly valid, or None."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -619,6 +795,10 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     volatile double gamma = NB_GAMMA; /* volatile: computed by libm here, not folded at compile time */
     nb_log_gamma = log(gamma);
     if (PyType_Ready(&AccType) < 0) return NULL;
+    PyDateTime_IMPORT;
+    if (PyDateTimeAPI == NULL) return NULL;
+    for (int k = 0; k < NKEYS; k++)
+        if ((key_objs[k] = PyUnicode_InternFromString(key_names[k])) == NULL) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
     Py_INCREF(&AccType);

@@ -325,6 +325,29 @@ def validate_envelope(
     ``keys_seen`` (a one-item counter) accumulates the keys of the document so
     the caller can run the duplicate-key test over a whole body at once.
     """
+    fast = _speedups.check_envelope(obj, lim.max_tag_length, lim.max_depth, lim.max_array_length,
+                                    lim.max_key_length, lim.max_leaves)
+    if fast is not None:  # plainly valid (the C twin of the rules below): skip to the end
+        (event_id, ts, model, prompt_version, contract, served_model, contract_version, source, run_id,
+         agent_release, finish_reason, output, keys, huge) = fast
+        if keys_seen is not None:
+            keys_seen[0] += keys
+            if huge:
+                keys_seen[1] = 1
+        generated = event_id is None
+        if generated:
+            event_id = (default_id() if callable(default_id) else default_id) or uuid.uuid4().hex
+        return _finish(lim, event_id, generated, ts or now or datetime.now(UTC), model, prompt_version,
+                       contract or "default", obj.get("ts"), source, None, output,
+                       (served_model, contract_version, run_id, agent_release, finish_reason))
+    return _validate_slowly(obj, lim, keys_seen=keys_seen, now=now, default_id=default_id)
+
+
+def _validate_slowly(
+    obj: Any, lim: Limits, *, keys_seen: list[int] | None = None, now: datetime | None = None,
+    default_id: str | Callable[[], str] | None = None,
+) -> Envelope:
+    """``validate_envelope`` itself: the reference for every rule and every error message."""
     now = now or datetime.now(UTC)
     if type(obj) is _DupKeys:
         raise EnvelopeInvalid([FieldError(obj.dup, "duplicate key", code="duplicate_key")])
@@ -398,10 +421,17 @@ def validate_envelope(
         exc.event_id = None if generated or type(event_id) is not str else event_id[:128]
         raise exc
     assert isinstance(event_id, str) and model and prompt_version
+    return _finish(lim, event_id, generated, ts, model, prompt_version, contract, obj.get("ts"), source,
+                   attributes_json, output, tuple(tags[n] for n in _TAGS))
+
+
+def _finish(lim: Limits, event_id: str, generated: bool, ts: datetime, model: str, prompt_version: str, contract: str,
+            ts_given: Any, source: str | None, attributes_json: str | None, output: dict[str, Any],
+            tags: tuple[str | None, ...]) -> Envelope:
+    """The envelope of validated fields: the output's text and the payload hash."""
     try:
         output_bytes = orjson.dumps(output)
-        tag_bytes = orjson.dumps([model, prompt_version, contract, obj.get("ts"), source, attributes_json,
-                                  *tags.values()])
+        tag_bytes = orjson.dumps([model, prompt_version, contract, ts_given, source, attributes_json, *tags])
     except orjson.JSONEncodeError as err:  # only from a Python-built dict: a lone surrogate
         _refuse(FieldError("output", f"holds text that is not valid Unicode ({err})", "invalid_value"),
                 None if generated else event_id)
@@ -412,10 +442,8 @@ def validate_envelope(
     # It covers what the client sent, formatting aside; a defaulted ts is not part of it.
     h = hashlib.blake2b(output_bytes, digest_size=16)
     h.update(tag_bytes)
-    return Envelope(
-        event_id=event_id, generated_id=generated, ts=ts, model=model, prompt_version=prompt_version,
-        contract=contract, output_json=output_bytes.decode(), payload_hash=h.hexdigest(),
-        source=source, attributes_json=attributes_json, output=output, **tags)
+    return Envelope(event_id, generated, ts, model, prompt_version, contract, output_bytes.decode(), h.hexdigest(),
+                    *tags[:2], source, *tags[2:], attributes_json, output)
 
 
 def _refuse(error: FieldError, event_id: str | None) -> NoReturn:
