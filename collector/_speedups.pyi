@@ -1,9 +1,13 @@
 """Types of the C fast paths in _speedups.c."""
 
+from datetime import datetime
 from typing import Any, Literal, overload
 
 def walk(obj: Any, max_depth: int, max_array: int, max_key: int, max_leaves: int, /) -> tuple[int, int, int] | None: ...
 def count_keys(raw: bytes, /) -> int: ...
+def check_envelope(obj: Any, max_tag: int, max_depth: int, max_array: int, max_key: int, max_leaves: int, /) -> tuple[
+    str | None, datetime | None, str, str, str | None, str | None, str | None, str | None, str | None, str | None,
+    str | None, dict[str, Any], int, int] | None: ...
 
 class Acc:
     def __init__(self, namer: Any, max_value_length: int, /) -> None: ...

@@ -335,7 +335,7 @@ def validate_envelope(
             if huge:
                 keys_seen[1] = 1
         generated = event_id is None
-        if generated:
+        if event_id is None:
             event_id = (default_id() if callable(default_id) else default_id) or uuid.uuid4().hex
         return _finish(lim, event_id, generated, ts or now or datetime.now(UTC), model, prompt_version,
                        contract or "default", obj.get("ts"), source, None, output,
@@ -421,13 +421,15 @@ def _validate_slowly(
         exc.event_id = None if generated or type(event_id) is not str else event_id[:128]
         raise exc
     assert isinstance(event_id, str) and model and prompt_version
+    assert isinstance(output, dict)
     return _finish(lim, event_id, generated, ts, model, prompt_version, contract, obj.get("ts"), source,
-                   attributes_json, output, tuple(tags[n] for n in _TAGS))
+                   attributes_json, output, (tags["served_model"], tags["contract_version"], tags["run_id"],
+                                             tags["agent_release"], tags["finish_reason"]))
 
 
 def _finish(lim: Limits, event_id: str, generated: bool, ts: datetime, model: str, prompt_version: str, contract: str,
             ts_given: Any, source: str | None, attributes_json: str | None, output: dict[str, Any],
-            tags: tuple[str | None, ...]) -> Envelope:
+            tags: tuple[str | None, str | None, str | None, str | None, str | None]) -> Envelope:
     """The envelope of validated fields: the output's text and the payload hash."""
     try:
         output_bytes = orjson.dumps(output)
@@ -442,8 +444,10 @@ def _finish(lim: Limits, event_id: str, generated: bool, ts: datetime, model: st
     # It covers what the client sent, formatting aside; a defaulted ts is not part of it.
     h = hashlib.blake2b(output_bytes, digest_size=16)
     h.update(tag_bytes)
+    served_model, contract_version, run_id, agent_release, finish_reason = tags
     return Envelope(event_id, generated, ts, model, prompt_version, contract, output_bytes.decode(), h.hexdigest(),
-                    *tags[:2], source, *tags[2:], attributes_json, output)
+                    served_model, contract_version, source, run_id, agent_release, finish_reason, attributes_json,
+                    output)
 
 
 def _refuse(error: FieldError, event_id: str | None) -> NoReturn:
