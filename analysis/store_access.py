@@ -18,6 +18,7 @@ def open_store(settings: Settings, *, read_only: bool = False, bulk: bool = Fals
     """The store for the service, or with ``bulk`` for an import (a smaller memory limit)."""
     return Store.open(
         settings.db_path, memory_limit=settings.import_memory_limit if bulk else settings.memory_limit, threads=settings.duckdb_threads,
+        checkpoint_threshold=settings.checkpoint_threshold,
         bucket_seconds=settings.bucket_seconds, read_only=read_only, schemas=SCHEMAS,
         rollup=RollupConfig(enum_value_max_length=settings.enum_value_max_length,
                             enum_values_per_path=settings.enum_values_per_path, max_depth=settings.max_depth,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -74,6 +75,10 @@ def parse_token(entry: str) -> TokenEntry:
     return TokenEntry(secret, scopes)
 
 
+# A size as DuckDB reads it (memory_limit, checkpoint_threshold): a number and a unit.
+_SIZE = re.compile(r"\s*\d+(\.\d+)?\s*([KMGT]i?B|B|bytes?)\s*", re.IGNORECASE)
+
+
 def _s(default: Any, help: str, **kw: Any) -> Any:
     return field(default=default, metadata={"help": help, **kw})
 
@@ -96,6 +101,10 @@ class Settings:
     import_memory_limit: str = _s(
         "512MB", "DuckDB memory_limit for bulk import (shapewatch ingest), which needs little cache.")
     duckdb_threads: int = _s(2, "DuckDB worker threads.", min=1, max=256)
+    checkpoint_threshold: str = _s(
+        "256MB", "Write-ahead log size at which DuckDB checkpoints (writes the log into the file). A "
+        "checkpoint costs more as the file grows: at DuckDB's own 16MB they took a third of the write time "
+        "(bench/README.md). A larger log takes longer to replay after a crash.")
     max_body_bytes: int = _s(16 * 1024 * 1024, "Largest HTTP request body accepted (413 above).", min=1024)
     max_event_bytes: int = _s(1024 * 1024, "Largest single envelope (one JSONL line) accepted.", min=256)
     max_depth: int = _s(32, "Deepest nesting of objects and arrays inside an output.", min=1, max=512)
@@ -133,6 +142,10 @@ class Settings:
         if len(set(secrets)) != len(secrets):
             raise SettingsInvalid("tokens", "two entries share a secret; give each secret once, "
                                   "with all its scopes (SCOPE+SCOPE:SECRET)")
+        for name in ("memory_limit", "import_memory_limit", "checkpoint_threshold"):
+            if not _SIZE.fullmatch(getattr(self, name)):
+                raise SettingsInvalid(name, f"{getattr(self, name)!r} is not a size; write a number and a unit "
+                                      "such as 512MB or 1GB")
         for f in fields(self):
             lo, hi = f.metadata.get("min"), f.metadata.get("max")
             v = getattr(self, f.name)

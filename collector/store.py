@@ -333,7 +333,7 @@ class Store:
     # --- opening --------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, path: Path | str, *, memory_limit: str = "2GB", threads: int = 2,
+    def open(cls, path: Path | str, *, memory_limit: str = "2GB", threads: int = 2, checkpoint_threshold: str = "256MB",
              bucket_seconds: int = 60, rollup: RollupConfig | None = None,
              read_only: bool = False, schemas: Sequence[Schema] = ()) -> Store:
         """Open (creating or migrating) the database at ``path``, with the tables of ``schemas``."""
@@ -346,6 +346,7 @@ class Store:
         elif not path.exists():
             raise StoreError("opening", f"database {path} does not exist")
         config: dict[str, str | bool | int | float | list[str]] = {"memory_limit": memory_limit, "threads": str(threads),
+                  "checkpoint_threshold": checkpoint_threshold,
                   "enable_external_access": "false", "autoinstall_known_extensions": "false",
                   "autoload_known_extensions": "false"}
         # A write-ahead log left by an unclean shutdown is copied aside before DuckDB replays

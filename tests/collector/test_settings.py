@@ -118,6 +118,12 @@ def test_tokens_from_the_toml_file_and_overrides(tmp_path: Path) -> None:
      "setting 'bucket_seconds': 86401 is above the maximum 86400; set it to 86400 or less"),
     ("batch_max_wait_ms", "-1", "setting 'batch_max_wait_ms': -1.0 is below the minimum 0.0; set it to 0.0 or more"),
     ("max_attributes", "-1", "setting 'max_attributes': -1 is below the minimum 0; set it to 0 or more"),
+    ("checkpoint_threshold", "lots",
+     "setting 'checkpoint_threshold': 'lots' is not a size; write a number and a unit such as 512MB or 1GB"),
+    ("memory_limit", "1 GBs",
+     "setting 'memory_limit': '1 GBs' is not a size; write a number and a unit such as 512MB or 1GB"),
+    ("import_memory_limit", "MB",
+     "setting 'import_memory_limit': 'MB' is not a size; write a number and a unit such as 512MB or 1GB"),
 ])
 def test_a_bad_environment_value_names_the_key(name: str, value: str, message: str) -> None:
     exc = invalid(env={f"SHAPEWATCH_{name.upper()}": value})
@@ -250,3 +256,18 @@ def test_a_bad_token_entry_names_the_setting_and_the_syntax(entry: str, says: st
 def test_a_secret_given_twice_is_refused() -> None:
     err = invalid({"tokens": ["read:s3", "admin:s3"]}, env={})
     assert err.key == "tokens" and "two entries share a secret" in str(err)
+
+
+@pytest.mark.parametrize("size", ["256MB", "1GB", "512mb", "1.5GB", "64MiB", "100 KB", "4096B", "1TB", "10 bytes"])
+def test_sizes_duckdb_reads_are_accepted(size: str) -> None:
+    assert load_settings({"checkpoint_threshold": size, "memory_limit": size}, env={}).checkpoint_threshold == size
+
+
+def test_the_checkpoint_threshold_and_memory_limit_reach_the_store(tmp_path: Path) -> None:
+    from analysis.store_access import open_store  # the one place settings become a store
+
+    settings = load_settings({"checkpoint_threshold": "64MiB", "memory_limit": "768MB",
+                              "db_path": str(tmp_path / "s.duckdb")}, env={})
+    with open_store(settings) as store:
+        assert store.query("SELECT current_setting('checkpoint_threshold'), current_setting('memory_limit')") == [
+            ("64.0 MiB", "732.4 MiB")]

@@ -81,6 +81,19 @@ def test_a_new_file_is_created_at_the_current_schema_version(db_path: Path) -> N
     assert db_path.exists()
 
 
+def test_the_log_is_checkpointed_at_the_configured_size_not_at_16_mib(db_path: Path, envelope: MakeEnvelope) -> None:
+    """DuckDB's default (16 MiB) checkpoints every few seconds of traffic, each one costing more as
+    the file grows; the store asks for 256 MB unless told otherwise, and a batch stays in the log."""
+    with Store.open(db_path) as store:
+        assert store.query("SELECT current_setting('checkpoint_threshold')") == [("244.1 MiB",)]
+        store.write_batch(envs(envelope, 50, "logged"))
+        wal = db_path.with_name(db_path.name + ".wal")
+        assert wal.stat().st_size > 0  # committed, in the log, not yet checkpointed
+    with Store.open(db_path, checkpoint_threshold="1MB") as store:
+        assert store.query("SELECT current_setting('checkpoint_threshold')") == [("976.5 KiB",)]
+        assert count_events(store) == 50
+
+
 def test_reopening_a_current_file_changes_nothing(db_path: Path, envelope: MakeEnvelope) -> None:
     with Store.open(db_path) as store:
         store.write_batch(envs(envelope, 3, "e"))
