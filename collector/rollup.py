@@ -168,6 +168,9 @@ class RollupBatch:
         self._check = check
         self._contracts: dict[tuple[int, str, ContractStatus], int] = {}  # (group, version, status) -> outputs
         self._violations: dict[tuple[int, str, str | None, str], int] = {}  # (group, version, path, keyword)
+        # (contract, version) found unregistered in this batch: not asked again for every output
+        # (the check's cache answers the same for its miss_seconds anyway)
+        self._unregistered: set[tuple[str, str]] = set()
         self._paths = _PathNames()
         # (model, prompt version, contract, served model if it differs from the model, bucket)
         self._groups: dict[tuple[str, str, str, str | None, int], int] = {}
@@ -201,10 +204,12 @@ class RollupBatch:
         found: Sequence[tuple[str | None, str]] = ()
         if contract_version is None:
             status = ContractStatus.untagged
-        elif self._check is None:
+        elif self._check is None or (cohort[2], contract_version) in self._unregistered:
             status = ContractStatus.unregistered
         else:
             status, found = self._check(cohort, contract_version, key[-1], output)
+            if status is ContractStatus.unregistered:
+                self._unregistered.add((cohort[2], contract_version))
         ck = (group, contract_version or "", status)
         self._contracts[ck] = self._contracts.get(ck, 0) + 1
         for path, keyword in found:

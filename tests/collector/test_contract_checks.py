@@ -194,3 +194,22 @@ def test_a_catalog_checks_outputs_against_the_tool_named_like_their_contract(tmp
         facts = validators.facts("get_weather", "1")
         assert facts is not None and facts.required == frozenset({"city"})
         assert validators.facts("assistant", "1") is None and validators.facts("get_weather", "9") is None
+
+
+def test_an_unregistered_version_of_one_contract_leaves_the_same_version_of_another_checked(tmp_path: Any) -> None:
+    """A batch remembers which (contract, version) it found unregistered; the contract is part of that."""
+    def of(i: int, contract: str, output: dict[str, Any]) -> Any:
+        raw = make_envelope(event_id=f"m{i}", ts="2026-11-29T12:00:00Z", contract=contract, contract_version="3",
+                            output=output)
+        return parse_envelope(orjson.dumps(raw), LIMITS)
+
+    with Store.open(tmp_path / "c.duckdb") as store:
+        register_contract(store, "triage", "3", SCHEMA)
+        batch = [of(i, "intake", VALID) for i in range(3)]
+        batch += [of(10 + i, "triage", VALID) for i in range(2)] + [of(20, "triage", {"priority": "low"})]
+        batch += [of(30, "intake", VALID)]
+        store.write_batch(batch)
+        got = {(c, v, s): int(n) for c, v, s, n in store.query(
+            """SELECT c.contract, contract_version, status, sum(n) FROM contract_rollups JOIN cohorts c
+               USING (cohort_id) GROUP BY ALL""")}
+        assert got == {("intake", "3", "unregistered"): 4, ("triage", "3", "valid"): 2, ("triage", "3", "invalid"): 1}
