@@ -128,7 +128,9 @@ class Settings:
         min=0.0)
     batch_max_events: int = _s(5000, "Most events one group-commit transaction holds.", min=1)
     batch_max_wait_ms: float = _s(
-        2.0, "How long the writer waits for more requests before committing a batch.", min=0.0)
+        10.0, "How long the writer waits for more requests before committing a batch: a lone request "
+        "waits this long; under load fewer, bigger commits (10 rather than 2 measured 10% more events/s).",
+        min=0.0)
     rollup_merge_events: int = _s(
         20_000, "The service merges rollups after this many stored events (events commit first).", min=1)
     rollup_merge_seconds: float = _s(
