@@ -390,10 +390,25 @@ def _merge(con: duckdb.DuckDBPyConnection, cfg: RollupConfig, f: pa.Table, nums:
     # Values already kept always add up; new ones are admitted by frequency while
     # room is left; the rest go to the overflow count. Only buckets that earlier
     # merges touched can hold kept values, so only those are looked up.
+    # Most slots (a group's path) need none of that: when no earlier merge and no other
+    # group of this one holds their (cohort, bucket), and they hold at most `cap` values,
+    # every value is kept as it is ("easy"). Ranking and summing the rest only saves most
+    # of a merge's time (measured: 6.0 of 8.5 s of the values of a 1M-event import).
+    con.execute(
+        """CREATE OR REPLACE TEMP TABLE _slots AS
+           SELECT f.slot, g.cohort_id, g.bucket, f.path,
+                  f.alone AND NOT g.shared AND NOT b.existed AND coalesce(c.n, 0) <= $cap AS easy
+           FROM (SELECT slot, g, path, count(*) OVER (PARTITION BY g, path) = 1 AS alone FROM _rf) f
+           JOIN _groups g USING (g) JOIN _buckets b USING (cohort_id, bucket)
+           LEFT JOIN (SELECT slot, count(*) AS n FROM _rv GROUP BY slot) c USING (slot)""",
+        {"cap": cfg.enum_values_per_path})
+    con.execute(
+        """INSERT INTO value_rollups SELECT s.cohort_id, s.bucket, s.path, v.value, v.n
+           FROM _rv v JOIN _slots s USING (slot) WHERE s.easy""")
     con.execute(
         """CREATE OR REPLACE TEMP TABLE _vr AS
-           WITH b AS (SELECT cohort_id, bucket, path, value, sum(_rv.n) AS n
-                      FROM _rv JOIN _rf USING (slot) JOIN _groups USING (g) GROUP BY ALL),
+           WITH b AS (SELECT cohort_id, bucket, path, value, sum(v.n) AS n
+                      FROM _rv v JOIN _slots s USING (slot) WHERE NOT s.easy GROUP BY ALL),
            seen AS (SELECT cohort_id, bucket FROM _buckets WHERE existed),
            old AS (SELECT DISTINCT cohort_id, bucket, path, value FROM value_rollups
                    WHERE bucket BETWEEN (SELECT min(bucket) FROM seen) AND (SELECT max(bucket) FROM seen)
@@ -432,7 +447,7 @@ def _merge(con: duckdb.DuckDBPyConnection, cfg: RollupConfig, f: pa.Table, nums:
         """INSERT INTO violation_rollups
            SELECT cohort_id, bucket, contract_version, path, keyword, sum(_rx.n)
            FROM _rx JOIN _groups USING (g) GROUP BY ALL""")
-    for t in ("_vr", "_buckets", "_groups"):
+    for t in ("_vr", "_slots", "_buckets", "_groups"):
         con.execute(f"DROP TABLE {t}")
 
 

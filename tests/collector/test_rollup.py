@@ -433,6 +433,57 @@ def test_the_value_cap_is_per_cohort_bucket_and_path(tmp_path: Path, envelope: M
     store.close()
 
 
+def test_merges_of_several_batches_keep_values_by_the_policy(tmp_path: Path, envelope: MakeEnvelope) -> None:
+    """Merges of several batches at once (deferred), some buckets met again by later merges, some
+    outputs answered by another model (counted in its cohort too): every (cohort, bucket, path)
+    keeps exactly the values the policy admits, whether its merge took the shortcut for slots no
+    one else holds (a bucket first met, at most `cap` values) or ranked them."""
+    cap = 3
+    rng = random.Random(11)
+    store = open_store(tmp_path, "policy", rollup=RollupConfig(enum_values_per_path=cap))
+    store.defer_rollups(max_events=10**9, max_seconds=float("inf"))
+    kept: dict[tuple[str, int, str], Counter[str]] = defaultdict(Counter)
+    overflow: Counter[tuple[str, int, str]] = Counter()
+    n = 0
+    for _merge in range(6):
+        merged: dict[tuple[str, int, str], Counter[str]] = defaultdict(Counter)
+        for _batch in range(rng.randint(1, 3)):
+            batch = []
+            for _ in range(rng.randint(1, 12)):
+                minute = rng.randint(0, 3)
+                served = rng.choice(["m", "m", "m2"])
+                output = {p: rng.choice("abcdef"[:rng.randint(1, 6)]) for p in rng.sample(["x", "y"], rng.randint(1, 2))}
+                batch.append(parse(envelope(event_id=f"e{n}", model="m", served_model=served,
+                                            ts=f"2026-11-29T12:0{minute}:{rng.randint(0, 59):02d}Z", output=output)))
+                n += 1
+                for model in {"m", served}:
+                    for path, v in output.items():
+                        merged[(model, T1200 + 60 * minute, path)][v] += 1
+            write_all(store, [batch])
+        store.flush_rollups()
+        for key, counts in merged.items():  # the policy, one merge at a time
+            for v in [v for v in counts if v in kept[key]]:
+                kept[key][v] += counts.pop(v)
+            for v, c in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
+                if len(kept[key]) < cap:
+                    kept[key][v] = c
+                else:
+                    overflow[key] += c
+    rows = store.query(
+        """SELECT c.model, epoch(bucket)::BIGINT, path, value, sum(n)::BIGINT FROM value_rollups
+           JOIN cohorts c USING (cohort_id) WHERE c.prompt_version = 'intake-v3' GROUP BY ALL""")
+    got: dict[tuple[str, int, str], dict[str, int]] = defaultdict(dict)
+    for model, bucket, path, value, count in rows:
+        got[(model, bucket, path)][value] = count
+    assert dict(got) == {k: dict(v) for k, v in kept.items()}
+    got_overflow = {(m, b, p): o for m, b, p, o in store.query(
+        """SELECT c.model, epoch(bucket)::BIGINT, path, sum(values_overflow)::BIGINT FROM field_rollups
+           JOIN cohorts c USING (cohort_id) WHERE c.prompt_version = 'intake-v3' GROUP BY ALL""") if o}
+    assert got_overflow == dict(overflow)
+    assert len({k[0] for k in kept}) == 2 and sum(overflow.values()) > 0  # both cohorts, and the cap bit
+    store.close()
+
+
 # --- compaction --------------------------------------------------------------------------------------
 
 
