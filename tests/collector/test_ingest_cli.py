@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import os
 import subprocess
@@ -197,3 +198,24 @@ def test_same_named_files_in_different_folders_do_not_collide(tmp_path: Path, db
     assert summary_of(ingest(a, db=db)) == summary(accepted=1)
     assert summary_of(ingest(b, db=db)) == summary(accepted=1)
     assert summary_of(ingest(a, db=db)) == summary(duplicate=1)
+
+
+@pytest.mark.parametrize("block", [1, 2, 3, 7, 64, 1 << 22])
+@pytest.mark.parametrize("gz", [False, True])
+def test_lines_read_in_blocks_are_the_lines_of_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        block: int, gz: bool) -> None:
+    """The import reads blocks and splits them: every line, its number and its bytes are those a
+    line-by-line read gives, whatever the block size (lines across blocks, longer than a block,
+    empty, with CR, a last line without a newline)."""
+    from collector import ingest as ingest_module
+
+    data = b"".join([b'{"a": 1}\n', b"\n", b"x" * 150 + b"\n", b"  \r\n", b"cr\rlf\r\n", b"\n\n",
+                     "é€😀".encode() + b"\n", b"last, no newline"])
+    path = tmp_path / ("in.jsonl.gz" if gz else "in.jsonl")
+    path.write_bytes(gzip.compress(data) if gz else data)
+    monkeypatch.setattr(ingest_module, "_READ_BLOCK", block)
+    reader = ingest_module._Lines(path)
+    # the reference: a binary file's own line iteration (a lone CR is no line break)
+    expected = [(n, line.removesuffix(b"\n")) for n, line in enumerate(io.BytesIO(data), 1)]
+    assert list(reader) == expected
+    assert len(expected) == 9 and reader.error is None
