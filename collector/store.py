@@ -598,9 +598,11 @@ class Store:
 
     @property
     def rollups_due(self) -> bool:
-        """True when deferred rollups have waited ``max_seconds`` (the writer then flushes)."""
+        """True when deferred rollups cover ``max_events`` or have waited ``max_seconds``
+        (the writer then flushes)."""
         first = self._pending_first
-        return self._defer is not None and first is not None and time.monotonic() - first >= self._defer[1]
+        return self._defer is not None and first is not None and (
+            self._pending_events >= self._defer[0] or time.monotonic() - first >= self._defer[1])
 
     def flush_rollups(self) -> int:
         """Merge deferred rollups now; returns the events they covered. Readers call this first."""
@@ -620,6 +622,13 @@ class Store:
             self._set_watermark(con, self._pending_through)
         self._pending, self._pending_events, self._pending_first = [], 0, None
         return n
+
+    def merge_pending(self) -> None:
+        """Merge deferred rollups now; a failure is logged and kept in ``last_merge_error``
+        (shown by /healthz) instead of raised: the events they count are committed."""
+        if self._pending:
+            with self._write_lock:
+                self._flush_after_commit()
 
     def _flush_after_commit(self) -> None:
         # The events are committed and will be acknowledged: a failed merge must not turn
@@ -688,20 +697,24 @@ class Store:
         return batch
 
     def write_batch(self, envelopes: Sequence[Envelope] | PreparedBatch, *,
-                    now: datetime | None = None) -> list[WriteResult]:
+                    now: datetime | None = None, merge: bool = True) -> list[WriteResult]:
         """Store the events not seen before, with their rollups, in one transaction.
 
         Returns one result per envelope, in order. A key seen before (in an
         earlier batch or earlier in this one) with the same payload is a
         duplicate; with a different payload, a conflict. Nothing is stored for
         either. When this returns, the transaction has committed.
+
+        With deferred rollups, the counts are merged here once they cover
+        ``max_events``; ``merge=False`` leaves that to the caller (``rollups_due``,
+        ``flush_rollups``): the service answers the batch's requests first.
         """
         if self.read_only:
             raise StoreError("writing", "the store was opened read-only")
         batch = envelopes if isinstance(envelopes, PreparedBatch) else self.prepare_batch(envelopes)
         with self._write_lock:
             inserted, existing = self._write(batch, self._batch_time(now))
-            if self._defer is not None and self._pending_events >= self._defer[0]:
+            if merge and self._defer is not None and self._pending_events >= self._defer[0]:
                 self._flush_after_commit()
         if len(inserted) == len(batch.event_ids):  # every envelope new: the usual case
             accepted = WriteStatus.accepted

@@ -200,15 +200,15 @@ class SwappableStore:
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    def write_batch(self, envelopes: Sequence[Envelope]) -> list[WriteResult]:
-        return self.store.write_batch(envelopes)
+    def write_batch(self, envelopes: Sequence[Envelope], *, merge: bool = True) -> list[WriteResult]:
+        return self.store.write_batch(envelopes, merge=merge)
 
     @property
     def rollups_due(self) -> bool:
         return self.store.rollups_due
 
-    def flush_rollups(self) -> int:
-        return self.store.flush_rollups()
+    def merge_pending(self) -> None:
+        self.store.merge_pending()
 
 
 def test_a_store_error_fails_the_requests_and_the_writer_keeps_running(
@@ -240,3 +240,39 @@ def test_a_store_error_fails_the_requests_and_the_writer_keeps_running(
     finally:
         writer.stop()
         target.store.close()
+
+
+def test_requests_are_answered_before_the_rollups_they_make_due_are_merged(
+        store: Store, envelope: MakeEnvelope, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch that brings deferred rollups to max_events is answered at its commit; the merge
+    (hundreds of milliseconds on a busy store) follows on the writer thread, then the next batch."""
+    import collector.store as store_module
+
+    real_merge = store_module.merge_rollups
+    merging, release = threading.Event(), threading.Event()
+
+    def held_merge(*args: Any, **kwargs: Any) -> None:
+        merging.set()
+        assert release.wait(TIMEOUT)
+        real_merge(*args, **kwargs)
+
+    monkeypatch.setattr(store_module, "merge_rollups", held_merge)
+    store.defer_rollups(max_events=3, max_seconds=3600)
+    writer = Writer(store, max_wait=0.001)
+    writer.start()
+    try:
+        first = writer.submit(envs(envelope, 3, "due"))
+        assert [r.status for r in first.result(TIMEOUT)] == [A] * 3
+        assert merging.wait(TIMEOUT)  # the merge started after the answer, and is held there
+        assert store.query("SELECT count(*) FROM cohort_buckets") == [(0,)]
+        second = writer.submit(envs(envelope, 1, "next"))
+        assert not second.done()  # the one writer thread is merging
+        release.set()
+        assert [r.status for r in second.result(TIMEOUT)] == [A]
+    finally:
+        release.set()
+        writer.stop()
+    assert store.last_merge_error is None
+    # the three of the due merge, and the one merged when the writer stopped
+    assert store.query("SELECT sum(events)::BIGINT FROM cohort_buckets") == [(4,)]
+    assert count_events(store) == 4
