@@ -206,6 +206,9 @@ class PreparedBatch:
     hashes: list[str]  # their payload hashes
     early: list[WriteResult | None]  # results known without the database (repeats inside the batch)
     cohorts: dict[tuple[str, str, str], datetime]  # cohort (in cohort_key order) -> first ts seen
+    # The cohorts of the models that answered an alias (rollup.py's served cohorts), created
+    # with the events: a merge then never inserts a cohort, so merges can run beside commits.
+    served_cohorts: dict[tuple[str, str, str], datetime]
     table: pa.Table  # the unique events as columns, with cohort_key; no parsed outputs are kept
     rollups: RollupBatch  # the counts of all unique events
 
@@ -315,14 +318,21 @@ class Store:
         self.rollup = rollup
         self.read_only = read_only
         self._write_lock = threading.Lock()
+        # Merges of deferred rollups take this one, not the write lock: they write only rollup
+        # tables, on their own connection, so events keep committing meanwhile. One merge at
+        # a time; compaction takes it too. Order: the write lock first when both are held.
+        self._merge_lock = threading.Lock()
+        self._merge_con: duckdb.DuckDBPyConnection | None = None
         self._local = threading.local()
         self._cohorts: dict[tuple[str, str, str], int] = {}
         self._pending_cohorts: dict[tuple[str, str, str], int] = {}
         # Deferred rollups (see defer_rollups): counted, committed events not yet merged.
         self._defer: tuple[int, float] | None = None
-        self._pending: list[RollupBatch] = []
+        # (counts, received_at of their batch, monotonic time they were added), in commit order;
+        # guarded by _pending_lock (held briefly: a commit adds, a merge takes a prefix).
+        self._pending: list[tuple[RollupBatch, datetime, float]] = []
+        self._pending_lock = threading.Lock()
         self._pending_events = 0
-        self._pending_through: datetime | None = None
         self._pending_first: float | None = None
         self._staged: RollupBatch | None = None
         self.last_merge_error: str | None = None
@@ -453,12 +463,14 @@ class Store:
             yield con
 
     @contextmanager
-    def _transaction(self, doing: str) -> Iterator[duckdb.DuckDBPyConnection]:
-        """BEGIN ... COMMIT on the writing connection; any failure rolls back (never left open).
+    def _transaction(self, doing: str,
+                     con: duckdb.DuckDBPyConnection | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
+        """BEGIN ... COMMIT on the writing connection (or ``con``, the merges'); any failure
+        rolls back (never left open).
 
         DuckDB errors become StoreUnavailable (disk full, I/O) or StoreError naming ``doing``.
         """
-        con = self._con
+        con = self._con if con is None else con
         try:
             con.execute("BEGIN TRANSACTION")
         except duckdb.Error as exc:
@@ -483,6 +495,11 @@ class Store:
         except StoreError as exc:  # the events are stored; the next open rolls them up
             log.warning("rollups not merged at close (%s); they are rebuilt at the next open", exc)
         finally:
+            if self._merge_con is not None:
+                try:
+                    self._merge_con.close()
+                except duckdb.Error:  # the file's connection is closing anyway
+                    pass
             self._con.close()
 
     def __enter__(self) -> Store:
@@ -567,6 +584,7 @@ class Store:
                 early.append(WriteResult(env.event_id, status))
         unique = list(first.values())
         cohorts: dict[tuple[str, str, str], datetime] = {}
+        served: dict[tuple[str, str, str], datetime] = {}
         order: dict[tuple[str, str, str], int] = {}
         keys: list[int] = []
         for e in unique:
@@ -576,10 +594,12 @@ class Store:
                 key = order[cohort] = len(order)
                 cohorts[cohort] = e.ts
             keys.append(key)
+            if e.served_model is not None and e.served_model != e.model:
+                served.setdefault((e.served_model, e.prompt_version, e.contract), e.ts)
         # Only columns and counts leave this method: the parsed outputs are freed with the
         # envelopes (a rare partial insert re-reads the output column).
         return PreparedBatch([e.event_id for e in envelopes], [e.payload_hash for e in envelopes], early,
-                             cohorts, _arrow(unique, keys), self._rollups_of(unique))
+                             cohorts, served, _arrow(unique, keys), self._rollups_of(unique))
 
     # --- deferred rollups --------------------------------------------------------------------
     #
@@ -606,33 +626,46 @@ class Store:
 
     def flush_rollups(self) -> int:
         """Merge deferred rollups now; returns the events they covered. Readers call this first."""
-        if not self._pending:  # nothing waits: no need to queue behind the writer for the lock
+        if not self._pending:  # nothing waits: no need to queue behind a merge for the lock
             return 0  # (a batch that commits meanwhile is merged by the next reader or the writer)
-        with self._write_lock:
+        with self._merge_lock:
             return self._flush_locked()
 
     def _flush_locked(self) -> int:
-        if not self._pending:
+        """Merge the counts pending now (the merge lock is held); batches committing meanwhile wait."""
+        with self._pending_lock:
+            taken = list(self._pending)
+        if not taken:
             return 0
-        n = self._pending_events
+        n = sum(batch.events for batch, _, _ in taken)
+        if self._merge_con is None:
+            try:
+                self._merge_con = self._con.cursor()
+            except duckdb.Error as exc:
+                raise _store_error("merging rollups", exc) from exc
         # On failure the counts stay pending; the events are stored either way.
-        with self._transaction("merging rollups") as con:
-            merge_rollups(con, self._pending, self.rollup)
-            assert self._pending_through is not None
-            self._set_watermark(con, self._pending_through)
-        self._pending, self._pending_events, self._pending_first = [], 0, None
+        with self._transaction("merging rollups", self._merge_con) as con:
+            merge_rollups(con, [batch for batch, _, _ in taken], self.rollup)
+            self._set_watermark(con, taken[-1][1])
+        with self._pending_lock:
+            del self._pending[:len(taken)]
+            self._pending_events -= n
+            self._pending_first = self._pending[0][2] if self._pending else None
         return n
 
     def merge_pending(self) -> None:
         """Merge deferred rollups now; a failure is logged and kept in ``last_merge_error``
-        (shown by /healthz) instead of raised: the events they count are committed."""
+        (shown by /healthz) instead of raised: the events they count are committed.
+
+        Takes the merge lock only: events keep committing while it runs."""
         if self._pending:
-            with self._write_lock:
+            with self._merge_lock:
                 self._flush_after_commit()
 
     def _flush_after_commit(self) -> None:
         # The events are committed and will be acknowledged: a failed merge must not turn
         # into an error for them (a retry would store events without an id twice).
+        # The caller holds the merge lock.
         try:
             self._flush_locked()
         except StoreError as exc:
@@ -715,7 +748,8 @@ class Store:
         with self._write_lock:
             inserted, existing = self._write(batch, self._batch_time(now))
             if merge and self._defer is not None and self._pending_events >= self._defer[0]:
-                self._flush_after_commit()
+                with self._merge_lock:
+                    self._flush_after_commit()
         if len(inserted) == len(batch.event_ids):  # every envelope new: the usual case
             accepted = WriteStatus.accepted
             return [WriteResult(event_id, accepted) for event_id in batch.event_ids]
@@ -761,17 +795,18 @@ class Store:
         # Only committed cohorts enter the cache: a rolled-back id must never be reused.
         self._cohorts.update(self._pending_cohorts)
         if self._staged is not None:
-            if not self._pending:
-                self._pending_first = time.monotonic()
-            self._pending.append(self._staged)
-            self._pending_events += self._staged.events
-            self._pending_through = now
+            added = time.monotonic()
+            with self._pending_lock:
+                if not self._pending:
+                    self._pending_first = added
+                self._pending.append((self._staged, now, added))
+                self._pending_events += self._staged.events
             self._staged = None
         return inserted, existing
 
     def _insert(self, con: duckdb.DuckDBPyConnection, batch: PreparedBatch,
                 now: datetime) -> tuple[set[str], dict[str, str]]:
-        by_key = self._cohort_ids(con, batch.cohorts)
+        by_key = self._cohort_ids(con, {**batch.served_cohorts, **batch.cohorts})
         ids = [by_key[key] for key in batch.cohorts]
         con.register("_ck", pa.table({"cohort_key": pa.array(range(len(ids)), pa.int32()),
                                       "cohort_id": pa.array(ids, pa.int32())}))
@@ -883,7 +918,7 @@ class Store:
         Returns the rows removed. One transaction, holding the write lock: callers
         compacting a long history go range by range (``compact_by_day``).
         """
-        with self._write_lock, self._transaction("compacting rollups") as con:
+        with self._write_lock, self._merge_lock, self._transaction("compacting rollups") as con:
             return compact_rollups(con, since, until)
 
     def compact_by_day(self) -> int:

@@ -5,7 +5,8 @@ returned future; the writer thread takes everything queued (up to a batch
 limit), stores it in one transaction, and only then resolves the futures. So
 a 2xx always means committed, and throughput comes from sharing commits, not
 from answering early. When the store defers rollups (``Store.defer_rollups``),
-the writer also merges them when they are due, between commits or when idle.
+a second thread merges them when they are due, beside the commits: a merge
+writes only rollup tables, on its own connection.
 
 >>> writer = Writer(store, max_events=5000, max_wait=0.002, max_queued=200_000)  # doctest: +SKIP
 >>> writer.start()                                                                 # doctest: +SKIP
@@ -46,20 +47,29 @@ class Writer:
         self._cond = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._writer_loop, name="shapewatch-writer", daemon=True)
-        self._tick = 0.25  # how often an idle writer checks whether deferred rollups are due
+        self._merger = threading.Thread(target=self._merge_loop, name="shapewatch-merge", daemon=True)
+        self._merge_now = threading.Event()  # set by the writer when a commit made rollups due
+        self._writing_done = threading.Event()
+        self._tick = 0.25  # how often the merge thread checks whether deferred rollups are due by age
         self.last_error: str | None = None
 
     def start(self) -> None:
         self._thread.start()
+        self._merger.start()
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Commit what is queued, then stop the thread."""
+        """Commit what is queued, merge what is pending, then stop both threads."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
         self._thread.join(timeout)
         if self._thread.is_alive():
             log.error("the writer did not finish within %s s", timeout)
+        self._writing_done.set()
+        self._merge_now.set()
+        self._merger.join(timeout)
+        if self._merger.is_alive():
+            log.error("the rollup merge did not finish within %s s", timeout)
 
     @property
     def queued_events(self) -> int:
@@ -84,12 +94,10 @@ class Writer:
         return fut
 
     def _take(self) -> list[tuple[Sequence[Envelope], Future[list[WriteResult]]]] | None:
-        """The next requests to commit; [] when idle long enough to merge rollups; None to stop."""
+        """The next requests to commit; None to stop."""
         with self._cond:
             while not self._queue and not self._stopping:
-                if self._store.rollups_due:
-                    return []
-                self._cond.wait(self._tick)
+                self._cond.wait()
             if not self._queue:
                 return None
             # A short wait lets concurrent requests join this commit.
@@ -120,19 +128,15 @@ class Writer:
                 log.exception("unexpected error in the writer loop; it carries on")
 
     def _step(self) -> bool:
-        """One commit (or one rollup merge); False when stopping."""
+        """One commit; False when stopping."""
         taken = self._take()
         if taken is None:
-            self._merge_rollups()
             return False
-        if not taken:
-            self._merge_rollups()
-            return True
         batch = [e for envs, _ in taken for e in envs]
         t0 = time.perf_counter()
         try:
-            # Rollups due are merged below, once the requests of this batch are answered:
-            # a merge takes a few hundred milliseconds the clients need not wait for.
+            # Rollups due are merged by the merge thread, beside the next commits: a merge
+            # takes a few hundred milliseconds that neither these requests nor the next wait for.
             results = self._store.write_batch(batch, merge=False)
         except StoreError as exc:
             self.last_error = str(exc)
@@ -154,18 +158,30 @@ class Writer:
         if self._on_batch is not None:
             self._on_batch(len(batch), time.perf_counter() - t0)
         if self._store.rollups_due:
-            self._merge_rollups()
+            self._merge_now.set()
         return True
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive()
+        """Both threads run (a stopped merge thread would leave rollups behind the events)."""
+        return self._thread.is_alive() and self._merger.is_alive()
 
-    def _merge_rollups(self) -> None:
-        # Deferred rollups: events are already committed and acknowledged; if this fails
+    def _merge_loop(self) -> None:
+        # Deferred rollups: events are already committed and acknowledged; if a merge fails
         # the counts stay pending (and are rebuilt from the events at the next open), and
         # the store keeps the error for /healthz until a merge succeeds.
-        self._store.merge_pending()
+        # Nothing may end this loop but stop(): after the last commit, one last merge.
+        while True:
+            self._merge_now.wait(self._tick)
+            self._merge_now.clear()
+            done = self._writing_done.is_set()
+            try:
+                if done or self._store.rollups_due:
+                    self._store.merge_pending()
+            except Exception:
+                log.exception("unexpected error merging rollups; the merge thread carries on")
+            if done:
+                return
 
 
 def _settle(fut: Future[list[WriteResult]], *, result: list[WriteResult] | None = None,

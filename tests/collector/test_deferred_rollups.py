@@ -94,3 +94,48 @@ def test_duplicates_are_not_counted_when_deferred(tmp_path: Path) -> None:
         store.write_batch(evs)  # 30 retries, 20 new
         store.flush_rollups()
         assert rollup_sums(store) == reference(tmp_path, evs)
+
+
+def test_merges_beside_concurrent_commits_count_every_event_once(tmp_path: Path) -> None:
+    """The service's writer merges on its own thread while commits go on: with a merge due
+    after every few events, four submitting threads, repeats, and aliases answered by another
+    model (whose served cohorts the commits create, so merges never insert a cohort), the
+    rollups end equal to those of the same events written in one batch."""
+    import threading
+
+    from collector.writer import Writer
+
+    rnd = random.Random(5)
+    evs = []
+    for i in range(600):
+        served = rnd.choice(["gpt-4o-2024-08-06", "gpt-4o-2024-11-20", None])
+        env = make_envelope(event_id=f"c{i}", ts=rnd.choice(MINUTES), model="gpt-4o", served_model=served,
+                            output={"priority": rnd.choice(["low", "high"]), "n": rnd.randint(0, 3)})
+        evs.append(parse_envelope(orjson.dumps(env), LIMITS))
+    expected = reference(tmp_path, evs)
+    store = Store.open(tmp_path / "concurrent.duckdb")
+    store.defer_rollups(max_events=7, max_seconds=0.01)
+    writer = Writer(store, max_events=40, max_wait=0.0005)
+    writer.start()
+    parts = [evs[i::4] for i in range(4)]
+    errors: list[BaseException] = []
+
+    def submit(part: list[Envelope]) -> None:
+        try:
+            for lo in range(0, len(part), 9):
+                chunk = part[lo:lo + 9]
+                statuses = {r.status.value for r in writer.submit(chunk + chunk[:1]).result(30)}
+                assert statuses <= {"accepted", "duplicate"}, statuses
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=submit, args=(p,)) for p in parts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    writer.stop()
+    assert errors == [] and store.last_merge_error is None
+    assert store.query("SELECT count(*) FROM events") == [(600,)]
+    assert rollup_sums(store) == expected
+    store.close()
