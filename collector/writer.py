@@ -26,9 +26,65 @@ from .envelope import Envelope
 from .errors import BatchTooLarge, StoreError, StoreUnavailable
 from .store import Store, WriteResult
 
-__all__ = ["Writer"]
+__all__ = ["RollupMerger", "Writer"]
 
 log = logging.getLogger(__name__)
+
+
+class RollupMerger:
+    """A thread that merges a store's deferred rollups beside the commits.
+
+    The committing thread calls ``wake`` after a commit; the merger merges when
+    ``Store.rollups_due`` (by count, or by age: it also looks every ``tick``
+    seconds), and once more at ``stop``. A merge writes only rollup tables, on
+    the store's merge connection, so commits go on while it runs. A failed merge
+    leaves the counts pending and the error in ``Store.last_merge_error``.
+
+    >>> merger = RollupMerger(store); merger.start()   # doctest: +SKIP
+    >>> store.write_batch(batch, merge=False); merger.wake()   # doctest: +SKIP
+    >>> merger.stop()                                  # doctest: +SKIP
+    """
+
+    def __init__(self, store: Store, *, tick: float = 0.25) -> None:
+        self._store = store
+        self._tick = tick
+        self._now = threading.Event()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="shapewatch-merge", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def wake(self) -> None:
+        """Merge now if rollups are due (cheap to call after every commit)."""
+        if self._store.rollups_due:
+            self._now.set()
+
+    def stop(self, timeout: float | None = 30.0) -> None:
+        """Merge what is pending, then end the thread (call after the last commit; None: no time limit)."""
+        self._done.set()
+        self._now.set()
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.error("the rollup merge did not finish within %s s", timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def _loop(self) -> None:
+        # Nothing may end this loop but stop(): after the last commit, one last merge.
+        while True:
+            self._now.wait(self._tick)
+            self._now.clear()
+            done = self._done.is_set()
+            try:
+                if done or self._store.rollups_due:
+                    self._store.merge_pending()
+            except Exception:
+                log.exception("unexpected error merging rollups; the merge thread carries on")
+            if done:
+                return
 
 
 class Writer:
@@ -47,10 +103,7 @@ class Writer:
         self._cond = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._writer_loop, name="shapewatch-writer", daemon=True)
-        self._merger = threading.Thread(target=self._merge_loop, name="shapewatch-merge", daemon=True)
-        self._merge_now = threading.Event()  # set by the writer when a commit made rollups due
-        self._writing_done = threading.Event()
-        self._tick = 0.25  # how often the merge thread checks whether deferred rollups are due by age
+        self._merger = RollupMerger(store)
         self.last_error: str | None = None
 
     def start(self) -> None:
@@ -65,11 +118,7 @@ class Writer:
         self._thread.join(timeout)
         if self._thread.is_alive():
             log.error("the writer did not finish within %s s", timeout)
-        self._writing_done.set()
-        self._merge_now.set()
-        self._merger.join(timeout)
-        if self._merger.is_alive():
-            log.error("the rollup merge did not finish within %s s", timeout)
+        self._merger.stop(timeout)
 
     @property
     def queued_events(self) -> int:
@@ -157,31 +206,13 @@ class Writer:
             i += len(envs)
         if self._on_batch is not None:
             self._on_batch(len(batch), time.perf_counter() - t0)
-        if self._store.rollups_due:
-            self._merge_now.set()
+        self._merger.wake()
         return True
 
     @property
     def alive(self) -> bool:
         """Both threads run (a stopped merge thread would leave rollups behind the events)."""
-        return self._thread.is_alive() and self._merger.is_alive()
-
-    def _merge_loop(self) -> None:
-        # Deferred rollups: events are already committed and acknowledged; if a merge fails
-        # the counts stay pending (and are rebuilt from the events at the next open), and
-        # the store keeps the error for /healthz until a merge succeeds.
-        # Nothing may end this loop but stop(): after the last commit, one last merge.
-        while True:
-            self._merge_now.wait(self._tick)
-            self._merge_now.clear()
-            done = self._writing_done.is_set()
-            try:
-                if done or self._store.rollups_due:
-                    self._store.merge_pending()
-            except Exception:
-                log.exception("unexpected error merging rollups; the merge thread carries on")
-            if done:
-                return
+        return self._thread.is_alive() and self._merger.alive
 
 
 def _settle(fut: Future[list[WriteResult]], *, result: list[WriteResult] | None = None,
