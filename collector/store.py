@@ -463,26 +463,30 @@ class Store:
             yield con
 
     @contextmanager
-    def _transaction(self, doing: str,
-                     con: duckdb.DuckDBPyConnection | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
+    def _transaction(self, doing: str, con: duckdb.DuckDBPyConnection | None = None, *,
+                     explicit: bool = True) -> Iterator[duckdb.DuckDBPyConnection]:
         """BEGIN ... COMMIT on the writing connection (or ``con``, the merges'); any failure
-        rolls back (never left open).
+        rolls back (never left open). ``explicit=False``: no BEGIN and COMMIT, each statement
+        commits on its own (for a block whose writes are each one statement).
 
         DuckDB errors become StoreUnavailable (disk full, I/O) or StoreError naming ``doing``.
         """
         con = self._con if con is None else con
-        try:
-            con.execute("BEGIN TRANSACTION")
-        except duckdb.Error as exc:
-            raise _store_error(doing, exc) from exc
+        if explicit:
+            try:
+                con.execute("BEGIN TRANSACTION")
+            except duckdb.Error as exc:
+                raise _store_error(doing, exc) from exc
         try:
             yield con
-            con.execute("COMMIT")
+            if explicit:
+                con.execute("COMMIT")
         except BaseException as exc:
-            try:
-                con.execute("ROLLBACK")
-            except duckdb.Error:
-                pass
+            if explicit:
+                try:
+                    con.execute("ROLLBACK")
+                except duckdb.Error:
+                    pass
             if isinstance(exc, duckdb.Error):
                 raise _store_error(doing, exc) from exc
             raise
@@ -784,7 +788,11 @@ class Store:
         self._pending_cohorts = {}
         self._staged = None
         try:
-            with self._transaction("writing a batch") as con:
+            # With deferred rollups a batch writes one statement, the events (cohorts new to it
+            # go first, in their own statement, and may outlive a failed insert harmlessly): it
+            # commits alone. BEGIN and COMMIT would be two more calls into DuckDB, each giving
+            # up the GIL and waiting to get it back from the request threads.
+            with self._transaction("writing a batch", explicit=self._defer is None) as con:
                 inserted, existing = self._insert(con, batch, now)
         finally:
             for name in ("_batch", "_ck"):
