@@ -132,7 +132,8 @@ class Settings:
         "waits this long; under load fewer, bigger commits (10 rather than 2 measured 10% more events/s).",
         min=0.0)
     rollup_merge_events: int = _s(
-        20_000, "The service merges rollups after this many stored events (events commit first).", min=1)
+        20_000, "The service merges rollups after this many stored events, on a thread of its own "
+        "while events keep committing.", min=1)
     rollup_merge_seconds: float = _s(
         1.0, "... or after this many seconds, whichever comes first: how far rollups may lag events.",
         min=0.0)
