@@ -727,6 +727,65 @@ static PyObject *acc_number_rows(Acc *self) {
     return Py_BuildValue("(NNN)", slots, values, counts);
 }
 
+/* value_rows() -> (slots, offsets, data, counts): the short string values of every slot as
+ * the buffers of Arrow columns: slots int64, offsets int32 (one more than the rows) and
+ * UTF-8 data of a string column, counts int64. A batch keeps about as many value rows as
+ * events, and boxing each into lists that Arrow then converts cost about 1 us per event. */
+static PyObject *acc_value_rows(Acc *self, PyObject *Py_UNUSED(ignored)) {
+    if (self->namer == NULL) { PyErr_SetString(PyExc_RuntimeError, "Acc is not initialised"); return NULL; }
+    Py_ssize_t n = 0, nbytes = 0;
+    PyObject *k, *v;
+    for (Py_ssize_t s = 0; s < self->nslots; s++) {
+        PyObject *d = PyList_GET_ITEM(self->values, s);
+        Py_ssize_t pos = 0;
+        while (PyDict_Next(d, &pos, &k, &v)) {
+            Py_ssize_t len;
+            if (PyUnicode_AsUTF8AndSize(k, &len) == NULL) return NULL;
+            n++;
+            nbytes += len;
+        }
+    }
+    if (nbytes > INT32_MAX) { PyErr_SetString(PyExc_OverflowError, "value rows exceed 2 GiB of text"); return NULL; }
+    PyObject *slots = PyBytes_FromStringAndSize(NULL, n * 8);
+    PyObject *offsets = PyBytes_FromStringAndSize(NULL, (n + 1) * 4);
+    PyObject *data = PyBytes_FromStringAndSize(NULL, nbytes);
+    PyObject *counts = PyBytes_FromStringAndSize(NULL, n * 8);
+    if (!slots || !offsets || !data || !counts) goto fail;
+    int64_t *ps = (int64_t *)PyBytes_AS_STRING(slots), *pn = (int64_t *)PyBytes_AS_STRING(counts);
+    int32_t *po = (int32_t *)PyBytes_AS_STRING(offsets);
+    char *pd = PyBytes_AS_STRING(data);
+    Py_ssize_t row = 0, at = 0;
+    po[0] = 0;
+    for (Py_ssize_t s = 0; s < self->nslots; s++) {
+        PyObject *d = PyList_GET_ITEM(self->values, s);
+        Py_ssize_t pos = 0;
+        while (PyDict_Next(d, &pos, &k, &v)) {
+            Py_ssize_t len;
+            const char *u = PyUnicode_AsUTF8AndSize(k, &len);  /* cached by the first pass */
+            long long c = PyLong_AsLongLong(v);
+            if (u == NULL || (c == -1 && PyErr_Occurred())) goto fail;
+            if (row >= n || at + len > nbytes) {  /* the dicts changed between the passes */
+                PyErr_SetString(PyExc_RuntimeError, "value counts changed while being read");
+                goto fail;
+            }
+            memcpy(pd + at, u, (size_t)len);
+            at += len;
+            ps[row] = s;
+            pn[row] = c;
+            po[row + 1] = (int32_t)at;
+            row++;
+        }
+    }
+    if (row != n) { PyErr_SetString(PyExc_RuntimeError, "value counts changed while being read"); goto fail; }
+    return Py_BuildValue("(NNNN)", slots, offsets, data, counts);
+fail:
+    Py_XDECREF(slots);
+    Py_XDECREF(offsets);
+    Py_XDECREF(data);
+    Py_XDECREF(counts);
+    return NULL;
+}
+
 /* rows(which) -> (slots, keys, counts): the per-slot dicts of `values` (which=0) or
  * `lengths` (which=1) flattened into three parallel lists, for building columns; or the
  * number bins (which=2) as three packed arrays (see acc_number_rows). */
@@ -766,6 +825,8 @@ static PyMethodDef acc_methods[] = {
     {"rows", (PyCFunction)acc_rows, METH_O,
      "rows(0|1|2) -> (slots, keys, counts) of values (0), lengths (1) or number bins (2, packed)."},
     {"add", (PyCFunction)acc_add, METH_VARARGS, "add(output: dict, group: int): count one output."},
+    {"value_rows", (PyCFunction)acc_value_rows, METH_NOARGS,
+     "value_rows() -> (slots, offsets, data, counts): the values as packed Arrow buffers."},
     {"counts", (PyCFunction)acc_counts, METH_NOARGS, "Per slot: (group, path, nine counts); slot i is row i."},
     {NULL, NULL, 0, NULL},
 };

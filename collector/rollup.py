@@ -285,9 +285,12 @@ class RollupBatch:
              "path": names.take(path_ids), "scope": scopes.take(path_ids)}
         for i, name in enumerate(_FIELD_COLS):
             f[name] = pa.array(cols[2 + i], pa.int64())
-        vs, vv, vn = acc.rows(0)
-        v = pa.table({"slot": pa.array(vs, pa.int64()), "value": pa.array(vv, pa.string()),
-                      "n": pa.array(vn, pa.int64())})
+        vs, voff, vdata, vn = acc.value_rows()  # packed Arrow buffers, wrapped without a copy
+        vrows = len(vs) // 8
+        v = pa.table({
+            "slot": pa.Array.from_buffers(pa.int64(), vrows, [None, pa.py_buffer(vs)]),
+            "value": pa.Array.from_buffers(pa.string(), vrows, [None, pa.py_buffer(voff), pa.py_buffer(vdata)]),
+            "n": pa.Array.from_buffers(pa.int64(), vrows, [None, pa.py_buffer(vn)])})
         als, al, an = acc.rows(1)
         a = pa.table({"slot": pa.array(als, pa.int64()), "length": pa.array(al, pa.int64()),
                       "n": pa.array(an, pa.int64())})

@@ -306,3 +306,32 @@ def test_profiles_read_a_window_through_the_migration(db_path: Path) -> None:
         assert p.fields["score"].numbers == {5.0: 1}
         assert p.fields["score"].number_percentile(0.5) == 5.0
 
+
+
+def test_value_rows_are_the_values_as_arrow_buffers() -> None:
+    """value_rows() packs what rows(0) lists: the same (slot, value, count) rows, in the same
+    order, as the buffers of Arrow columns (non-ASCII, empty and 64-character values included)."""
+    import pyarrow as pa
+
+    names: list[tuple[int, str | None]] = []
+
+    def namer(parent: int, key: str | None) -> int:
+        names.append((parent, key))
+        return len(names) - 1
+
+    acc = Acc(namer, 64)
+    values = ["", "a", "é", "日本語", "😀x", "z" * 64, "z" * 65, "a"]
+    for i, v in enumerate(values):
+        acc.add({"s": v, "t": {"u": [v, "k"]}, "n": i}, i % 3)
+    slots, keys, counts = acc.rows(0)
+    vs, voff, vdata, vn = acc.value_rows()
+    rows = len(vs) // 8
+    column = pa.Array.from_buffers(pa.string(), rows, [None, pa.py_buffer(voff), pa.py_buffer(vdata)])
+    column.validate(full=True)
+    got = list(zip(pa.Array.from_buffers(pa.int64(), rows, [None, pa.py_buffer(vs)]).to_pylist(),
+                   column.to_pylist(),
+                   pa.Array.from_buffers(pa.int64(), rows, [None, pa.py_buffer(vn)]).to_pylist(), strict=True))
+    assert got == list(zip(slots, keys, counts, strict=True))
+    assert len(voff) == 4 * (rows + 1) and len(vdata) == sum(len(k.encode()) for k in keys)
+    assert sorted({k for _, k, _ in got}) == sorted(set(values) - {"z" * 65} | {"k"})  # 65 chars: too long
+    assert Acc(namer, 64).value_rows() == (b"", b"\x00\x00\x00\x00", b"", b"")
