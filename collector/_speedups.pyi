@@ -5,6 +5,9 @@ from typing import Any, Literal, overload
 
 def walk(obj: Any, max_depth: int, max_array: int, max_key: int, max_leaves: int, /) -> tuple[int, int, int] | None: ...
 def count_keys(raw: bytes, /) -> int: ...
+def string_column(rows: list[Any], index: int, /) -> tuple[bytes | None, bytes, bytes, int]:
+    """Item ``index`` (str or None) of every tuple in ``rows`` as an Arrow string column's buffers:
+    validity bitmap (None without nulls), int32 offsets, UTF-8 data; and the null count."""
 def check_envelope(obj: Any, max_tag: int, max_depth: int, max_array: int, max_key: int, max_leaves: int, /) -> tuple[
     str | None, datetime | None, str, str, str | None, str | None, str | None, str | None, str | None, str | None,
     str | None, dict[str, Any], int, int] | None: ...

@@ -34,6 +34,7 @@ import duckdb
 import orjson
 import pyarrow as pa
 
+from ._speedups import string_column
 from .envelope import Envelope
 from .errors import StoreError, StoreLocked, StoreUnavailable, StoreVersionTooNew
 from .rollup import ContractStatus, RollupBatch, RollupConfig, compact_rollups, merge_rollups
@@ -218,10 +219,15 @@ class PreparedBatch:
 
 
 def _arrow(envelopes: Sequence[Envelope], cohort_keys: Sequence[int]) -> pa.Table:
-    s = pa.string()
+    rows = envelopes if isinstance(envelopes, list) else list(envelopes)
 
     def col(i: int) -> pa.Array:
-        return pa.array([e[i] for e in envelopes], s)
+        # Packed by C straight from the envelopes: with a list per column for Arrow to convert,
+        # building the whole table took 2.0 us per event, 0.9 this way (measured, 2,000 events).
+        validity, offsets, data, nulls = string_column(rows, i)
+        return pa.Array.from_buffers(pa.string(), len(rows),
+                                     [None if validity is None else pa.py_buffer(validity),
+                                      pa.py_buffer(offsets), pa.py_buffer(data)], null_count=nulls)
 
     f = {name: i for i, name in enumerate(Envelope._fields)}
     # Timestamps go over as integers: converting datetime objects is the slow part of

@@ -465,3 +465,34 @@ def test_keyed_outcomes_count_once(store: Store) -> None:
     assert store.record_outcomes(rows[:1], keys=[None]) == 1  # without a key, always counted
     assert sorted(store.query("SELECT kind, sum(n)::INT FROM outcomes GROUP BY kind")) == [
         ("refusal", 1), ("truncated", 2)]
+
+
+def test_string_column_packs_str_or_none_items_as_an_arrow_column() -> None:
+    """string_column gives the column Arrow would build from the same values: nulls, empty,
+    non-ASCII and long strings; a column without nulls has no bitmap; wrong items are refused."""
+    import pyarrow as pa
+    import pytest
+
+    from collector._speedups import string_column
+
+    def column(values: list[str | None]) -> pa.Array:
+        rows = [("x", v) for v in values]
+        validity, offsets, data, nulls = string_column(rows, 1)
+        arr = pa.Array.from_buffers(pa.string(), len(rows), [None if validity is None else pa.py_buffer(validity),
+                                                             pa.py_buffer(offsets), pa.py_buffer(data)],
+                                    null_count=nulls)
+        arr.validate(full=True)
+        return arr
+
+    cases: list[list[str | None]] = [
+        [], [None], ["a"], [""], ["a", None, "", "é", None, "日本", "😀" * 100, None, "b"],
+        [None] * 17, [f"v{i}" if i % 3 else None for i in range(30)], ["x" * 70_000, "y"]]
+    for values in cases:
+        arr = column(values)
+        assert arr.equals(pa.array(values, pa.string())), values
+        assert arr.null_count == values.count(None)
+    assert string_column([("a", "b")], 0)[0] is None  # no nulls: no bitmap
+    with pytest.raises(TypeError, match="row 1: item 1 is not a str or None"):
+        string_column([("a", "b"), ("a", 3)], 1)
+    with pytest.raises(TypeError, match="row 0 is not a tuple with an item 2"):
+        string_column([("a", "b")], 2)
