@@ -97,9 +97,12 @@ class Settings:
         "/metrics), admin (other writes: baselines, acks, silences, analyzer runs). Missing or "
         "unknown token: 401; a valid token without the route's scope: 403. /healthz stays open "
         "for liveness probes.")
-    memory_limit: str = _s("1GB", "DuckDB memory_limit for the connection (service or bulk import).")
+    memory_limit: str = _s(
+        "1GB", "DuckDB working memory of the service; the store adds about 64 bytes per stored event "
+        "for the idempotency index, which DuckDB keeps in memory.")
     import_memory_limit: str = _s(
-        "512MB", "DuckDB memory_limit for bulk import (shapewatch ingest), which needs little cache.")
+        "384MB", "DuckDB working memory of bulk import (shapewatch ingest), which needs little cache; "
+        "plus the index, as for memory_limit.")
     duckdb_threads: int = _s(2, "DuckDB worker threads.", min=1, max=256)
     checkpoint_threshold: str = _s(
         "256MB", "Write-ahead log size at which DuckDB checkpoints (writes the log into the file). A "

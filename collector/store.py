@@ -293,6 +293,29 @@ def _is_lock_error(exc: duckdb.Error) -> bool:
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _PURGE_CHUNK = 50_000
 
+# DuckDB keeps the index of the idempotency key (an ART over md5_number(event_id)) in memory,
+# and a write that needs more than memory_limit fails: measured about 45 bytes per stored event
+# (a 512MB limit refused every insert past about 10.7M keys, even after a restart). So the
+# configured limit is working memory, and the store adds room for the index on top of it,
+# at open and as events are stored, a step at a time.
+_INDEX_BYTES_PER_EVENT = 64
+_INDEX_STEP_EVENTS = 100_000
+_SIZE_UNITS = {"b": 1, "byte": 1, "bytes": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def size_bytes(text: str) -> int:
+    """Bytes in a size written as DuckDB reads it: ``512MB`` (10^6), ``1GiB`` (2^30), ``100 bytes``.
+
+    >>> size_bytes("1.5GB"), size_bytes("2 KiB")
+    (1500000000, 2048)
+    """
+    number = text.strip().rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ").strip()
+    unit = text.strip()[len(number):].strip().lower()
+    if unit not in _SIZE_UNITS:
+        raise ValueError(f"{text!r} is not a size; write a number and a unit such as 512MB or 1GB")
+    return int(float(number) * _SIZE_UNITS[unit])
+
 
 def _epoch_us(t: datetime) -> int:
     """Exact microseconds since the epoch (float timestamp() can be 1 us short)."""
@@ -300,6 +323,9 @@ def _epoch_us(t: datetime) -> int:
 
 
 def _store_error(doing: str, exc: duckdb.Error) -> StoreError:
+    if "out of memory" in str(exc).lower():
+        return StoreUnavailable(f"DuckDB ran out of memory while {doing} ({' '.join(str(exc).split())[:300]}); "
+                                "raise memory_limit (import_memory_limit for shapewatch ingest)")
     return StoreUnavailable(exc) if _is_space_error(exc) else StoreError(doing, exc)
 
 
@@ -329,6 +355,11 @@ class Store:
         # a time; compaction takes it too. Order: the write lock first when both are held.
         self._merge_lock = threading.Lock()
         self._merge_con: duckdb.DuckDBPyConnection | None = None
+        # memory_limit as configured, and the stored events DuckDB's limit has room for (see
+        # _INDEX_BYTES_PER_EVENT); set by open().
+        self._memory_base = 0
+        self._indexed_events = 0
+        self._memory_until = 0
         self._local = threading.local()
         self._cohorts: dict[tuple[str, str, str], int] = {}
         self._pending_cohorts: dict[tuple[str, str, str], int] = {}
@@ -392,6 +423,10 @@ class Store:
             for schema in schemas:
                 store._migrate_schema(schema)
             store._check_bucket_width()
+            store._memory_base = size_bytes(memory_limit)
+            row = store._con.execute("SELECT count(*) FROM events").fetchone()
+            store._indexed_events = int(row[0]) if row else 0
+            store._fit_memory()
             if not read_only:
                 store._recover_rollups()
         except duckdb.Error as exc:
@@ -401,6 +436,18 @@ class Store:
             con.close()
             raise
         return store
+
+    def _fit_memory(self) -> None:
+        """DuckDB's memory limit: the configured one plus room for the key index of the events
+        stored and of the next step of them."""
+        self._memory_until = self._indexed_events + _INDEX_STEP_EVENTS
+        limit = self._memory_base + self._memory_until * _INDEX_BYTES_PER_EVENT
+        self._con.execute(f"SET memory_limit = '{limit}B'")
+
+    @property
+    def memory_limit_bytes(self) -> int:
+        """DuckDB's memory limit now: memory_limit plus room for the key index."""
+        return self._memory_base + self._memory_until * _INDEX_BYTES_PER_EVENT
 
     def _schema_version(self) -> int:
         has_meta = self._con.execute(
@@ -808,6 +855,9 @@ class Store:
                     pass
         # Only committed cohorts enter the cache: a rolled-back id must never be reused.
         self._cohorts.update(self._pending_cohorts)
+        self._indexed_events += len(inserted)
+        if self._indexed_events >= self._memory_until:
+            self._fit_memory()
         if self._staged is not None:
             added = time.monotonic()
             with self._pending_lock:

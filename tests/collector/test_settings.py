@@ -269,5 +269,7 @@ def test_the_checkpoint_threshold_and_memory_limit_reach_the_store(tmp_path: Pat
     settings = load_settings({"checkpoint_threshold": "64MiB", "memory_limit": "768MB",
                               "db_path": str(tmp_path / "s.duckdb")}, env={})
     with open_store(settings) as store:
+        # memory_limit, plus room for the key index of the next 100,000 events (64 bytes each)
         assert store.query("SELECT current_setting('checkpoint_threshold'), current_setting('memory_limit')") == [
-            ("64.0 MiB", "732.4 MiB")]
+            ("64.0 MiB", "738.5 MiB")]
+        assert store.memory_limit_bytes == 768_000_000 + 100_000 * 64

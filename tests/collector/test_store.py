@@ -22,7 +22,7 @@ import orjson
 import pytest
 
 from collector.envelope import LIMITS, Envelope, parse_envelope
-from collector.errors import StoreError, StoreVersionTooNew
+from collector.errors import StoreError, StoreUnavailable, StoreVersionTooNew
 from collector.rollup import ROLLUP_TABLES
 from collector.store import MIGRATIONS, SCHEMA_VERSION, Store, WriteResult, WriteStatus
 
@@ -496,3 +496,47 @@ def test_string_column_packs_str_or_none_items_as_an_arrow_column() -> None:
         string_column([("a", "b"), ("a", 3)], 1)
     with pytest.raises(TypeError, match="row 0 is not a tuple with an item 2"):
         string_column([("a", "b")], 2)
+
+
+def test_the_memory_limit_grows_with_the_key_index_so_writes_never_run_out(tmp_path: Path) -> None:
+    """DuckDB keeps the idempotency key's index in memory, and a write past memory_limit fails
+    (with 16MB, after about 150,000 keys). The store adds room for the index of the stored
+    events on top of the configured limit, at open and as events are stored."""
+    from collector.store import size_bytes
+
+    assert (size_bytes("16MB"), size_bytes("1.5GB"), size_bytes("2 KiB"), size_bytes("100 bytes")) == (
+        16_000_000, 1_500_000_000, 2048, 100)
+    path = tmp_path / "memory.duckdb"
+    store = Store.open(path, memory_limit="16MB")
+    store.defer_rollups(max_events=10**9, max_seconds=float("inf"))  # counts are not the point here
+    assert store.memory_limit_bytes == 16_000_000 + 100_000 * 64
+    total = 0
+    for b in range(60):
+        batch = [parse_envelope(orjson.dumps({"event_id": f"k{b}-{i}", "model": "m", "prompt_version": "p",
+                                              "contract": "c", "output": {"a": i}}), LIMITS)
+                 for i in range(5_000)]
+        assert {r.status for r in store.write_batch(batch)} == {WriteStatus.accepted}
+        total += len(batch)
+    assert store.query("SELECT count(*) FROM events") == [(total,)]
+    assert store.memory_limit_bytes == 16_000_000 + (total + 100_000) * 64
+    # DuckDB's own setting is what the store asked for (it shows MiB, to a tenth)
+    shown = store.query("SELECT current_setting('memory_limit')")[0][0]
+    assert shown.endswith(" MiB") and abs(float(shown.split()[0]) * 2**20 - store.memory_limit_bytes) < 0.1 * 2**20, \
+        shown
+    store._con.close()  # no merge at close: only the keys matter
+    with Store.open(path, memory_limit="16MB") as again:  # a restart starts with room for them all
+        assert again.memory_limit_bytes == 16_000_000 + (total + 100_000) * 64
+        assert {r.status for r in again.write_batch([parse_envelope(orjson.dumps(
+            {"event_id": "after", "model": "m", "prompt_version": "p", "contract": "c", "output": {}}), LIMITS)])} == {
+            WriteStatus.accepted}
+
+
+def test_running_out_of_memory_answers_503_naming_the_setting() -> None:
+    from collector.store import _store_error
+
+    err = _store_error("writing a batch", duckdb.OutOfMemoryException(
+        "Out of Memory Error: failed to pin block of size 256.0 KiB (488.2 MiB/488.2 MiB used)"))
+    assert isinstance(err, StoreUnavailable)
+    assert str(err) == ("store cannot write right now: DuckDB ran out of memory while writing a batch (Out of "
+                        "Memory Error: failed to pin block of size 256.0 KiB (488.2 MiB/488.2 MiB used)); raise "
+                        "memory_limit (import_memory_limit for shapewatch ingest)")
