@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 
 from .errors import SettingsInvalid
 
-__all__ = ["Scope", "Settings", "TokenEntry", "load_settings", "parse_token", "settings_help"]
+__all__ = ["Scope", "Settings", "TokenEntry", "load_settings", "parse_token", "settings_help", "size_bytes"]
 
 
 class Scope(StrEnum):
@@ -76,7 +76,21 @@ def parse_token(entry: str) -> TokenEntry:
 
 
 # A size as DuckDB reads it (memory_limit, checkpoint_threshold): a number and a unit.
-_SIZE = re.compile(r"\s*\d+(\.\d+)?\s*([KMGT]i?B|B|bytes?)\s*", re.IGNORECASE)
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B|bytes?)\s*", re.IGNORECASE)
+_SIZE_UNITS = {"b": 1, "byte": 1, "bytes": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def size_bytes(text: str) -> int:
+    """Bytes in a size written as DuckDB reads it: ``512MB`` (10^6), ``1GiB`` (2^30), ``100 bytes``.
+
+    >>> size_bytes("1.5GB"), size_bytes("2 KiB")
+    (1500000000, 2048)
+    """
+    m = _SIZE.fullmatch(text)
+    if m is None:
+        raise ValueError(f"{text!r} is not a size; write a number and a unit such as 512MB or 1GB")
+    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
 
 
 def _s(default: Any, help: str, **kw: Any) -> Any:

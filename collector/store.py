@@ -38,6 +38,7 @@ from ._speedups import string_column
 from .envelope import Envelope
 from .errors import StoreError, StoreLocked, StoreUnavailable, StoreVersionTooNew
 from .rollup import ContractStatus, RollupBatch, RollupConfig, compact_rollups, merge_rollups
+from .settings import size_bytes
 
 if TYPE_CHECKING:
     from .contracts import ValidatorCache
@@ -300,21 +301,6 @@ _PURGE_CHUNK = 50_000
 # at open and as events are stored, a step at a time.
 _INDEX_BYTES_PER_EVENT = 64
 _INDEX_STEP_EVENTS = 100_000
-_SIZE_UNITS = {"b": 1, "byte": 1, "bytes": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
-
-def size_bytes(text: str) -> int:
-    """Bytes in a size written as DuckDB reads it: ``512MB`` (10^6), ``1GiB`` (2^30), ``100 bytes``.
-
-    >>> size_bytes("1.5GB"), size_bytes("2 KiB")
-    (1500000000, 2048)
-    """
-    number = text.strip().rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ").strip()
-    unit = text.strip()[len(number):].strip().lower()
-    if unit not in _SIZE_UNITS:
-        raise ValueError(f"{text!r} is not a size; write a number and a unit such as 512MB or 1GB")
-    return int(float(number) * _SIZE_UNITS[unit])
 
 
 def _epoch_us(t: datetime) -> int:

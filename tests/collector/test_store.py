@@ -502,7 +502,7 @@ def test_the_memory_limit_grows_with_the_key_index_so_writes_never_run_out(tmp_p
     """DuckDB keeps the idempotency key's index in memory, and a write past memory_limit fails
     (with 16MB, after about 150,000 keys). The store adds room for the index of the stored
     events on top of the configured limit, at open and as events are stored."""
-    from collector.store import size_bytes
+    from collector.settings import size_bytes
 
     assert (size_bytes("16MB"), size_bytes("1.5GB"), size_bytes("2 KiB"), size_bytes("100 bytes")) == (
         16_000_000, 1_500_000_000, 2048, 100)
