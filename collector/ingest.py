@@ -34,7 +34,7 @@ from typing import IO, Any
 
 import orjson
 
-from .envelope import Envelope, Limits, parse_envelope
+from .envelope import Limits, parse_envelope
 from .errors import EnvelopeInvalid, FieldError, ImportInputError, StoreError
 from .store import PreparedBatch, Store, WriteStatus
 
@@ -169,7 +169,9 @@ def _import_one(path: Path, store: Store, limits: Limits, summary: ImportSummary
     worker = threading.Thread(target=store_batches, name="shapewatch-import", daemon=True)
     worker.start()
     now = datetime.now(UTC)
-    batch: list[Envelope] = []
+    # Each envelope goes into the batch as soon as it is parsed, and its parsed output is
+    # counted and let go then (see BatchBuilder).
+    batch = store.batch_builder()
     origin: list[tuple[int, bytes]] = []
     reader = _Lines(path)
     try:
@@ -184,8 +186,8 @@ def _import_one(path: Path, store: Store, limits: Limits, summary: ImportSummary
                 if not stripped:
                     continue
                 try:
-                    batch.append(parse_envelope(stripped, limits, now=now,
-                                                default_id=partial(_line_id, prefix, n, stripped)))
+                    batch.add(parse_envelope(stripped, limits, now=now,
+                                             default_id=partial(_line_id, prefix, n, stripped)))
                     origin.append((n, stripped))
                 except EnvelopeInvalid as exc:
                     rejected_here += 1
@@ -194,14 +196,14 @@ def _import_one(path: Path, store: Store, limits: Limits, summary: ImportSummary
                         summary.rejected_by_reason[code] += 1
                     quarantine.write(_quarantine_line(path, n, exc.fields, stripped))
                 if len(batch) >= batch_size:
-                    todo.put((store.prepare_batch(batch), origin))
-                    batch, origin = [], []
+                    todo.put((batch.finish(), origin))
+                    batch, origin = store.batch_builder(), []
                     if failure:
                         break
             if progress is not None and unreported:
                 progress(unreported)
-            if batch and not failure:
-                todo.put((store.prepare_batch(batch), origin))
+            if len(batch) and not failure:
+                todo.put((batch.finish(), origin))
             todo.put(None)
             worker.join()
             rejected_here += len(conflicts)

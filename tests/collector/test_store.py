@@ -260,6 +260,42 @@ def test_duplicates_inside_one_batch(store: Store, envelope: MakeEnvelope) -> No
         == [(1, 1)]
 
 
+def test_a_batch_built_envelope_by_envelope_keeps_no_parsed_output(store: Store, envelope: MakeEnvelope) -> None:
+    """Bulk import streams envelopes into a BatchBuilder and lets each parsed output go: the
+    builder counts it at once and keeps only its text. The batch it builds is the one
+    prepare_batch builds from the same envelopes, and stores the same."""
+    raws = [envelope(event_id="a", output={"v": [1, 2]}), envelope(event_id="b", output={"v": "x"}),
+            envelope(event_id="a", output={"v": [1, 2]}), envelope(event_id="a", output={"v": 9})]
+    builder = store.batch_builder()
+    outputs = []
+    for raw in raws:
+        env = parse(raw)
+        outputs.append(env.output)
+        builder.add(env)
+        del env
+    assert len(builder) == 4
+    # only this test's list holds each parsed output now, like a dict nothing else holds
+    control: list[Any] = [{"v": 1}]
+    held_by_list_alone = [sys.getrefcount(o) for o in control][0]
+    assert [sys.getrefcount(o) for o in outputs] == [held_by_list_alone] * 4
+    built = builder.finish()
+    with pytest.raises(RuntimeError, match="finish called twice"):
+        builder.finish()
+    with pytest.raises(RuntimeError, match="add after finish"):
+        builder.add(parse(raws[0]))
+    reference = store.prepare_batch([parse(r) for r in raws])
+    assert (built.event_ids, built.hashes, built.early, built.cohorts, built.served_cohorts) == (
+        reference.event_ids, reference.hashes, reference.early, reference.cohorts, reference.served_cohorts)
+    assert built.early == [None, None, WriteResult("a", D), WriteResult("a", C)]
+    assert built.table.equals(reference.table)
+    for mine, theirs in zip(built.rollups.tables(), reference.rollups.tables(), strict=True):
+        assert mine.equals(theirs)
+    assert statuses(store.write_batch(built)) == [("a", A), ("b", A), ("a", D), ("a", C)]
+    assert store.query("SELECT event_id, output FROM events ORDER BY 1") == [("a", '{"v":[1,2]}'), ("b", '{"v":"x"}')]
+    assert store.query("SELECT path, sum(present)::BIGINT FROM field_rollups GROUP BY path ORDER BY path") == [
+        ("v", 2), ("v[]", 2)]
+
+
 def test_a_repeat_is_judged_against_what_the_key_holds_not_its_first_line_in_the_batch(
         store: Store, envelope: MakeEnvelope) -> None:
     # Found by the bulk-import crash test: a rerun's batch met a conflicting line for a stored
