@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: up test test-slow reliability bench bench-analyze venv clean
+.PHONY: up test test-slow reliability bench bench-analyze bench-commits venv clean
 
 $(STAMP): pyproject.toml setup.py collector/_speedups.c
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -38,6 +38,9 @@ bench: $(STAMP)
 
 bench-analyze: $(STAMP)
 	$(BIN)/python bench/analyze.py
+
+bench-commits: $(STAMP)
+	$(BIN)/python bench/commits.py
 
 clean:
 	rm -rf $(VENV) var .pytest_cache

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import duckdb
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ._speedups import string_column
 from .envelope import Envelope
@@ -394,6 +395,29 @@ def _is_space_error(exc: BaseException) -> bool:
     msg = str(exc).lower()
     return any(s in msg for s in ("no space left", "disk full", "out of disk", "could not write",
                                   "i/o error", "input/output error"))
+
+
+class _StoredBefore(Exception):
+    """A batch's plain INSERT met a key already stored (see ``Store._insert``)."""
+
+
+# Keys per lookup statement of _look_up.
+_PROBE_KEYS = 2000
+
+
+def _look_up(con: duckdb.DuckDBPyConnection, select: str, mark: str, keys: list[str]) -> list[tuple[Any, ...]]:
+    """The rows of ``select`` (ending in ``... IN``) for ``keys``, given as ``mark`` each.
+
+    The keys go in as parameters of an IN list, which DuckDB looks up in the key's index:
+    about 26 us a key whatever the table's size (measured, 500 to 40,000 keys in 4,000,000
+    rows). A join against a subquery of keys, or ``INSERT ... ON CONFLICT``, scans the
+    whole key column instead, and grows with the table.
+    """
+    rows: list[tuple[Any, ...]] = []
+    for i in range(0, len(keys), _PROBE_KEYS):
+        chunk = keys[i:i + _PROBE_KEYS]
+        rows += con.execute(f"{select} ({', '.join([mark] * len(chunk))})", chunk).fetchall()
+    return rows
 
 
 class Store:
@@ -878,8 +902,14 @@ class Store:
             # go first, in their own statement, and may outlive a failed insert harmlessly): it
             # commits alone. BEGIN and COMMIT would be two more calls into DuckDB, each giving
             # up the GIL and waiting to get it back from the request threads.
-            with self._transaction("writing a batch", explicit=self._defer is None) as con:
-                inserted, existing = self._insert(con, batch, now)
+            try:
+                with self._transaction("writing a batch", explicit=self._defer is None) as con:
+                    inserted, existing = self._insert(con, batch, now, probe=False)
+            except _StoredBefore:  # rolled back: again, knowing which keys are stored
+                self._pending_cohorts = {}
+                self._staged = None
+                with self._transaction("writing a batch", explicit=self._defer is None) as con:
+                    inserted, existing = self._insert(con, batch, now, probe=True)
         finally:
             for name in ("_batch", "_ck"):
                 try:
@@ -901,26 +931,42 @@ class Store:
             self._staged = None
         return inserted, existing
 
-    def _insert(self, con: duckdb.DuckDBPyConnection, batch: PreparedBatch,
-                now: datetime) -> tuple[set[str], dict[str, str]]:
+    def _insert(self, con: duckdb.DuckDBPyConnection, batch: PreparedBatch, now: datetime, *,
+                probe: bool) -> tuple[set[str], dict[str, str]]:
+        """Insert the batch's events that are not stored yet; (ids inserted, {stored id: its hash}).
+
+        Not ``INSERT ... ON CONFLICT DO NOTHING``: DuckDB plans that as a join against a
+        scan of the whole key column, so each commit took longer as the table grew (500
+        events: 6.8 ms into 20,000 stored, 47.7 ms into 4,000,000; measured). A plain
+        INSERT checks the keys in the index and costs the same at any size. When a key
+        is already stored it fails (``_StoredBefore``, the transaction rolls back) and the
+        batch is written again with ``probe``: the stored keys are looked up first, in
+        the index, and only the rest is inserted. Only this thread writes events (the
+        write lock), so nothing is stored between the lookup and the insert.
+        """
         by_key = self._cohort_ids(con, {**batch.served_cohorts, **batch.cohorts})
         ids = [by_key[key] for key in batch.cohorts]
         con.register("_ck", pa.table({"cohort_key": pa.array(range(len(ids)), pa.int32()),
                                       "cohort_id": pa.array(ids, pa.int32())}))
-        con.register("_batch", batch.table)
-        rows = con.execute(
-            """INSERT INTO events
-               SELECT md5_number(event_id), event_id, payload_hash, generated_id, cohort_id, ts, $now,
-                      served_model, contract_version, source, run_id, agent_release, finish_reason,
-                      attributes, output
-               FROM _batch JOIN _ck USING (cohort_key) ON CONFLICT DO NOTHING RETURNING event_id""",
-            {"now": now}).fetchall()
-        inserted = {r[0] for r in rows}
+        table = batch.table
         existing: dict[str, str] = {}
-        if len(inserted) < batch.unique:
-            existing = dict(con.execute(
-                """SELECT e.event_id, e.payload_hash FROM events e
-                   WHERE e.id_key IN (SELECT md5_number(event_id) FROM _batch)""").fetchall())
+        if probe:
+            existing = self._stored_hashes(con, list(dict.fromkeys(batch.event_ids)))
+            if existing:
+                table = table.filter(pc.invert(pc.is_in(table["event_id"], value_set=pa.array(list(existing)))))
+        con.register("_batch", table)
+        try:
+            con.execute(
+                """INSERT INTO events
+                   SELECT md5_number(event_id), event_id, payload_hash, generated_id, cohort_id, ts, $now,
+                          served_model, contract_version, source, run_id, agent_release, finish_reason,
+                          attributes, output
+                   FROM _batch JOIN _ck USING (cohort_key)""", {"now": now})
+        except duckdb.ConstraintException as exc:
+            if probe or "Duplicate key" not in str(exc):
+                raise
+            raise _StoredBefore from None
+        inserted = set(batch.event_ids) if not existing else set(table["event_id"].to_pylist())
         fresh: RollupBatch | None = None
         if len(inserted) == batch.unique:
             fresh = batch.rollups
@@ -933,6 +979,11 @@ class Store:
             else:
                 self._staged = fresh
         return inserted, existing
+
+    def _stored_hashes(self, con: duckdb.DuckDBPyConnection, event_ids: list[str]) -> dict[str, str]:
+        """{event_id: payload hash} of those of ``event_ids`` that are stored."""
+        return dict(_look_up(con, "SELECT event_id, payload_hash FROM events WHERE id_key IN", "md5_number(?)",
+                             event_ids))
 
     def _cohort_ids(self, con: duckdb.DuckDBPyConnection,
                     first_ts: dict[tuple[str, str, str], datetime]) -> dict[tuple[str, str, str], int]:
@@ -981,12 +1032,14 @@ class Store:
         with self._write_lock:
             self._pending_cohorts = {}
             with self._transaction("recording provider outcomes") as con:
-                wanted = [k for k in keys if k is not None]
+                wanted = list(dict.fromkeys(k for k in keys if k is not None))
                 new: set[str] = set()
-                if wanted:
-                    new = {r[0] for r in con.execute(
-                        """INSERT INTO outcome_keys SELECT DISTINCT unnest($keys), now()
-                           ON CONFLICT DO NOTHING RETURNING key""", {"keys": wanted}).fetchall()}
+                if wanted:  # looked up, then inserted: see _look_up for why not ON CONFLICT
+                    seen = {r[0] for r in _look_up(con, "SELECT key FROM outcome_keys WHERE key IN", "?", wanted)}
+                    fresh_keys = [k for k in wanted if k not in seen]
+                    if fresh_keys:
+                        con.execute("INSERT INTO outcome_keys SELECT unnest($keys), now()", {"keys": fresh_keys})
+                    new = set(fresh_keys)
                 counts: dict[tuple[tuple[str, str, str], int, str], int] = {}
                 first_ts: dict[tuple[str, str, str], datetime] = {}
                 for (model, prompt_version, contract, ts, kind), okey in zip(outcomes, keys, strict=True):

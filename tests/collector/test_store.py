@@ -147,8 +147,10 @@ def test_an_older_file_is_migrated_keeping_its_rows(db_path: Path, envelope: Mak
         # the migrated file takes writes: the sequence and the idempotency index carried over
         results = store.write_batch([parse(envelope(event_id="old-1")), parse(envelope(event_id="new-1"))])
         assert statuses(results) == [("old-1", C), ("new-1", A)]
+        # id 2 went to the first try of that batch, rolled back on meeting the stored old-1
+        # (a sequence does not roll back); the retry created the cohort as 3
         assert store.query("SELECT cohort_id, model FROM cohorts ORDER BY 1") == [
-            (1, "m-old"), (2, "claude-sonnet-4-5-20250929")]
+            (1, "m-old"), (3, "claude-sonnet-4-5-20250929")]
         assert store.healthcheck() == {"schema_version": SCHEMA_VERSION, "events": 6}
 
 
@@ -309,6 +311,35 @@ def test_a_repeat_is_judged_against_what_the_key_holds_not_its_first_line_in_the
     assert statuses(store.write_batch([parse(first), parse(envelope(event_id="y", output={"v": 3})),
                                        parse(first)])) == [("y", A), ("y", C), ("y", D)]
     assert store.query("SELECT event_id, output FROM events ORDER BY 1") == [("x", '{"v":1}'), ("y", '{"v":1}')]
+
+
+@pytest.mark.parametrize("deferred", [False, True], ids=["rollups-in-transaction", "rollups-deferred"])
+def test_a_batch_meeting_stored_keys_is_written_again_knowing_them(
+        store: Store, envelope: MakeEnvelope, monkeypatch: pytest.MonkeyPatch, deferred: bool) -> None:
+    """Events go in with a plain INSERT; one stored key makes it fail and roll back, and the
+    batch is written again after looking the stored keys up (in chunks of _PROBE_KEYS).
+    Nothing of the failed try remains: each new event once, counted once."""
+    import collector.store as store_module
+
+    monkeypatch.setattr(store_module, "_PROBE_KEYS", 3)  # 10 keys: four lookups
+    if deferred:
+        store.defer_rollups(max_events=1_000_000, max_seconds=float("inf"))
+    stored = [envelope(event_id=f"s{i}", output={"v": i}) for i in range(6)]
+    assert statuses(store.write_batch([parse(e) for e in stored])) == [(f"s{i}", A) for i in range(6)]
+    batch = [parse(envelope(event_id="n0", output={"v": 10})), parse(stored[0]),
+             parse(envelope(event_id="s1", output={"v": 99})), parse(stored[5]),
+             parse(envelope(event_id="n1", output={"v": 11})), parse(stored[2]),
+             parse(envelope(event_id="n0", output={"v": 10})), parse(stored[3]),
+             parse(envelope(event_id="n2", output={"v": 12})), parse(stored[4])]
+    assert statuses(store.write_batch(batch)) == [
+        ("n0", A), ("s0", D), ("s1", C), ("s5", D), ("n1", A), ("s2", D), ("n0", D), ("s3", D), ("n2", A), ("s4", D)]
+    store.flush_rollups()
+    assert store.query("SELECT event_id, output FROM events ORDER BY 1") == [
+        ("n0", '{"v":10}'), ("n1", '{"v":11}'), ("n2", '{"v":12}'),
+        *[(f"s{i}", f'{{"v":{i}}}') for i in range(6)]]
+    assert store.query("SELECT sum(present)::BIGINT, sum(n_integer)::BIGINT FROM field_rollups WHERE path = 'v'") \
+        == [(9, 9)]
+    assert store.query("SELECT sum(events)::BIGINT FROM cohort_buckets") == [(9,)]
 
 
 def test_results_follow_the_input_order_in_a_mixed_batch(store: Store, envelope: MakeEnvelope) -> None:
@@ -499,8 +530,12 @@ def test_keyed_outcomes_count_once(store: Store) -> None:
     assert store.record_outcomes(rows, keys=["r1:outcome:0", "r1:outcome:1"]) == 2
     assert store.record_outcomes(rows, keys=["r1:outcome:0", "r1:outcome:1"]) == 0  # re-posted
     assert store.record_outcomes(rows[:1], keys=[None]) == 1  # without a key, always counted
+    # a stored key beside a new one given twice in one call: the new one counts once
+    assert store.record_outcomes([rows[1], rows[0], rows[0]], keys=["r1:outcome:1", "r2:outcome:0", "r2:outcome:0"]) == 1
     assert sorted(store.query("SELECT kind, sum(n)::INT FROM outcomes GROUP BY kind")) == [
-        ("refusal", 1), ("truncated", 2)]
+        ("refusal", 1), ("truncated", 3)]
+    assert store.query("SELECT key FROM outcome_keys ORDER BY 1") == [
+        ("r1:outcome:0",), ("r1:outcome:1",), ("r2:outcome:0",)]
 
 
 def test_string_column_packs_str_or_none_items_as_an_arrow_column() -> None:
