@@ -16,6 +16,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Coroutine
+from concurrent.futures import Future
 from datetime import UTC, datetime
 from typing import Any
 
@@ -38,7 +39,7 @@ from .errors import (
 )
 from .metrics import CollectorMetrics
 from .settings import Scope, parse_token
-from .store import Store, WriteStatus
+from .store import Store, WriteResult, WriteStatus
 from .writer import Writer
 
 __all__ = ["ApiError", "CollectorApi", "TokenGuard", "error_body", "error_responses", "install_error_handlers",
@@ -285,9 +286,16 @@ class CollectorApi:
                        "(one envelope or an array) or application/x-ndjson (one envelope per line)",
                        [FieldError("content-type", "unsupported media type")])
 
-    async def _store(self, items: list[Envelope | EnvelopeInvalid]) -> dict[str, Any]:
+    def _submit(self, items: list[Envelope | EnvelopeInvalid]) -> Future[list[WriteResult]] | None:
+        """Queue the valid envelopes for a commit (None when there are none). Preparing them
+        is Python work (``Writer.submit``): call it off the event loop for a large request."""
         valid = [e for e in items if isinstance(e, Envelope)]
-        results = await asyncio.wrap_future(self.writer.submit(valid)) if valid else []
+        return self.writer.submit(valid) if valid else None
+
+    async def _reply(self, items: list[Envelope | EnvelopeInvalid],
+                     submitted: Future[list[WriteResult]] | None) -> dict[str, Any]:
+        """The per-event answer, once the commit holding the request's events is done."""
+        results = await asyncio.wrap_future(submitted) if submitted is not None else []
         by_pos = iter(results)
         out: list[dict[str, Any]] = []
         counts = {"accepted": 0, "duplicate": 0, "rejected": 0}
@@ -339,17 +347,20 @@ class CollectorApi:
             ndjson = self._content_kind(request)
             body = await self._read_body(request)
             single = not ndjson and not body.lstrip().startswith(b"[")
+            def parse_and_submit() -> tuple[list[Envelope | EnvelopeInvalid], Future[list[WriteResult]] | None]:
+                items = list(parse_body(body, self.limits, ndjson=ndjson, max_items=self.max_request_events))
+                return items, self._submit(items)
+
             try:
-                # Parsing a large body takes a while: off the event loop, so other requests
-                # (and /healthz) are not held up by it.
-                items = await asyncio.to_thread(lambda: list(parse_body(
-                    body, self.limits, ndjson=ndjson, max_items=self.max_request_events)))
+                # Parsing and preparing a large body take a while: off the event loop, so other
+                # requests (and /healthz) are not held up by them.
+                items, submitted = await asyncio.to_thread(parse_and_submit)
             except EnvelopeInvalid as exc:
                 self.metrics.count_rejected({f.code for f in exc.fields})
                 raise ApiError(exc.status if exc.status != 422 or single else 400,
                                "the body is not a valid envelope" if single else "the body is not valid JSON",
                                exc.fields) from None
-            reply = await self._store(items)
+            reply = await self._reply(items, submitted)
             self.metrics.request_seconds.labels("outputs").observe(time.perf_counter() - t0)
             if single and reply["rejected"]:
                 errs = [FieldError(e["path"], e["reason"]) for e in reply["results"][0]["errors"]]
@@ -412,7 +423,7 @@ class CollectorApi:
                 if counted:
                     for o in outcomes:
                         self.metrics.provider_outcomes.labels(prov.value, o.kind.value).inc()
-            reply = await self._store(items)
+            reply = await self._reply(items, self._submit(items))
             reply["outcomes"] = [{"kind": o.kind.value, "contract": o.contract, "finish_reason": o.finish_reason,
                                   "detail": o.detail} for o in adapted.outcomes]
             self.metrics.request_seconds.labels("provider").observe(time.perf_counter() - t0)

@@ -1,10 +1,14 @@
 """Group commit: one thread writes, many requests share each transaction.
 
 A request hands its validated envelopes to ``Writer.submit`` and waits on the
-returned future; the writer thread takes everything queued (up to a batch
-limit), stores it in one transaction, and only then resolves the futures. So
-a 2xx always means committed, and throughput comes from sharing commits, not
-from answering early. When the store defers rollups (``Store.defer_rollups``),
+returned future. ``submit`` prepares them, on the request's own thread, into
+the batch gathering for the next commit (rollup counts and columns: one
+``BatchBuilder`` per commit, so rollups are as coarse as the commit); the
+writer thread takes the oldest batch (up to a batch limit), stores it in one
+transaction, and only then resolves the futures. So a 2xx always means
+committed, throughput comes from sharing commits, not from answering early,
+and the writer thread's own Python work is small: while it commits (DuckDB
+lets go of the GIL) the requests of the next batch are parsed and prepared. When the store defers rollups (``Store.defer_rollups``),
 a second thread merges them when they are due, beside the commits: a merge
 writes only rollup tables, on its own connection.
 
@@ -24,7 +28,7 @@ from concurrent.futures import Future, InvalidStateError
 
 from .envelope import Envelope
 from .errors import BatchTooLarge, StoreError, StoreUnavailable
-from .store import Store, WriteResult
+from .store import BatchBuilder, Store, WriteResult
 
 __all__ = ["RollupMerger", "Writer"]
 
@@ -87,6 +91,18 @@ class RollupMerger:
                 return
 
 
+class _Gathering:
+    """One commit's worth of requests, prepared as they arrive."""
+
+    __slots__ = ("builder", "events", "failed", "requests")
+
+    def __init__(self, builder: BatchBuilder) -> None:
+        self.builder = builder
+        self.requests: list[tuple[int, Future[list[WriteResult]]]] = []  # (events, its answer)
+        self.events = 0
+        self.failed: BaseException | None = None  # preparing a request failed: the batch cannot commit
+
+
 class Writer:
     """The one thread that writes events to the store, committing requests in groups."""
 
@@ -98,9 +114,11 @@ class Writer:
         self._max_wait = max_wait
         self._max_queued = max_queued
         self._on_batch = on_batch
-        self._queue: deque[tuple[Sequence[Envelope], Future[list[WriteResult]]]] = deque()
+        # Batches gathering requests, oldest first: each is prepared as its requests submit.
+        self._queue: deque[_Gathering] = deque()
         self._queued_events = 0
         self._cond = threading.Condition()
+        self._adding = threading.Lock()  # held by a request adding to a batch, and to take one
         self._stopping = False
         self._thread = threading.Thread(target=self._writer_loop, name="shapewatch-writer", daemon=True)
         self._merger = RollupMerger(store)
@@ -125,44 +143,65 @@ class Writer:
         return self._queued_events
 
     def submit(self, envelopes: Sequence[Envelope]) -> Future[list[WriteResult]]:
-        """Queue envelopes for the next commit; raises StoreUnavailable when the queue is full."""
+        """Queue envelopes for the next commit; raises StoreUnavailable when the queue is full.
+
+        The envelopes are prepared here, on the caller's thread, into the batch of the next
+        commit (``BatchBuilder``: rollup counts and columns), so the writer thread is left
+        little but the commit. Requests join a batch whole, in the order they submit.
+        """
         fut: Future[list[WriteResult]] = Future()
-        if not envelopes:
+        n = len(envelopes)
+        if not n:
             fut.set_result([])
             return fut
-        if len(envelopes) > self._max_queued:
-            raise BatchTooLarge(len(envelopes), self._max_queued)
-        with self._cond:
-            if self._stopping:
-                raise StoreUnavailable("the service is shutting down")
-            if self._queued_events + len(envelopes) > self._max_queued:
-                raise StoreUnavailable(f"{self._queued_events} events are waiting to be written", retry_after=1)
-            self._queue.append((envelopes, fut))
-            self._queued_events += len(envelopes)
-            self._cond.notify()
+        if n > self._max_queued:
+            raise BatchTooLarge(n, self._max_queued)
+        with self._adding:  # one request adds at a time; the writer takes a batch between two
+            with self._cond:
+                if self._stopping:
+                    raise StoreUnavailable("the service is shutting down")
+                if self._queued_events + n > self._max_queued:
+                    raise StoreUnavailable(f"{self._queued_events} events are waiting to be written",
+                                           retry_after=1)
+                last = self._queue[-1] if self._queue else None
+                if last is None or last.failed is not None or (last.events and last.events + n > self._max_events):
+                    last = _Gathering(self._store.batch_builder())
+                    self._queue.append(last)
+            try:
+                for env in envelopes:
+                    last.builder.add(env)
+            except Exception as exc:  # the batch holds part of this request: it cannot commit
+                log.exception("preparing a request's events failed; its batch fails")
+                with self._cond:
+                    last.failed = exc
+                    self._cond.notify()
+                raise StoreUnavailable(exc) from exc
+            with self._cond:
+                last.requests.append((n, fut))
+                last.events += n
+                self._queued_events += n
+                self._cond.notify()
         return fut
 
-    def _take(self) -> list[tuple[Sequence[Envelope], Future[list[WriteResult]]]] | None:
-        """The next requests to commit; None to stop."""
+    def _take(self) -> _Gathering | None:
+        """The next batch to commit; None to stop."""
         with self._cond:
             while not self._queue and not self._stopping:
                 self._cond.wait()
             if not self._queue:
                 return None
-            # A short wait lets concurrent requests join this commit.
+            # A short wait lets concurrent requests join this commit (not when another batch is
+            # already gathering behind it: this one is full).
             deadline = time.monotonic() + self._max_wait
-            while self._queued_events < self._max_events and not self._stopping:
+            while (len(self._queue) == 1 and self._queue[0].events < self._max_events
+                   and self._queue[0].failed is None and not self._stopping):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
                 self._cond.wait(left)
-            taken: list[tuple[Sequence[Envelope], Future[list[WriteResult]]]] = []
-            n = 0
-            while self._queue and (not taken or n + len(self._queue[0][0]) <= self._max_events):
-                item = self._queue.popleft()
-                taken.append(item)
-                n += len(item[0])
-            self._queued_events -= n
+        with self._adding, self._cond:  # no request is halfway into it
+            taken = self._queue.popleft()
+            self._queued_events -= taken.events
             return taken
 
     def _writer_loop(self) -> None:
@@ -181,31 +220,34 @@ class Writer:
         taken = self._take()
         if taken is None:
             return False
-        batch = [e for envs, _ in taken for e in envs]
+        if not taken.requests:
+            return True
         t0 = time.perf_counter()
         try:
+            if taken.failed is not None:
+                raise taken.failed
             # Rollups due are merged by the merge thread, beside the next commits: a merge
             # takes a few hundred milliseconds that neither these requests nor the next wait for.
-            results = self._store.write_batch(batch, merge=False)
+            results = self._store.write_batch(taken.builder.finish(), merge=False)
         except StoreError as exc:
             self.last_error = str(exc)
-            log.error("writing a batch of %d events failed: %s", len(batch), exc)
+            log.error("writing a batch of %d events failed: %s", taken.events, exc)
             err = exc if isinstance(exc, StoreUnavailable) else StoreUnavailable(exc)
-            for _, fut in taken:
+            for _, fut in taken.requests:
                 _settle(fut, error=err)
             return True
         except Exception as exc:  # a bug must fail the requests, not kill the writer
             log.exception("unexpected error writing a batch")
-            for _, fut in taken:
+            for _, fut in taken.requests:
                 _settle(fut, error=StoreUnavailable(exc))
             return True
         self.last_error = None
         i = 0
-        for envs, fut in taken:
-            _settle(fut, result=results[i:i + len(envs)])
-            i += len(envs)
+        for n, fut in taken.requests:
+            _settle(fut, result=results[i:i + n])
+            i += n
         if self._on_batch is not None:
-            self._on_batch(len(batch), time.perf_counter() - t0)
+            self._on_batch(taken.events, time.perf_counter() - t0)
         self._merger.wake()
         return True
 

@@ -20,7 +20,7 @@ import pytest
 
 from collector.envelope import LIMITS, Envelope, parse_envelope
 from collector.errors import StoreUnavailable
-from collector.store import Store, WriteResult, WriteStatus
+from collector.store import BatchBuilder, PreparedBatch, Store, WriteResult, WriteStatus
 from collector.writer import Writer
 
 MakeEnvelope = Callable[..., dict[str, Any]]
@@ -195,13 +195,16 @@ def test_stop_commits_what_is_queued_before_returning(store: Store, envelope: Ma
 
 
 class SwappableStore:
-    """Delegates write_batch to a store that the test can replace, as a restart of the file would."""
+    """Delegates to a store that the test can replace, as a restart of the file would."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    def write_batch(self, envelopes: Sequence[Envelope], *, merge: bool = True) -> list[WriteResult]:
-        return self.store.write_batch(envelopes, merge=merge)
+    def batch_builder(self) -> BatchBuilder:
+        return self.store.batch_builder()
+
+    def write_batch(self, batch: PreparedBatch, *, merge: bool = True) -> list[WriteResult]:
+        return self.store.write_batch(batch, merge=merge)
 
     @property
     def rollups_due(self) -> bool:
@@ -279,3 +282,43 @@ def test_requests_are_answered_and_commits_go_on_while_rollups_merge(
     # the three of the held merge, and the two merged when the writer stopped; each once
     assert store.query("SELECT sum(events)::BIGINT FROM cohort_buckets") == [(5,)]
     assert store.query("SELECT sum(present)::BIGINT FROM field_rollups WHERE path = 'intent'") == [(5,)]
+
+
+def test_a_request_that_cannot_be_prepared_fails_its_batch_and_later_ones_commit(
+        store: Store, envelope: MakeEnvelope, monkeypatch: pytest.MonkeyPatch) -> None:
+    """submit prepares a request into the batch gathering for the next commit. If that fails
+    halfway, the batch holds part of the request: the request is refused, the requests
+    already in that batch fail with it (nothing of them is stored, so their retries go in),
+    and the next request starts a new batch."""
+    from collector.rollup import RollupBatch
+
+    add = RollupBatch.add
+
+    def failing_add(self: RollupBatch, output: dict[str, Any], *args: Any, **kwargs: Any) -> None:
+        if output.get("boom"):
+            raise RuntimeError("cannot count this output")
+        add(self, output, *args, **kwargs)
+
+    monkeypatch.setattr(RollupBatch, "add", failing_add)
+    batches = Batches()
+    writer = Writer(store, max_wait=0.001, on_batch=batches)  # not started: batches gather
+    earlier = writer.submit(envs(envelope, 2, "a"))
+    bad = envs(envelope, 2, "b")
+    bad[1] = parse(envelope(event_id="b-1", output={"boom": True}))
+    with pytest.raises(StoreUnavailable) as info:
+        writer.submit(bad)
+    assert str(info.value) == "store cannot write right now: cannot count this output"
+    later = writer.submit(envs(envelope, 3, "c"))
+    assert writer.queued_events == 5
+    writer.start()
+    try:
+        failed = earlier.exception(TIMEOUT)
+        assert isinstance(failed, StoreUnavailable) and str(failed) == (
+            "store cannot write right now: cannot count this output")
+        assert ids(later.result(TIMEOUT)) == ["c-0", "c-1", "c-2"]
+        assert [r.status for r in writer.submit(envs(envelope, 2, "a")).result(TIMEOUT)] == [A, A]  # the retry
+    finally:
+        writer.stop()
+    assert batches.sizes == [3, 2]  # the failed batch is not reported as committed
+    assert store.query("SELECT event_id FROM events ORDER BY 1") == [("a-0",), ("a-1",), ("c-0",), ("c-1",), ("c-2",)]
+    assert writer.queued_events == 0
