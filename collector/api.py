@@ -423,7 +423,8 @@ class CollectorApi:
                 if counted:
                     for o in outcomes:
                         self.metrics.provider_outcomes.labels(prov.value, o.kind.value).inc()
-            reply = await self._reply(items, self._submit(items))
+            # submit prepares the events and may wait for another request's turn: off the loop
+            reply = await self._reply(items, await asyncio.to_thread(self._submit, items))
             reply["outcomes"] = [{"kind": o.kind.value, "contract": o.contract, "finish_reason": o.finish_reason,
                                   "detail": o.detail} for o in adapted.outcomes]
             self.metrics.request_seconds.labels("provider").observe(time.perf_counter() - t0)
