@@ -45,6 +45,18 @@ def _dom_with(url: str, text: str, deadline: float) -> str:
     raise AssertionError(f"{text!r} never appeared at {url}; last DOM ends with {dom[-2000:]}")
 
 
+def _screenshot(path: Path, url: str, window: str, deadline: float) -> None:
+    """A screenshot of ``url`` with content painted: a page whose charts are still loading makes
+    a PNG of under 20 KB (the field page once measured 15 KB under load), so take it again
+    until it is bigger, or the deadline passes."""
+    while True:
+        _chromium(f"--window-size={window}", f"--screenshot={path}", url)
+        if path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 20_000:
+            return
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"the screenshot of {url} stayed at {path.stat().st_size} bytes")
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium) on PATH")
 def test_the_alerts_page_in_a_real_browser_shows_the_page_alert(tmp_path: Path) -> None:
     svc = start_service(tmp_path / "browser.duckdb")
@@ -75,17 +87,14 @@ def test_the_alerts_page_in_a_real_browser_shows_the_page_alert(tmp_path: Path) 
 
         shots = tmp_path / "screenshots"
         shots.mkdir()
-        _chromium("--window-size=1400,1800", f"--screenshot={shots / 'alerts.png'}", url + "/")
+        _screenshot(shots / "alerts.png", url + "/", "1400,1800", deadline)
         cohorts = httpx.get(svc.url + "/v1/cohorts").json()
         cid = next(c["cohort_id"] for c in cohorts if c["cohort"]["contract"] == "sample-intake"
                    and c["cohort"]["prompt_version"] == "intake-v3")
         field_url = f"{url}/field?cohort={cid}&field=customer.tier"
         field_dom = _dom_with(field_url, "Type shares", deadline)
         assert 'data-testid="stException"' not in field_dom
-        _chromium("--window-size=1400,2200", f"--screenshot={shots / 'field.png'}", field_url)
-        for name in ("alerts.png", "field.png"):
-            assert (shots / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-            assert (shots / name).stat().st_size > 20_000
+        _screenshot(shots / "field.png", field_url, "1400,2200", deadline)
 
         # Stopping `shapewatch dashboard` (SIGTERM) stops Streamlit with it.
         children = psutil.Process(dash.pid).children(recursive=True)
