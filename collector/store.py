@@ -227,7 +227,8 @@ class BatchBuilder:
     Each output is counted as it is added and not kept (only its JSON text is), so a
     caller streaming envelopes (bulk import) lets every parsed output go at once instead
     of holding a whole batch of them: the 1M-line bench import peaked 80-100 MB lower
-    (1,287-1,310 MiB against 1,372-1,413), in the same time (measured).
+    (1,287-1,310 MiB against 1,372-1,413), in the same time or less; with contracts
+    registered it took about 10% longer (bench/README.md, measured).
 
     >>> builder = store.batch_builder()                      # doctest: +SKIP
     >>> builder.add(envelope); batch = builder.finish()      # doctest: +SKIP
@@ -408,10 +409,10 @@ _PROBE_KEYS = 2000
 def _look_up(con: duckdb.DuckDBPyConnection, select: str, mark: str, keys: list[str]) -> list[tuple[Any, ...]]:
     """The rows of ``select`` (ending in ``... IN``) for ``keys``, given as ``mark`` each.
 
-    The keys go in as parameters of an IN list, which DuckDB looks up in the key's index:
-    about 26 us a key whatever the table's size (measured, 500 to 40,000 keys in 4,000,000
-    rows). A join against a subquery of keys, or ``INSERT ... ON CONFLICT``, scans the
-    whole key column instead, and grows with the table.
+    The keys go in as parameters of an IN list, which DuckDB pushes into its scan of the
+    key column: about 26 us a key, the same in 200,000 rows as in 4,000,000 (measured, 500
+    to 40,000 keys). A join against a subquery of keys, or ``INSERT ... ON CONFLICT``,
+    reads the whole key column instead, and grows with the table.
     """
     rows: list[tuple[Any, ...]] = []
     for i in range(0, len(keys), _PROBE_KEYS):
@@ -711,8 +712,9 @@ class Store:
     def prepare_batch(self, envelopes: Sequence[Envelope]) -> PreparedBatch:
         """Everything about a batch that needs no database: run it on any thread.
 
-        Bulk import prepares the next batch while the previous one is written,
-        so the Python work (columns, rollup counts) overlaps DuckDB's.
+        Bulk import and the writer's requests build theirs with ``batch_builder``, while
+        the previous batch is written, so the Python work (columns, rollup counts)
+        overlaps DuckDB's.
         """
         builder = self.batch_builder()
         for env in envelopes:
@@ -939,8 +941,8 @@ class Store:
         events: 6.8 ms into 20,000 stored, 47.7 ms into 4,000,000; measured). A plain
         INSERT checks the keys in the index and costs the same at any size. When a key
         is already stored it fails (``_StoredBefore``, the transaction rolls back) and the
-        batch is written again with ``probe``: the stored keys are looked up first, in
-        the index, and only the rest is inserted. Only this thread writes events (the
+        batch is written again with ``probe``: the stored keys are looked up first
+        (``_look_up``), and only the rest is inserted. Only this thread writes events (the
         write lock), so nothing is stored between the lookup and the insert.
         """
         by_key = self._cohort_ids(con, {**batch.served_cohorts, **batch.cohorts})
