@@ -8,9 +8,11 @@ writer thread takes the oldest batch (up to a batch limit), stores it in one
 transaction, and only then resolves the futures. So a 2xx always means
 committed, throughput comes from sharing commits, not from answering early,
 and the writer thread's own Python work is small: while it commits (DuckDB
-lets go of the GIL) the requests of the next batch are parsed and prepared. When the store defers rollups (``Store.defer_rollups``),
-a second thread merges them when they are due, beside the commits: a merge
-writes only rollup tables, on its own connection.
+lets go of the GIL) the requests of the next batch are parsed and prepared.
+
+When the store defers rollups (``Store.defer_rollups``), a second thread
+merges them when they are due, beside the commits: a merge writes only rollup
+tables, on its own connection.
 
 >>> writer = Writer(store, max_events=5000, max_wait=0.002, max_queued=200_000)  # doctest: +SKIP
 >>> writer.start()                                                                 # doctest: +SKIP
