@@ -527,8 +527,7 @@ class Store:
         """DuckDB's memory limit: the configured one plus room for the key index of the events
         stored and of the next step of them."""
         self._memory_until = self._indexed_events + _INDEX_STEP_EVENTS
-        limit = self._memory_base + self._memory_until * _INDEX_BYTES_PER_EVENT
-        self._con.execute(f"SET memory_limit = '{limit}B'")
+        self._con.execute(f"SET memory_limit = '{self.memory_limit_bytes}B'")
 
     @property
     def memory_limit_bytes(self) -> int:
@@ -963,8 +962,10 @@ class Store:
                           served_model, contract_version, source, run_id, agent_release, finish_reason,
                           attributes, output
                    FROM _batch""", {"now": now})
-        except duckdb.ConstraintException as exc:
-            if probe or "Duplicate key" not in str(exc):
+        except duckdb.ConstraintException:
+            # A stored key (the only constraint a valid batch can break). Any other would
+            # fail the probing try the same way, and surface from there.
+            if probe:
                 raise
             raise _StoredBefore from None
         inserted = set(batch.event_ids) if not existing else set(table["event_id"].to_pylist())
