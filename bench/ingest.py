@@ -64,8 +64,8 @@ with (gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")) as f:
 print(n)
 """
 
-# Starts the measured command and reports the command's own time, peak RSS and
-# exit code. On Linux a child's ru_maxrss includes the memory it had before
+# Starts the measured command and reports the command's own time, peak RSS, exit
+# code and CPU time (user + system, all of its threads). On Linux a child's ru_maxrss includes the memory it had before
 # exec, and a child forked or vforked from this benchmark has all of the
 # benchmark's pages (hundreds of MB once HTTP bodies are built), so measured
 # commands start from this small `python -S` instead. SIGTERM is passed on.
@@ -78,7 +78,7 @@ _, status, usage = os.wait4(pid, 0)
 seconds = time.perf_counter() - began
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 with open(sys.argv[1], "w") as out:
-    out.write(f"{seconds} {usage.ru_maxrss} {os.waitstatus_to_exitcode(status)}")
+    out.write(f"{seconds} {usage.ru_maxrss} {os.waitstatus_to_exitcode(status)} {usage.ru_utime + usage.ru_stime}")
 """
 
 
@@ -90,6 +90,8 @@ class Finished:
     peak_rss: int
     """Bytes: ``ru_maxrss`` of the command itself (Linux reports KiB; its own children not included)."""
     returncode: int
+    cpu_seconds: float
+    """User + system time of the command, every thread of it (its own children not included)."""
 
 
 class MeasuredProcess:
@@ -114,8 +116,17 @@ class MeasuredProcess:
         self.proc.wait(timeout)
         if not self._result_path.exists():
             raise RuntimeError(f"could not run {self.argv[0]}:\n{self.stderr_tail()}")
-        seconds, peak_kib, returncode = self._result_path.read_text().split()
-        return Finished(float(seconds), int(peak_kib) * 1024, int(returncode))
+        seconds, peak_kib, returncode, cpu = self._result_path.read_text().split()
+        return Finished(float(seconds), int(peak_kib) * 1024, int(returncode), float(cpu))
+
+    def cpu_seconds_now(self) -> float:
+        """CPU time the running command has used so far (user + system, from /proc)."""
+        children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
+        if len(children) != 1:
+            raise RuntimeError(f"the launcher has {len(children)} children, expected the command alone")
+        # The fields after the command name (which may hold spaces): utime and stime are the 12th and 13th.
+        fields = Path(f"/proc/{children[0]}/stat").read_text().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def running(self) -> bool:
         return self.proc.poll() is None
@@ -183,7 +194,7 @@ def measure_floor(path: Path, workdir: Path) -> dict[str, Any]:
         raise RuntimeError(f"the floor child failed ({run.returncode}):\n{child.stderr_tail()}")
     lines = int(child.stdout_path.read_bytes())
     return {"seconds": run.seconds, "events": lines, "events_per_s": lines / run.seconds,
-            "peak_rss": run.peak_rss}
+            "peak_rss": run.peak_rss, "cpu_seconds": run.cpu_seconds}
 
 
 # The contracts of bench/gen.py's cohorts (each tags its outputs with one of these versions).
@@ -224,7 +235,8 @@ def measure_bulk(shapewatch: Path, path: Path, workdir: Path, *, contracts: bool
                            f"({exc}); stdout:\n{_tail(stdout)}\nstderr:\n{child.stderr_tail()}") from exc
     accepted = int(summary.get("accepted", 0))
     return {"seconds": run.seconds, "events_per_s": accepted / run.seconds,
-            "peak_rss": run.peak_rss, "returncode": run.returncode, "summary": summary}
+            "peak_rss": run.peak_rss, "cpu_seconds": run.cpu_seconds, "returncode": run.returncode,
+            "summary": summary}
 
 
 def _free_port() -> int:
@@ -338,7 +350,9 @@ def measure_http(shapewatch: Path, path: Path, workdir: Path, limit: int, batch:
         startup = _wait_healthy(server, base_url)
         _log(f"  server healthy after {startup:.1f} s; posting {events:,} envelopes "
              f"in {len(bodies):,} batches from {clients} clients")
+        cpu_before = server.cpu_seconds_now()
         seconds, tally, errors = _post_all(base_url, bodies, clients)
+        posting_cpu = server.cpu_seconds_now() - cpu_before
     finally:
         stopped = _stop(server)
     acknowledged = tally["accepted"] + tally["duplicate"]
@@ -347,7 +361,8 @@ def measure_http(shapewatch: Path, path: Path, workdir: Path, limit: int, batch:
             "accepted": tally["accepted"], "duplicate": tally["duplicate"],
             "rejected": tally["rejected"],
             "responses": {k: v for k, v in sorted(tally.items()) if k.startswith(("http_", "transport"))},
-            "errors": errors[:5], "server_exit_code": stopped.returncode, "server_peak_rss": stopped.peak_rss}
+            "errors": errors[:5], "server_exit_code": stopped.returncode, "server_peak_rss": stopped.peak_rss,
+            "server_cpu_seconds_posting": posting_cpu}
 
 
 def _mib(n: int) -> str:
@@ -357,6 +372,11 @@ def _mib(n: int) -> str:
 def _exit(returncode: int) -> str:
     # uvicorn re-raises SIGTERM once it has shut down gracefully, so -15 is the normal end.
     return f"ended by {signal.Signals(-returncode).name}" if returncode < 0 else f"exit {returncode}"
+
+
+def _cpu(seconds: float, events: int, wall: float) -> str:
+    """CPU time, per event and in cores: on a noisy machine the work done varies less than the time."""
+    return f"CPU {seconds:.1f} s ({seconds / events * 1e6:.0f} us/event, {seconds / wall:.2f} cores)"
 
 
 def _count(value: object) -> str:
@@ -408,25 +428,25 @@ def render(report: Report) -> str:
                      f"{g['bytes'] / 1e6:,.0f} MB, {g['bytes'] / report.n:.0f} B/line"))
     if (f := report.floor) is not None:
         rows.append(("floor (orjson parse)", f"{f['seconds']:.2f} s", f"{f['events_per_s']:,.0f}/s",
-                     f"peak RSS {_mib(f['peak_rss'])}"))
+                     f"peak RSS {_mib(f['peak_rss'])}; {_cpu(f['cpu_seconds'], f['events'], f['seconds'])}"))
     if (b := report.bulk) is not None:
         s = b["summary"]
         rows.append(("bulk (shapewatch ingest)", f"{b['seconds']:.2f} s", f"{b['events_per_s']:,.0f}/s",
-                     f"peak RSS {_mib(b['peak_rss'])}; accepted/duplicate/rejected "
-                     + "/".join(_count(s.get(k)) for k in ANSWER_KEYS)))
+                     f"peak RSS {_mib(b['peak_rss'])}; {_cpu(b['cpu_seconds'], report.n, b['seconds'])}; "
+                     "accepted/duplicate/rejected " + "/".join(_count(s.get(k)) for k in ANSWER_KEYS)))
     if (b := report.bulk_contracts) is not None:
         s = b["summary"]
         rows.append(("bulk, contracts registered", f"{b['seconds']:.2f} s", f"{b['events_per_s']:,.0f}/s",
-                     f"peak RSS {_mib(b['peak_rss'])}; accepted/duplicate/rejected "
-                     + "/".join(_count(s.get(k)) for k in ANSWER_KEYS)
+                     f"peak RSS {_mib(b['peak_rss'])}; {_cpu(b['cpu_seconds'], report.n, b['seconds'])}; "
+                     "accepted/duplicate/rejected " + "/".join(_count(s.get(k)) for k in ANSWER_KEYS)
                      + (f"; {report.bulk['seconds'] / b['seconds']:.2f}x the events/s without"
                         if report.bulk else "")))
     if (h := report.http) is not None:
         rows.append(("http (POST /v1/outputs)", f"{h['seconds']:.2f} s", f"{h['events_per_s']:,.0f}/s",
                      f"{h['events']:,} events, {h['clients']} clients x {h['batch_size']}; "
                      f"accepted/duplicate/rejected {'/'.join(_count(h[k]) for k in ANSWER_KEYS)}; "
-                     f"server peak RSS {_mib(h['server_peak_rss'])}, "
-                     f"{_exit(h['server_exit_code'])}"))
+                     f"server: {_cpu(h['server_cpu_seconds_posting'], h['events'], h['seconds'])} while "
+                     f"posting, peak RSS {_mib(h['server_peak_rss'])}, {_exit(h['server_exit_code'])}"))
     out = [f"{report.n:,} envelopes from {report.file}", ""]
     out += _table(("step", "time", "events/s", "notes"), rows)
     if report.http is not None and report.http["errors"]:
