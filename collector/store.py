@@ -1086,6 +1086,23 @@ class Store:
             day += timedelta(days=1)
         return removed
 
+    def checkpoint(self) -> None:
+        """Write the write-ahead log into the file now (DuckDB's ``CHECKPOINT``).
+
+        DuckDB also checkpoints on its own, inside the commit that takes the log past
+        ``checkpoint_threshold``; that commit waits for it. In DuckDB 1.5 a checkpoint writes
+        the key index of ``events`` whole, so it takes longer the more events are stored
+        (``bench/commits.py`` prints it per size; duckdb/duckdb#24848).
+        """
+        if self.read_only:
+            raise StoreError("checkpointing", "the store was opened read-only")
+        # Both locks: no transaction of this store is open, so the checkpoint is not skipped.
+        with self._write_lock, self._merge_lock:
+            try:
+                self._con.execute("CHECKPOINT")
+            except duckdb.Error as exc:
+                raise _store_error("checkpointing", exc) from exc
+
     def purge(self, *, raw_retention: timedelta, now: datetime | None = None) -> int:
         """Delete raw events received before ``now - raw_retention``; rollups stay."""
         now = now or datetime.now(UTC)

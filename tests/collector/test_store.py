@@ -94,6 +94,21 @@ def test_the_log_is_checkpointed_at_the_configured_size_not_at_16_mib(db_path: P
         assert count_events(store) == 50
 
 
+def test_a_checkpoint_writes_the_log_into_the_file(db_path: Path, envelope: MakeEnvelope) -> None:
+    wal = db_path.with_name(db_path.name + ".wal")
+    with Store.open(db_path) as store:
+        store.write_batch(envs(envelope, 50, "logged"))
+        assert wal.stat().st_size > 0
+        store.checkpoint()
+        assert not wal.exists() or wal.stat().st_size == 0
+        store.write_batch(envs(envelope, 2, "after"))  # the store writes on after it
+        assert count_events(store) == 52
+    with Store.open(db_path, read_only=True) as store:
+        assert count_events(store) == 52
+        with pytest.raises(StoreError, match="read-only"):
+            store.checkpoint()
+
+
 def test_reopening_a_current_file_changes_nothing(db_path: Path, envelope: MakeEnvelope) -> None:
     with Store.open(db_path) as store:
         store.write_batch(envs(envelope, 3, "e"))
