@@ -41,6 +41,11 @@ from .store import PreparedBatch, Store, WriteStatus
 __all__ = ["ImportSummary", "import_files", "quarantine_path"]
 
 _BATCH = 40_000
+# Prepared batches waiting for the storing thread. With room for two, reading goes on through
+# a rollup merge (every fourth batch stores for about a second): 1M lines took 27.9-28.3 s
+# against 28.9-29.4 s with room for one, peak RSS 20-50 MB higher; with three, 27.5 s and
+# 120-140 MB higher (bench/README.md).
+_QUEUED_BATCHES = 2
 _READ_BLOCK = 1 << 22
 
 
@@ -145,7 +150,7 @@ def _import_one(path: Path, store: Store, limits: Limits, summary: ImportSummary
     # runs the transaction, during which DuckDB releases the GIL.
     # Each batch travels with the line number and bytes of each envelope, so a line the
     # store refuses (an event_id reused with another payload) is quarantined like the rest.
-    todo: queue.Queue[tuple[PreparedBatch, list[tuple[int, bytes]]] | None] = queue.Queue(maxsize=1)
+    todo: queue.Queue[tuple[PreparedBatch, list[tuple[int, bytes]]] | None] = queue.Queue(maxsize=_QUEUED_BATCHES)
     failure: list[BaseException] = []
     conflicts: list[bytes] = []
 
