@@ -117,7 +117,13 @@ class Settings:
     import_memory_limit: str = _s(
         "384MB", "DuckDB working memory of bulk import (shapewatch ingest), which needs little cache; "
         "plus the index, as for memory_limit.")
-    duckdb_threads: int = _s(2, "DuckDB worker threads.", min=1, max=256)
+    duckdb_threads: int = _s(
+        2, "DuckDB worker threads of bulk import and of the commands that read the file directly "
+        "(shapewatch serve has its own).", min=1, max=256)
+    serve_duckdb_threads: int = _s(
+        1, "DuckDB worker threads of shapewatch serve. Its statements are small (a commit of a few thousand "
+        "events, a rollup merge): with one thread HTTP ingest measured 6-7% more events/s and 10% less CPU "
+        "than with two (bench/README.md).", min=1, max=256)
     checkpoint_threshold: str = _s(
         "256MB", "Write-ahead log size at which DuckDB checkpoints (writes the log into the file). A "
         "checkpoint costs more as the file grows: at DuckDB's own 16MB they took a third of the write time "

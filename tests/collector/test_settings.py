@@ -273,3 +273,27 @@ def test_the_checkpoint_threshold_and_memory_limit_reach_the_store(tmp_path: Pat
         assert store.query("SELECT current_setting('checkpoint_threshold'), current_setting('memory_limit')") == [
             ("64.0 MiB", "738.5 MiB")]
         assert store.memory_limit_bytes == 768_000_000 + 100_000 * 64
+
+
+def test_the_service_has_duckdb_threads_of_its_own(tmp_path: Path) -> None:
+    from analysis.store_access import open_store
+
+    path = str(tmp_path / "t.duckdb")
+    defaults = load_settings({"db_path": path}, env={})
+    assert (defaults.duckdb_threads, defaults.serve_duckdb_threads) == (2, 1)
+    settings = load_settings({"db_path": path}, env={"SHAPEWATCH_DUCKDB_THREADS": "3",
+                                                     "SHAPEWATCH_SERVE_DUCKDB_THREADS": "4"})
+    for kind, threads in (({}, 3), ({"bulk": True}, 3), ({"serve": True}, 4)):
+        with open_store(settings, **kind) as store:
+            assert store.query("SELECT current_setting('threads')") == [(threads,)]
+
+
+def test_the_service_opens_its_store_with_the_service_threads(tmp_path: Path) -> None:
+    from analysis.service import create_app
+
+    settings = load_settings({"db_path": str(tmp_path / "s.duckdb")}, env={"SHAPEWATCH_SERVE_DUCKDB_THREADS": "3"})
+    app = create_app(settings, analyze=False)
+    try:
+        assert app.state.store.query("SELECT current_setting('threads')") == [(3,)]
+    finally:
+        app.state.store.close()
