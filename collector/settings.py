@@ -123,7 +123,8 @@ class Settings:
     serve_duckdb_threads: int = _s(
         1, "DuckDB worker threads of shapewatch serve. Its statements are small (a commit of a few thousand "
         "events, a rollup merge): with one thread HTTP ingest measured 6-7% more events/s and 10% less CPU "
-        "than with two (bench/README.md).", min=1, max=256)
+        "than with two, and a steady 2,000 events/s took 0.24 of a core instead of 0.82 (bench/README.md).",
+        min=1, max=256)
     checkpoint_threshold: str = _s(
         "256MB", "Write-ahead log size at which DuckDB checkpoints (writes the log into the file). A "
         "checkpoint costs more as the file grows: at DuckDB's own 16MB they took a third of the write time "
