@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
+from operator import attrgetter
 from pathlib import Path
 from typing import IO, Any
 
@@ -47,6 +48,7 @@ _BATCH = 40_000
 # 120-140 MB higher (bench/README.md).
 _QUEUED_BATCHES = 2
 _READ_BLOCK = 1 << 22
+_STATUS = attrgetter("status")
 
 
 @dataclass
@@ -160,14 +162,19 @@ def _import_one(path: Path, store: Store, limits: Limits, summary: ImportSummary
                 continue
             batch, origin = item
             try:
-                for r, (n, raw) in zip(store.write_batch(batch), origin, strict=True):
-                    if r.status is WriteStatus.accepted:
-                        summary.accepted += 1
-                    elif r.status is WriteStatus.duplicate:
-                        summary.duplicate += 1
-                    else:  # counted by the reading thread after the join
-                        conflicts.append(_quarantine_line(path, n, [FieldError(
-                            "event_id", "already stored with a different payload", "conflict")], raw))
+                results = store.write_batch(batch)
+                if len(results) != len(origin):
+                    raise RuntimeError(f"the store answered {len(results)} results for {len(origin)} lines")
+                # Counted in C (this thread's Python takes the GIL from the reading thread, the
+                # import's busiest); only a batch with conflicts is walked result by result.
+                counts = Counter(map(_STATUS, results))
+                summary.accepted += counts[WriteStatus.accepted]
+                summary.duplicate += counts[WriteStatus.duplicate]
+                if counts[WriteStatus.conflict]:  # counted by the reading thread after the join
+                    conflicts.extend(
+                        _quarantine_line(path, n, [FieldError(
+                            "event_id", "already stored with a different payload", "conflict")], raw)
+                        for r, (n, raw) in zip(results, origin, strict=True) if r.status is WriteStatus.conflict)
             except BaseException as exc:  # handed to the reading thread, which re-raises
                 failure.append(exc)
 

@@ -143,6 +143,21 @@ def test_a_conflicting_line_is_quarantined_too(tmp_path: Path, db: Path) -> None
     assert [(q["line"], q["raw"]) for q in map(json.loads, qfile.read_text().splitlines())] == [(2, reused)]
 
 
+def test_a_batch_mixing_every_outcome_counts_each_and_quarantines_only_the_conflict(
+        tmp_path: Path, db: Path) -> None:
+    first, second, third = (make_envelope() for _ in range(3))
+    reused = json.dumps({**first, "output": {"intent": "other"}})
+    lines = [json.dumps(first), json.dumps(second), json.dumps(first), reused, json.dumps(third), json.dumps(second)]
+    src = write_lines(tmp_path / "mixed.jsonl", lines)
+    proc = ingest(src, db=db)
+    assert proc.returncode == 1
+    qfile = quarantine_path(db, src)
+    assert summary_of(proc) == summary(accepted=3, duplicate=2, rejected=1, rejected_by_reason={"conflict": 1},
+                                       quarantine=[str(qfile)])
+    assert [(q["line"], q["raw"]) for q in map(json.loads, qfile.read_text().splitlines())] == [(4, reused)]
+    assert len(stored(db)) == 3
+
+
 def test_inputs_with_the_same_name_keep_their_own_quarantine(tmp_path: Path, db: Path) -> None:
     (tmp_path / "day1").mkdir()
     (tmp_path / "day2").mkdir()
