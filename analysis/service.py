@@ -94,7 +94,7 @@ def create_app(settings: Settings, *, store: Store | None = None, config: Analyz
     config = config or AnalyzerConfig()
     targets = targets_from_config(config.notify)
     digest_url = digest_url_from_config(config.notify)
-    store = store or open_store(settings, serve=True)
+    store = store or open_store(settings)
     # Events commit alone (a 2xx waits only for them); rollups follow within a second.
     store.defer_rollups(max_events=settings.rollup_merge_events, max_seconds=settings.rollup_merge_seconds)
     metrics = CollectorMetrics(registry)

@@ -14,12 +14,11 @@ __all__ = ["SCHEMAS", "open_store"]
 SCHEMAS = (BASELINES_SCHEMA, ALERTS_SCHEMA, NOTIFY_SCHEMA)
 
 
-def open_store(settings: Settings, *, read_only: bool = False, bulk: bool = False, serve: bool = False) -> Store:
-    """The store from settings: with ``bulk`` for an import (a smaller memory limit), with ``serve``
-    for the service (its own DuckDB threads)."""
+def open_store(settings: Settings, *, read_only: bool = False, bulk: bool = False) -> Store:
+    """The store for the service, or with ``bulk`` for an import (a smaller memory limit)."""
     return Store.open(
         settings.db_path, memory_limit=settings.import_memory_limit if bulk else settings.memory_limit,
-        threads=settings.serve_duckdb_threads if serve else settings.duckdb_threads,
+        threads=settings.duckdb_threads,
         checkpoint_threshold=settings.checkpoint_threshold,
         bucket_seconds=settings.bucket_seconds, read_only=read_only, schemas=SCHEMAS,
         rollup=RollupConfig(enum_value_max_length=settings.enum_value_max_length,

@@ -579,7 +579,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="work here (created; kept afterwards) instead of a temporary directory")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     parser.add_argument("--memory-limit", default="4GB", help="DuckDB memory_limit (default 4GB)")
-    parser.add_argument("--threads", type=int, default=2, help="DuckDB threads (default 2)")
+    parser.add_argument("--threads", type=int, default=1, help="DuckDB threads (default 1, as the product: see bench/repro_invisible_rows.py)")
     parser.add_argument("--repeat", type=int, default=REPEAT, help=argparse.SUPPRESS)
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target fails")
     parser.add_argument("--json", type=Path, metavar="OUT", help="also write every figure to OUT as JSON")

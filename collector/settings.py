@@ -118,13 +118,11 @@ class Settings:
         "384MB", "DuckDB working memory of bulk import (shapewatch ingest), which needs little cache; "
         "plus the index, as for memory_limit.")
     duckdb_threads: int = _s(
-        2, "DuckDB worker threads of bulk import and of the commands that read the file directly "
-        "(shapewatch serve has its own).", min=1, max=256)
-    serve_duckdb_threads: int = _s(
-        1, "DuckDB worker threads of shapewatch serve. Its statements are small (a commit of a few thousand "
-        "events, a rollup merge): with one thread HTTP ingest measured 6-7% more events/s and 10% less CPU "
-        "than with two, and a steady 2,000 events/s took 0.24 of a core instead of 0.82 (bench/README.md).",
-        min=1, max=256)
+        1, "DuckDB worker threads. One by default: on two, DuckDB 1.5.6 lost sight of rows its own session "
+        "inserted after a large parallel insert (found with bench/repro_invisible_rows.py; the file on disk "
+        "was right). One thread also suits the service, whose statements are small: HTTP ingest measured "
+        "6-7% more events/s with 10% less CPU, and a steady 2,000 events/s took 0.24 of a core instead of "
+        "0.82; bulk import took about 1 s longer per 1M lines (bench/README.md).", min=1, max=256)
     checkpoint_threshold: str = _s(
         "256MB", "Write-ahead log size at which DuckDB checkpoints (writes the log into the file). A "
         "checkpoint costs more as the file grows: at DuckDB's own 16MB they took a third of the write time "

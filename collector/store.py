@@ -468,7 +468,7 @@ class Store:
     # --- opening --------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, path: Path | str, *, memory_limit: str = "2GB", threads: int = 2, checkpoint_threshold: str = "256MB",
+    def open(cls, path: Path | str, *, memory_limit: str = "2GB", threads: int = 1, checkpoint_threshold: str = "256MB",
              bucket_seconds: int = 60, rollup: RollupConfig | None = None,
              read_only: bool = False, schemas: Sequence[Schema] = ()) -> Store:
         """Open (creating or migrating) the database at ``path``, with the tables of ``schemas``."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -275,25 +276,49 @@ def test_the_checkpoint_threshold_and_memory_limit_reach_the_store(tmp_path: Pat
         assert store.memory_limit_bytes == 768_000_000 + 100_000 * 64
 
 
-def test_the_service_has_duckdb_threads_of_its_own(tmp_path: Path) -> None:
+
+def test_duckdb_runs_on_one_thread_for_the_service_and_for_imports(tmp_path: Path) -> None:
+    from analysis.service import create_app
     from analysis.store_access import open_store
 
     path = str(tmp_path / "t.duckdb")
-    defaults = load_settings({"db_path": path}, env={})
-    assert (defaults.duckdb_threads, defaults.serve_duckdb_threads) == (2, 1)
-    settings = load_settings({"db_path": path}, env={"SHAPEWATCH_DUCKDB_THREADS": "3",
-                                                     "SHAPEWATCH_SERVE_DUCKDB_THREADS": "4"})
-    for kind, threads in (({}, 3), ({"bulk": True}, 3), ({"serve": True}, 4)):
-        with open_store(settings, **kind) as store:
-            assert store.query("SELECT current_setting('threads')") == [(threads,)]
-
-
-def test_the_service_opens_its_store_with_the_service_threads(tmp_path: Path) -> None:
-    from analysis.service import create_app
-
-    settings = load_settings({"db_path": str(tmp_path / "s.duckdb")}, env={"SHAPEWATCH_SERVE_DUCKDB_THREADS": "3"})
-    app = create_app(settings, analyze=False)
+    assert load_settings({"db_path": path}, env={}).duckdb_threads == 1
+    for bulk in (False, True):
+        with open_store(load_settings({"db_path": path}, env={}), bulk=bulk) as store:
+            assert store.query("SELECT current_setting('threads')") == [(1,)]
+    with open_store(load_settings({"db_path": path}, env={"SHAPEWATCH_DUCKDB_THREADS": "3"})) as store:
+        assert store.query("SELECT current_setting('threads')") == [(3,)]
+    app = create_app(load_settings({"db_path": path}, env={}), analyze=False)
     try:
-        assert app.state.store.query("SELECT current_setting('threads')") == [(3,)]
+        assert app.state.store.query("SELECT current_setting('threads')") == [(1,)]
     finally:
         app.state.store.close()
+
+
+def test_a_session_sees_the_rows_it_inserts_after_a_large_import(tmp_path: Path) -> None:
+    """DuckDB 1.5.6 on two threads: after an import whose merge inserted more than a row group
+    (122,880 rows) of value rollups, the session no longer saw rows it inserted there (a reopen
+    did; bench/repro_invisible_rows.py). The default store runs on one thread, where it does not."""
+    import orjson
+
+    from analysis.store_access import open_store
+    from collector import Limits, import_files
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    from gen import make_envelopes  # bench/ is not a package
+
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(b"".join(orjson.dumps(e, option=orjson.OPT_APPEND_NEWLINE)
+                             for e in make_envelopes(10_000, seed=1001)))
+    settings = load_settings({"db_path": str(tmp_path / "r.duckdb")}, env={})
+    count = "SELECT count(*), sum(n) FROM value_rollups"
+    with open_store(settings, bulk=True) as store:
+        import_files([src], store, Limits())
+        rows, n = store.query(count)[0]
+        assert rows > 122_880  # past one row group: where two threads lost sight of later rows
+        with store.transaction("adding ten rows") as con:
+            con.execute("INSERT INTO value_rollups SELECT * FROM value_rollups LIMIT 10")
+        seen = store.query(count)[0]
+    assert seen[0] == rows + 10
+    with open_store(settings) as store:
+        assert store.query(count)[0] == seen
