@@ -2,7 +2,8 @@
 
 - compaction: folds the rollup rows that group commits appended into one row
   per key, so reading a window costs the same at 10 or 10,000 events/s;
-- retention: deletes raw events older than ``raw_retention_days``.
+- retention: deletes raw events older than ``raw_retention_days`` and idempotency keys
+  older than ``dedup_ttl_days``.
 
 The scheduler reckons in wall-clock time, so a clock stepped back (NTP, a VM restored,
 an operator) would leave every interval job waiting out the jump: an hour back, and no
@@ -65,8 +66,11 @@ class MaintenanceJobs:
         self._guarded("compact_all", lambda: f"{self.store.compact_by_day()} rows folded")
 
     def purge(self) -> None:
-        days = self.settings.raw_retention_days
-        self._guarded("purge", lambda: f"{self.store.purge(raw_retention=timedelta(days=days))} raw events deleted")
+        def run() -> str:
+            purged = self.store.purge(raw_retention=timedelta(days=self.settings.raw_retention_days),
+                                      dedup_ttl=timedelta(days=self.settings.dedup_ttl_days))
+            return f"{purged.events} raw events and {purged.keys} idempotency keys deleted"
+        self._guarded("purge", run)
 
 
 def start_maintenance(store: Store, settings: Settings, registry: CollectorRegistry) -> BackgroundScheduler:

@@ -144,9 +144,11 @@ class Settings:
         500, "Outputs checked against their registered contract version per cohort, version and time bucket; "
         "the rest are counted as unchecked (0: check every output).", min=0)
     bucket_seconds: int = _s(60, "Width of a rollup time bucket in seconds.", min=1, max=86_400)
-    dedup_ttl_days: float = _s(7.0, "How long an event_id is remembered for deduplication.", min=0.0)
+    dedup_ttl_days: float = _s(
+        7.0, "How long an event_id is remembered for deduplication: a copy sent later is stored again. "
+        "The key index DuckDB keeps in memory holds this many days of keys.", min=0.0)
     raw_retention_days: float = _s(
-        30.0, "How long raw outputs are kept; at least dedup_ttl_days, since they hold the keys.",
+        30.0, "How long raw outputs are kept (rollups are kept for good); independent of dedup_ttl_days.",
         min=0.0)
     batch_max_events: int = _s(5000, "Most events one group-commit transaction holds.", min=1)
     batch_max_wait_ms: float = _s(
@@ -180,11 +182,6 @@ class Settings:
                 raise SettingsInvalid(f.name, f"{v!r} is below the minimum {lo}; set it to {lo} or more")
             if hi is not None and v > hi:
                 raise SettingsInvalid(f.name, f"{v!r} is above the maximum {hi}; set it to {hi} or less")
-        if self.raw_retention_days < self.dedup_ttl_days:
-            raise SettingsInvalid(
-                "raw_retention_days",
-                f"{self.raw_retention_days} is shorter than dedup_ttl_days={self.dedup_ttl_days}; "
-                "raw events hold the idempotency keys, so keep them at least as long")
         if self.host not in ("127.0.0.1", "localhost", "::1") and not self.tokens:
             # Not an error (a reverse proxy may authenticate), but never silent.
             import logging

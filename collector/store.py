@@ -6,7 +6,9 @@ and every write takes the store's lock. A new file is created at the current
 schema version, an older one is migrated step by step inside a transaction,
 a newer one is refused with the version needed.
 
-Raw events are the truth (``events``, keyed by ``md5_number(event_id)``);
+Raw events are the truth (``events``); their idempotency keys (``event_keys``,
+``md5_number(event_id)``) are kept for ``dedup_ttl_days``, the raw events for
+``raw_retention_days``;
 rollups are derived from them, either in the same transaction or deferred
 and merged for many batches at once, with ``meta.rollups_through`` saying how
 far they go (see ``defer_rollups``).
@@ -44,8 +46,8 @@ from .settings import size_bytes
 if TYPE_CHECKING:
     from .contracts import ValidatorCache
 
-__all__ = ["MIGRATIONS", "BatchBuilder", "PreparedBatch", "SCHEMA_VERSION", "Schema", "Store", "WriteResult",
-           "WriteStatus"]
+__all__ = ["MIGRATIONS", "BatchBuilder", "PreparedBatch", "Purged", "SCHEMA_VERSION", "Schema", "Store",
+           "WriteResult", "WriteStatus"]
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +115,15 @@ CREATE TABLE number_rollups (
     n BIGINT NOT NULL);
 """
 
+_COHORT_EVENTS = """CREATE VIEW cohort_events AS
+    SELECT * FROM events
+    UNION ALL
+    SELECT e.* REPLACE (s.cohort_id AS cohort_id)
+    FROM events e JOIN cohorts r ON r.cohort_id = e.cohort_id
+    JOIN cohorts s ON s.model = e.served_model AND s.prompt_version = r.prompt_version AND s.contract = r.contract
+    WHERE e.served_model <> r.model;
+"""
+
 _V5 = """
 -- Served cohorts: an output answered by another model than the one requested (an alias
 -- served by a dated snapshot) counts in its cohort and in the cohort of the model that
@@ -121,14 +132,7 @@ _V5 = """
 -- an alias's events listed once more under their served cohort. Rollups of events stored
 -- before this version are left as they were: re-reading the whole history here could take
 -- as long as its import, so served cohorts start with the upgrade.
-CREATE VIEW cohort_events AS
-    SELECT * FROM events
-    UNION ALL
-    SELECT e.* REPLACE (s.cohort_id AS cohort_id)
-    FROM events e JOIN cohorts r ON r.cohort_id = e.cohort_id
-    JOIN cohorts s ON s.model = e.served_model AND s.prompt_version = r.prompt_version AND s.contract = r.contract
-    WHERE e.served_model <> r.model;
-"""
+""" + _COHORT_EVENTS
 
 _V6 = """
 -- Contracts (contracts.py): one row per registered (contract, version); rows are only ever
@@ -156,10 +160,31 @@ INSERT INTO contract_rollups
     FROM cohort_events GROUP BY ALL;
 """
 
+_V7 = """
+-- The idempotency keys leave the raw events for a table of their own, pruned after
+-- dedup_ttl_days (Store.purge). DuckDB keeps a key index in memory and rewrites all of it at
+-- every checkpoint (duckdb/duckdb#24848): on events it covered raw_retention_days of events
+-- (30 by default), now the keys of the dedup window (7). A key is md5_number(event_id), as before;
+-- payload_hash tells a retry from another payload under the same key.
+CREATE TABLE event_keys (
+    id_key UHUGEINT PRIMARY KEY, payload_hash VARCHAR NOT NULL, received_at TIMESTAMPTZ NOT NULL);
+INSERT INTO event_keys SELECT id_key, payload_hash, received_at FROM events;
+-- DuckDB cannot drop a primary key: events is rebuilt without one, its rows in their order.
+DROP VIEW cohort_events;
+CREATE TABLE events_unkeyed (
+    id_key UHUGEINT NOT NULL, event_id VARCHAR NOT NULL, payload_hash VARCHAR NOT NULL,
+    generated_id BOOLEAN NOT NULL, cohort_id INTEGER NOT NULL, ts TIMESTAMPTZ NOT NULL,
+    received_at TIMESTAMPTZ NOT NULL, served_model VARCHAR, contract_version VARCHAR, source VARCHAR,
+    run_id VARCHAR, agent_release VARCHAR, finish_reason VARCHAR, attributes VARCHAR, output VARCHAR NOT NULL);
+INSERT INTO events_unkeyed SELECT * FROM events;
+DROP TABLE events;
+ALTER TABLE events_unkeyed RENAME TO events;
+""" + _COHORT_EVENTS  # the view again, as _V5 made it
+
 # Each entry turns version i into version i + 1; never edit a released one, append.
 # "{bucket}" stands for the store's bucket width in seconds. Buckets are always on the
 # Unix-epoch grid (epoch - epoch % width), the same grid the rollups use.
-MIGRATIONS: list[str] = [_V1, _V2, _V3, _V4, _V5, _V6]
+MIGRATIONS: list[str] = [_V1, _V2, _V3, _V4, _V5, _V6, _V7]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -187,6 +212,13 @@ class WriteStatus(str, Enum):
     accepted = "accepted"
     duplicate = "duplicate"
     conflict = "conflict"  # the key was seen with a different payload
+
+
+class Purged(NamedTuple):
+    """What ``Store.purge`` deleted."""
+
+    events: int  # raw events, past raw_retention_days
+    keys: int  # idempotency keys of events, past dedup_ttl_days
 
 
 class WriteResult(NamedTuple):
@@ -444,7 +476,7 @@ class Store:
         # memory_limit as configured, and the stored events DuckDB's limit has room for (see
         # _INDEX_BYTES_PER_EVENT); set by open().
         self._memory_base = 0
-        self._indexed_events = 0
+        self._indexed_keys = 0
         self._memory_until = 0
         self._local = threading.local()
         self._cohorts: dict[tuple[str, str, str], int] = {}
@@ -510,8 +542,8 @@ class Store:
                 store._migrate_schema(schema)
             store._check_bucket_width()
             store._memory_base = size_bytes(memory_limit)
-            row = store._con.execute("SELECT count(*) FROM events").fetchone()
-            store._indexed_events = int(row[0]) if row else 0
+            row = store._con.execute("SELECT count(*) FROM event_keys").fetchone()
+            store._indexed_keys = int(row[0]) if row else 0
             store._fit_memory()
             if not read_only:
                 store._recover_rollups()
@@ -524,9 +556,10 @@ class Store:
         return store
 
     def _fit_memory(self) -> None:
-        """DuckDB's memory limit: the configured one plus room for the key index of the events
-        stored and of the next step of them."""
-        self._memory_until = self._indexed_events + _INDEX_STEP_EVENTS
+        """DuckDB's memory limit: the configured one plus room for the index of the keys kept
+        and of the next step of them. Keys purged are not taken off until the next open (the
+        limit is a ceiling, so erring high costs nothing)."""
+        self._memory_until = self._indexed_keys + _INDEX_STEP_EVENTS
         self._con.execute(f"SET memory_limit = '{self.memory_limit_bytes}B'")
 
     @property
@@ -601,30 +634,26 @@ class Store:
             yield con
 
     @contextmanager
-    def _transaction(self, doing: str, con: duckdb.DuckDBPyConnection | None = None, *,
-                     explicit: bool = True) -> Iterator[duckdb.DuckDBPyConnection]:
+    def _transaction(self, doing: str, con: duckdb.DuckDBPyConnection | None = None
+                     ) -> Iterator[duckdb.DuckDBPyConnection]:
         """BEGIN ... COMMIT on the writing connection (or ``con``, the merges'); any failure
-        rolls back (never left open). ``explicit=False``: no BEGIN and COMMIT, each statement
-        commits on its own (for a block whose writes are each one statement).
+        rolls back (never left open).
 
         DuckDB errors become StoreUnavailable (disk full, I/O) or StoreError naming ``doing``.
         """
         con = self._con if con is None else con
-        if explicit:
-            try:
-                con.execute("BEGIN TRANSACTION")
-            except duckdb.Error as exc:
-                raise _store_error(doing, exc) from exc
+        try:
+            con.execute("BEGIN TRANSACTION")
+        except duckdb.Error as exc:
+            raise _store_error(doing, exc) from exc
         try:
             yield con
-            if explicit:
-                con.execute("COMMIT")
+            con.execute("COMMIT")
         except BaseException as exc:
-            if explicit:
-                try:
-                    con.execute("ROLLBACK")
-                except duckdb.Error:
-                    pass
+            try:
+                con.execute("ROLLBACK")
+            except duckdb.Error:
+                pass
             if isinstance(exc, duckdb.Error):
                 raise _store_error(doing, exc) from exc
             raise
@@ -899,17 +928,15 @@ class Store:
         self._pending_cohorts = {}
         self._staged = None
         try:
-            # With deferred rollups a batch writes one statement, the events (cohorts new to it
-            # go first, in their own statement, and may outlive a failed insert harmlessly): it
-            # commits alone. BEGIN and COMMIT would be two more calls into DuckDB, each giving
-            # up the GIL and waiting to get it back from the request threads.
+            # Cohorts new to the batch go first, in their own statement, and may outlive a
+            # failed insert harmlessly; the keys and the events commit together.
             try:
-                with self._transaction("writing a batch", explicit=self._defer is None) as con:
+                with self._transaction("writing a batch") as con:
                     inserted, existing = self._insert(con, batch, now, probe=False)
             except _StoredBefore:  # rolled back: again, knowing which keys are stored
                 self._pending_cohorts = {}
                 self._staged = None
-                with self._transaction("writing a batch", explicit=self._defer is None) as con:
+                with self._transaction("writing a batch") as con:
                     inserted, existing = self._insert(con, batch, now, probe=True)
         finally:
             try:
@@ -918,8 +945,8 @@ class Store:
                 pass
         # Only committed cohorts enter the cache: a rolled-back id must never be reused.
         self._cohorts.update(self._pending_cohorts)
-        self._indexed_events += len(inserted)
-        if self._indexed_events >= self._memory_until:
+        self._indexed_keys += len(inserted)
+        if self._indexed_keys >= self._memory_until:
             self._fit_memory()
         if self._staged is not None:
             added = time.monotonic()
@@ -933,13 +960,14 @@ class Store:
 
     def _insert(self, con: duckdb.DuckDBPyConnection, batch: PreparedBatch, now: datetime, *,
                 probe: bool) -> tuple[set[str], dict[str, str]]:
-        """Insert the batch's events that are not stored yet; (ids inserted, {stored id: its hash}).
+        """Insert the keys and the events of the batch that are not stored yet; (ids inserted,
+        {stored id: its hash}).
 
         Not ``INSERT ... ON CONFLICT DO NOTHING``: DuckDB plans that as a join against a
         scan of the whole key column, so each commit took longer as the table grew (500
         events: 6.8 ms into 20,000 stored, 47.7 ms into 4,000,000; measured). A plain
-        INSERT checks the keys in the index and costs the same at any size. When a key
-        is already stored it fails (``_StoredBefore``, the transaction rolls back) and the
+        INSERT into ``event_keys`` checks the keys in the index and costs the same at any
+        size. When a key is already kept it fails (``_StoredBefore``, the transaction rolls back) and the
         batch is written again with ``probe``: the stored keys are looked up first
         (``_look_up``), and only the rest is inserted. Only this thread writes events (the
         write lock), so nothing is stored between the lookup and the insert.
@@ -956,6 +984,8 @@ class Store:
                 table = table.filter(pc.invert(pc.is_in(table["event_id"], value_set=pa.array(list(existing)))))
         con.register("_batch", table)
         try:
+            con.execute("INSERT INTO event_keys SELECT md5_number(event_id), payload_hash, $now FROM _batch",
+                        {"now": now})
             con.execute(
                 """INSERT INTO events
                    SELECT md5_number(event_id), event_id, payload_hash, generated_id, cohort_id, ts, $now,
@@ -983,9 +1013,13 @@ class Store:
         return inserted, existing
 
     def _stored_hashes(self, con: duckdb.DuckDBPyConnection, event_ids: list[str]) -> dict[str, str]:
-        """{event_id: payload hash} of those of ``event_ids`` that are stored."""
-        return dict(_look_up(con, "SELECT event_id, payload_hash FROM events WHERE id_key IN", "md5_number(?)",
-                             event_ids))
+        """{event_id: payload hash} of those of ``event_ids`` whose key is kept."""
+        stored = _look_up(con, "SELECT id_key, payload_hash FROM event_keys WHERE id_key IN", "md5_number(?)",
+                          event_ids)
+        if not stored:
+            return {}
+        ids = dict(con.execute("SELECT md5_number(e), e FROM unnest(?::VARCHAR[]) AS t(e)", [event_ids]).fetchall())
+        return {ids[key]: payload_hash for key, payload_hash in stored}
 
     def _cohort_ids(self, con: duckdb.DuckDBPyConnection,
                     first_ts: dict[tuple[str, str, str], datetime]) -> dict[tuple[str, str, str], int]:
@@ -1091,8 +1125,8 @@ class Store:
 
         DuckDB also checkpoints on its own, inside the commit that takes the log past
         ``checkpoint_threshold``; that commit waits for it. In DuckDB 1.5 a checkpoint writes
-        the key index of ``events`` whole, so it takes longer the more events are stored
-        (``bench/commits.py`` prints it per size; duckdb/duckdb#24848).
+        the key index (``event_keys``) whole, so it takes longer the more keys are kept
+        (``bench/commits.py`` prints it per size; duckdb/duckdb#24848): dedup_ttl_days bounds it.
         """
         if self.read_only:
             raise StoreError("checkpointing", "the store was opened read-only")
@@ -1103,20 +1137,31 @@ class Store:
             except duckdb.Error as exc:
                 raise _store_error("checkpointing", exc) from exc
 
-    def purge(self, *, raw_retention: timedelta, now: datetime | None = None) -> int:
-        """Delete raw events received before ``now - raw_retention``; rollups stay."""
+    def purge(self, *, raw_retention: timedelta, dedup_ttl: timedelta, now: datetime | None = None) -> Purged:
+        """Delete raw events received before ``now - raw_retention`` and idempotency keys (of
+        events and of provider outcomes) received before ``now - dedup_ttl``; rollups stay.
+
+        The two are independent: raw events may be kept for less time than their keys (an
+        event re-sent after its raw output is gone is still a duplicate) or for more (one
+        re-sent after its key is gone is stored again).
+        """
         now = now or datetime.now(UTC)
+        events = self._purge_chunks("events", now - raw_retention, "purging old raw events")
+        keys = self._purge_chunks("event_keys", now - dedup_ttl, "purging old idempotency keys")
+        with self._write_lock, self._transaction("purging old outcome keys") as con:
+            con.execute("DELETE FROM outcome_keys WHERE received_at < ?", [now - dedup_ttl])
+        return Purged(events, keys)
+
+    def _purge_chunks(self, table: str, before: datetime, doing: str) -> int:
         deleted = 0
         while True:
             # In chunks, letting go of the write lock between them: one huge DELETE would
             # hold up every ingest request for its whole run.
-            with self._write_lock, self._transaction("purging old raw events") as con:
+            with self._write_lock, self._transaction(doing) as con:
                 n = len(con.execute(
-                    """DELETE FROM events WHERE id_key IN (
-                           SELECT id_key FROM events WHERE received_at < ? LIMIT ?) RETURNING 1""",
-                    [now - raw_retention, _PURGE_CHUNK]).fetchall())
+                    f"""DELETE FROM {table} WHERE rowid IN (
+                            SELECT rowid FROM {table} WHERE received_at < ? LIMIT ?) RETURNING 1""",
+                    [before, _PURGE_CHUNK]).fetchall())
             deleted += n
             if n < _PURGE_CHUNK:
-                with self._write_lock, self._transaction("purging old outcome keys") as con:
-                    con.execute("DELETE FROM outcome_keys WHERE received_at < ?", [now - raw_retention])
                 return deleted

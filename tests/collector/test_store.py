@@ -24,7 +24,7 @@ import pytest
 from collector.envelope import LIMITS, Envelope, parse_envelope
 from collector.errors import StoreError, StoreUnavailable, StoreVersionTooNew
 from collector.rollup import ROLLUP_TABLES
-from collector.store import MIGRATIONS, SCHEMA_VERSION, Store, WriteResult, WriteStatus
+from collector.store import MIGRATIONS, SCHEMA_VERSION, Purged, Store, WriteResult, WriteStatus
 
 ROOT = Path(__file__).resolve().parents[2]
 MakeEnvelope = Callable[..., dict[str, Any]]
@@ -167,6 +167,17 @@ def test_an_older_file_is_migrated_keeping_its_rows(db_path: Path, envelope: Mak
         assert store.query("SELECT cohort_id, model FROM cohorts ORDER BY 1") == [
             (1, "m-old"), (3, "claude-sonnet-4-5-20250929")]
         assert store.healthcheck() == {"schema_version": SCHEMA_VERSION, "events": 6}
+        # the keys moved to event_keys (version 7), with their payload hashes and receipt times;
+        # events kept every row and column, and no longer carries the index
+        assert store.query("SELECT id_key = md5_number('old-' || right(payload_hash, 1)), payload_hash, "
+                           "epoch(received_at)::BIGINT FROM event_keys WHERE payload_hash LIKE 'hash-%' "
+                           "ORDER BY payload_hash") == [
+            (True, f"hash-old-{i}", T1200 + 300) for i in range(1, 6)]
+        assert store.query("SELECT constraint_type FROM duckdb_constraints() WHERE table_name = 'events' "
+                           "AND constraint_type <> 'NOT NULL'") == []
+        # the view over events was made again (no cohort of snap-a or snap-b: each event once)
+        assert store.query("SELECT event_id FROM cohort_events ORDER BY 1") == [
+            ("new-1",), *((f"old-{i}",) for i in range(1, 6))]
 
 
 def test_a_newer_file_is_refused_naming_both_versions(db_path: Path) -> None:
@@ -442,13 +453,15 @@ def test_purge_deletes_old_raw_events_and_keeps_rollups(store: Store, envelope: 
         ("claude-sonnet-4-5-20250929", "intake-v3", "intake", T1200): (4,),
         ("claude-sonnet-4-5-20250929", "intake-v3", "intake", T1201): (3,)}
 
-    removed = store.purge(raw_retention=timedelta(days=7), now=datetime(2026, 11, 30, tzinfo=UTC))
-    assert removed == 4
+    removed = store.purge(raw_retention=timedelta(days=7), dedup_ttl=timedelta(days=7),
+                          now=datetime(2026, 11, 30, tzinfo=UTC))
+    assert removed == Purged(events=4, keys=4)
     assert store.query("SELECT event_id FROM events ORDER BY event_id") == [(f"new-{i}",) for i in range(3)]
     assert rollup_sums(store) == sums
     assert store.query("SELECT epoch(bucket)::BIGINT, n FROM served_models ORDER BY 1") == [(T1200, 4), (T1201, 3)]
     # nothing left that old: a second purge removes nothing
-    assert store.purge(raw_retention=timedelta(days=7), now=datetime(2026, 11, 30, tzinfo=UTC)) == 0
+    assert store.purge(raw_retention=timedelta(days=7), dedup_ttl=timedelta(days=7),
+                       now=datetime(2026, 11, 30, tzinfo=UTC)) == Purged(0, 0)
 
 
 def test_record_outcomes_counts_per_cohort_bucket_and_kind(store: Store) -> None:
@@ -495,7 +508,7 @@ def test_writes_on_a_broken_connection_are_store_errors(store: Store, envelope: 
     with pytest.raises(StoreError):
         store.write_batch([parse(envelope())])
     with pytest.raises(StoreError):
-        store.purge(raw_retention=timedelta(days=1))
+        store.purge(raw_retention=timedelta(days=1), dedup_ttl=timedelta(days=1))
     with pytest.raises(StoreError):
         store.healthcheck()
 
@@ -535,8 +548,49 @@ def test_purge_deletes_in_chunks_and_counts_them_all(db_path: Path, envelope: Ma
     with Store.open(db_path) as store:
         store.write_batch(envs(envelope, 7, "old"), now=old)
         store.write_batch(envs(envelope, 2, "new"), now=old + timedelta(days=40))
-        assert store.purge(raw_retention=timedelta(days=30), now=old + timedelta(days=41)) == 7
+        assert store.purge(raw_retention=timedelta(days=30), dedup_ttl=timedelta(days=7),
+                           now=old + timedelta(days=41)) == Purged(events=7, keys=7)
         assert store.query("SELECT count(*) FROM events") == [(2,)]
+        assert store.query("SELECT count(*) FROM event_keys") == [(2,)]
+
+
+def test_keys_are_kept_for_the_dedup_ttl_whatever_the_raw_retention(db_path: Path, envelope: MakeEnvelope) -> None:
+    t0 = datetime(2026, 11, 1, tzinfo=UTC)
+    day = timedelta(days=1)
+    with Store.open(db_path) as store:
+        assert statuses(store.write_batch(envs(envelope, 3, "k"), now=t0)) == [(f"k-{i}", A) for i in range(3)]
+        # raw outputs kept one day, keys seven: the outputs go, a re-send is still a duplicate
+        assert store.purge(raw_retention=day, dedup_ttl=7 * day, now=t0 + 2 * day) == Purged(events=3, keys=0)
+        assert count_events(store) == 0
+        assert statuses(store.write_batch(envs(envelope, 3, "k"), now=t0 + 3 * day)) == [
+            (f"k-{i}", D) for i in range(3)]
+        assert count_events(store) == 0
+        # and so is another payload under a kept key
+        other = parse(envelope(event_id="k-0", output={"priority": "low"}))
+        assert statuses(store.write_batch([other], now=t0 + 3 * day)) == [("k-0", C)]
+        # past the TTL the keys go, and a re-send is a new event
+        assert store.purge(raw_retention=day, dedup_ttl=7 * day, now=t0 + 8 * day) == Purged(events=0, keys=3)
+        assert statuses(store.write_batch(envs(envelope, 3, "k"), now=t0 + 8 * day)) == [
+            (f"k-{i}", A) for i in range(3)]
+        assert count_events(store) == 3
+        assert store.query("SELECT count(*), min(epoch(received_at))::BIGINT FROM event_keys") == [
+            (3, int((t0 + 8 * day).timestamp()))]
+
+
+def test_raw_events_outliving_their_keys_are_purged_by_age_only(db_path: Path, envelope: MakeEnvelope) -> None:
+    t0 = datetime(2026, 11, 1, tzinfo=UTC)
+    day = timedelta(days=1)
+    with Store.open(db_path) as store:
+        store.write_batch(envs(envelope, 2, "r"), now=t0)
+        assert store.purge(raw_retention=30 * day, dedup_ttl=7 * day, now=t0 + 8 * day) == Purged(events=0, keys=2)
+        # the key is gone: the same event_id is stored again, beside its old copy
+        assert statuses(store.write_batch(envs(envelope, 2, "r"), now=t0 + 9 * day)) == [("r-0", A), ("r-1", A)]
+        assert store.query("SELECT event_id, count(*) FROM events GROUP BY 1 ORDER BY 1") == [("r-0", 2), ("r-1", 2)]
+        # the old copies age out on their own; the new ones (same event_id, same key) stay
+        assert store.purge(raw_retention=30 * day, dedup_ttl=30 * day, now=t0 + 31 * day) == Purged(events=2, keys=0)
+        assert store.query("SELECT event_id, epoch(received_at)::BIGINT FROM events ORDER BY 1") == [
+            ("r-0", int((t0 + 9 * day).timestamp())), ("r-1", int((t0 + 9 * day).timestamp()))]
+        assert statuses(store.write_batch(envs(envelope, 2, "r"), now=t0 + 31 * day)) == [("r-0", D), ("r-1", D)]
 
 
 def test_keyed_outcomes_count_once(store: Store) -> None:
