@@ -31,6 +31,7 @@ static inline int walk_item(PyObject *x, Py_ssize_t depth, walk_state *st) {
         return walk_value(x, depth + 1, st);
     if (PyFloat_CheckExact(x)) {
         double d = PyFloat_AS_DOUBLE(x);
+        if (!isfinite(d)) return -1; /* NaN or infinity: the Python walk names it */
         if (d >= 9.2e18 || d <= -9.2e18) st->huge = 1;
     } else if (!(PyUnicode_CheckExact(x) || PyLong_CheckExact(x) || PyBool_Check(x) || x == Py_None)) {
         return -1;

@@ -51,6 +51,7 @@ escaped with ``flatten.join_key``); the output itself has path None.
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 import threading
 import time
@@ -78,6 +79,8 @@ from .errors import (
 from .flatten import items_path, join_key
 from .rollup import ContractStatus
 from .store import Store
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "ANNOTATION_KEYWORDS", "Contract", "ContractConflict", "ContractError", "ContractInvalid",
@@ -669,6 +672,7 @@ class ValidatorCache:
         self._lock = threading.Lock()
         self._found: OrderedDict[tuple[str, str], ContractValidator] = OrderedDict()
         self._missed: dict[tuple[str, str], float] = {}
+        self._failed: set[tuple[str, str]] = set()  # versions whose check raised (logged once)
 
     def get(self, contract: str, version: str) -> ContractValidator | None:
         key = (contract, version)
@@ -715,6 +719,15 @@ class ValidatorCache:
             found = validator.violations(output, tool=validator.tool_for(contract))
         except ContractError:
             return ContractStatus.unregistered, []
+        except Exception:
+            # jsonschema runs on whatever an application sent, inside the preparation of a batch
+            # other requests share: its failure (it raised OverflowError on an infinite number
+            # under multipleOf) leaves this output unchecked and fails nothing.
+            if (contract, version) not in self._failed:
+                self._failed.add((contract, version))
+                log.warning("checking an output against contract %r version %r raised; such outputs are "
+                            "counted unchecked (logged once per version)", contract, version, exc_info=True)
+            return ContractStatus.unchecked, []
         return (ContractStatus.invalid if found else ContractStatus.valid), found
 
     def facts(self, contract: str, version: str) -> SchemaFacts | None:

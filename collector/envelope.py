@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -175,9 +176,19 @@ def loads_marking(text: str | bytes) -> Any:
 
     For JSON that reaches shapewatch other than through orjson (provider adapters
     parse tool arguments with it): ``validate_envelope`` then names each marked
-    field, exactly as for an HTTP body. NaN and Infinity raise ValueError.
+    field, exactly as for an HTTP body. NaN and Infinity raise ValueError, and so does a
+    number too large for a float (``1e400``), which Python's parser would make infinite
+    (orjson refuses it too).
     """
-    return json.loads(text, object_pairs_hook=_pairs, parse_int=_int, parse_constant=_no_constant)
+    return json.loads(text, object_pairs_hook=_pairs, parse_int=_int, parse_float=_finite_float,
+                      parse_constant=_no_constant)
+
+
+def _finite_float(text: str) -> float:
+    v = float(text)
+    if not math.isfinite(v):
+        raise ValueError(f"number {text[:40]} is too large for a 64-bit float")
+    return v
 
 
 def _no_constant(name: str) -> Any:
@@ -260,7 +271,10 @@ class _Walk:
                     raise
             else:
                 leaves += 1
-                if tx is float and (x >= 9.2e18 or x <= -9.2e18):
+                if tx is float and not -9.2e18 < x < 9.2e18:
+                    if not math.isfinite(x):  # only from a Python object: no parser here makes one
+                        raise _Bad("invalid_value", f"{x} is not a JSON number",
+                                   [_key(k) if maxk >= 0 else f"[{k}]"])
                     self.huge_float = True
         self.leaves += leaves
         if self.leaves > lim.max_leaves:

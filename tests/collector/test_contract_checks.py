@@ -213,3 +213,16 @@ def test_an_unregistered_version_of_one_contract_leaves_the_same_version_of_anot
             """SELECT c.contract, contract_version, status, sum(n) FROM contract_rollups JOIN cohorts c
                USING (cohort_id) GROUP BY ALL""")}
         assert got == {("intake", "3", "unregistered"): 4, ("triage", "3", "valid"): 2, ("triage", "3", "invalid"): 1}
+
+
+def test_a_check_that_raises_leaves_the_output_unchecked_and_fails_nothing(tmp_path: Any) -> None:
+    # jsonschema raised OverflowError on an infinite number under multipleOf (no parser lets one
+    # in any more): whatever it raises, the output is counted unchecked and its batch commits.
+    schema = {"type": "object", "properties": {"amount": {"type": "number", "multipleOf": 0.01}}}
+    with Store.open(tmp_path / "c.duckdb") as store:
+        register_contract(store, "intake", "3", schema)
+        cache = store.contract_validators
+        assert cache.check("intake", "3", {"amount": 12.5}) == (ContractStatus.valid, [])
+        assert cache.check("intake", "3", {"amount": float("inf")}) == (ContractStatus.unchecked, [])
+        assert cache.check("intake", "3", {"amount": float("-inf")}) == (ContractStatus.unchecked, [])
+        assert cache.check("intake", "3", {"amount": 0.005})[0] is ContractStatus.invalid

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -30,6 +31,7 @@ from collector.envelope import (
     _Bad,  # private: the Python walk, held to the C walk below
     _Walk,
     limits_from_settings,
+    loads_marking,
     parse_body,
     parse_envelope,
     validate_envelope,
@@ -420,6 +422,23 @@ def test_non_finite_numbers_are_refused_as_invalid_json(literal: str) -> None:
     raw = env_raw('{"a":%s}' % literal)
     exc = refused(raw)
     assert (exc.fields, exc.status) == (invalid_json(raw), 400)
+
+
+@pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan])
+def test_a_non_finite_float_in_a_python_object_is_refused_naming_its_field(value: float) -> None:
+    # No parser hands one over (orjson and loads_marking refuse them), but validate_envelope takes
+    # Python objects: a float that orjson would store as null must not get past it.
+    obj = orjson.loads(env_raw('{"a":{"b":[1,2.5]}}'))
+    obj["output"]["a"]["b"][1] = value
+    with pytest.raises(EnvelopeInvalid) as info:
+        validate_envelope(obj, LIMITS)
+    assert info.value.fields == [FieldError("output.a.b[1]", f"{value} is not a JSON number", "invalid_value")]
+
+
+def test_loads_marking_refuses_a_number_too_large_for_a_float() -> None:
+    with pytest.raises(ValueError, match="number 1e400 is too large for a 64-bit float"):
+        loads_marking('{"a": 1e400}')
+    assert loads_marking('{"a": 1e308}') == {"a": 1e308}
 
 
 def test_invalid_utf8_is_refused_as_invalid_json() -> None:
