@@ -101,6 +101,50 @@ static PyObject *py_count_keys(PyObject *self, PyObject *arg) {
     return PyLong_FromLong(count);
 }
 
+/* item_spans(raw: bytes) -> list[tuple[int, int]] | None: the [start, end) byte offsets of
+ * each item of a JSON array body (whitespace around an item left out), or None when the text
+ * is not an array whose brackets and strings close. Used only to re-parse the items one by one
+ * when the whole body cannot be re-parsed (envelope.parse_body); the items were parsed by orjson
+ * already, so this only has to find where each starts and ends. */
+static PyObject *py_item_spans(PyObject *self, PyObject *arg) {
+    char *buf;
+    Py_ssize_t len;
+    if (PyBytes_AsStringAndSize(arg, &buf, &len) < 0) return NULL;
+    Py_ssize_t i = 0, depth = 0, start = -1, last = -1;
+    while (i < len && (buf[i] == ' ' || buf[i] == '\t' || buf[i] == '\n' || buf[i] == '\r')) i++;
+    if (i >= len || buf[i] != '[') Py_RETURN_NONE;
+    PyObject *spans = PyList_New(0);
+    if (spans == NULL) return NULL;
+    depth = 1;
+    for (i++; i < len; i++) {
+        char c = buf[i];
+        if (c == ' ' || c == '\t' || c == '\n' || c == '\r') continue;
+        if (depth == 1 && (c == ',' || c == ']')) {
+            if (start >= 0) {
+                PyObject *span = Py_BuildValue("(nn)", start, last + 1);
+                if (span == NULL || PyList_Append(spans, span) < 0) { Py_XDECREF(span); Py_DECREF(spans); return NULL; }
+                Py_DECREF(span);
+                start = -1;
+            }
+            if (c == ']') { depth = 0; break; }
+            continue;
+        }
+        if (start < 0) start = i;
+        if (c == '"') {
+            for (i++; i < len && buf[i] != '"'; i++)
+                if (buf[i] == '\\') i++;
+            if (i >= len) break;
+        } else if (c == '[' || c == '{') {
+            depth++;
+        } else if (c == ']' || c == '}') {
+            depth--;
+        }
+        last = i;
+    }
+    if (depth != 0) { Py_DECREF(spans); Py_RETURN_NONE; }
+    return spans;
+}
+
 /* ---------------------------------------------------------------------------------------
  * check_envelope(obj, max_tag, max_depth, max_array, max_key, max_leaves) -> tuple | None
  *
@@ -908,6 +952,7 @@ fail:
 static PyMethodDef methods[] = {
     {"walk", py_walk, METH_VARARGS, "Count keys and leaves of a parsed output within limits, or None."},
     {"count_keys", py_count_keys, METH_O, "Count the object keys in JSON text (strings followed by a colon)."},
+    {"item_spans", py_item_spans, METH_O, "The [start, end) offsets of each item of a JSON array, or None."},
     {"check_envelope", py_check_envelope, METH_VARARGS, "The fields of an envelope that is plainly valid, or None."},
     {"string_column", py_string_column, METH_VARARGS,
      "string_column(rows, index) -> (validity, offsets, data, nulls): a str-or-None item as Arrow buffers."},

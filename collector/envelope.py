@@ -458,7 +458,7 @@ def _finish(lim: Limits, event_id: str, generated: bool, ts: datetime, model: st
     except orjson.JSONEncodeError as err:  # only from a Python-built dict: a lone surrogate
         _refuse(FieldError("output", f"holds text that is not valid Unicode ({err})", "invalid_value"),
                 None if generated else event_id)
-    if len(output_bytes) > lim.max_event_bytes:  # an array item skips the per-line size check
+    if len(output_bytes) > lim.max_event_bytes:  # an output built by a provider adapter has no line either
         _refuse(FieldError("output", f"is {len(output_bytes)} bytes; the limit for one envelope is "
                            f"{lim.max_event_bytes}", "too_large"), None if generated else event_id)
     # The payload hash tells a retry (same payload) from a reused key (different payload).
@@ -544,23 +544,38 @@ def parse_body(raw: bytes, lim: Limits, *, ndjson: bool, now: datetime | None = 
         raise BatchTooLarge(len(items), max_items)
     counter = [0, 0]
     results: list[Envelope | EnvelopeInvalid] = []
+    # An item has no line of its own to measure: written compactly, it meets max_event_bytes as
+    # a line does. Only a body over the limit can hold an item over it.
+    measure = len(raw) > lim.max_event_bytes
     for obj in items:
         try:
+            if measure and (size := len(orjson.dumps(obj))) > lim.max_event_bytes:
+                exc = EnvelopeInvalid([FieldError("", f"envelope is {size} bytes written compactly; the limit is "
+                                                  f"{lim.max_event_bytes}", code="too_large")])
+                event_id = obj.get("event_id") if type(obj) is dict else None
+                exc.event_id = event_id[:128] if type(event_id) is str else None
+                raise exc
             results.append(validate_envelope(obj, lim, keys_seen=counter, now=now))
         except EnvelopeInvalid as exc:
             results.append(exc)
     if _may_hide_something(raw, counter[0], bool(counter[1])):
         try:
-            exact = _exact_loads(raw)
-        except _TooDeepToReparse as exc:
-            exc.status = 400  # the items cannot all be checked: refuse the body
-            raise
-        for i, obj in enumerate(exact):
-            if not isinstance(results[i], EnvelopeInvalid):
-                try:
-                    validate_envelope(obj, lim, now=now)
-                except EnvelopeInvalid as exc:
-                    results[i] = exc
+            exact: list[Any] | None = _exact_loads(raw)
+        except _TooDeepToReparse:
+            exact = None  # an item nested past Python's parser (and past max_depth): one at a time
+        spans = _speedups.item_spans(raw) if exact is None else None
+        for i, result in enumerate(results):
+            if isinstance(result, EnvelopeInvalid):
+                continue
+            try:
+                if exact is not None:
+                    validate_envelope(exact[i], lim, now=now)
+                else:  # an item that passed is within max_depth, so Python's parser takes it
+                    assert spans is not None and len(spans) == len(results)
+                    start, end = spans[i]
+                    validate_envelope(_exact_loads(raw[start:end]), lim, now=now)
+            except EnvelopeInvalid as exc:
+                results[i] = exc
     yield from results
 
 

@@ -759,11 +759,47 @@ def test_ndjson_keeps_the_event_id_of_a_rejected_line() -> None:
 
 def test_a_json_array_applies_max_event_bytes_per_item() -> None:
     lim = Limits(max_event_bytes=300)
-    big = make_envelope(output={"pad": "x" * 400})
-    got = list(parse_body(dumps([make_envelope(output={}), big]), lim, ndjson=False, now=NOW))
-    assert isinstance(got[0], Envelope)
-    assert isinstance(got[1], EnvelopeInvalid)
-    assert [f.code for f in got[1].fields] == ["too_large"]
+    big = make_envelope(event_id="big", output={"pad": "x" * 400})
+    # the output alone fits, the envelope does not: the same answer as the same envelope on a line
+    tagged = make_envelope(event_id="tagged", output={"pad": "x" * 150}, attributes={"note": "y" * 150})
+    assert len(dumps(tagged["output"])) < 300 < len(dumps(tagged))
+    fits = make_envelope(event_id="fits", output={"pad": "x" * (300 - len(dumps(make_envelope(
+        event_id="fits", output={"pad": ""}))))})
+    assert len(dumps(fits)) == 300
+    body = b"[\n  " + b",\n  ".join(dumps(e) for e in (fits, big, tagged)) + b"\n]"  # spaces are not counted
+    got = list(parse_body(body, lim, ndjson=False, now=NOW))
+    assert isinstance(got[0], Envelope) and got[0].event_id == "fits"
+    for item, sent in zip(got[1:], (big, tagged), strict=True):
+        assert isinstance(item, EnvelopeInvalid)
+        assert (item.fields, item.event_id) == ([FieldError(
+            "", f"envelope is {len(orjson.dumps(sent))} bytes written compactly; the limit is 300", "too_large")],
+            sent["event_id"])
+        on_a_line = list(parse_body(dumps(sent), lim, ndjson=True, now=NOW))[0]
+        assert isinstance(on_a_line, EnvelopeInvalid) and [f.code for f in on_a_line.fields] == ["too_large"]
+
+
+def test_a_json_array_with_an_item_too_deep_to_reparse_answers_per_item() -> None:
+    # orjson takes 1,024 levels, Python's parser fewer: the exact re-parse (for a duplicate key
+    # hidden somewhere in the body) could not run, and the whole body was refused with 400
+    deep = '{"model":"m","prompt_version":"p","output":{"a":' + "[" * 1000 + "]" * 1000 + "}}"
+    hidden = '{"event_id":"e3","model":"m","prompt_version":"p","output":{"k":1,"k":2}}'
+    body = ("[%s, %s, %s]" % (dumps(make_envelope(event_id="e1")).decode(), deep, hidden)).encode()
+    got = list(parse_body(body, LIMITS, ndjson=False, now=NOW))
+    assert isinstance(got[0], Envelope) and got[0] == parse(make_envelope(event_id="e1"))
+    assert isinstance(got[1], EnvelopeInvalid) and isinstance(got[2], EnvelopeInvalid)
+    assert got[1].fields == [FieldError("output.a" + "[0]" * 31, "nested deeper than 32 levels", "too_deep")]
+    assert (got[2].fields, got[2].event_id) == ([FieldError("output.k", "duplicate key", "duplicate_key")], "e3")
+
+
+def test_item_spans_find_each_item_of_an_array() -> None:
+    body = b' [ 1 , {"a":[1,"]\\",\\\\"]} ,"x\\\\" , [[]] ] '
+    spans = _speedups.item_spans(body)
+    assert spans is not None
+    assert [body[a:b] for a, b in spans] == [b"1", b'{"a":[1,"]\\",\\\\"]}', b'"x\\\\"', b"[[]]"]
+    assert [orjson.loads(body[a:b]) for a, b in spans] == orjson.loads(body)
+    assert _speedups.item_spans(b"[]") == []
+    for broken in (b"[1,2", b"{}", b"", b'["]', b"[[1]"):
+        assert _speedups.item_spans(broken) is None
 
 
 @pytest.mark.parametrize(("body", "path"), [(b"not json", ""), (b"{", ""), (b"", ""), (b"[1,", "body"),
