@@ -62,6 +62,9 @@ class OutcomeKind(str, enum.Enum):
     invalid_json = "invalid_json"
     no_structured_output = "no_structured_output"
     content_filter = "content_filter"
+    # valid JSON, but an array, a string, a number or null: shapewatch watches objects (a Gemini
+    # response schema may ask for an array; a tool call's arguments must be an object)
+    not_an_object = "not_an_object"
 
 
 @dataclass(frozen=True)
@@ -341,8 +344,12 @@ def _strip_fence(text: str) -> str:
 def _parse_output(out: _Output) -> tuple[dict[str, Any] | None, OutcomeKind | None, str]:
     """Return (object, None, "") or (None, kind of failure, detail)."""
     if out.value is not None:
-        # A copy, so that an envelope never aliases the caller's response.
-        return copy.deepcopy(out.value), None, ""
+        # A copy, so that an envelope never aliases the caller's response. Nested past Python's
+        # recursion limit (orjson parsed up to 1,024 levels), it is refused as such.
+        try:
+            return copy.deepcopy(out.value), None, ""
+        except RecursionError:
+            return None, OutcomeKind.invalid_json, f"{out.what}: not valid JSON: nested too deeply"
     text = out.text or ""
     if out.is_text:
         text = _strip_fence(text)
@@ -361,7 +368,7 @@ def _parse_output(out: _Output) -> tuple[dict[str, Any] | None, OutcomeKind | No
         reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
         return None, OutcomeKind.invalid_json, f"{out.what}: not valid JSON: {reason}"
     if not isinstance(value, dict):
-        return None, OutcomeKind.invalid_json, (
+        return None, OutcomeKind.not_an_object, (
             f"{out.what}: JSON {_json_type(value)}, not an object"
         )
     return value, None, ""

@@ -49,6 +49,8 @@ log = logging.getLogger(__name__)
 
 _JSON_TYPES = ("application/json",)
 _NDJSON_TYPES = ("application/x-ndjson", "application/jsonl", "application/x-jsonlines", "application/ndjson")
+# The longest event_id the provider route takes: 128 (the envelope's limit) less ":<position>".
+_PROVIDER_EVENT_ID = 120
 
 
 class ApiError(ShapewatchError):
@@ -276,8 +278,17 @@ class CollectorApi:
         return b"".join(chunks)
 
     def _content_kind(self, request: Request) -> bool:
-        """True for NDJSON, False for JSON; 415 otherwise."""
-        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        """True for NDJSON, False for JSON; 415 otherwise (also for a charset other than UTF-8:
+        the body would be read as UTF-8 all the same, and refused as invalid JSON)."""
+        ctype, *params = request.headers.get("content-type", "").split(";")
+        ctype = ctype.strip().lower()
+        for param in params:
+            name, _, value = param.partition("=")
+            charset = value.strip().strip('"').lower()
+            if name.strip().lower() == "charset" and charset not in ("utf-8", "utf8"):
+                raise ApiError(415, f"charset {charset or '(empty)'!r} is not supported; send UTF-8 "
+                               "(charset=utf-8, or no charset)",
+                               [FieldError("content-type", "unsupported charset")])
         if ctype in _JSON_TYPES:
             return False
         if ctype in _NDJSON_TYPES:
@@ -387,12 +398,20 @@ class CollectorApi:
                                + ", ".join(p.value for p in Provider)) from None
             self._content_kind(request)
             # The query's tags obey the envelope's rules (they also name the cohort of outcomes).
+            fields: list[FieldError] = []
             try:
-                validate_envelope({"model": model or "-", "prompt_version": prompt_version,
+                validate_envelope({"model": "-" if model is None else model, "prompt_version": prompt_version,
                                    "contract": contract, "source": source, "contract_version": contract_version,
                                    "event_id": event_id, "output": {}}, self.limits)
             except EnvelopeInvalid as exc:
-                raise ApiError(422, "the query parameters are invalid", exc.fields) from None
+                fields = exc.fields
+            if event_id is not None and len(event_id) > _PROVIDER_EVENT_ID and not fields:
+                # several outputs get f"{event_id}:{position}", which must fit the envelope's 128
+                fields = [FieldError("event_id", f"is {len(event_id)} characters long; the limit here is "
+                                     f"{_PROVIDER_EVENT_ID}, leaving room for each output's ':<position>'",
+                                     "too_large")]
+            if fields:
+                raise ApiError(422, "the query parameters are invalid", fields)
             body = await self._read_body(request)
             try:
                 raw = orjson.loads(body)

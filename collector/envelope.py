@@ -550,11 +550,11 @@ def parse_body(raw: bytes, lim: Limits, *, ndjson: bool, now: datetime | None = 
     for obj in items:
         try:
             if measure and (size := len(orjson.dumps(obj))) > lim.max_event_bytes:
-                exc = EnvelopeInvalid([FieldError("", f"envelope is {size} bytes written compactly; the limit is "
+                big = EnvelopeInvalid([FieldError("", f"envelope is {size} bytes written compactly; the limit is "
                                                   f"{lim.max_event_bytes}", code="too_large")])
                 event_id = obj.get("event_id") if type(obj) is dict else None
-                exc.event_id = event_id[:128] if type(event_id) is str else None
-                raise exc
+                big.event_id = event_id[:128] if type(event_id) is str else None
+                raise big
             results.append(validate_envelope(obj, lim, keys_seen=counter, now=now))
         except EnvelopeInvalid as exc:
             results.append(exc)

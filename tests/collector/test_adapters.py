@@ -245,25 +245,27 @@ def test_openai_chat_invalid_arguments_give_outcome_and_keep_the_valid_call() ->
 
 
 @pytest.mark.parametrize(
-    ("arguments", "detail"),
+    ("arguments", "kind", "detail"),
     [
-        ('["refund", "high"]', "JSON array, not an object"),
-        ('"refund"', "JSON string, not an object"),
-        ("null", "JSON null, not an object"),
-        ("", "not valid JSON: Expecting value at char 0"),
-        ('{"score": NaN}', "not valid JSON: NaN is not a JSON value"),
+        # valid JSON, but not an object: a kind of its own, not invalid_json
+        ('["refund", "high"]', OutcomeKind.not_an_object, "JSON array, not an object"),
+        ('"refund"', OutcomeKind.not_an_object, "JSON string, not an object"),
+        ("null", OutcomeKind.not_an_object, "JSON null, not an object"),
+        ("", OutcomeKind.invalid_json, "not valid JSON: Expecting value at char 0"),
+        ('{"score": NaN}', OutcomeKind.invalid_json, "not valid JSON: NaN is not a JSON value"),
         # Python's parser would make it infinite; stored, it became null while rollups counted it
-        ('{"score": [1, -1e400]}', "not valid JSON: number -1e400 is too large for a 64-bit float"),
+        ('{"score": [1, -1e400]}', OutcomeKind.invalid_json,
+         "not valid JSON: number -1e400 is too large for a 64-bit float"),
     ],
 )
-def test_openai_chat_arguments_that_are_not_a_json_object(arguments: str, detail: str) -> None:
+def test_openai_chat_arguments_that_are_not_a_json_object(arguments: str, kind: OutcomeKind, detail: str) -> None:
     body = load("openai_chat_invalid_arguments")
     body["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"] = arguments
     adapted = adapt_response("openai", body, prompt_version="intake-v3")
     assert [e["contract"] for e in adapted.envelopes] == ["extract_entities"]
     assert without_keys(adapted.outcomes) == [
         outcome(
-            OutcomeKind.invalid_json,
+            kind,
             model="gpt-4o-mini-2024-07-18",
             served_model="gpt-4o-mini-2024-07-18",
             contract="classify_ticket",
@@ -817,14 +819,15 @@ def test_gemini_malformed_function_call_is_invalid_json() -> None:
     )
 
 
-def test_gemini_json_array_text_is_invalid_json() -> None:
+def test_gemini_json_array_text_is_not_an_object() -> None:
+    # a Gemini response schema may ask for an array: valid JSON, counted apart from invalid_json
     body = load("gemini_json_text")
     body["candidates"][0]["content"]["parts"][0]["text"] = '[{"intent": "refund"}]'
     adapted = adapt_response("gemini", body, prompt_version="intake-v3")
     assert adapted.envelopes == []
     assert without_keys(adapted.outcomes) == [
         outcome(
-            OutcomeKind.invalid_json,
+            OutcomeKind.not_an_object,
             model="gemini-2.0-flash-001",
             served_model="gemini-2.0-flash-001",
             contract="default",

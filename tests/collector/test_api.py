@@ -540,6 +540,50 @@ def test_provider_route_refuses_a_body_that_is_not_a_provider_response(http: htt
     assert events_stored(http) == before
 
 
+def test_provider_query_an_empty_model_or_an_event_id_with_no_room_for_positions_is_422(http: httpx.Client) -> None:
+    before = events_stored(http)
+    # an empty model passed the check (as "-") and then left every outcome uncounted
+    err = assert_error_shape(_provider_post(http, "openai", "openai_chat_refusal.json", prompt_version="p",
+                                            model=""), 422)
+    assert (err["message"], err["fields"]) == ("the query parameters are invalid",
+                                               [{"path": "model", "reason": "must not be empty"}])
+    # with several outputs each id is f"{event_id}:{position}": from 127 characters on they were
+    # over the envelope's 128 and every output was rejected one by one
+    err = assert_error_shape(_provider_post(http, "anthropic", "anthropic_tool_use.json", prompt_version="p",
+                                            event_id="e" * 121), 422)
+    assert err["fields"] == [{"path": "event_id", "reason": "is 121 characters long; the limit here is 120, "
+                              "leaving room for each output's ':<position>'"}]
+    assert events_stored(http) == before
+    r = _provider_post(http, "openai", "openai_chat_tool_calls.json", prompt_version="p", event_id="e" * 120)
+    assert r.status_code == 200, r.text
+    assert [(x["event_id"], x["status"]) for x in r.json()["results"]] == [
+        ("e" * 120 + ":0", "accepted"), ("e" * 120 + ":1", "accepted")]
+
+
+def test_provider_arguments_nested_past_the_parser_are_an_outcome_not_a_500(http: httpx.Client) -> None:
+    body = json.loads((FIXTURES / "anthropic_tool_use.json").read_bytes())
+    tool_use = next(b for b in body["content"] if b["type"] == "tool_use")
+    tool_use["input"] = "DEEP"
+    # orjson parses up to 1,024 levels; copying the input recursed past Python's limit (500)
+    deep = '{"k":' * 900 + "{}" + "}" * 900
+    raw = json.dumps(body).replace('"DEEP"', deep).encode()
+    r = http.post("/v1/provider/anthropic", params={"prompt_version": "p"}, headers=JSON, content=raw)
+    assert r.status_code == 200, r.text
+    assert [(o["kind"], o["detail"]) for o in r.json()["outcomes"]] == [
+        ("invalid_json", f"tool_use '{tool_use['name']}' input: not valid JSON: nested too deeply")]
+
+
+@pytest.mark.parametrize("ctype", ["application/json; charset=utf-16", "application/x-ndjson; charset=latin-1",
+                                   'application/json; charset=""'])
+def test_a_charset_other_than_utf8_is_415(http: httpx.Client, ctype: str) -> None:
+    err = assert_error_shape(http.post("/v1/outputs", content=json.dumps(make_envelope()).encode(),
+                                       headers={"content-type": ctype}), 415)
+    assert err["fields"] == [{"path": "content-type", "reason": "unsupported charset"}]
+    for ok in ("application/json; charset=UTF-8", 'application/json;charset="utf-8"', "application/json; x=1"):
+        r = http.post("/v1/outputs", content=json.dumps(make_envelope()).encode(), headers={"content-type": ok})
+        assert r.status_code == 200, (ok, r.text)
+
+
 # --- process: bind address, one writer -----------------------------------------------------------
 
 
