@@ -202,7 +202,9 @@ def _after_start(url: str, token: str | None, sample: bool, dash: Any, dashboard
 def ingest(ctx: click.Context, files: tuple[Path, ...], db_path: str | None, fmt: str) -> None:
     """Import JSONL or .jsonl.gz envelopes; rejected lines go to a quarantine file.
 
-    Exit 0 when every line was stored or was a duplicate, 1 when any line was rejected.
+    Exit 0 when every line was stored or was a duplicate, 1 when any line was rejected, 2 when
+    a file could not be read to its end (the lines before the fault are stored, and the other
+    files imported; the summary lists it under "unreadable").
     """
     from .store_access import open_store
 
@@ -212,7 +214,7 @@ def ingest(ctx: click.Context, files: tuple[Path, ...], db_path: str | None, fmt
     except ShapewatchError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
-    total = sum(f.stat().st_size for f in files)
+    total = sum(f.stat().st_size for f in {f.resolve(): f for f in files}.values())  # a file given twice reads once
     show = sys.stderr.isatty()
     try:
         with store, click.progressbar(length=total, label="importing", file=sys.stderr,
@@ -230,7 +232,10 @@ def ingest(ctx: click.Context, files: tuple[Path, ...], db_path: str | None, fmt
             click.echo(f"  rejected ({reason}): {n}")
         for q in out["quarantine"]:
             click.echo(f"  rejected lines with their reasons: {q}")
-    sys.exit(1 if summary.rejected else 0)
+    for unreadable in summary.unreadable:
+        click.echo(f"error: {unreadable} (the lines read before the fault were imported; once the file is whole, "
+                   "an import of it adds the rest)", err=True)
+    sys.exit(2 if summary.unreadable else 1 if summary.rejected else 0)
 
 
 # --- shared options ------------------------------------------------------------------------

@@ -18,6 +18,7 @@ __all__ = [
     "StoreUnavailable",
     "BatchTooLarge",
     "ImportInputError",
+    "QuarantineUnwritable",
     "SettingsInvalid",
 ]
 
@@ -110,6 +111,15 @@ class ImportInputError(ShapewatchError, ValueError):
     def __init__(self, path: object, cause: BaseException) -> None:
         self.path = path
         super().__init__(f"cannot read {path}: {cause or type(cause).__name__}")
+
+
+class QuarantineUnwritable(ShapewatchError):
+    """Rejected lines of a bulk import cannot be written beside the database: nothing of that
+    file is imported (a rejected line must never be dropped)."""
+
+    def __init__(self, path: object, source: object, cause: BaseException) -> None:
+        self.path = path
+        super().__init__(f"cannot write rejected lines to {path} ({cause}); nothing of {source} was imported")
 
 
 class SettingsInvalid(ShapewatchError, ValueError):

@@ -17,10 +17,9 @@ file is a new file.
 
 from __future__ import annotations
 
+import base64
 import gc
-import gzip
 import hashlib
-import io
 import queue
 import threading
 import zlib
@@ -36,7 +35,7 @@ from typing import IO, Any
 import orjson
 
 from .envelope import Limits, parse_envelope
-from .errors import EnvelopeInvalid, FieldError, ImportInputError, StoreError
+from .errors import EnvelopeInvalid, FieldError, ImportInputError, QuarantineUnwritable, StoreError
 from .store import PreparedBatch, Store, WriteStatus
 
 __all__ = ["ImportSummary", "import_files", "quarantine_path"]
@@ -58,11 +57,14 @@ class ImportSummary:
     rejected: int = 0
     rejected_by_reason: Counter[str] = field(default_factory=Counter)
     quarantine: list[str] = field(default_factory=list)
+    # files that could not be read to their end (what was read before the fault is counted above)
+    unreadable: list[ImportInputError] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {"accepted": self.accepted, "duplicate": self.duplicate, "rejected": self.rejected,
                 "rejected_by_reason": dict(sorted(self.rejected_by_reason.items())),
-                "quarantine": self.quarantine}
+                "quarantine": self.quarantine,
+                "unreadable": [{"file": str(e.path), "error": str(e)} for e in self.unreadable]}
 
 
 def quarantine_path(db_path: Path, source: Path) -> Path:
@@ -71,31 +73,76 @@ def quarantine_path(db_path: Path, source: Path) -> Path:
     return db_path.parent / "quarantine" / f"{source.name}.{where}.rejected.jsonl"
 
 
-def _open(path: Path) -> IO[bytes]:
-    raw = path.open("rb")
-    if path.suffix == ".gz":
-        return io.BufferedReader(gzip.GzipFile(fileobj=raw), buffer_size=1 << 20)
-    return raw
+_GZ_CHUNK = 1 << 18
+_BOM = b"\xef\xbb\xbf"
 
 
 class _Lines:
     """The numbered lines of a file; a read fault (a truncated or corrupt .gz) ends them
-    and is kept in ``error``, so what was read before it is still stored."""
+    and is kept in ``error``, so what was read before it is still stored. ``consumed``: the
+    bytes of the file read so far (compressed ones for .gz), for a progress bar."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.error: BaseException | None = None
+        self.consumed = 0
+
+    def _blocks(self, f: IO[bytes]) -> Iterator[bytes]:
+        if self.path.suffix != ".gz":
+            while block := f.read(_READ_BLOCK):
+                self.consumed += len(block)
+                yield block
+            return
+        # zlib by hand, not GzipFile: a GzipFile read that meets a truncated or corrupt stream
+        # raises and drops what it had decompressed, up to a whole block of lines. Here every
+        # byte decompressed before the fault is handed on.
+        d = zlib.decompressobj(31)
+        fed = False  # d has taken input: a file may not end inside it
+        out = 0  # bytes decompressed so far
+        pending = b""
+        while True:
+            if not pending:
+                pending = f.read(_GZ_CHUNK)
+                self.consumed += len(pending)
+                if not pending:
+                    break
+            try:
+                data = d.decompress(pending, _READ_BLOCK)
+            except zlib.error as exc:
+                raise OSError(f"not a gzip file ({exc})" if not out else
+                              f"corrupt gzip data after {out:,} bytes ({exc})") from None
+            out += len(data)
+            fed = True
+            pending = d.unconsumed_tail
+            if d.eof:  # a member ends; another may follow (concatenated .gz files are one)
+                pending = d.unused_data
+                d = zlib.decompressobj(31)
+                fed = False
+            if data:
+                yield data
+        if fed:
+            raise EOFError("compressed file ended before the end-of-stream marker was reached")
 
     def __iter__(self) -> Iterator[tuple[int, bytes]]:
-        """(line number, line without its newline); a last line without one is a line too."""
+        """(line number, line without its newline); a last line without one is a line too.
+        A UTF-8 byte order mark before the first line is not part of it."""
         n = 0
         try:
-            with _open(self.path) as f:
+            with self.path.open("rb") as f:
                 # Blocks, not lines: each read lets go of the GIL, and a thread waiting for it
                 # (the store's) takes it. Read line by line, the reading thread spent about a
                 # seventh of its time getting it back (measured during a 1M-line import).
                 unfinished: list[bytes] = []
-                while block := f.read(_READ_BLOCK):
+                first = True
+                for block in self._blocks(f):
+                    if first:
+                        if unfinished:
+                            block, unfinished = b"".join([*unfinished, block]), []
+                        if len(block) < len(_BOM) and _BOM.startswith(block):
+                            unfinished.append(block)  # too short to tell yet
+                            continue
+                        first = False
+                        block = block.removeprefix(_BOM)
                     lines = block.split(b"\n")
                     if unfinished:
                         lines[0] = b"".join([*unfinished, lines[0]])
@@ -122,7 +169,16 @@ def _file_key(path: Path) -> str:
 
 def import_files(paths: list[Path], store: Store, limits: Limits, *,
                  progress: Callable[[int], None] | None = None, batch_size: int = _BATCH) -> ImportSummary:
-    """Import every file; return the summary. Raises StoreError if the store fails."""
+    """Import every file (a path given twice, once); return the summary.
+
+    A file that cannot be read to its end is listed in ``unreadable``, the lines read before
+    the fault stored, and the import goes on with the next file. Raises StoreError if the
+    store fails, QuarantineUnwritable if rejected lines cannot be written (before any line of
+    that file is stored).
+    """
+    first: dict[Path, Path] = {}
+    for path in paths:
+        first.setdefault(path.resolve(), path)
     summary = ImportSummary()
     # Parsed JSON holds no reference cycles, so the cyclic collector only costs here:
     # with a batch of parsed outputs alive it rescans them over and over (measured:
@@ -133,8 +189,11 @@ def import_files(paths: list[Path], store: Store, limits: Limits, *,
     # merge is repaired from the stored events when the file is next opened.
     store.defer_rollups(max_events=4 * batch_size, max_seconds=float("inf"))
     try:
-        for path in paths:
-            _import_one(path, store, limits, summary, progress, batch_size)
+        for path in first.values():
+            try:
+                _import_one(path, store, limits, summary, progress, batch_size)
+            except ImportInputError as exc:
+                summary.unreadable.append(exc)
         store.flush_rollups()
     finally:
         if was_enabled:
@@ -145,16 +204,22 @@ def import_files(paths: list[Path], store: Store, limits: Limits, *,
 def _import_one(path: Path, store: Store, limits: Limits, summary: ImportSummary,
                 progress: Callable[[int], None] | None, batch_size: int) -> None:
     qpath = quarantine_path(store.path, path)
-    qpath.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        qpath.parent.mkdir(parents=True, exist_ok=True)
+        quarantine = qpath.open("wb")
+    except OSError as exc:  # before any line is stored: a rejected line must have somewhere to go
+        raise QuarantineUnwritable(qpath, path, exc) from exc
     rejected_here = 0
     prefix = _file_key(path)
     # The reading thread validates and prepares (columns, rollup counts); this thread only
     # runs the transaction, during which DuckDB releases the GIL.
     # Each batch travels with the line number and bytes of each envelope, so a line the
-    # store refuses (an event_id reused with another payload) is quarantined like the rest.
+    # store refuses (an event_id reused with another payload) is quarantined like the rest,
+    # as soon as its batch is stored (both threads write the quarantine, under one lock).
     todo: queue.Queue[tuple[PreparedBatch, list[tuple[int, bytes]]] | None] = queue.Queue(maxsize=_QUEUED_BATCHES)
     failure: list[BaseException] = []
-    conflicts: list[bytes] = []
+    conflicts = [0]  # counted by this thread alone; added to the summary after the join
+    writing = threading.Lock()
 
     def store_batches() -> None:
         while (item := todo.get()) is not None:
@@ -170,16 +235,17 @@ def _import_one(path: Path, store: Store, limits: Limits, summary: ImportSummary
                 counts = Counter(map(_STATUS, results))
                 summary.accepted += counts[WriteStatus.accepted]
                 summary.duplicate += counts[WriteStatus.duplicate]
-                if counts[WriteStatus.conflict]:  # counted by the reading thread after the join
-                    conflicts.extend(
-                        _quarantine_line(path, n, [FieldError(
-                            "event_id", "already stored with a different payload", "conflict")], raw)
-                        for r, (n, raw) in zip(results, origin, strict=True) if r.status is WriteStatus.conflict)
+                if counts[WriteStatus.conflict]:
+                    lines = [_quarantine_line(path, n, [FieldError(
+                                 "event_id", "already stored with a different payload", "conflict")], raw)
+                             for r, (n, raw) in zip(results, origin, strict=True) if r.status is WriteStatus.conflict]
+                    with writing:
+                        quarantine.writelines(lines)
+                    conflicts[0] += len(lines)
             except BaseException as exc:  # handed to the reading thread, which re-raises
                 failure.append(exc)
 
     worker = threading.Thread(target=store_batches, name="shapewatch-import", daemon=True)
-    worker.start()
     now = datetime.now(UTC)
     # Each envelope goes into the batch as soon as it is parsed, and its parsed output is
     # counted and let go then (see BatchBuilder).
@@ -187,13 +253,13 @@ def _import_one(path: Path, store: Store, limits: Limits, summary: ImportSummary
     origin: list[tuple[int, bytes]] = []
     reader = _Lines(path)
     try:
-        with qpath.open("wb") as quarantine:
-            unreported = 0
+        with quarantine:
+            worker.start()
+            reported = 0
             for n, line in reader:
-                unreported += len(line) + 1
-                if progress is not None and unreported >= 1 << 20:
-                    progress(unreported)  # per MiB, not per line: a call per line costs a few %
-                    unreported = 0
+                if progress is not None and reader.consumed - reported >= 1 << 20:
+                    progress(reader.consumed - reported)  # per MiB, not per line: a call per line costs a few %
+                    reported = reader.consumed
                 stripped = line.strip()
                 if not stripped:
                     continue
@@ -206,23 +272,24 @@ def _import_one(path: Path, store: Store, limits: Limits, summary: ImportSummary
                     summary.rejected += 1
                     for code in {f.code for f in exc.fields}:
                         summary.rejected_by_reason[code] += 1
-                    quarantine.write(_quarantine_line(path, n, exc.fields, stripped))
+                    entry = _quarantine_line(path, n, exc.fields, stripped)
+                    with writing:
+                        quarantine.write(entry)
                 if len(batch) >= batch_size:
                     todo.put((batch.finish(), origin))
                     batch, origin = store.batch_builder(), []
                     if failure:
                         break
-            if progress is not None and unreported:
-                progress(unreported)
+            if progress is not None and reader.consumed > reported:
+                progress(reader.consumed - reported)
             if len(batch) and not failure:
                 todo.put((batch.finish(), origin))
             todo.put(None)
             worker.join()
-            rejected_here += len(conflicts)
-            summary.rejected += len(conflicts)
-            if conflicts:
-                summary.rejected_by_reason["conflict"] += len(conflicts)
-            quarantine.writelines(conflicts)
+            rejected_here += conflicts[0]
+            summary.rejected += conflicts[0]
+            if conflicts[0]:
+                summary.rejected_by_reason["conflict"] += conflicts[0]
     finally:
         if worker.is_alive():
             todo.put(None)
@@ -231,14 +298,22 @@ def _import_one(path: Path, store: Store, limits: Limits, summary: ImportSummary
         cause = failure[0]
         qpath.unlink(missing_ok=True)
         raise cause if isinstance(cause, StoreError) else StoreError(f"importing {path}", cause)
-    if reader.error is not None:  # what was read before the fault is stored; a rerun adds the rest
-        raise ImportInputError(path, reader.error)
     if rejected_here:
         summary.quarantine.append(str(qpath))
     else:
         qpath.unlink(missing_ok=True)
+    if reader.error is not None:  # what was read before the fault is stored; a rerun adds the rest
+        raise ImportInputError(path, reader.error)
 
 
 def _quarantine_line(path: Path, n: int, fields: list[FieldError], raw: bytes) -> bytes:
-    return orjson.dumps({"file": str(path), "line": n, "errors": [f.as_dict() for f in fields],
-                         "raw": raw.decode("utf-8", errors="replace")}) + b"\n"
+    """One rejected line: where it was, each reason with its code (the summary's keys), and the
+    line itself; a line that is not UTF-8 also as base64, byte for byte."""
+    entry: dict[str, Any] = {"file": str(path), "line": n,
+                             "errors": [{**f.as_dict(), "code": f.code} for f in fields]}
+    try:
+        entry["raw"] = raw.decode()
+    except UnicodeDecodeError:
+        entry["raw"] = raw.decode("utf-8", errors="replace")
+        entry["raw_base64"] = base64.b64encode(raw).decode()
+    return orjson.dumps(entry) + b"\n"

@@ -156,7 +156,7 @@ def _scenario(tmp_path: Path, report: dict[str, object], *, lines: int, kills: i
     assert (counted, present_i) == (len(ids), len(ids)), "rollups do not count each stored event once"
     assert (code2, again) == (1, {
         "accepted": 0, "duplicate": want["valid_lines"], "rejected": len(want["quarantined"]),
-        "rejected_by_reason": dict(sorted(reasons.items())), "quarantine": qfiles}), err2
+        "rejected_by_reason": dict(sorted(reasons.items())), "quarantine": qfiles, "unreadable": []}), err2
     assert first["rejected"] == len(want["quarantined"]) and first["rejected_by_reason"] == again["rejected_by_reason"]
     assert len(qfiles) == 1 and len(quarantine_lines) == len(got_q)  # one line per rejected input line
     assert sorted(got_q) == sorted(want["quarantined"])

@@ -202,8 +202,10 @@ def _fuzz_jsonl(cfg: settings, tmp_path: Path, report: dict[str, object]) -> Non
             summary = import_files([path], store, LIMITS)  # the reader raises nothing: bad lines are quarantined
             slowest = max(slowest, time.perf_counter() - t0)
             counted = summary.accepted + summary.duplicate + summary.rejected
-            # every non-blank line is counted once, whatever it holds
-            nonblank = sum(1 for chunk in (sep.join(lines) + sep).split(b"\n") if chunk.strip())
+            # every non-blank line is counted once, whatever it holds (a UTF-8 byte order mark
+            # opening the file is not part of its first line)
+            text = (sep.join(lines) + sep).removeprefix(b"\xef\xbb\xbf")
+            nonblank = sum(1 for chunk in text.split(b"\n") if chunk.strip())
             assert counted == nonblank
             totals["lines"] += nonblank
             for k in ("accepted", "duplicate", "rejected"):

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import base64
 import gzip
 import io
 import json
 import os
 import subprocess
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,9 +32,11 @@ def summary_of(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
 
 
 def summary(accepted: int = 0, duplicate: int = 0, rejected: int = 0,
-            rejected_by_reason: dict[str, int] | None = None, quarantine: list[str] | None = None) -> dict[str, Any]:
+            rejected_by_reason: dict[str, int] | None = None, quarantine: list[str] | None = None,
+            unreadable: list[dict[str, str]] | None = None) -> dict[str, Any]:
     return {"accepted": accepted, "duplicate": duplicate, "rejected": rejected,
-            "rejected_by_reason": rejected_by_reason or {}, "quarantine": quarantine or []}
+            "rejected_by_reason": rejected_by_reason or {}, "quarantine": quarantine or [],
+            "unreadable": unreadable or []}
 
 
 def stored(db: Path) -> dict[str, int]:
@@ -99,13 +103,15 @@ def test_rejected_lines_go_to_a_quarantine_that_a_rerun_rewrites(tmp_path: Path,
         rejected_by_reason={"invalid_json": 1, "invalid_timestamp": 1, "missing": 1, "wrong_type": 1})
     expected = [
         {"file": str(src), "line": 2, "raw": bad_output,
-         "errors": [{"path": "output", "reason": "must be a JSON object, got array"}]},
+         "errors": [{"path": "output", "reason": "must be a JSON object, got array", "code": "wrong_type"}]},
         {"file": str(src), "line": 5, "raw": bad_json,
          "errors": [{"path": "", "reason": "not valid JSON: unexpected character, expected a JSON value: "
-                     f"line 1 column {bad_json.index('NaN') + 1} (char {bad_json.index('NaN')})"}]},
+                     f"line 1 column {bad_json.index('NaN') + 1} (char {bad_json.index('NaN')})",
+                     "code": "invalid_json"}]},
         {"file": str(src), "line": 6, "raw": bad_two,
-         "errors": [{"path": "model", "reason": "is required"},
-                    {"path": "ts", "reason": "'2026-11-29 12:00' has no time zone; add 'Z' or an offset like +00:00"}]},
+         "errors": [{"path": "model", "reason": "is required", "code": "missing"},
+                    {"path": "ts", "reason": "'2026-11-29 12:00' has no time zone; add 'Z' or an offset like +00:00",
+                     "code": "invalid_timestamp"}]},
     ]
     assert [json.loads(x) for x in qfile.read_text().splitlines()] == expected
     assert len(stored(db)) == 3
@@ -191,17 +197,85 @@ def test_a_missing_file_is_a_usage_error(tmp_path: Path, db: Path) -> None:
     assert not db.exists()  # nothing was created for a command that could not run
 
 
-def test_unreadable_gzip_inputs_are_input_errors(tmp_path: Path, db: Path) -> None:
-    plain = write_lines(tmp_path / "ok.jsonl", valid_lines())
+def test_unreadable_inputs_are_listed_and_the_other_files_imported(tmp_path: Path, db: Path) -> None:
+    first = write_lines(tmp_path / "first.jsonl", [json.dumps(make_envelope(event_id=f"a{i}")) for i in range(3)])
     not_gzip = tmp_path / "not.jsonl.gz"
     not_gzip.write_bytes(b"this is not gzip\n")
-    truncated = tmp_path / "cut.jsonl.gz"
-    truncated.write_bytes(gzip.compress(plain.read_bytes())[:40])
-    for bad, reason in [(not_gzip, "Not a gzipped file"), (truncated, "Compressed file ended")]:
-        proc = ingest(bad, db=db)
-        assert proc.returncode == 2, proc.stderr
-        assert proc.stderr.startswith(f"error: cannot read {bad}: ") and reason in proc.stderr, proc.stderr
-        assert "Traceback" not in proc.stderr
+    last = write_lines(tmp_path / "last.jsonl.gz", [json.dumps(make_envelope(event_id=f"z{i}")) for i in range(2)])
+    proc = ingest(first, not_gzip, last, db=db)
+    assert proc.returncode == 2, proc.stderr
+    reason = f"cannot read {not_gzip}: not a gzip file (Error -3 while decompressing data: incorrect header check)"
+    assert summary_of(proc) == summary(accepted=5, unreadable=[{"file": str(not_gzip), "error": reason}])
+    assert proc.stderr == (f"error: {reason} (the lines read before the fault were imported; once the file is "
+                           "whole, an import of it adds the rest)\n")
+    assert sorted(stored(db)) == ["a0", "a1", "a2", "z0", "z1"]
+    assert not quarantine_path(db, not_gzip).exists()
+
+
+def test_a_truncated_gzip_keeps_every_line_read_before_the_cut(tmp_path: Path, db: Path) -> None:
+    # GzipFile dropped what a read had decompressed when the stream broke: a file under 4 MiB
+    # unpacked gave no line at all
+    lines = [json.dumps(make_envelope(event_id=f"e{i:04d}", output={"n": i, "pad": "x" * (i % 50)}))
+             for i in range(2000)]
+    whole = gzip.compress(("\n".join(lines) + "\n").encode())
+    src = tmp_path / "cut.jsonl.gz"
+    src.write_bytes(whole[: len(whole) * 3 // 4])
+    readable = zlib.decompressobj(31).decompress(src.read_bytes())
+    complete, _, tail = readable.rpartition(b"\n")
+    n = complete.count(b"\n") + 1
+    assert 0 < n < 2000 and tail  # the cut falls inside a line
+    proc = ingest(src, db=db)
+    assert proc.returncode == 2, proc.stderr
+    got = summary_of(proc)
+    # the cut line is not a rejected line: it is what "unreadable" says was not read
+    assert got == summary(accepted=n, unreadable=[{"file": str(src), "error": f"cannot read {src}: compressed file "
+                                                   "ended before the end-of-stream marker was reached"}])
+    assert sorted(stored(db)) == [f"e{i:04d}" for i in range(n)]
+    assert not quarantine_path(db, src).exists()
+    src.write_bytes(whole)  # the whole file: the rest comes in, nothing twice
+    proc = ingest(src, db=db)
+    assert proc.returncode == 0, proc.stderr
+    assert summary_of(proc) == summary(accepted=2000 - n, duplicate=n)
+    assert sorted(stored(db)) == [f"e{i:04d}" for i in range(2000)] and set(stored(db).values()) == {1}
+
+
+def test_a_file_given_twice_is_imported_once(tmp_path: Path, db: Path) -> None:
+    src = write_lines(tmp_path / "o.jsonl", [*valid_lines(), '{"model": "m"}'])
+    qfile = quarantine_path(db, src)
+    proc = ingest(src, tmp_path / "." / "o.jsonl", src, db=db)
+    assert proc.returncode == 1, proc.stderr
+    assert summary_of(proc) == summary(accepted=4, rejected=1, rejected_by_reason={"missing": 1},
+                                       quarantine=[str(qfile)])
+    assert len(qfile.read_text().splitlines()) == 1
+
+
+def test_an_unwritable_quarantine_stops_the_import_before_storing(tmp_path: Path, db: Path) -> None:
+    src = write_lines(tmp_path / "o.jsonl", valid_lines())
+    db.parent.mkdir(parents=True)
+    (db.parent / "quarantine").write_text("a file where the folder should be")
+    proc = ingest(src, db=db)
+    assert proc.returncode == 2
+    qfile = quarantine_path(db, src)
+    assert proc.stderr.startswith(f"error: cannot write rejected lines to {qfile} (")
+    assert proc.stderr.endswith(f"); nothing of {src} was imported\n"), proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert stored(db) == {}
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_line(tmp_path: Path, db: Path) -> None:
+    src = tmp_path / "bom.jsonl"
+    src.write_bytes(b"\xef\xbb\xbf" + ("\n".join(valid_lines()) + "\n").encode())
+    assert summary_of(ingest(src, db=db)) == summary(accepted=4)
+
+
+def test_a_line_that_is_not_utf8_is_quarantined_byte_for_byte(tmp_path: Path, db: Path) -> None:
+    raw = b'{"model": "m\xff", "prompt_version": "p", "output": {}}'
+    src = tmp_path / "bytes.jsonl"
+    src.write_bytes(raw + b"\n")
+    proc = ingest(src, db=db)
+    (held,) = [json.loads(x) for x in quarantine_path(db, src).read_text().splitlines()]
+    assert (held["raw"], base64.b64decode(held["raw_base64"])) == (raw.decode(errors="replace"), raw)
+    assert summary_of(proc)["rejected_by_reason"] == {held["errors"][0]["code"]: 1}
 
 
 def test_same_named_files_in_different_folders_do_not_collide(tmp_path: Path, db: Path) -> None:
@@ -234,3 +308,22 @@ def test_lines_read_in_blocks_are_the_lines_of_the_file(tmp_path: Path, monkeypa
     expected = [(n, line.removesuffix(b"\n")) for n, line in enumerate(io.BytesIO(data), 1)]
     assert list(reader) == expected
     assert len(expected) == 9 and reader.error is None
+
+
+@pytest.mark.parametrize("block", [1, 2, 5, 1 << 22])
+def test_concatenated_gzip_members_a_bom_and_progress_in_file_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   block: int) -> None:
+    from collector import ingest as ingest_module
+
+    monkeypatch.setattr(ingest_module, "_READ_BLOCK", block)
+    monkeypatch.setattr(ingest_module, "_GZ_CHUNK", max(block, 3))
+    path = tmp_path / "two.jsonl.gz"
+    # `cat a.gz b.gz` is a valid .gz of both; the BOM is dropped however the first block falls
+    path.write_bytes(gzip.compress(b"\xef\xbb\xbfone\ntw") + gzip.compress(b"o\nthree\n"))
+    reader = ingest_module._Lines(path)
+    assert list(reader) == [(1, b"one"), (2, b"two"), (3, b"three")]
+    assert reader.error is None
+    assert reader.consumed == path.stat().st_size  # compressed bytes: what the progress bar counts
+    plain = tmp_path / "bom.jsonl"
+    plain.write_bytes(b"\xef\xbb\xbf\xef\xbb\xbfx\n")  # only the first mark goes
+    assert list(ingest_module._Lines(plain)) == [(1, b"\xef\xbb\xbfx")]
