@@ -63,6 +63,8 @@ from typing import Any, BinaryIO, Final, Literal
 import httpx
 import orjson
 
+from . import _speedups
+
 __all__ = ["Client", "parse_retry_after"]
 
 logger = logging.getLogger(__name__)
@@ -109,6 +111,30 @@ else:  # pragma: no cover - no advisory locks: never take over another's file
 
     def _lock_file(fd: int, *, wait: bool) -> bool:
         return wait
+
+
+# Deeper than orjson writes (255 levels): the C walk gives up, and so would the encoder.
+_MAX_DEPTH: Final = 254
+_NO_LIMIT: Final = 1 << 62
+
+
+def _non_finite(value: Any, path: str) -> str | None:
+    """The path of a NaN or infinite float in ``value``, or None. Each container is looked
+    at once (a cycle, or one shared, is not walked again: the encoder judges those)."""
+    seen: set[int] = set()
+    stack = [(path, value)]
+    while stack:
+        where, v = stack.pop()
+        if isinstance(v, float):
+            if not math.isfinite(v):
+                return where
+        elif isinstance(v, (Mapping, list, tuple)) and id(v) not in seen:
+            seen.add(id(v))
+            if isinstance(v, Mapping):
+                stack.extend((f"{where}.{k}", x) for k, x in reversed(list(v.items())))
+            else:
+                stack.extend((f"{where}[{i}]", x) for i, x in reversed(list(enumerate(v))))
+    return None
 
 
 def _format_ts(ts: datetime | str | None) -> str:
@@ -366,15 +392,7 @@ class Client:
         eid = event_id if event_id is not None else uuid.uuid4().hex
         try:
             if not isinstance(output, Mapping):
-                with self._lock:
-                    self._stats["recorded"] += 1
-                    self._stats["rejected"] += 1
-                logger.error(
-                    "shapewatch: event %s not recorded: output must be a JSON "
-                    "object (a dict), got %s",
-                    eid,
-                    type(output).__name__,
-                )
+                self._reject(eid, f"output must be a JSON object (a dict), got {type(output).__name__}")
                 return eid
             envelope: dict[str, Any] = {
                 "event_id": eid,
@@ -396,22 +414,31 @@ class Client:
                     envelope[key] = value
             if attributes is not None:
                 envelope["attributes"] = dict(attributes)
+            # orjson writes NaN and infinities as null: the number would arrive as a null,
+            # which is drift the application never produced. The C walk answers for the
+            # common output; only one it cannot vouch for is looked through here.
+            out = envelope["output"]
+            if _speedups.walk(out, _MAX_DEPTH, _NO_LIMIT, _NO_LIMIT, _NO_LIMIT) is None:
+                where = _non_finite(out, "output")
+                if where is not None:
+                    self._reject(eid, f"{where} is NaN or infinite, which JSON cannot carry")
+                    return eid
             try:
                 line = orjson.dumps(envelope)
             except TypeError as exc:  # orjson.JSONEncodeError is a TypeError
-                with self._lock:
-                    self._stats["recorded"] += 1
-                    self._stats["rejected"] += 1
-                logger.error(
-                    "shapewatch: event %s not recorded: not JSON-serialisable: %s",
-                    eid,
-                    exc,
-                )
+                self._reject(eid, f"not JSON-serialisable: {exc}")
                 return eid
             self._enqueue(line)
-        except Exception:  # record() must never raise into the application
-            logger.exception("shapewatch: event %s could not be recorded", eid)
+        except Exception as exc:  # record() must never raise into the application
+            self._reject(eid, f"{type(exc).__name__}: {exc}")
         return eid
+
+    def _reject(self, eid: str, reason: str) -> None:
+        """Count an event record() could not queue, and say why (never raises)."""
+        with self._lock:
+            self._stats["recorded"] += 1
+            self._stats["rejected"] += 1
+        logger.error("shapewatch: event %s not recorded: %s", eid, reason)
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until everything recorded so far is delivered or rejected.
@@ -870,7 +897,7 @@ class Client:
             return self._parse_accepted(response, lines)
         if status == 413:
             return _Reply("too_large", detail=_error_summary(response))
-        if status in (408, 429) or status >= 500:
+        if status == 429 or status >= 500:
             return _Reply(
                 "transient",
                 detail=f"HTTP {status}: {_error_summary(response)}",

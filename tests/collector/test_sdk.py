@@ -8,6 +8,7 @@ an error status, drop the connection, hang, or go away entirely.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -407,7 +408,7 @@ def test_transient_failures_are_retried(
     assert (stats["sent"], stats["retries"], stats["rejected"]) == (4, 3, 0)
 
 
-@pytest.mark.parametrize("status", [400, 401, 403, 415, 422])
+@pytest.mark.parametrize("status", [400, 401, 403, 408, 415, 422])
 def test_other_4xx_drop_the_batch_without_retrying(
     status: int, receiver: Receiver, make_client: MakeClient, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -637,6 +638,40 @@ def test_a_non_dict_output_does_not_raise(
     assert (stats["recorded"], stats["rejected"], stats["sent"]) == (5, 5, 0)
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert all(any(i in m for m in errors) for i in ids)
+
+
+def test_nan_and_infinity_are_refused_not_sent_as_null(
+    receiver: Receiver, make_client: MakeClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    # orjson writes them as null: the number would have arrived as a null, drift nobody made
+    client = make_client()
+    shared: dict[str, Any] = {"x": 1.5}
+    cyclic: dict[str, Any] = {"ok": shared, "again": shared}
+    cyclic["self"] = cyclic
+    outputs: list[Any] = [{"score": math.nan}, {"a": [{"b": 1.0}, {"b": -math.inf}]},
+                          {"deep": {"t": (1, math.inf)}}, cyclic]
+    ids = [client.record(o, model="m", prompt_version="p") for o in outputs]
+    fine = client.record({"score": 0.5, "big": 1e308}, model="m", prompt_version="p")
+    assert client.flush(5)
+    assert list(receiver.store) == [fine]
+    assert client.stats["recorded"] == 5 and client.stats["rejected"] == 4
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    for i, where in zip(ids, ["output.score", "output.a[1].b", "output.deep.t[1]"], strict=False):
+        assert f"shapewatch: event {i} not recorded: {where} is NaN or infinite, which JSON cannot carry" in errors
+    assert any(m.startswith(f"shapewatch: event {ids[3]} not recorded: not JSON-serialisable") for m in errors)
+
+
+def test_odd_arguments_are_counted_as_rejected_never_raised(
+    receiver: Receiver, make_client: MakeClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    client = make_client()
+    ids = [client.record({"a": 1}, model="m", prompt_version="p", ts=12345),  # type: ignore[arg-type]
+           client.record({"a": 1}, model="m", prompt_version="p", attributes=[1, 2])]  # type: ignore[arg-type]
+    assert client.flush(1)
+    assert receiver.requests == []
+    assert (client.stats["recorded"], client.stats["rejected"]) == (2, 2)
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert all(any(m.startswith(f"shapewatch: event {i} not recorded: ") for m in errors) for i in ids)
 
 
 def test_concurrent_record_from_many_threads(receiver: Receiver, make_client: MakeClient) -> None:
