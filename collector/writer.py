@@ -96,13 +96,16 @@ class RollupMerger:
 class _Gathering:
     """One commit's worth of requests, prepared as they arrive."""
 
-    __slots__ = ("builder", "events", "failed", "requests")
+    __slots__ = ("builder", "envelopes", "events", "failed", "requests")
 
     def __init__(self, builder: BatchBuilder) -> None:
         self.builder = builder
         self.requests: list[tuple[int, Future[list[WriteResult]]]] = []  # (events, its answer)
+        # Each request's envelopes, to prepare the batch again without a request that failed
+        # halfway. The request handlers hold them until their answer anyway: no memory is added.
+        self.envelopes: list[Sequence[Envelope]] = []
         self.events = 0
-        self.failed: BaseException | None = None  # preparing a request failed: the batch cannot commit
+        self.failed: BaseException | None = None  # preparing failed and could not be undone: no commit
 
 
 class Writer:
@@ -172,13 +175,23 @@ class Writer:
             try:
                 for env in envelopes:
                     last.builder.add(env)
-            except Exception as exc:  # the batch holds part of this request: it cannot commit
-                log.exception("preparing a request's events failed; its batch fails")
-                with self._cond:
-                    last.failed = exc
-                    self._cond.notify()
+            except Exception as exc:  # the batch holds part of this request: prepared again without it
+                log.exception("preparing a request's events failed; the request is refused, the others "
+                              "in its batch are prepared again")
+                try:
+                    rebuilt = self._store.batch_builder()
+                    for earlier in last.envelopes:
+                        for env in earlier:
+                            rebuilt.add(env)
+                    last.builder = rebuilt  # under _adding: the writer cannot take the batch meanwhile
+                except Exception:
+                    log.exception("preparing the batch again failed; every request in it fails")
+                    with self._cond:
+                        last.failed = exc
+                        self._cond.notify()
                 raise StoreUnavailable(exc) from exc
             with self._cond:
+                last.envelopes.append(envelopes)
                 last.requests.append((n, fut))
                 last.events += n
                 self._queued_events += n
