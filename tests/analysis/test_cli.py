@@ -102,7 +102,7 @@ def ingested(jsonl: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     result = run("ingest", str(jsonl), "--db", str(db), "--format", "json")
     assert result.exit_code == 0, result.stderr
     assert json.loads(result.stdout) == {"accepted": 1450, "duplicate": 0, "rejected": 0,
-                                         "rejected_by_reason": {}, "quarantine": []}
+                                         "rejected_by_reason": {}, "quarantine": [], "unreadable": []}
     return db
 
 
