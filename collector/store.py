@@ -999,12 +999,14 @@ class Store:
                       FROM _batch""")
         try:
             con.execute(f"BEGIN TRANSACTION; {writes}; COMMIT" if whole else writes)
-        except duckdb.Error as exc:
-            if whole:  # the failed statement left the transaction open
+        except BaseException as exc:
+            if whole:  # a failed statement (or an interrupt) left the transaction open
                 try:
                     con.execute("ROLLBACK")
                 except duckdb.Error:
                     pass
+            if not isinstance(exc, duckdb.Error):
+                raise
             if isinstance(exc, duckdb.ConstraintException) and not probe:
                 # A stored key (the only constraint a valid batch can break). Any other would
                 # fail the probing try the same way, and surface from there.
