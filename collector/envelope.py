@@ -544,13 +544,13 @@ def parse_body(raw: bytes, lim: Limits, *, ndjson: bool, now: datetime | None = 
         raise BatchTooLarge(len(items), max_items)
     counter = [0, 0]
     results: list[Envelope | EnvelopeInvalid] = []
-    # An item has no line of its own to measure: written compactly, it meets max_event_bytes as
-    # a line does. Only a body over the limit can hold an item over it.
-    measure = len(raw) > lim.max_event_bytes
-    for obj in items:
+    # Each item's text as sent (its span in the body) meets max_event_bytes as a line does. Only
+    # a body over the limit can hold an item over it, so only such a body is split.
+    spans = _item_spans(raw, len(items)) if len(raw) > lim.max_event_bytes else None
+    for i, obj in enumerate(items):
         try:
-            if measure and (size := len(orjson.dumps(obj))) > lim.max_event_bytes:
-                big = EnvelopeInvalid([FieldError("", f"envelope is {size} bytes written compactly; the limit is "
+            if spans is not None and (size := spans[i][1] - spans[i][0]) > lim.max_event_bytes:
+                big = EnvelopeInvalid([FieldError("", f"envelope is {size} bytes; the limit is "
                                                   f"{lim.max_event_bytes}", code="too_large")])
                 event_id = obj.get("event_id") if type(obj) is dict else None
                 big.event_id = event_id[:128] if type(event_id) is str else None
@@ -563,7 +563,7 @@ def parse_body(raw: bytes, lim: Limits, *, ndjson: bool, now: datetime | None = 
             exact: list[Any] | None = _exact_loads(raw)
         except _TooDeepToReparse:
             exact = None  # an item nested past Python's parser (and past max_depth): one at a time
-        spans = _speedups.item_spans(raw) if exact is None else None
+            spans = spans or _item_spans(raw, len(items))
         for i, result in enumerate(results):
             if isinstance(result, EnvelopeInvalid):
                 continue
@@ -571,12 +571,20 @@ def parse_body(raw: bytes, lim: Limits, *, ndjson: bool, now: datetime | None = 
                 if exact is not None:
                     validate_envelope(exact[i], lim, now=now)
                 else:  # an item that passed is within max_depth, so Python's parser takes it
-                    assert spans is not None and len(spans) == len(results)
+                    assert spans is not None
                     start, end = spans[i]
                     validate_envelope(_exact_loads(raw[start:end]), lim, now=now)
             except EnvelopeInvalid as exc:
                 results[i] = exc
     yield from results
+
+
+def _item_spans(raw: bytes, n: int) -> list[tuple[int, int]]:
+    """The [start, end) of each of the ``n`` items of a JSON array body orjson has parsed."""
+    spans = _speedups.item_spans(raw)
+    if spans is None or len(spans) != n:  # orjson read it as an array of n: cannot happen
+        raise RuntimeError(f"the body's items could not be delimited ({n} parsed)")
+    return spans
 
 
 def _prefix(exc: EnvelopeInvalid, where: str) -> EnvelopeInvalid:
