@@ -439,8 +439,8 @@ class CollectorApi:
                     self.store.record_outcomes,
                     [(o.model, o.prompt_version, o.contract, now, o.kind.value) for o in outcomes],
                     keys=[o.key for o in outcomes])
-                if counted:
-                    for o in outcomes:
+                for o, new in zip(outcomes, counted, strict=True):
+                    if new:
                         self.metrics.provider_outcomes.labels(prov.value, o.kind.value).inc()
             # submit prepares the events and may wait for another request's turn: off the loop
             reply = await self._reply(items, await asyncio.to_thread(self._submit, items))

@@ -1071,14 +1071,16 @@ class Store:
         return ids
 
     def record_outcomes(self, outcomes: Sequence[tuple[str, str, str, datetime, str]], *,
-                        keys: Sequence[str | None] | None = None) -> int:
-        """Count provider outcomes, (model, prompt_version, contract, ts, kind) each; returns how many.
+                        keys: Sequence[str | None] | None = None) -> list[bool]:
+        """Count provider outcomes, (model, prompt_version, contract, ts, kind) each; returns,
+        in order, whether each was counted.
 
         An outcome with a key (``keys``, parallel to ``outcomes``) already recorded is
-        not counted again: a re-posted response counts once.
+        not counted again: a re-posted response counts once, and a response posted again
+        with more outcomes counts only the new ones (the caller's metrics need to know which).
         """
         if not outcomes:
-            return 0
+            return []
         keys = list(keys) if keys is not None else [None] * len(outcomes)
         step = self.bucket_seconds
         with self._write_lock:
@@ -1094,25 +1096,28 @@ class Store:
                     new = set(fresh_keys)
                 counts: dict[tuple[tuple[str, str, str], int, str], int] = {}
                 first_ts: dict[tuple[str, str, str], datetime] = {}
-                for (model, prompt_version, contract, ts, kind), okey in zip(outcomes, keys, strict=True):
+                counted = [False] * len(outcomes)
+                for i, ((model, prompt_version, contract, ts, kind), okey) in enumerate(zip(outcomes, keys,
+                                                                                             strict=True)):
                     if okey is not None:
                         if okey not in new:
                             continue
                         new.discard(okey)  # a key repeated within one call counts once too
+                    counted[i] = True
                     cohort = (model, prompt_version, contract)
                     first_ts.setdefault(cohort, ts)
                     epoch = int(ts.timestamp())
                     bucket_key = (cohort, epoch - epoch % step, kind)
                     counts[bucket_key] = counts.get(bucket_key, 0) + 1
                 if not counts:
-                    return 0
+                    return counted
                 ids = self._cohort_ids(con, first_ts)
                 con.executemany(
                     """INSERT INTO outcomes VALUES (?, to_timestamp(?), ?, ?)
                        ON CONFLICT DO UPDATE SET n = n + excluded.n""",
                     [[ids[c], epoch, kind, n] for (c, epoch, kind), n in counts.items()])
             self._cohorts.update(self._pending_cohorts)
-        return sum(counts.values())
+        return counted
 
     def compact(self, since: datetime | None = None, until: datetime | None = None) -> int:
         """Fold rollup rows (buckets in ``[since, until)``, open ends for None) into one per key.

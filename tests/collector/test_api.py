@@ -654,3 +654,24 @@ def test_a_reposted_response_counts_its_outcomes_once(svc: Service) -> None:
             assert r.status_code == 200, r.text
             assert [o["kind"] for o in r.json()["outcomes"]] == ["truncated"]
         assert truncated_count(c) == before + 1
+
+
+def test_a_response_posted_again_with_more_outcomes_counts_only_the_new_ones(svc: Service) -> None:
+    truncated = json.loads((FIXTURES / "openai_chat_truncated.json").read_text())
+    refused = json.loads((FIXTURES / "openai_chat_refusal.json").read_text())
+    truncated["id"] = "chatcmpl-partial-repost"  # a response id no other test posts
+    both = {**truncated, "choices": [truncated["choices"][0], {**refused["choices"][0], "index": 1}]}
+
+    def counts(c: httpx.Client) -> dict[str, float]:
+        samples = metric_samples(c.get("/metrics").text, "shapewatch_provider_outcomes_total")
+        return {kind: sum(v for k, v in samples.items() if ("kind", kind) in k and ("provider", "openai") in k)
+                for kind in ("truncated", "refusal")}
+
+    with svc.client() as c:
+        before = counts(c)
+        for body, kinds in ((truncated, ["truncated"]), (both, ["truncated", "refusal"])):
+            r = c.post("/v1/provider/openai", params={"prompt_version": "partial-repost"}, json=body)
+            assert r.status_code == 200, r.text
+            assert [o["kind"] for o in r.json()["outcomes"]] == kinds
+        # the second post's truncation is the first one's, counted once; its refusal is new
+        assert counts(c) == {"truncated": before["truncated"] + 1, "refusal": before["refusal"] + 1}

@@ -596,11 +596,12 @@ def test_raw_events_outliving_their_keys_are_purged_by_age_only(db_path: Path, e
 def test_keyed_outcomes_count_once(store: Store) -> None:
     t0 = datetime(2026, 11, 29, 12, 0, 5, tzinfo=UTC)
     rows = [("m", "p", "c", t0, "truncated"), ("m", "p", "c", t0, "refusal")]
-    assert store.record_outcomes(rows, keys=["r1:outcome:0", "r1:outcome:1"]) == 2
-    assert store.record_outcomes(rows, keys=["r1:outcome:0", "r1:outcome:1"]) == 0  # re-posted
-    assert store.record_outcomes(rows[:1], keys=[None]) == 1  # without a key, always counted
+    assert store.record_outcomes(rows, keys=["r1:outcome:0", "r1:outcome:1"]) == [True, True]
+    assert store.record_outcomes(rows, keys=["r1:outcome:0", "r1:outcome:1"]) == [False, False]  # re-posted
+    assert store.record_outcomes(rows[:1], keys=[None]) == [True]  # without a key, always counted
     # a stored key beside a new one given twice in one call: the new one counts once
-    assert store.record_outcomes([rows[1], rows[0], rows[0]], keys=["r1:outcome:1", "r2:outcome:0", "r2:outcome:0"]) == 1
+    assert store.record_outcomes([rows[1], rows[0], rows[0]],
+                                 keys=["r1:outcome:1", "r2:outcome:0", "r2:outcome:0"]) == [False, True, False]
     assert sorted(store.query("SELECT kind, sum(n)::INT FROM outcomes GROUP BY kind")) == [
         ("refusal", 1), ("truncated", 3)]
     assert store.query("SELECT key FROM outcome_keys ORDER BY 1") == [
