@@ -251,8 +251,8 @@ class Client:
     to a spill file in ``spill_dir`` (default: ``shapewatch-spill`` in the
     system temp directory). ``timeout`` applies to each HTTP request.
     Retries back off exponentially with full jitter up to ``max_backoff``
-    seconds; a ``Retry-After`` from the service is honoured, capped at
-    ``max_backoff``. ``max_attempts`` (None: unlimited) is how often a batch
+    seconds; a ``Retry-After`` from the service is honoured (capped at
+    ``max_backoff``) but never shortens that backoff. ``max_attempts`` (None: unlimited) is how often a batch
     from memory is tried before it is parked in the spill file to free memory;
     spilled envelopes are retried for as long as the process lives.
 
@@ -1039,12 +1039,15 @@ class Client:
         return False
 
     def _delay(self, reply: _Reply) -> float:
-        if reply.retry_after is not None:
-            return min(reply.retry_after, self._max_backoff)
         ceiling = min(
             self._max_backoff, _BACKOFF_BASE * 2 ** min(self._failures - 1, 30)
         )
-        return random.uniform(0.0, ceiling)
+        backoff = random.uniform(0.0, ceiling)
+        if reply.retry_after is not None:
+            # Never sooner than asked, nor sooner than the backoff: a "Retry-After: 0"
+            # (or a date in the past) from a proxy would otherwise retry in a tight loop.
+            return max(min(reply.retry_after, self._max_backoff), backoff)
+        return backoff
 
     # ---------------------------------------------------- process lifecycle
 

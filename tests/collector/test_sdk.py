@@ -467,6 +467,18 @@ def test_retry_after_is_capped_by_max_backoff(receiver: Receiver, make_client: M
     assert second.at - first.at < 1.0
 
 
+def test_retry_after_zero_still_backs_off(receiver: Receiver, make_client: MakeClient) -> None:
+    receiver.fail_next(503, times=8, retry_after="0")
+    client = make_client(max_backoff=0.4)
+    record(client, 1)
+
+    assert client.flush(10)
+    assert [seen.status for seen in receiver.requests] == [503] * 8 + [200]
+    # Eight jittered waits of up to 0.25 s, then 0.4 s: together under 0.2 s with a chance of
+    # about 1e-7. Retried at once, as "Retry-After: 0" says, they took a few milliseconds.
+    assert receiver.requests[-1].at - receiver.requests[0].at >= 0.2
+
+
 def test_413_splits_the_batch_and_drops_only_the_oversized_event(
     receiver: Receiver, make_client: MakeClient, caplog: pytest.LogCaptureFixture
 ) -> None:
