@@ -27,7 +27,7 @@ from fastapi.responses import Response
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .adapters import AdapterError, Provider, adapt_response
+from .adapters import AdapterError, Provider, ProviderOutcome, adapt_response
 from .envelope import Envelope, Limits, envelope_json_schema, parse_body, validate_envelope
 from .errors import (
     BatchTooLarge,
@@ -238,6 +238,20 @@ def require_token(tokens: tuple[str, ...], scope: Scope | str, *, writes: Scope 
     return TokenGuard(tokens, scope, writes)
 
 
+def _served_cohort(o: ProviderOutcome, limits: Limits) -> str | None:
+    """The model that answered an alias, when it names a cohort of its own: a model name a
+    response gives that breaks the tag rules is not made a cohort (the outcome still counts
+    in the requested one)."""
+    if o.served_model is None or o.served_model == o.model:
+        return None
+    try:
+        validate_envelope({"model": o.served_model, "prompt_version": o.prompt_version, "contract": o.contract,
+                           "output": {}}, limits)
+    except EnvelopeInvalid:
+        return None
+    return o.served_model
+
+
 def _tags_valid(model: str, prompt_version: str, contract: str, limits: Limits) -> bool:
     try:
         validate_envelope({"model": model, "prompt_version": prompt_version, "contract": contract,
@@ -438,7 +452,7 @@ class CollectorApi:
                 counted = await asyncio.to_thread(
                     self.store.record_outcomes,
                     [(o.model, o.prompt_version, o.contract, now, o.kind.value) for o in outcomes],
-                    keys=[o.key for o in outcomes])
+                    keys=[o.key for o in outcomes], served=[_served_cohort(o, self.limits) for o in outcomes])
                 for o, new in zip(outcomes, counted, strict=True):
                     if new:
                         self.metrics.provider_outcomes.labels(prov.value, o.kind.value).inc()

@@ -1071,17 +1071,23 @@ class Store:
         return ids
 
     def record_outcomes(self, outcomes: Sequence[tuple[str, str, str, datetime, str]], *,
-                        keys: Sequence[str | None] | None = None) -> list[bool]:
+                        keys: Sequence[str | None] | None = None,
+                        served: Sequence[str | None] | None = None) -> list[bool]:
         """Count provider outcomes, (model, prompt_version, contract, ts, kind) each; returns,
         in order, whether each was counted.
 
         An outcome with a key (``keys``, parallel to ``outcomes``) already recorded is
         not counted again: a re-posted response counts once, and a response posted again
         with more outcomes counts only the new ones (the caller's metrics need to know which).
+        An outcome whose response was answered by another model than the one requested
+        (``served``, parallel too) also counts in that model's cohort, as its outputs do.
         """
         if not outcomes:
             return []
         keys = list(keys) if keys is not None else [None] * len(outcomes)
+        answered = list(served) if served is not None else [None] * len(outcomes)
+        if len(keys) != len(outcomes) or len(answered) != len(outcomes):
+            raise ValueError("keys and served must be parallel to outcomes")
         step = self.bucket_seconds
         with self._write_lock:
             self._pending_cohorts = {}
@@ -1097,18 +1103,19 @@ class Store:
                 counts: dict[tuple[tuple[str, str, str], int, str], int] = {}
                 first_ts: dict[tuple[str, str, str], datetime] = {}
                 counted = [False] * len(outcomes)
-                for i, ((model, prompt_version, contract, ts, kind), okey) in enumerate(zip(outcomes, keys,
-                                                                                             strict=True)):
+                for i, ((model, prompt_version, contract, ts, kind), okey, other) in enumerate(
+                        zip(outcomes, keys, answered, strict=True)):
                     if okey is not None:
                         if okey not in new:
                             continue
                         new.discard(okey)  # a key repeated within one call counts once too
                     counted[i] = True
-                    cohort = (model, prompt_version, contract)
-                    first_ts.setdefault(cohort, ts)
                     epoch = int(ts.timestamp())
-                    bucket_key = (cohort, epoch - epoch % step, kind)
-                    counts[bucket_key] = counts.get(bucket_key, 0) + 1
+                    for m in (model,) if other is None or other == model else (model, other):
+                        cohort = (m, prompt_version, contract)
+                        first_ts.setdefault(cohort, ts)
+                        bucket_key = (cohort, epoch - epoch % step, kind)
+                        counts[bucket_key] = counts.get(bucket_key, 0) + 1
                 if not counts:
                     return counted
                 ids = self._cohort_ids(con, first_ts)

@@ -522,6 +522,20 @@ def test_provider_truncated_response_answers_an_outcome(http: httpx.Client) -> N
             in http.get("/metrics").text)
 
 
+def test_an_alias_outcome_counts_in_the_cohort_of_the_model_that_answered(service: Service) -> None:
+    with service.client() as c:
+        r = _provider_post(c, "openai", "openai_chat_truncated.json", prompt_version="alias-outcome",
+                           model="gpt-4o")
+        assert r.status_code == 200, r.text
+        assert [o["kind"] for o in r.json()["outcomes"]] == ["truncated"]
+    service.stop()
+    with duckdb.connect(str(service.db_path), read_only=True) as con:
+        rows = con.execute("""SELECT c.model, o.kind, o.n FROM outcomes o JOIN cohorts c USING (cohort_id)
+                              WHERE c.prompt_version = 'alias-outcome' ORDER BY 1""").fetchall()
+    # as its outputs would: in the cohort asked for, and in the dated model's that answered
+    assert rows == [("gpt-4o", "truncated", 1), ("gpt-4o-2024-08-06", "truncated", 1)]
+
+
 def test_provider_unknown_name_is_404(http: httpx.Client) -> None:
     err = assert_error_shape(_provider_post(http, "mistral", "openai_chat_tool_calls.json", prompt_version="p"),
                              404)

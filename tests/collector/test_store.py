@@ -487,6 +487,21 @@ def test_record_outcomes_counts_per_cohort_bucket_and_kind(store: Store) -> None
     assert count_events(store) == 0
 
 
+def test_an_alias_outcome_counts_in_the_served_cohort_too(store: Store) -> None:
+    t0 = datetime(2026, 11, 29, 12, 0, 1, tzinfo=UTC)
+    rows = [("gpt-4o", "p1", "c", t0, "truncated"), ("gpt-4o", "p1", "c", t0, "refusal"),
+            ("gpt-4o", "p1", "c", t0, "refusal")]
+    # answered by a dated model, by the model asked for, and by an unnamed one
+    assert store.record_outcomes(rows, keys=["r:0", "r:1", "r:2"],
+                                 served=["gpt-4o-2024-08-06", "gpt-4o", None]) == [True, True, True]
+    assert store.record_outcomes(rows[:1], keys=["r:0"], served=["gpt-4o-2024-08-06"]) == [False]  # re-posted
+    counted = store.query("SELECT c.model, o.kind, o.n FROM outcomes o JOIN cohorts c USING (cohort_id)")
+    assert sorted(counted) == [("gpt-4o", "refusal", 2), ("gpt-4o", "truncated", 1),
+                               ("gpt-4o-2024-08-06", "truncated", 1)]
+    with pytest.raises(ValueError, match="parallel"):
+        store.record_outcomes(rows, served=[None])
+
+
 def test_outcomes_share_the_rollup_bucket_grid_for_any_width(tmp_path: Path, envelope: MakeEnvelope) -> None:
     with Store.open(tmp_path / "w.duckdb", bucket_seconds=1000) as store:
         store.write_batch([parse(envelope(ts="2026-11-29T12:00:00Z"))])
