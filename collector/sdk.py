@@ -232,6 +232,25 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reinit_clients_after_fork)
 
 
+# A client keeps a sender thread, an HTTP connection and an exit hook until close(): one
+# made per request and never closed is a leak, said once per process from this many on.
+_MANY_OPEN_CLIENTS: Final = 16
+_warned_many = False
+
+
+def _warn_if_many_open() -> None:
+    global _warned_many
+    if _warned_many:
+        return
+    n = sum(1 for c in list(_live_clients) if not (c._closing or c._closed))
+    if n >= _MANY_OPEN_CLIENTS:
+        _warned_many = True
+        logger.warning(
+            "shapewatch: %d clients are open in this process, each with its own sender thread "
+            "until close(); create one Client and share it (record() is thread-safe)", n
+        )
+
+
 class Client:
     """Records structured outputs and delivers them to the collector.
 
@@ -327,6 +346,7 @@ class Client:
             self._start_thread()
         atexit.register(self._close_at_exit)
         _live_clients.add(self)
+        _warn_if_many_open()
 
     def _init_state(self) -> None:
         # RLock: a logging handler that itself calls record() from inside the

@@ -25,6 +25,7 @@ from typing import Any
 import orjson
 import pytest
 
+from collector import sdk
 from collector.sdk import Client
 
 # A fault is an HTTP status to answer with, or one of these:
@@ -743,6 +744,33 @@ def test_a_forked_child_sends_its_own_events_only(
     assert os.waitstatus_to_exitcode(status) == 0
     assert client.flush(5)
     assert Counter(receiver.accepted_ids) == Counter([parent_id, "child-evt"])
+
+
+def test_many_open_clients_are_warned_about_once(
+    receiver: Receiver, spill_dir: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sdk, "_warned_many", False)
+    clients = []
+    try:
+        for _ in range(sdk._MANY_OPEN_CLIENTS + 3):
+            clients.append(Client(receiver.url, spill_dir=spill_dir))
+        warnings = [r.getMessage() for r in caplog.records if "clients are open" in r.getMessage()]
+        assert warnings == [f"shapewatch: {sdk._MANY_OPEN_CLIENTS} clients are open in this process, each "
+                            "with its own sender thread until close(); create one Client and share it "
+                            "(record() is thread-safe)"]
+    finally:
+        for c in clients:
+            c.close(1)
+
+
+def test_closed_clients_are_not_counted_as_open(
+    receiver: Receiver, spill_dir: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sdk, "_warned_many", False)
+    for _ in range(sdk._MANY_OPEN_CLIENTS + 3):
+        with Client(receiver.url, spill_dir=spill_dir):
+            pass
+    assert not [r for r in caplog.records if "clients are open" in r.getMessage()]
 
 
 def test_constructor_rejects_bad_settings(spill_dir: Path) -> None:
