@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     chunks = args.chunk or [40_000]
     src = duckdb.connect()
     t0 = time.perf_counter()
-    table = src.execute(_LOAD, [str(args.file)]).to_arrow_table()
+    table = src.sql(_LOAD, params=[str(args.file)]).to_arrow_table()
     print(f"loaded {table.num_rows:,} events into Arrow in {time.perf_counter() - t0:.2f} s (not counted)")
     with tempfile.TemporaryDirectory(prefix="shapewatch-floor-") as tmp:
         for chunk in chunks:

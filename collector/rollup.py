@@ -463,8 +463,9 @@ def _merge_numbers(con: duckdb.DuckDBPyConnection, f: pa.Table, nums: pa.Table) 
     # served cohort too: one pass per kind of row, each with one row per group.
     parts = []
     for served in (False, True):
-        groups = con.execute("SELECT g, cohort_id, bucket, shared FROM _groups WHERE served = ?",
-                             [served]).to_arrow_table()
+        # con.sql, not con.execute: DuckDB 2.0 warns on execute(...).to_arrow_table()
+        groups = con.sql("SELECT g, cohort_id, bucket, shared FROM _groups WHERE served = ?",
+                         params=[served]).to_arrow_table()
         if not groups.num_rows:
             continue
         g_of_bin = f["g"].take(nums["slot"])
