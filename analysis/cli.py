@@ -18,6 +18,7 @@ import click
 import orjson
 
 from collector import (
+    ImportSummary,
     Settings,
     ShapewatchError,
     import_files,
@@ -202,9 +203,11 @@ def _after_start(url: str, token: str | None, sample: bool, dash: Any, dashboard
 def ingest(ctx: click.Context, files: tuple[Path, ...], db_path: str | None, fmt: str) -> None:
     """Import JSONL or .jsonl.gz envelopes; rejected lines go to a quarantine file.
 
-    Exit 0 when every line was stored or was a duplicate, 1 when any line was rejected, 2 when
-    a file could not be read to its end (the lines before the fault are stored, and the other
-    files imported; the summary lists it under "unreadable").
+    Exit 0 when every line was stored or was a duplicate, 1 when any line was rejected, 2 on a
+    usage or input error: a file that could not be read to its end (the lines before the fault
+    are stored, and the other files imported; the summary lists it under "unreadable"), a
+    quarantine that cannot be written or a store that fails (the import stops; the summary
+    says what the files before it added), or a database held by a running service.
     """
     from .store_access import open_store
 
@@ -216,13 +219,14 @@ def ingest(ctx: click.Context, files: tuple[Path, ...], db_path: str | None, fmt
         sys.exit(2)
     total = sum(f.stat().st_size for f in {f.resolve(): f for f in files}.values())  # a file given twice reads once
     show = sys.stderr.isatty()
+    summary = ImportSummary()
+    failed: ShapewatchError | None = None
     try:
         with store, click.progressbar(length=total, label="importing", file=sys.stderr,
                                       hidden=not show) as bar:
-            summary = import_files(list(files), store, limits_from_settings(settings), progress=bar.update)
+            import_files(list(files), store, limits_from_settings(settings), progress=bar.update, summary=summary)
     except ShapewatchError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+        failed = exc  # what the files before it added is still reported
     out = summary.as_dict()
     if fmt == "json":
         click.echo(orjson.dumps(out).decode())
@@ -235,7 +239,10 @@ def ingest(ctx: click.Context, files: tuple[Path, ...], db_path: str | None, fmt
     for unreadable in summary.unreadable:
         click.echo(f"error: {unreadable} (the lines read before the fault were imported; once the file is whole, "
                    "an import of it adds the rest)", err=True)
-    sys.exit(2 if summary.unreadable else 1 if summary.rejected else 0)
+    if failed is not None:
+        click.echo(f"error: {failed} (the import stopped there; the summary counts what was stored before)",
+                   err=True)
+    sys.exit(2 if summary.unreadable or failed is not None else 1 if summary.rejected else 0)
 
 
 # --- shared options ------------------------------------------------------------------------

@@ -168,18 +168,20 @@ def _file_key(path: Path) -> str:
 
 
 def import_files(paths: list[Path], store: Store, limits: Limits, *,
-                 progress: Callable[[int], None] | None = None, batch_size: int = _BATCH) -> ImportSummary:
+                 progress: Callable[[int], None] | None = None, batch_size: int = _BATCH,
+                 summary: ImportSummary | None = None) -> ImportSummary:
     """Import every file (a path given twice, once); return the summary.
 
     A file that cannot be read to its end is listed in ``unreadable``, the lines read before
     the fault stored, and the import goes on with the next file. Raises StoreError if the
     store fails, QuarantineUnwritable if rejected lines cannot be written (before any line of
-    that file is stored).
+    that file is stored); a ``summary`` given is filled as the import goes, so a caller can
+    still say what the files before the failure added.
     """
     first: dict[Path, Path] = {}
     for path in paths:
         first.setdefault(path.resolve(), path)
-    summary = ImportSummary()
+    summary = ImportSummary() if summary is None else summary
     # Parsed JSON holds no reference cycles, so the cyclic collector only costs here:
     # with a batch of parsed outputs alive it rescans them over and over (measured:
     # validation 1.7x slower). Reference counting still frees everything.

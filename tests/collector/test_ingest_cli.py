@@ -257,9 +257,22 @@ def test_an_unwritable_quarantine_stops_the_import_before_storing(tmp_path: Path
     assert proc.returncode == 2
     qfile = quarantine_path(db, src)
     assert proc.stderr.startswith(f"error: cannot write rejected lines to {qfile} (")
-    assert proc.stderr.endswith(f"); nothing of {src} was imported\n"), proc.stderr
+    assert proc.stderr.endswith(f"); nothing of {src} was imported (the import stopped there; the summary "
+                                "counts what was stored before)\n"), proc.stderr
     assert "Traceback" not in proc.stderr
+    assert summary_of(proc) == summary()
     assert stored(db) == {}
+
+
+def test_a_failure_in_a_later_file_still_reports_what_the_earlier_ones_added(tmp_path: Path, db: Path) -> None:
+    first = write_lines(tmp_path / "a.jsonl", valid_lines())
+    second = write_lines(tmp_path / "b.jsonl", [json.dumps(make_envelope(event_id="b-1"))])
+    quarantine_path(db, second).mkdir(parents=True)  # a folder where its rejected lines would go
+    proc = ingest(first, second, db=db)
+    assert proc.returncode == 2
+    assert summary_of(proc) == summary(accepted=4)
+    assert f"nothing of {second} was imported (the import stopped there" in proc.stderr
+    assert len(stored(db)) == 4
 
 
 def test_a_byte_order_mark_is_not_part_of_the_first_line(tmp_path: Path, db: Path) -> None:
