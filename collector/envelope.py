@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -484,7 +485,69 @@ def _loads(raw: bytes, path: str) -> Any:
         msg = str(exc)
         if "recursion" in msg or "depth limit" in msg:
             msg = "nested too deeply to parse"
-        raise EnvelopeInvalid([FieldError(path, f"not valid JSON: {msg}", code="invalid_json")], status=400) from None
+            where = path
+        else:
+            msg, where = _locate(raw, exc, path)
+        raise EnvelopeInvalid([FieldError(where, f"not valid JSON: {msg}", code="invalid_json")], status=400) from None
+
+
+# A string literal (escapes included; one the text ends inside runs to the end) or one structural
+# character: enough to follow the nesting.
+_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*(?:"|\\?$)|[{}\[\],:]')
+# Text that is not JSON is located in its first bytes only: a path is a courtesy, and following
+# the nesting of a whole large body in Python would let a bad request cost far more than a good one.
+_LOCATE_LIMIT = 1 << 22
+
+
+def _locate(raw: bytes, exc: orjson.JSONDecodeError, base: str) -> tuple[str, str]:
+    """(reason, field path) for text orjson refused: the path of the value being read where it
+    failed (``output.deep.x`` for an ``Infinity`` there), under ``base``."""
+    msg = str(exc)
+    try:
+        text = raw.decode()
+        pos = exc.pos  # orjson counts characters
+    except UnicodeDecodeError as bad:  # orjson's message for this ("surrogates") misleads
+        text = raw[:bad.start].decode()
+        pos = len(text)
+        msg = f"invalid UTF-8 (byte 0x{raw[bad.start]:02x} at offset {bad.start})"
+    if pos > _LOCATE_LIMIT:
+        return msg, base
+    return msg, _path_at(text, pos, base)
+
+
+def _path_at(text: str, pos: int, base: str) -> str:
+    """The field path of the value being read at character ``pos`` of JSON text (valid up to
+    about there): keys as ``.key``, array items as ``[i]``, after ``base``."""
+    stack: list[list[Any]] = []  # [is an object, key (None before it is read) or index, a key is next]
+    for m in _TOKENS.finditer(text, 0, pos):
+        tok = m.group()
+        if tok[0] == '"':
+            closed = len(tok) > 1 and tok[-1] == '"' and m.end() <= pos
+            if closed and stack and stack[-1][0] and stack[-1][2]:
+                try:
+                    stack[-1][1] = json.loads(tok)
+                except ValueError:
+                    stack[-1][1] = tok[1:-1]
+                stack[-1][2] = False
+        elif tok == "{":
+            stack.append([True, None, True])
+        elif tok == "[":
+            stack.append([False, 0, False])
+        elif tok in "}]":
+            if stack:
+                stack.pop()
+        elif tok == "," and stack:
+            top = stack[-1]
+            if top[0]:
+                top[1], top[2] = None, True
+            else:
+                top[1] += 1
+    parts = [base]
+    for is_object, at, _ in stack:
+        if at is None:
+            break
+        parts.append(_key(at) if is_object else f"[{at}]")
+    return "".join(parts).lstrip(".")
 
 
 def parse_envelope(raw: bytes, lim: Limits, *, now: datetime | None = None,

@@ -188,9 +188,9 @@ RULES: list[tuple[str, bytes, int, list[dict[str, str]]]] = [
      [{"path": "output", "reason": "must be a JSON object, got array"}]),
     ("ts_without_zone", json.dumps(make_envelope(ts="2026-11-29T12:00:00")).encode(), 422,
      [{"path": "ts", "reason": "'2026-11-29T12:00:00' has no time zone; add 'Z' or an offset like +00:00"}]),
-    # NaN is not JSON: the body does not parse, so the place is named by position, not by path
+    # NaN is not JSON: the body does not parse; the field is named from the text before the fault
     ("nan", _NAN, 400,
-     [{"path": "", "reason": "not valid JSON: unexpected character, expected a JSON value: "
+     [{"path": "output.a", "reason": "not valid JSON: unexpected character, expected a JSON value: "
        f"line 1 column {_NAN_AT + 1} (char {_NAN_AT})"}]),
     ("duplicate_key_in_output", _raw(make_envelope(), '{"a": 1, "b": {"c": 1, "c": 2}}'), 422,
      [{"path": "output.b.c", "reason": "duplicate key"}]),

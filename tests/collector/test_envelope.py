@@ -22,7 +22,7 @@ from harness import make_envelope
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from collector import _speedups
+from collector import _speedups, envelope
 from collector.envelope import (
     LIMITS,
     SOURCES,
@@ -421,7 +421,7 @@ def test_an_envelope_over_max_event_bytes_is_refused_with_413() -> None:
 def test_non_finite_numbers_are_refused_as_invalid_json(literal: str) -> None:
     raw = env_raw('{"a":%s}' % literal)
     exc = refused(raw)
-    assert (exc.fields, exc.status) == (invalid_json(raw), 400)
+    assert (exc.fields, exc.status) == (invalid_json(raw, "output.a"), 400)
 
 
 @pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan])
@@ -441,17 +441,44 @@ def test_loads_marking_refuses_a_number_too_large_for_a_float() -> None:
     assert loads_marking('{"a": 1e308}') == {"a": 1e308}
 
 
-def test_invalid_utf8_is_refused_as_invalid_json() -> None:
-    for raw in (env_raw('{"a":"x"}').replace(b"x", b"\xff"), env_raw("{}").replace(b'"m"', b'"\xc3\x28"'),
-                env_raw('{"a":"\\ud800"}')):
+def test_invalid_utf8_is_refused_as_invalid_json_naming_the_field_and_the_byte() -> None:
+    in_output = env_raw('{"a":"x"}').replace(b"x", b"\xff")
+    in_model = env_raw("{}").replace(b'"m"', b'"\xc3\x28"')
+    for raw, path, byte in ((in_output, "output.a", 0xff), (in_model, "model", 0xc3)):
         exc = refused(raw)
-        assert (exc.fields, exc.status) == (invalid_json(raw), 400)
+        at = raw.index(bytes([byte]))
+        assert (exc.fields, exc.status) == (
+            [FieldError(path, f"not valid JSON: invalid UTF-8 (byte 0x{byte:02x} at offset {at})", "invalid_json")],
+            400)
+    surrogate = env_raw('{"a":"\\ud800"}')  # UTF-8 text, but an escape no string may hold
+    exc = refused(surrogate)
+    assert (exc.fields, exc.status) == (invalid_json(surrogate, "output.a"), 400)
 
 
-def test_text_that_is_not_json_is_refused_with_400() -> None:
-    for raw in (b"", b"{", b"model=m", b'{"model": "m",}', b"{'model': 'm'}"):
-        exc = refused(raw)
-        assert (exc.fields, exc.status) == (invalid_json(raw), 400)
+@pytest.mark.parametrize(("raw", "path"), [
+    (b"", ""), (b"{", ""), (b"model=m", ""), (b"{'model': 'm'}", ""),
+    (b'{"model": "m",}', "model"),  # the fault comes after model's value
+    (env_raw('{"a": {"b": [1, {"c": Infinity}]}}'), "output.a.b[1].c"),
+    (env_raw('{"a.b": {"\\u00e9": [NaN]}}'), "output.a.b.\u00e9[0]"),
+    (env_raw('{"a": 1, "b": tru}'), "output.b"),
+    (env_raw('{"a": "unterminated'), "output.a"),
+])
+def test_text_that_is_not_json_is_refused_with_400_naming_where(raw: bytes, path: str) -> None:
+    exc = refused(raw)
+    assert (exc.fields, exc.status) == (invalid_json(raw, path), 400)
+
+
+def test_an_array_body_that_is_not_json_names_the_item_and_field() -> None:
+    raw = b"[" + env_raw("{}") + b"," + env_raw('{"x": NaN}') + b"]"
+    with pytest.raises(EnvelopeInvalid) as info:
+        list(parse_body(raw, Limits(), ndjson=False))
+    assert (info.value.fields, info.value.status) == (invalid_json(raw, "body[1].output.x"), 400)
+
+
+def test_not_json_far_into_a_huge_body_is_not_located(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(envelope, "_LOCATE_LIMIT", 100)
+    raw = env_raw('{"pad": "' + "x" * 200 + '", "x": NaN}')
+    assert refused(raw).fields == invalid_json(raw, "")  # past the limit: by position only
 
 
 def test_nesting_beyond_the_parser_limit_gets_a_plain_reason() -> None:
@@ -801,7 +828,7 @@ def test_item_spans_find_each_item_of_an_array() -> None:
         assert _speedups.item_spans(broken) is None
 
 
-@pytest.mark.parametrize(("body", "path"), [(b"not json", ""), (b"{", ""), (b"", ""), (b"[1,", "body"),
+@pytest.mark.parametrize(("body", "path"), [(b"not json", ""), (b"{", ""), (b"", ""), (b"[1,", "body[1]"),
                                             (b"  [{}] trailing", "body")])
 def test_a_body_that_is_not_json_raises_400(body: bytes, path: str) -> None:
     with pytest.raises(EnvelopeInvalid) as info:
@@ -880,3 +907,50 @@ def test_payload_hash_does_not_confuse_fields_that_contain_the_separator() -> No
     a = parse(make_envelope(event_id="e", model="m\x1fp", prompt_version="q"))
     b = parse(make_envelope(event_id="e", model="m", prompt_version="p\x1fq"))
     assert a.payload_hash != b.payload_hash
+
+
+_LEAF = "\x00LEAF\x00"  # a string no generated key or value holds
+
+
+def _docs() -> st.SearchStrategy[Any]:
+    keys = st.text(alphabet='ab.["]\\é\n', min_size=0, max_size=4)
+    leaves = st.one_of(st.integers(), st.floats(allow_nan=False, allow_infinity=False), st.booleans(),
+                       st.none(), st.text(alphabet='xy"\\{}[],:é', max_size=5))
+    return st.recursive(leaves, lambda inner: st.one_of(st.lists(inner, max_size=4),
+                                                        st.dictionaries(keys, inner, max_size=4)), max_leaves=20)
+
+
+def _leaf_paths(v: Any, path: str) -> list[str]:
+    """The paths of the scalars and empty containers of ``v``."""
+    if isinstance(v, dict) and v:
+        return [p for k, x in v.items() for p in _leaf_paths(x, path + "." + k)]
+    if isinstance(v, list) and v:
+        return [p for i, x in enumerate(v) for p in _leaf_paths(x, f"{path}[{i}]")]
+    return [path]
+
+
+def _with_leaf(v: Any, path: str, at: str) -> Any:
+    if at == path:
+        return _LEAF
+    if isinstance(v, dict) and v:
+        return {k: _with_leaf(x, path, at + "." + k) for k, x in v.items()}
+    if isinstance(v, list) and v:
+        return [_with_leaf(x, path, f"{at}[{i}]") for i, x in enumerate(v)]
+    return v
+
+
+@given(doc=st.dictionaries(st.text(alphabet="ab.é", max_size=3), _docs(), min_size=1, max_size=4),
+       pick=st.integers(min_value=0), literal=st.sampled_from(["NaN", "Infinity", "-Infinity", "tru", "01"]),
+       ascii_only=st.booleans(), spaced=st.booleans())
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+def test_text_that_is_not_json_is_located_at_the_leaf_that_breaks_it(
+        doc: dict[str, Any], pick: int, literal: str, ascii_only: bool, spaced: bool) -> None:
+    paths = _leaf_paths(doc, "output")
+    path = paths[pick % len(paths)]
+    text = json.dumps({"output": _with_leaf(doc, path, "output")}, ensure_ascii=ascii_only,
+                      separators=(", ", ": ") if spaced else (",", ":"))
+    leaf = json.dumps(_LEAF, ensure_ascii=ascii_only)
+    assert text.count(leaf) == 1
+    raw = text.replace(leaf, literal).encode()
+    exc = refused(raw)
+    assert (exc.fields, exc.status) == (invalid_json(raw, path), 400)

@@ -105,7 +105,7 @@ def test_rejected_lines_go_to_a_quarantine_that_a_rerun_rewrites(tmp_path: Path,
         {"file": str(src), "line": 2, "raw": bad_output,
          "errors": [{"path": "output", "reason": "must be a JSON object, got array", "code": "wrong_type"}]},
         {"file": str(src), "line": 5, "raw": bad_json,
-         "errors": [{"path": "", "reason": "not valid JSON: unexpected character, expected a JSON value: "
+         "errors": [{"path": "output.a", "reason": "not valid JSON: unexpected character, expected a JSON value: "
                      f"line 1 column {bad_json.index('NaN') + 1} (char {bad_json.index('NaN')})",
                      "code": "invalid_json"}]},
         {"file": str(src), "line": 6, "raw": bad_two,
