@@ -130,6 +130,7 @@ def create_app(settings: Settings, *, store: Store | None = None, config: Analyz
         try:
             yield
         finally:
+            store.stop_maintenance()  # a purge under way stops at its next chunk: shutdown waits for no more
             scheduler.shutdown(wait=True)
             notifier.close()
             writer.stop()

@@ -11,8 +11,10 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -567,6 +569,60 @@ def test_purge_deletes_in_chunks_and_counts_them_all(db_path: Path, envelope: Ma
                            now=old + timedelta(days=41)) == Purged(events=7, keys=7)
         assert store.query("SELECT count(*) FROM events") == [(2,)]
         assert store.query("SELECT count(*) FROM event_keys") == [(2,)]
+
+
+def test_a_stopped_purge_stops_between_chunks_and_the_next_one_finishes(
+        db_path: Path, envelope: MakeEnvelope, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("collector.store._PURGE_CHUNK", 3)
+    old = datetime(2026, 1, 1, tzinfo=UTC)
+    later = {"raw_retention": timedelta(days=30), "dedup_ttl": timedelta(days=7), "now": old + timedelta(days=41)}
+    with Store.open(db_path) as store:
+        store.write_batch(envs(envelope, 7, "old"), now=old)
+        chunks = []
+        real = store._transaction
+
+        @contextmanager
+        def counting(doing: str, con: Any = None) -> Iterator[Any]:
+            with real(doing, con) as c:
+                yield c
+            chunks.append(doing)
+            if len(chunks) == 2:
+                store.stop_maintenance()  # as the service's shutdown would, during the purge
+
+        monkeypatch.setattr(store, "_transaction", counting)
+        assert store.purge(**later) == Purged(events=6, keys=0)  # two chunks, then it stopped
+        assert chunks == ["purging old raw events"] * 2 + ["purging old outcome keys"]
+    with Store.open(db_path) as store:  # the next service's purge deletes the rest
+        assert store.purge(**later) == Purged(events=1, keys=7)
+        assert store.query("SELECT count(*) FROM events") == [(0,)]
+
+
+def test_a_writer_waiting_for_a_long_purge_gets_in_between_its_chunks(
+        db_path: Path, envelope: MakeEnvelope, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("collector.store._PURGE_CHUNK", 50)
+    old = datetime(2026, 1, 1, tzinfo=UTC)
+    order: list[str] = []
+    with Store.open(db_path) as store:
+        for i in range(10):
+            store.write_batch(envs(envelope, 100, f"old{i}"), now=old + timedelta(seconds=i))
+        real = store._transaction
+
+        @contextmanager
+        def noting(doing: str, con: Any = None) -> Iterator[Any]:
+            with real(doing, con) as c:
+                yield c
+            order.append("purge" if doing.startswith("purging") else "write")
+            if len(order) == 1:
+                writer.start()  # waits for the lock from now on
+                time.sleep(0.05)
+
+        monkeypatch.setattr(store, "_transaction", noting)
+        writer = threading.Thread(target=lambda: store.write_batch(envs(envelope, 5, "new")))
+        assert store.purge(raw_retention=timedelta(days=30), dedup_ttl=timedelta(days=3650),
+                           now=old + timedelta(days=41)).events == 1000
+        writer.join(10)
+    # the writer, waiting since the first chunk, went before the second, not after all 21
+    assert order[:3] == ["purge", "write", "purge"], order
 
 
 def test_keys_are_kept_for_the_dedup_ttl_whatever_the_raw_retention(db_path: Path, envelope: MakeEnvelope) -> None:
