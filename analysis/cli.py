@@ -21,6 +21,7 @@ from collector import (
     ImportSummary,
     Settings,
     ShapewatchError,
+    StoreInvalidated,
     import_files,
     limits_from_settings,
     parse_token,
@@ -72,6 +73,9 @@ def _serve(settings: Settings, ctx: click.Context) -> None:
     config = _analyzer_config(ctx)
     try:
         run(settings, config)
+    except StoreInvalidated as exc:  # not a usage error: a supervisor restarts on a failure exit
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(3)
     except ShapewatchError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)

@@ -95,7 +95,7 @@ def create_app(settings: Settings, *, store: Store | None = None, config: Analyz
     targets = targets_from_config(config.notify)
     digest_url = digest_url_from_config(config.notify)
     store = store or open_store(settings)
-    # Events commit alone (a 2xx waits only for them); rollups follow within a second.
+    # Events commit alone (a 2xx waits only for them); rollups follow (rollup_merge_seconds).
     store.defer_rollups(max_events=settings.rollup_merge_events, max_seconds=settings.rollup_merge_seconds)
     metrics = CollectorMetrics(registry)
     writer = Writer(store, max_events=settings.batch_max_events, max_wait=settings.batch_max_wait_ms / 1000,
@@ -193,7 +193,18 @@ def _guarded_deliver(notifier: Notifier) -> Callable[[], None]:
 
 
 def run(settings: Settings, config: AnalyzerConfig | None = None) -> None:
-    """Serve until interrupted (SIGINT/SIGTERM commit what is queued, then exit)."""
+    """Serve until interrupted (SIGINT/SIGTERM commit what is queued, then exit).
+
+    Raises StoreInvalidated after stopping when DuckDB invalidated the database (a checkpoint
+    that could not write the file): every later write would fail, so the service stops
+    rather than answer 503 forever; a restart recovers the file.
+    """
     app = create_app(settings, config=config)
+    server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
+                                           access_log=False))
+    store: Store = app.state.store
+    store.on_invalidated = lambda _: setattr(server, "should_exit", True)  # a graceful stop, as on SIGTERM
     log.info("shapewatch serving %s on http://%s:%d", settings.db_path, settings.host, settings.port)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning", access_log=False)
+    server.run()
+    if store.invalidated is not None:
+        raise store.invalidated

@@ -472,6 +472,8 @@ class CollectorApi:
                     description="Open without a token (liveness and readiness probes).",
                     responses=error_responses(503))
         async def healthz() -> Response:
+            if self.store.invalidated is not None:  # every query would fail: say why, once
+                return _json(503, error_body(503, str(self.store.invalidated)))
             try:
                 info = await asyncio.to_thread(self.store.healthcheck)
             except StoreError as exc:

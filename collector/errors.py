@@ -97,6 +97,19 @@ class StoreUnavailable(StoreError):
         self.doing = "writing"
 
 
+class StoreInvalidated(StoreError):
+    """DuckDB invalidated the database after a fatal error (a checkpoint that could not write
+    the file): this process can never use it again. What was committed is on disk."""
+
+    def __init__(self, doing: str, cause: BaseException | str) -> None:
+        ShapewatchError.__init__(
+            self,
+            f"DuckDB invalidated the database after a fatal error while {doing} ({' '.join(str(cause).split())[:300]}); "
+            "nothing acknowledged is lost, but this process cannot use the file again: the service stops, "
+            "and a restart (once the cause, such as a full disk, is fixed) recovers it")
+        self.doing = doing
+
+
 class BatchTooLarge(ShapewatchError, ValueError):
     """A request holds more events than the writer's whole queue: it can never be taken."""
 

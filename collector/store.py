@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -39,7 +39,7 @@ import pyarrow.compute as pc
 
 from ._speedups import string_column
 from .envelope import Envelope
-from .errors import StoreError, StoreLocked, StoreUnavailable, StoreVersionTooNew
+from .errors import StoreError, StoreInvalidated, StoreLocked, StoreUnavailable, StoreVersionTooNew
 from .rollup import ContractStatus, RollupBatch, RollupConfig, compact_rollups, merge_rollups
 from .settings import size_bytes
 
@@ -423,6 +423,8 @@ def _epoch_us(t: datetime) -> int:
 
 
 def _store_error(doing: str, exc: duckdb.Error) -> StoreError:
+    if isinstance(exc, duckdb.FatalException) or "database has been invalidated" in str(exc).lower():
+        return StoreInvalidated(doing, exc)
     if "out of memory" in str(exc).lower():
         return StoreUnavailable(f"DuckDB ran out of memory while {doing} ({' '.join(str(exc).split())[:300]}); "
                                 "raise memory_limit (import_memory_limit for shapewatch ingest)")
@@ -479,6 +481,10 @@ class Store:
         self._merge_lock = threading.Lock()
         # Set by stop_maintenance(): a purge stops between chunks (the service's shutdown).
         self._stop_maintenance = threading.Event()
+        # Once DuckDB has invalidated the database, every later statement fails the same way:
+        # the first such error, and who to tell (the service stops itself; see _failed).
+        self.invalidated: StoreInvalidated | None = None
+        self.on_invalidated: Callable[[StoreInvalidated], None] | None = None
         self._merge_con: duckdb.DuckDBPyConnection | None = None
         # memory_limit as configured, and the stored events DuckDB's limit has room for (see
         # _INDEX_BYTES_PER_EVENT); set by open().
@@ -652,7 +658,7 @@ class Store:
         try:
             con.execute("BEGIN TRANSACTION")
         except duckdb.Error as exc:
-            raise _store_error(doing, exc) from exc
+            raise self._failed(doing, exc) from exc
         try:
             yield con
             con.execute("COMMIT")
@@ -662,8 +668,22 @@ class Store:
             except duckdb.Error:
                 pass
             if isinstance(exc, duckdb.Error):
-                raise _store_error(doing, exc) from exc
+                raise self._failed(doing, exc) from exc
             raise
+
+    def _failed(self, doing: str, exc: duckdb.Error) -> StoreError:
+        """The StoreError for a DuckDB error; an invalidated database is remembered
+        (``invalidated``) and reported once to ``on_invalidated``."""
+        err = _store_error(doing, exc)
+        if isinstance(err, StoreInvalidated) and self.invalidated is None:
+            self.invalidated = err
+            log.critical("%s", err)
+            if self.on_invalidated is not None:
+                try:
+                    self.on_invalidated(err)
+                except Exception:
+                    log.exception("on_invalidated failed")
+        return err
 
     def close(self) -> None:
         """Merge deferred rollups (if the store can), then close the file."""
@@ -801,7 +821,7 @@ class Store:
             try:
                 self._merge_con = self._con.cursor()
             except duckdb.Error as exc:
-                raise _store_error("merging rollups", exc) from exc
+                raise self._failed("merging rollups", exc) from exc
         # On failure the counts stay pending; the events are stored either way.
         with self._transaction("merging rollups", self._merge_con) as con:
             merge_rollups(con, [batch for batch, _, _ in taken], self.rollup)
@@ -897,7 +917,10 @@ class Store:
             raise StoreError("writing", "the store was opened read-only")
         batch = envelopes if isinstance(envelopes, PreparedBatch) else self.prepare_batch(envelopes)
         with self._write_lock:
-            inserted, existing = self._write(batch, self._batch_time(now))
+            try:
+                inserted, existing = self._write(batch, self._batch_time(now))
+            except duckdb.Error as exc:  # outside the transaction: a new cohort's insert, a register
+                raise self._failed("writing a batch", exc) from exc
             if merge and self._defer is not None and self._pending_events >= self._defer[0]:
                 with self._merge_lock:
                     self._flush_after_commit()
@@ -1019,7 +1042,7 @@ class Store:
                 # fail the probing try the same way, and surface from there.
                 raise _StoredBefore from None
             if whole:
-                raise _store_error("writing a batch", exc) from exc
+                raise self._failed("writing a batch", exc) from exc
             raise
         inserted = set(batch.event_ids) if not existing else set(table["event_id"].to_pylist())
         fresh: RollupBatch | None = None
@@ -1170,7 +1193,7 @@ class Store:
             try:
                 self._con.execute("CHECKPOINT")
             except duckdb.Error as exc:
-                raise _store_error("checkpointing", exc) from exc
+                raise self._failed("checkpointing", exc) from exc
 
     def purge(self, *, raw_retention: timedelta, dedup_ttl: timedelta, now: datetime | None = None) -> Purged:
         """Delete raw events received before ``now - raw_retention`` and idempotency keys (of

@@ -252,6 +252,7 @@ class Writer:
                 _settle(fut, error=err)
             return True
         except Exception as exc:  # a bug must fail the requests, not kill the writer
+            self.last_error = f"{type(exc).__name__}: {exc}"
             log.exception("unexpected error writing a batch")
             for _, fut in taken.requests:
                 _settle(fut, error=StoreUnavailable(exc))

@@ -8,13 +8,14 @@ from concurrent.futures import Future
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import duckdb
 import orjson
 import pytest
 from harness import make_envelope
 
 from collector import Store
 from collector.envelope import LIMITS, Envelope, parse_envelope
-from collector.errors import BatchTooLarge, StoreError
+from collector.errors import BatchTooLarge, StoreError, StoreInvalidated, StoreUnavailable
 from collector.rollup import RollupBatch, RollupConfig
 from collector.store import WriteStatus
 from collector.writer import Writer
@@ -100,3 +101,39 @@ def test_a_cancelled_future_is_not_an_error_for_settle() -> None:
     fut.cancel()
     _settle(fut, result=[])  # type: ignore[arg-type]  # must not raise InvalidStateError
     assert fut.cancelled()
+
+
+def test_a_duckdb_error_outside_the_batch_transaction_is_a_store_error(store: Store,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # A new cohort is inserted in a statement of its own, before the batch's transaction.
+    def failing(*_: object) -> None:
+        raise duckdb.IOException("Could not write file \"x.wal\": No space left on device")
+
+    monkeypatch.setattr(store, "_cohort_ids", failing)
+    with pytest.raises(StoreUnavailable, match="No space left on device"):
+        store.write_batch(envs(2, "c"))
+    writer = Writer(store, max_wait=0.01)
+    writer.start()
+    try:
+        with pytest.raises(StoreUnavailable):
+            writer.submit(envs(2, "d")).result(timeout=30)
+        assert writer.last_error is not None and "No space left on device" in writer.last_error
+    finally:
+        writer.stop()
+
+
+def test_an_invalidated_database_is_remembered_and_reported_once(store: Store,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    told: list[StoreInvalidated] = []
+    store.on_invalidated = told.append
+
+    def fatal(*_: object) -> None:
+        raise duckdb.FatalException("FATAL Error: Failed to create checkpoint because of error: File too large")
+
+    monkeypatch.setattr(store, "_cohort_ids", fatal)
+    for _ in range(2):
+        with pytest.raises(StoreInvalidated) as info:
+            store.write_batch(envs(1, "f"))
+    assert str(info.value).startswith("DuckDB invalidated the database after a fatal error while writing a batch "
+                                      "(FATAL Error: Failed to create checkpoint because of error: File too large)")
+    assert told == [store.invalidated] and store.invalidated is not None
