@@ -572,8 +572,9 @@ class Store:
         """DuckDB's memory limit: the configured one plus room for the index of the keys kept
         and of the next step of them. Keys purged are not taken off until the next open (the
         limit is a ceiling, so erring high costs nothing)."""
-        self._memory_until = self._indexed_keys + _INDEX_STEP_EVENTS
-        self._con.execute(f"SET memory_limit = '{self.memory_limit_bytes}B'")
+        until = self._indexed_keys + _INDEX_STEP_EVENTS
+        self._con.execute(f"SET memory_limit = '{self._memory_base + until * _INDEX_BYTES_PER_EVENT}B'")
+        self._memory_until = until
 
     @property
     def memory_limit_bytes(self) -> int:
@@ -982,8 +983,8 @@ class Store:
         # Only committed cohorts enter the cache: a rolled-back id must never be reused.
         self._cohorts.update(self._pending_cohorts)
         self._indexed_keys += len(inserted)
-        if self._indexed_keys >= self._memory_until:
-            self._fit_memory()
+        # The events are committed: nothing from here on may fail the batch (its requests would
+        # be told 503 for stored events, and its counts would be skipped by the next merge).
         if self._staged is not None:
             added = time.monotonic()
             with self._pending_lock:
@@ -992,6 +993,11 @@ class Store:
                 self._pending.append((self._staged, now, added))
                 self._pending_events += self._staged.events
             self._staged = None
+        if self._indexed_keys >= self._memory_until:
+            try:
+                self._fit_memory()
+            except duckdb.Error as exc:  # the next batch tries again
+                log.warning("raising DuckDB's memory limit for the key index failed: %s", exc)
         return inserted, existing
 
     def _insert(self, con: duckdb.DuckDBPyConnection, batch: PreparedBatch, now: datetime, *,

@@ -137,3 +137,18 @@ def test_an_invalidated_database_is_remembered_and_reported_once(store: Store,
     assert str(info.value).startswith("DuckDB invalidated the database after a fatal error while writing a batch "
                                       "(FATAL Error: Failed to create checkpoint because of error: File too large)")
     assert told == [store.invalidated] and store.invalidated is not None
+
+
+def test_a_failure_after_the_commit_neither_fails_the_batch_nor_loses_its_counts(
+        db_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with Store.open(db_path) as store:
+        store.defer_rollups(max_events=10**6, max_seconds=3600)
+
+        def failing() -> None:
+            raise duckdb.OutOfMemoryException("could not set the memory limit")
+
+        monkeypatch.setattr(store, "_fit_memory", failing)
+        store._memory_until = 0  # due now
+        assert [r.status for r in store.write_batch(envs(3, "m"))] == [WriteStatus.accepted] * 3
+        store.flush_rollups()
+        assert store.query("SELECT sum(events)::INT FROM cohort_buckets") == [(3,)]
