@@ -26,6 +26,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from .adapters import AdapterError, Provider, ProviderOutcome, adapt_response
 from .envelope import Envelope, Limits, envelope_json_schema, parse_body, validate_envelope
@@ -257,7 +258,7 @@ def _tags_valid(model: str, prompt_version: str, contract: str, limits: Limits) 
         validate_envelope({"model": model, "prompt_version": prompt_version, "contract": contract,
                            "output": {}}, limits)
     except EnvelopeInvalid as exc:
-        log.warning("a provider outcome has invalid tags and is not counted: %s", exc)
+        log.warning("provider outcomes with invalid tags are not counted: %s", str(exc)[:300])
         return False
     return True
 
@@ -283,17 +284,25 @@ class CollectorApi:
                            [FieldError("body", "too large", "body_too_large")])
         chunks: list[bytes] = []
         size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > self.max_body_bytes:  # no or false Content-Length: stop reading at the limit
-                raise ApiError(413, f"body exceeds the limit of {self.max_body_bytes} bytes",
-                               [FieldError("body", "too large", "body_too_large")])
-            chunks.append(chunk)
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > self.max_body_bytes:  # no or false Content-Length: stop reading at the limit
+                    raise ApiError(413, f"body exceeds the limit of {self.max_body_bytes} bytes",
+                                   [FieldError("body", "too large", "body_too_large")])
+                chunks.append(chunk)
+        except ClientDisconnect:  # nobody to answer, nothing stored: not an error of the service
+            raise ApiError(400, "the client closed the connection before sending the whole body",
+                           [FieldError("body", "incomplete", "incomplete_body")]) from None
         return b"".join(chunks)
 
     def _content_kind(self, request: Request) -> bool:
         """True for NDJSON, False for JSON; 415 otherwise (also for a charset other than UTF-8:
         the body would be read as UTF-8 all the same, and refused as invalid JSON)."""
+        encoding = request.headers.get("content-encoding", "").strip().lower()
+        if encoding not in ("", "identity"):
+            raise ApiError(415, f"content encoding {encoding!r} is not supported; send the body uncompressed",
+                           [FieldError("content-encoding", "unsupported encoding")])
         ctype, *params = request.headers.get("content-type", "").split(";")
         ctype = ctype.strip().lower()
         for param in params:
@@ -427,39 +436,57 @@ class CollectorApi:
             if fields:
                 raise ApiError(422, "the query parameters are invalid", fields)
             body = await self._read_body(request)
-            try:
-                raw = orjson.loads(body)
-            except orjson.JSONDecodeError as exc:
-                raise ApiError(400, "the body is not valid JSON", [FieldError("body", str(exc), "invalid_json")]) \
-                    from None
-            try:
-                adapted = adapt_response(prov, raw, prompt_version=prompt_version, model=model,
-                                         contract=contract, event_id=event_id, source=source,
-                                         contract_version=contract_version)
-            except AdapterError as exc:
-                raise ApiError(422, f"not a {prov.value} response", [FieldError(exc.path, exc.reason)]) from None
-            now = datetime.now(UTC)
-            items: list[Envelope | EnvelopeInvalid] = []
-            for env in adapted.envelopes:
+
+            def adapt() -> tuple[list[Envelope | EnvelopeInvalid], list[ProviderOutcome], list[ProviderOutcome]]:
+                # Parsing and adapting a large response take a while: off the event loop.
                 try:
-                    items.append(validate_envelope(env, self.limits, now=now))
-                except EnvelopeInvalid as exc:
-                    items.append(exc)
-            outcomes = [o for o in adapted.outcomes if _tags_valid(o.model, o.prompt_version, o.contract,
-                                                                   self.limits)]
-            if outcomes:
+                    raw = orjson.loads(body)
+                except orjson.JSONDecodeError as exc:
+                    raise ApiError(400, "the body is not valid JSON",
+                                   [FieldError("body", str(exc), "invalid_json")]) from None
+                try:
+                    adapted = adapt_response(prov, raw, prompt_version=prompt_version, model=model,
+                                             contract=contract, event_id=event_id, source=source,
+                                             contract_version=contract_version)
+                except AdapterError as exc:
+                    raise ApiError(422, f"not a {prov.value} response", [FieldError(exc.path, exc.reason)]) from None
+                many = len(adapted.envelopes) + len(adapted.outcomes)
+                if many > self.max_request_events:
+                    raise BatchTooLarge(many, self.max_request_events)
+                items: list[Envelope | EnvelopeInvalid] = []
+                for env in adapted.envelopes:
+                    try:
+                        items.append(validate_envelope(env, self.limits, now=now))
+                    except EnvelopeInvalid as exc:
+                        items.append(exc)
+                # Tags are checked once per cohort, not per outcome: a response may hold thousands.
+                ok: dict[tuple[str, str, str], bool] = {}
+                for o in adapted.outcomes:
+                    tags = (o.model, o.prompt_version, o.contract)
+                    if tags not in ok:
+                        ok[tags] = _tags_valid(*tags, self.limits)
+                countable = [o for o in adapted.outcomes if ok[(o.model, o.prompt_version, o.contract)]]
+                return items, list(adapted.outcomes), countable
+
+            now = datetime.now(UTC)
+            items, outcomes, countable = await asyncio.to_thread(adapt)
+            counted_ids: set[int] = set()
+            if countable:
                 # Keyed by response id and position: a re-posted response counts them once.
                 counted = await asyncio.to_thread(
                     self.store.record_outcomes,
-                    [(o.model, o.prompt_version, o.contract, now, o.kind.value) for o in outcomes],
-                    keys=[o.key for o in outcomes], served=[_served_cohort(o, self.limits) for o in outcomes])
-                for o, new in zip(outcomes, counted, strict=True):
+                    [(o.model, o.prompt_version, o.contract, now, o.kind.value) for o in countable],
+                    keys=[o.key for o in countable], served=[_served_cohort(o, self.limits) for o in countable])
+                for o, new in zip(countable, counted, strict=True):
                     if new:
+                        counted_ids.add(id(o))
                         self.metrics.provider_outcomes.labels(prov.value, o.kind.value).inc()
             # submit prepares the events and may wait for another request's turn: off the loop
             reply = await self._reply(items, await asyncio.to_thread(self._submit, items))
+            # counted: whether this post counted the outcome (not when a post before it did, nor
+            # when its tags cannot name a cohort: a model name from the response over the limits)
             reply["outcomes"] = [{"kind": o.kind.value, "contract": o.contract, "finish_reason": o.finish_reason,
-                                  "detail": o.detail} for o in adapted.outcomes]
+                                  "detail": o.detail, "counted": id(o) in counted_ids} for o in outcomes]
             self.metrics.request_seconds.labels("provider").observe(time.perf_counter() - t0)
             return _json(200, reply)
 

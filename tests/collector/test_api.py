@@ -8,7 +8,10 @@ start their own.
 
 from __future__ import annotations
 
+import asyncio
+import gzip
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -689,3 +692,78 @@ def test_a_response_posted_again_with_more_outcomes_counts_only_the_new_ones(svc
             assert [o["kind"] for o in r.json()["outcomes"]] == kinds
         # the second post's truncation is the first one's, counted once; its refusal is new
         assert counts(c) == {"truncated": before["truncated"] + 1, "refusal": before["refusal"] + 1}
+
+
+def test_a_client_gone_mid_body_is_answered_quietly_not_as_a_500(tmp_path: Path,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    from analysis.service import create_app
+    from collector import load_settings
+
+    app = create_app(load_settings({"db_path": str(tmp_path / "gone.duckdb")}, env={}), analyze=False)
+    sent: list[dict[str, Any]] = []
+    parts = iter([{"type": "http.request", "body": b'[{"model": "m", ', "more_body": True},
+                  {"type": "http.disconnect"}])
+
+    async def receive() -> dict[str, Any]:
+        return next(parts)
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+             "scheme": "http", "path": "/v1/outputs", "raw_path": b"/v1/outputs", "query_string": b"",
+             "root_path": "", "headers": [(b"content-type", b"application/json"), (b"content-length", b"500")],
+             "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8000)}
+    try:
+        with caplog.at_level(logging.WARNING):
+            asyncio.run(app(scope, receive, send))
+    finally:
+        app.state.store.close()
+    assert sent[0]["status"] == 400
+    assert json.loads(sent[1]["body"])["error"]["fields"] == [{"path": "body", "reason": "incomplete"}]
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+def test_a_compressed_body_is_refused_naming_its_encoding(http: httpx.Client) -> None:
+    r = http.post("/v1/outputs", content=gzip.compress(json.dumps(make_envelope()).encode()),
+                  headers={"content-type": "application/json", "content-encoding": "gzip"})
+    err = assert_error_shape(r, 415)
+    assert err["fields"] == [{"path": "content-encoding", "reason": "unsupported encoding"}]
+    assert err["message"] == "content encoding 'gzip' is not supported; send the body uncompressed"
+
+
+def test_many_unknown_fields_are_named_a_few_and_counted(http: httpx.Client) -> None:
+    body = {**make_envelope(), **{f"x{i}": i for i in range(1000)}}
+    err = assert_error_shape(http.post("/v1/outputs", json=body), 422)
+    known = err["fields"][0]["reason"]
+    assert err["fields"] == [{"path": f"x{i}", "reason": known} for i in range(5)] + [
+        {"path": "", "reason": "995 more unknown envelope fields"}]
+
+
+def test_a_provider_response_over_the_request_limit_is_refused_whole(tmp_path: Path) -> None:
+    db = tmp_path / "p.duckdb"
+    svc = start_service(db, env={"SHAPEWATCH_WRITER_QUEUE_EVENTS": "10"})
+    try:
+        truncated = json.loads((FIXTURES / "openai_chat_truncated.json").read_text())
+        many = {**truncated, "choices": [{**truncated["choices"][0], "index": i} for i in range(11)]}
+        with svc.client() as c:
+            r = c.post("/v1/provider/openai", params={"prompt_version": "p"}, json=many)
+            err = assert_error_shape(r, 413)
+            assert err["message"] == "the request holds 11 events; send at most 10 per request"
+            ten = {**many, "choices": many["choices"][:10]}
+            r = c.post("/v1/provider/openai", params={"prompt_version": "p"}, json=ten)
+            assert r.status_code == 200, r.text
+            assert [o["counted"] for o in r.json()["outcomes"]] == [True] * 10
+            again = c.post("/v1/provider/openai", params={"prompt_version": "p"}, json=ten)
+            assert [o["counted"] for o in again.json()["outcomes"]] == [False] * 10  # counted the first time
+    finally:
+        svc.stop()
+
+
+def test_outcomes_whose_model_cannot_name_a_cohort_are_listed_not_counted(http: httpx.Client) -> None:
+    truncated = json.loads((FIXTURES / "openai_chat_truncated.json").read_text())
+    body = {**truncated, "id": "chatcmpl-long-model", "model": "m" * 300,
+            "choices": [{**truncated["choices"][0], "index": i} for i in range(3)]}
+    r = http.post("/v1/provider/openai", params={"prompt_version": "long-model"}, json=body)
+    assert r.status_code == 200, r.text
+    assert [(o["kind"], o["counted"]) for o in r.json()["outcomes"]] == [("truncated", False)] * 3

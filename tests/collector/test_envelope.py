@@ -920,22 +920,22 @@ def _docs() -> st.SearchStrategy[Any]:
                                                         st.dictionaries(keys, inner, max_size=4)), max_leaves=20)
 
 
-def _leaf_paths(v: Any, path: str) -> list[str]:
-    """The paths of the scalars and empty containers of ``v``."""
+def _leaf_paths(v: Any, at: tuple[str | int, ...] = ()) -> list[tuple[str | int, ...]]:
+    """Where the scalars and empty containers of ``v`` are, as keys and indexes."""
     if isinstance(v, dict) and v:
-        return [p for k, x in v.items() for p in _leaf_paths(x, path + "." + k)]
+        return [p for k, x in v.items() for p in _leaf_paths(x, (*at, k))]
     if isinstance(v, list) and v:
-        return [p for i, x in enumerate(v) for p in _leaf_paths(x, f"{path}[{i}]")]
-    return [path]
+        return [p for i, x in enumerate(v) for p in _leaf_paths(x, (*at, i))]
+    return [at]
 
 
-def _with_leaf(v: Any, path: str, at: str) -> Any:
-    if at == path:
+def _with_leaf(v: Any, where: tuple[str | int, ...], at: tuple[str | int, ...] = ()) -> Any:
+    if at == where:
         return _LEAF
     if isinstance(v, dict) and v:
-        return {k: _with_leaf(x, path, at + "." + k) for k, x in v.items()}
+        return {k: _with_leaf(x, where, (*at, k)) for k, x in v.items()}
     if isinstance(v, list) and v:
-        return [_with_leaf(x, path, f"{at}[{i}]") for i, x in enumerate(v)]
+        return [_with_leaf(x, where, (*at, i)) for i, x in enumerate(v)]
     return v
 
 
@@ -945,9 +945,10 @@ def _with_leaf(v: Any, path: str, at: str) -> Any:
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
 def test_text_that_is_not_json_is_located_at_the_leaf_that_breaks_it(
         doc: dict[str, Any], pick: int, literal: str, ascii_only: bool, spaced: bool) -> None:
-    paths = _leaf_paths(doc, "output")
-    path = paths[pick % len(paths)]
-    text = json.dumps({"output": _with_leaf(doc, path, "output")}, ensure_ascii=ascii_only,
+    leaves = _leaf_paths(doc)
+    where = leaves[pick % len(leaves)]
+    path = "output" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in where)
+    text = json.dumps({"output": _with_leaf(doc, where)}, ensure_ascii=ascii_only,
                       separators=(", ", ": ") if spaced else (",", ":"))
     leaf = json.dumps(_LEAF, ensure_ascii=ascii_only)
     assert text.count(leaf) == 1
