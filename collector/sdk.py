@@ -5,7 +5,7 @@ envelope, encodes it once (later changes to the caller's dict are not seen),
 appends it to a bounded in-memory buffer and returns the event id; it never
 raises and never waits on the network. A daemon thread batches envelopes and
 posts them to ``POST {url}/v1/outputs``. Transient failures (network errors,
-timeouts, 408, 429, 5xx) are retried with capped exponential backoff and the
+timeouts, 429, 5xx) are retried with capped exponential backoff and the
 *same* ``event_id``: the id names the intent, not the attempt, so the service
 stores and counts a retried event once.
 
@@ -60,6 +60,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, BinaryIO, Final, Literal
 
+import httpcore  # noqa: F401  imported now, not by the sender thread: see _run
 import httpx
 import orjson
 
@@ -135,6 +136,24 @@ def _non_finite(value: Any, path: str) -> str | None:
             else:
                 stack.extend((f"{where}[{i}]", x) for i, x in reversed(list(enumerate(v))))
     return None
+
+
+def _append(fd: int, data: bytes) -> None:
+    """Append ``data`` to a spill file whole, or not at all: on a failed write (a full disk)
+    the file is cut back to where it ended. Written to the descriptor, not through the
+    buffered handle, which would keep the bytes it failed to write and raise again at its
+    next seek or close (the sender's, or close()'s)."""
+    end = os.fstat(fd).st_size
+    view = memoryview(data)
+    try:
+        while view:
+            view = view[os.write(fd, view):]
+    except OSError:
+        try:
+            os.ftruncate(fd, end)
+        except OSError:
+            pass
+        raise
 
 
 def _format_ts(ts: datetime | str | None) -> str:
@@ -221,6 +240,17 @@ class _Reply:
 
 
 _live_clients: weakref.WeakSet[Client] = weakref.WeakSet()
+
+
+def _close_at_process_exit(client: Client) -> None:
+    """In a multiprocessing child, close ``client`` when the child ends too: it ends with
+    os._exit, which skips atexit, so events recorded there were lost. (Registered on the
+    child's first use: multiprocessing clears its finalizers when the child starts.)"""
+    import multiprocessing
+    import multiprocessing.util
+
+    if multiprocessing.parent_process() is not None:
+        multiprocessing.util.Finalize(client, client._close_at_exit, exitpriority=10)
 
 
 def _reinit_clients_after_fork() -> None:
@@ -338,6 +368,7 @@ class Client:
         url_key = hashlib.sha256(self._url.encode()).hexdigest()[:12]
         self._spill_prefix = f"shapewatch-{url_key}-"
 
+        self._ssl = httpx.create_ssl_context()  # here, not on the sender thread: see _run
         self._init_state()
         with self._lock:
             # Synchronously, so that a flush() right after construction also
@@ -372,6 +403,7 @@ class Client:
         self._closing = False
         self._stopping = False
         self._closed = False  # everything undelivered has been evacuated to disk
+        self._forked = False  # in a forked child, until its first use (_start_thread)
         self._left_behind = False
         self._spill_warned = False
         # Touched by the sender thread only.
@@ -515,9 +547,11 @@ class Client:
                 # (the service counts the second copy as a duplicate).
                 thread.join(max(deadline - time.monotonic(), 0.05))
             with self._lock:
-                self._evacuate()
-                self._closed = True
-                self._settled.notify_all()
+                try:
+                    self._evacuate()
+                finally:  # closed whatever the disk did: close() never raises into the caller
+                    self._closed = True
+                    self._settled.notify_all()
             atexit.unregister(self._close_at_exit)
 
     def __enter__(self) -> Client:
@@ -594,13 +628,12 @@ class Client:
             if self._active is None:
                 self._active = self._new_spill_file()
             active = self._active
-            active.fh.write(b"".join(line + b"\n" for line in lines))
-            active.fh.flush()
+            _append(active.fh.fileno(), b"".join(line + b"\n" for line in lines))
         except OSError as exc:
             self._stats["dropped"] += len(lines)
             if self._active is not None:
-                # Possibly half-written: stop appending to it; what is whole
-                # in it is still sent.
+                # Stop appending to it; the lines before this write are whole
+                # and still sent.
                 self._seal_active()
             return exc
         active.lines += len(lines)
@@ -614,7 +647,7 @@ class Client:
         try:
             spill = self._new_spill_file()
             try:
-                spill.fh.write(line + b"\n")
+                _append(spill.fh.fileno(), line + b"\n")
             finally:
                 spill.fh.close()
         except OSError as exc:
@@ -794,7 +827,10 @@ class Client:
                 self._finish_file(spill)
             else:
                 left += 1
-                spill.fh.close()  # releases the lock: the next client takes it
+                try:
+                    spill.fh.close()  # releases the lock: the next client takes it
+                except OSError:
+                    pass
         self._files.clear()
         if left:
             self._left_behind = True
@@ -808,6 +844,9 @@ class Client:
     # ------------------------------------------------------------- sending
 
     def _start_thread(self) -> None:
+        if self._forked and not self._closing and not self._closed:
+            self._forked = False
+            _close_at_process_exit(self)
         if self._thread is None and not self._closing and not self._closed:
             self._thread = threading.Thread(
                 target=self._run, name="shapewatch-sender", daemon=True
@@ -815,26 +854,35 @@ class Client:
             self._thread.start()
 
     def _run(self) -> None:
-        http = httpx.Client(
-            timeout=self._timeout, headers=self._headers, follow_redirects=False
-        )
+        http: httpx.Client | None = None
         try:
             while True:
-                batch = self._next_batch()
-                if batch is None:
-                    return
                 try:
+                    # Built here, retried on failure (no file descriptor left, say). What
+                    # it would otherwise make on this thread is made by the constructor, on
+                    # the caller's: httpcore (imported with this module) and the TLS context.
+                    # A fork landing while this thread made either left the child's sender
+                    # stuck for good (a half-imported module, OpenSSL's lock held).
+                    if http is None:
+                        http = httpx.Client(
+                            timeout=self._timeout, headers=self._headers, follow_redirects=False,
+                            verify=self._ssl,
+                        )
+                    batch = self._next_batch()
+                    if batch is None:
+                        return
                     self._deliver(http, batch)
                 except Exception:
-                    # A bug must not kill the sender; the batch stays in
-                    # flight and is tried again.
+                    # Nothing may kill the sender (a spill file it cannot read, a
+                    # bug); a batch in flight stays there and is tried again.
                     logger.exception("shapewatch: unexpected error in the sender")
                     if self._stop.wait(self._max_backoff):
                         return
         except BaseException:  # pragma: no cover - keep the thread quiet
             logger.exception("shapewatch: sender thread stopped")
         finally:
-            http.close()
+            if http is not None:
+                http.close()
 
     def _next_batch(self) -> _Batch | None:
         with self._lock:
@@ -1088,4 +1136,5 @@ class Client:
                 pass
         self._init_state()
         self._closed = closed
+        self._forked = True  # see _close_at_process_exit
         # The sender starts on the child's first record() or flush().

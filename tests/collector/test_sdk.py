@@ -10,6 +10,9 @@ from __future__ import annotations
 import logging
 import math
 import os
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 import uuid
@@ -24,6 +27,7 @@ from typing import Any
 
 import orjson
 import pytest
+from harness import ROOT
 
 from collector import sdk
 from collector.sdk import Client
@@ -780,3 +784,85 @@ def test_constructor_rejects_bad_settings(spill_dir: Path) -> None:
         Client("http://127.0.0.1:1", batch_size=0, spill_dir=spill_dir)
     with pytest.raises(ValueError, match="max_attempts"):
         Client("http://127.0.0.1:1", max_attempts=0, spill_dir=spill_dir)
+
+
+def _run_child(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def test_a_full_disk_while_spilling_loses_only_what_it_counts_and_never_raises(
+        receiver: Receiver, spill_dir: Path) -> None:
+    # The disk is "full" past 3,000 bytes per file (RLIMIT_FSIZE, in a process of its own);
+    # the service is down, so every event goes to disk.
+    receiver.stop()
+    child = _run_child(f"""
+        import json, resource
+        from collector import Client
+        resource.setrlimit(resource.RLIMIT_FSIZE, (3000, resource.RLIM_INFINITY))
+        c = Client({receiver.url!r}, spill_dir={str(spill_dir)!r}, max_buffer=5, batch_size=5,
+                   flush_interval=0.05, max_backoff=0.1)
+        ids = [c.record({{"i": i, "pad": "x" * 100}}, model="m", prompt_version="p") for i in range(60)]
+        c.close(timeout=1)  # must not raise
+        print(json.dumps({{"ids": ids, "stats": c.stats}}))
+    """)
+    assert child.returncode == 0, child.stderr
+    out = orjson.loads(child.stdout)
+    stats = out["stats"]
+    assert stats["dropped"] > 0 and stats["spilled"] + stats["dropped"] == 60, stats
+    lines = [line for f in spill_dir.iterdir() for line in f.read_bytes().splitlines()]
+    assert all(isinstance(orjson.loads(line), dict) for line in lines)  # whole lines only, none cut
+    on_disk = [orjson.loads(line)["event_id"] for line in lines]
+    assert len(on_disk) == len(set(on_disk)) == stats["spilled"]
+    receiver.start()
+    with Client(receiver.url, spill_dir=spill_dir) as later:  # room again: the next client sends them
+        assert later.flush(10)
+    assert sorted(receiver.accepted_ids) == sorted(on_disk)
+    assert set(on_disk) <= set(out["ids"])
+
+
+def test_a_worker_forked_right_after_the_client_was_made_sends(receiver: Receiver, spill_dir: Path) -> None:
+    # gunicorn --preload: the client is made in the master, workers are forked at once. A fork
+    # while the sender thread made its TLS context (or imported httpcore) left the worker's
+    # sender stuck or dead.
+    child = _run_child(f"""
+        import os, time
+        from collector import Client
+        c = Client({receiver.url!r}, spill_dir={str(spill_dir)!r}, flush_interval=0.05)
+        pids = []
+        for w in range(6):
+            time.sleep(0.005 * w)
+            pid = os.fork()
+            if pid == 0:
+                c.record({{"worker": w}}, model="m", prompt_version="p")
+                os._exit(0 if c.flush(timeout=10) else 1)
+            pids.append(pid)
+        print([os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) for p in pids])
+        c.close()
+    """)
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.strip() == "[0, 0, 0, 0, 0, 0]", child.stderr
+    assert len(receiver.accepted_ids) == 6
+
+
+def test_events_recorded_in_a_multiprocessing_child_are_sent_at_its_end(receiver: Receiver,
+                                                                       spill_dir: Path) -> None:
+    # A multiprocessing child ends with os._exit: atexit never runs there.
+    child = _run_child(f"""
+        import multiprocessing, time
+        from collector import Client
+        c = Client({receiver.url!r}, spill_dir={str(spill_dir)!r}, flush_interval=30)
+
+        def work() -> None:
+            for i in range(20):
+                c.record({{"i": i}}, model="m", prompt_version="p")
+
+        p = multiprocessing.get_context("fork").Process(target=work)
+        p.start()
+        p.join(60)
+        print(p.exitcode)
+        c.close()
+    """)
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.strip() == "0"
+    assert len(receiver.accepted_ids) == 20
