@@ -15,8 +15,9 @@ import hmac
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from concurrent.futures import Future
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -52,6 +53,12 @@ _JSON_TYPES = ("application/json",)
 _NDJSON_TYPES = ("application/x-ndjson", "application/jsonl", "application/x-jsonlines", "application/ndjson")
 # The longest event_id the provider route takes: 128 (the envelope's limit) less ":<position>".
 _PROVIDER_EVENT_ID = 120
+# Request bodies held at once, in max_body_bytes: beyond, 503 with Retry-After.
+_BODIES_PER_SERVICE = 8
+# A body's bytes must keep coming: 408 after this long without any, or when the whole body
+# has not arrived this long after the request began (a slow drip holds a connection too).
+_BODY_IDLE_S = 30.0
+_BODY_TOTAL_S = 300.0
 
 
 class ApiError(ShapewatchError):
@@ -276,20 +283,56 @@ class CollectorApi:
         # More events than the writer's whole queue can never be taken (BatchTooLarge, 413):
         # refuse them before validating each one, whatever they hold.
         self.max_request_events = max_request_events or writer._max_queued
+        # Bytes of request bodies held now, by requests reading or handling them (on the event
+        # loop only: no lock). Each body is bounded by max_body_bytes, their sum by this: 150
+        # clients each sending 16 MB took the service from 260 MB to 2.6 GB of RSS.
+        self.max_bodies_bytes = _BODIES_PER_SERVICE * max_body_bytes
+        self._bodies_bytes = 0
 
-    async def _read_body(self, request: Request) -> bytes:
+    @asynccontextmanager
+    async def _body(self, request: Request) -> AsyncIterator[bytes]:
+        """The request's body, counted against max_bodies_bytes until the request is done."""
+        held = [0]
+        try:
+            yield await self._read_body(request, held)
+        finally:
+            self._bodies_bytes -= held[0]
+
+    def _hold(self, n: int, held: list[int]) -> None:
+        if self._bodies_bytes + n > self.max_bodies_bytes:
+            raise ApiError(503, f"the service is receiving {self._bodies_bytes} bytes of request bodies, "
+                           f"its limit ({self.max_bodies_bytes}); retry shortly",
+                           [FieldError("body", "too many bodies at once", "busy")], {"Retry-After": "1"})
+        self._bodies_bytes += n
+        held[0] += n
+
+    async def _read_body(self, request: Request, held: list[int]) -> bytes:
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
             raise ApiError(413, f"body is {declared} bytes; the limit is {self.max_body_bytes}",
                            [FieldError("body", "too large", "body_too_large")])
         chunks: list[bytes] = []
         size = 0
+        stream = request.stream().__aiter__()
+        deadline = time.monotonic() + _BODY_TOTAL_S
         try:
-            async for chunk in request.stream():
+            while True:
+                # A client that stops sending (or drips a byte at a time) must not hold a
+                # connection and its bytes for ever: 408 after a pause, or past the deadline.
+                wait = min(_BODY_IDLE_S, deadline - time.monotonic())
+                try:
+                    chunk = await asyncio.wait_for(stream.__anext__(), max(wait, 0.001))
+                except StopAsyncIteration:
+                    break
+                except TimeoutError:
+                    raise ApiError(408, f"the body did not arrive in time (no data for {_BODY_IDLE_S:.0f} s, "
+                                   f"or not all of it within {_BODY_TOTAL_S:.0f} s)",
+                                   [FieldError("body", "too slow", "body_timeout")]) from None
                 size += len(chunk)
                 if size > self.max_body_bytes:  # no or false Content-Length: stop reading at the limit
                     raise ApiError(413, f"body exceeds the limit of {self.max_body_bytes} bytes",
                                    [FieldError("body", "too large", "body_too_large")])
+                self._hold(len(chunk), held)
                 chunks.append(chunk)
         except ClientDisconnect:  # nobody to answer, nothing stored: not an error of the service
             raise ApiError(400, "the client closed the connection before sending the whole body",
@@ -379,27 +422,27 @@ class CollectorApi:
         async def post_outputs(request: Request) -> Response:
             t0 = time.perf_counter()
             ndjson = self._content_kind(request)
-            body = await self._read_body(request)
-            single = not ndjson and not body.lstrip().startswith(b"[")
-            def parse_and_submit() -> tuple[list[Envelope | EnvelopeInvalid], Future[list[WriteResult]] | None]:
-                items = list(parse_body(body, self.limits, ndjson=ndjson, max_items=self.max_request_events))
-                return items, self._submit(items)
+            async with self._body(request) as body:
+                single = not ndjson and not body.lstrip().startswith(b"[")
+                def parse_and_submit() -> tuple[list[Envelope | EnvelopeInvalid], Future[list[WriteResult]] | None]:
+                    items = list(parse_body(body, self.limits, ndjson=ndjson, max_items=self.max_request_events))
+                    return items, self._submit(items)
 
-            try:
-                # Parsing and preparing a large body take a while: off the event loop, so other
-                # requests (and /healthz) are not held up by them.
-                items, submitted = await asyncio.to_thread(parse_and_submit)
-            except EnvelopeInvalid as exc:
-                self.metrics.count_rejected({f.code for f in exc.fields})
-                raise ApiError(exc.status if exc.status != 422 or single else 400,
-                               "the body is not a valid envelope" if single else "the body is not valid JSON",
-                               exc.fields) from None
-            reply = await self._reply(items, submitted)
-            self.metrics.request_seconds.labels("outputs").observe(time.perf_counter() - t0)
-            if single and reply["rejected"]:
-                errs = [FieldError(e["path"], e["reason"]) for e in reply["results"][0]["errors"]]
-                raise ApiError(422, "the envelope was rejected", errs)
-            return _json(200, reply)
+                try:
+                    # Parsing and preparing a large body take a while: off the event loop, so other
+                    # requests (and /healthz) are not held up by them.
+                    items, submitted = await asyncio.to_thread(parse_and_submit)
+                except EnvelopeInvalid as exc:
+                    self.metrics.count_rejected({f.code for f in exc.fields})
+                    raise ApiError(exc.status if exc.status != 422 or single else 400,
+                                   "the body is not a valid envelope" if single else "the body is not valid JSON",
+                                   exc.fields) from None
+                reply = await self._reply(items, submitted)
+                self.metrics.request_seconds.labels("outputs").observe(time.perf_counter() - t0)
+                if single and reply["rejected"]:
+                    errs = [FieldError(e["path"], e["reason"]) for e in reply["results"][0]["errors"]]
+                    raise ApiError(422, "the envelope was rejected", errs)
+                return _json(200, reply)
 
         @router.post("/v1/provider/{provider}", summary="Ingest a raw provider response",
                      description="A raw OpenAI, Anthropic or Gemini response; query parameters "
@@ -435,60 +478,60 @@ class CollectorApi:
                                      "too_large")]
             if fields:
                 raise ApiError(422, "the query parameters are invalid", fields)
-            body = await self._read_body(request)
+            async with self._body(request) as body:
 
-            def adapt() -> tuple[list[Envelope | EnvelopeInvalid], list[ProviderOutcome], list[ProviderOutcome]]:
-                # Parsing and adapting a large response take a while: off the event loop.
-                try:
-                    raw = orjson.loads(body)
-                except orjson.JSONDecodeError as exc:
-                    raise ApiError(400, "the body is not valid JSON",
-                                   [FieldError("body", str(exc), "invalid_json")]) from None
-                try:
-                    adapted = adapt_response(prov, raw, prompt_version=prompt_version, model=model,
-                                             contract=contract, event_id=event_id, source=source,
-                                             contract_version=contract_version)
-                except AdapterError as exc:
-                    raise ApiError(422, f"not a {prov.value} response", [FieldError(exc.path, exc.reason)]) from None
-                many = len(adapted.envelopes) + len(adapted.outcomes)
-                if many > self.max_request_events:
-                    raise BatchTooLarge(many, self.max_request_events)
-                items: list[Envelope | EnvelopeInvalid] = []
-                for env in adapted.envelopes:
+                def adapt() -> tuple[list[Envelope | EnvelopeInvalid], list[ProviderOutcome], list[ProviderOutcome]]:
+                    # Parsing and adapting a large response take a while: off the event loop.
                     try:
-                        items.append(validate_envelope(env, self.limits, now=now))
-                    except EnvelopeInvalid as exc:
-                        items.append(exc)
-                # Tags are checked once per cohort, not per outcome: a response may hold thousands.
-                ok: dict[tuple[str, str, str], bool] = {}
-                for o in adapted.outcomes:
-                    tags = (o.model, o.prompt_version, o.contract)
-                    if tags not in ok:
-                        ok[tags] = _tags_valid(*tags, self.limits)
-                countable = [o for o in adapted.outcomes if ok[(o.model, o.prompt_version, o.contract)]]
-                return items, list(adapted.outcomes), countable
+                        raw = orjson.loads(body)
+                    except orjson.JSONDecodeError as exc:
+                        raise ApiError(400, "the body is not valid JSON",
+                                       [FieldError("body", str(exc), "invalid_json")]) from None
+                    try:
+                        adapted = adapt_response(prov, raw, prompt_version=prompt_version, model=model,
+                                                 contract=contract, event_id=event_id, source=source,
+                                                 contract_version=contract_version)
+                    except AdapterError as exc:
+                        raise ApiError(422, f"not a {prov.value} response", [FieldError(exc.path, exc.reason)]) from None
+                    many = len(adapted.envelopes) + len(adapted.outcomes)
+                    if many > self.max_request_events:
+                        raise BatchTooLarge(many, self.max_request_events)
+                    items: list[Envelope | EnvelopeInvalid] = []
+                    for env in adapted.envelopes:
+                        try:
+                            items.append(validate_envelope(env, self.limits, now=now))
+                        except EnvelopeInvalid as exc:
+                            items.append(exc)
+                    # Tags are checked once per cohort, not per outcome: a response may hold thousands.
+                    ok: dict[tuple[str, str, str], bool] = {}
+                    for o in adapted.outcomes:
+                        tags = (o.model, o.prompt_version, o.contract)
+                        if tags not in ok:
+                            ok[tags] = _tags_valid(*tags, self.limits)
+                    countable = [o for o in adapted.outcomes if ok[(o.model, o.prompt_version, o.contract)]]
+                    return items, list(adapted.outcomes), countable
 
-            now = datetime.now(UTC)
-            items, outcomes, countable = await asyncio.to_thread(adapt)
-            counted_ids: set[int] = set()
-            if countable:
-                # Keyed by response id and position: a re-posted response counts them once.
-                counted = await asyncio.to_thread(
-                    self.store.record_outcomes,
-                    [(o.model, o.prompt_version, o.contract, now, o.kind.value) for o in countable],
-                    keys=[o.key for o in countable], served=[_served_cohort(o, self.limits) for o in countable])
-                for o, new in zip(countable, counted, strict=True):
-                    if new:
-                        counted_ids.add(id(o))
-                        self.metrics.provider_outcomes.labels(prov.value, o.kind.value).inc()
-            # submit prepares the events and may wait for another request's turn: off the loop
-            reply = await self._reply(items, await asyncio.to_thread(self._submit, items))
-            # counted: whether this post counted the outcome (not when a post before it did, nor
-            # when its tags cannot name a cohort: a model name from the response over the limits)
-            reply["outcomes"] = [{"kind": o.kind.value, "contract": o.contract, "finish_reason": o.finish_reason,
-                                  "detail": o.detail, "counted": id(o) in counted_ids} for o in outcomes]
-            self.metrics.request_seconds.labels("provider").observe(time.perf_counter() - t0)
-            return _json(200, reply)
+                now = datetime.now(UTC)
+                items, outcomes, countable = await asyncio.to_thread(adapt)
+                counted_ids: set[int] = set()
+                if countable:
+                    # Keyed by response id and position: a re-posted response counts them once.
+                    counted = await asyncio.to_thread(
+                        self.store.record_outcomes,
+                        [(o.model, o.prompt_version, o.contract, now, o.kind.value) for o in countable],
+                        keys=[o.key for o in countable], served=[_served_cohort(o, self.limits) for o in countable])
+                    for o, new in zip(countable, counted, strict=True):
+                        if new:
+                            counted_ids.add(id(o))
+                            self.metrics.provider_outcomes.labels(prov.value, o.kind.value).inc()
+                # submit prepares the events and may wait for another request's turn: off the loop
+                reply = await self._reply(items, await asyncio.to_thread(self._submit, items))
+                # counted: whether this post counted the outcome (not when a post before it did, nor
+                # when its tags cannot name a cohort: a model name from the response over the limits)
+                reply["outcomes"] = [{"kind": o.kind.value, "contract": o.contract, "finish_reason": o.finish_reason,
+                                      "detail": o.detail, "counted": id(o) in counted_ids} for o in outcomes]
+                self.metrics.request_seconds.labels("provider").observe(time.perf_counter() - t0)
+                return _json(200, reply)
 
         return router
 

@@ -17,7 +17,7 @@ import socket
 import subprocess
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -767,3 +767,74 @@ def test_outcomes_whose_model_cannot_name_a_cohort_are_listed_not_counted(http: 
     r = http.post("/v1/provider/openai", params={"prompt_version": "long-model"}, json=body)
     assert r.status_code == 200, r.text
     assert [(o["kind"], o["counted"]) for o in r.json()["outcomes"]] == [("truncated", False)] * 3
+
+
+def _asgi_post(app: Any, parts: list[dict[str, Any]], hold: asyncio.Event | None = None,
+               length: int = 500) -> Coroutine[Any, Any, list[dict[str, Any]]]:
+    """POST /v1/outputs to the app in-process; ``parts`` are the body's receive messages, and
+    after them the client waits on ``hold`` (or for ever) without sending more."""
+    sent: list[dict[str, Any]] = []
+    queue = iter(parts)
+
+    async def receive() -> dict[str, Any]:
+        for part in queue:
+            return part
+        await (hold.wait() if hold is not None else asyncio.sleep(3600))
+        return {"type": "http.request", "body": b"]", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+             "scheme": "http", "path": "/v1/outputs", "raw_path": b"/v1/outputs", "query_string": b"",
+             "root_path": "", "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8000),
+             "headers": [(b"content-type", b"application/json"), (b"content-length", str(length).encode())]}
+
+    async def run() -> list[dict[str, Any]]:
+        await app(scope, receive, send)
+        return sent
+
+    return run()
+
+
+def test_a_body_that_stops_arriving_gets_408(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from analysis.service import create_app
+    from collector import load_settings
+
+    monkeypatch.setattr("collector.api._BODY_IDLE_S", 0.2)
+    app = create_app(load_settings({"db_path": str(tmp_path / "slow.duckdb")}, env={}), analyze=False)
+    try:
+        sent = asyncio.run(_asgi_post(app, [{"type": "http.request", "body": b"[", "more_body": True}]))
+    finally:
+        app.state.store.close()
+    assert sent[0]["status"] == 408
+    assert json.loads(sent[1]["body"])["error"]["fields"] == [{"path": "body", "reason": "too slow"}]
+
+
+def test_bodies_held_at_once_are_bounded_and_given_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from analysis.service import create_app
+    from collector import load_settings
+
+    monkeypatch.setattr("collector.api._BODIES_PER_SERVICE", 1)
+    settings = load_settings({"db_path": str(tmp_path / "busy.duckdb"), "max_body_bytes": 2048}, env={})
+    app = create_app(settings, analyze=False)
+
+    async def scenario() -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+        hold = asyncio.Event()
+        first = asyncio.create_task(_asgi_post(app, [{"type": "http.request", "body": b"[" + b" " * 1500,
+                                                      "more_body": True}], hold))
+        await asyncio.sleep(0.05)  # the first request holds 1,501 bytes of the 2,048 now
+        second = await _asgi_post(app, [{"type": "http.request", "body": b" " * 1000, "more_body": False}])
+        hold.set()
+        first_sent = await first  # "[ ... ]": an empty array, answered
+        third = await _asgi_post(app, [{"type": "http.request", "body": b"[" + b" " * 999, "more_body": True}],
+                                 hold)  # room again: this one is read whole
+        return first_sent, second, third
+
+    try:
+        first, second, third = asyncio.run(scenario())
+    finally:
+        app.state.store.close()
+    assert second[0]["status"] == 503 and (b"retry-after", b"1") in second[0]["headers"]
+    assert json.loads(second[1]["body"])["error"]["fields"] == [{"path": "body", "reason": "too many bodies at once"}]
+    assert first[0]["status"] == 200 and third[0]["status"] == 200
