@@ -77,6 +77,10 @@ _BACKOFF_BASE: Final = 0.25
 # Spill files left by processes that have since exited (or clients that
 # closed) are looked for at start-up and then this often.
 _ORPHAN_SCAN_INTERVAL: Final = 30.0
+# Files left by other clients that one client holds (open and locked) at a time, oldest
+# first; the next are claimed as these are delivered. Claiming all at once took a file
+# descriptor each: 3,000 left by short-lived processes exhausted the application's.
+_MAX_CLAIMED: Final = 8
 # An empty spill file this old whose owner is gone is debris from a crash
 # between creating and writing it.
 _EMPTY_SPILL_MAX_AGE: Final = 60.0
@@ -399,6 +403,7 @@ class Client:
         self._flushers = 0
         self._disk_turn = False
         self._next_scan = time.monotonic() + _ORPHAN_SCAN_INTERVAL
+        self._more_orphans = False  # a scan left files for later (_MAX_CLAIMED)
         self._thread: threading.Thread | None = None
         self._closing = False
         self._stopping = False
@@ -686,10 +691,21 @@ class Client:
         known = {spill.path for spill in self._files}
         if self._active is not None:
             known.add(self._active.path)
-        found: list[tuple[float, _SpillFile]] = []
+        room = _MAX_CLAIMED - sum(1 for spill in self._files if not spill.own)
+        self._more_orphans = False
+        aged: list[tuple[float, Path]] = []
         for path in candidates:
             if path in known:
                 continue
+            try:
+                aged.append((path.stat().st_mtime, path))
+            except OSError:
+                continue
+        found: list[tuple[float, _SpillFile]] = []
+        for _, path in sorted(aged):
+            if len(found) >= room:
+                self._more_orphans = True  # claimed as these are delivered (_finish_file)
+                break
             try:
                 fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
             except OSError:
@@ -733,6 +749,8 @@ class Client:
             )
         spill.fh.close()
         self._files.remove(spill)
+        if not spill.own and self._more_orphans:
+            self._next_scan = 0.0  # the next files left behind, at once
         self._settled.notify_all()
 
     def _read_spill_batch(self) -> _Batch | None:

@@ -7,6 +7,7 @@ an error status, drop the connection, hang, or go away entirely.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import os
@@ -866,3 +867,25 @@ def test_events_recorded_in_a_multiprocessing_child_are_sent_at_its_end(receiver
     assert child.returncode == 0, child.stderr
     assert child.stdout.strip() == "0"
     assert len(receiver.accepted_ids) == 20
+
+
+def test_files_left_by_many_clients_are_claimed_a_few_at_a_time_and_all_sent(
+        receiver: Receiver, spill_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sdk, "_MAX_CLAIMED", 4, raising=False)
+    key = hashlib.sha256(receiver.url.encode()).hexdigest()[:12]
+    spill_dir.mkdir(parents=True, exist_ok=True)
+    ids = [f"orphan-{n}" for n in range(20)]
+    for n, event_id in enumerate(ids):  # as 20 short-lived processes leave them
+        envelope = {"event_id": event_id, "ts": "2026-11-30T00:00:00+00:00", "model": "m", "prompt_version": "p",
+                    "contract": "default", "output": {"n": n}}
+        (spill_dir / f"shapewatch-{key}-{100000 + n}-deadbeef-000001.jsonl").write_bytes(orjson.dumps(envelope) + b"\n")
+    with Client(receiver.url, spill_dir=spill_dir, flush_interval=0.05) as client:
+        held = []
+        deadline = time.monotonic() + 20
+        while len(receiver.accepted_ids) < len(ids) and time.monotonic() < deadline:
+            with client._lock:
+                held.append(sum(1 for f in client._files if not f.own))
+            time.sleep(0.01)  # polling the receiver with a deadline
+    assert sorted(receiver.accepted_ids) == sorted(ids)
+    assert max(held) <= 4
+    assert list(spill_dir.iterdir()) == []
