@@ -18,6 +18,7 @@ is marked slow (run it with ``pytest -m slow tests/analysis/test_service_pager.p
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -213,3 +214,22 @@ def test_one_incident_per_fingerprint_across_retries_and_a_restart_then_resolved
         assert sorted(resolves, key=lambda b: b["dedup_key"]) == [
             {"routing_key": ROUTING_KEY, "event_action": "resolve", "dedup_key": fp} for fp in sorted(pages)]
         assert len(pager.requests) == 7  # 4 attempts + 1 for the two triggers, 2 resolves: nothing else
+
+
+def test_a_repeated_accept_failure_is_logged_once_a_minute_with_a_count() -> None:
+    from analysis.service import RepeatedLogLimit
+
+    now = [0.0]
+    limit = RepeatedLogLimit("socket.accept() out of system resource", every=60, clock=lambda: now[0])
+
+    def passes(msg: str) -> str | None:
+        record = logging.LogRecord("asyncio", logging.ERROR, __file__, 1, msg, None, None)
+        return record.getMessage() if limit.filter(record) else None
+
+    accept = "socket.accept() out of system resource"
+    assert passes(accept) == accept
+    assert [passes(accept) for _ in range(1000)] == [None] * 1000
+    assert passes("Task exception was never retrieved") == "Task exception was never retrieved"  # others pass
+    now[0] = 61.0
+    assert passes(accept) == f"{accept} (and 1000 more like it in the last 60 s)"
+    assert passes(accept) is None
