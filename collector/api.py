@@ -252,22 +252,24 @@ def _served_cohort(o: ProviderOutcome, limits: Limits) -> str | None:
     in the requested one)."""
     if o.served_model is None or o.served_model == o.model:
         return None
-    try:
-        validate_envelope({"model": o.served_model, "prompt_version": o.prompt_version, "contract": o.contract,
-                           "output": {}}, limits)
-    except EnvelopeInvalid:
-        return None
-    return o.served_model
+    return o.served_model if _tags_error(o.served_model, o.prompt_version, o.contract, limits) is None else None
 
 
-def _tags_valid(model: str, prompt_version: str, contract: str, limits: Limits) -> bool:
+def _tags_error(model: str, prompt_version: str, contract: str, limits: Limits) -> EnvelopeInvalid | None:
+    """Why these tags cannot name a cohort (the envelope's rules), or None."""
     try:
         validate_envelope({"model": model, "prompt_version": prompt_version, "contract": contract,
                            "output": {}}, limits)
     except EnvelopeInvalid as exc:
-        log.warning("provider outcomes with invalid tags are not counted: %s", str(exc)[:300])
-        return False
-    return True
+        return exc
+    return None
+
+
+def _tags_valid(model: str, prompt_version: str, contract: str, limits: Limits) -> bool:
+    error = _tags_error(model, prompt_version, contract, limits)
+    if error is not None:
+        log.warning("provider outcomes with invalid tags are not counted: %s", str(error)[:300])
+    return error is None
 
 
 class CollectorApi:
