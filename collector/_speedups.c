@@ -13,6 +13,9 @@
 #include <float.h>
 #include <stdint.h>
 #include <structmember.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 
 /* walk(obj, max_depth, max_array, max_key, max_leaves) -> (keys, leaves, huge) | None
  * None means: a limit is crossed or a value is of an unexpected kind; the Python
@@ -378,6 +381,16 @@ typedef struct {
 } nb_table;
 
 typedef struct {
+    char *key;
+    Py_ssize_t len, child;
+} kc_entry;
+
+struct kc_list {
+    kc_entry *e;
+    int n, cap, next;  /* next: where the last hit ended (keys come back in the same order) */
+};
+
+typedef struct {
     PyObject_HEAD
     PyObject *namer;
     PyObject *children;   /* list: parent id + 1 -> dict key -> int id */
@@ -395,9 +408,18 @@ typedef struct {
      * values and lengths they get no dict (and no boxed key or count). */
     nb_table *numbers;
     Py_ssize_t nnumbers;  /* bins over all slots */
+    /* add_json's cache of keys as written: parent id + 1 -> (key text, child id), so a key seen
+     * before costs a memcmp instead of a str and a dict lookup (children stays the truth). */
+    struct kc_list *kc;
+    Py_ssize_t kc_cap;
 } Acc;
 
 static void acc_dealloc(Acc *self) {
+    for (Py_ssize_t i = 0; i < self->kc_cap; i++) {
+        for (int j = 0; j < self->kc[i].n; j++) PyMem_Free(self->kc[i].e[j].key);
+        PyMem_Free(self->kc[i].e);
+    }
+    PyMem_Free(self->kc);
     Py_XDECREF(self->namer);
     Py_XDECREF(self->children);
     Py_XDECREF(self->values);
@@ -726,6 +748,322 @@ static PyObject *acc_add(Acc *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* --- counting from JSON text ------------------------------------------------------------ *
+ * add_json(text, group) counts one output given as JSON text, exactly as add(json.loads(text),
+ * group) would (a property test holds the two together): the same paths, in the same order of
+ * first appearance, the same counts, values, lengths and number bins. Bulk import and the
+ * service hand over the canonical output text scan_envelope made, so no output is parsed into
+ * Python objects at all. The text must be valid JSON (an object); it is not validated here. */
+
+typedef struct {
+    const unsigned char *p, *end;
+    char *tmp;            /* scratch for strings with escapes and number literals */
+    Py_ssize_t tmp_cap;
+} jtext;
+
+static int jt_room(jtext *t, Py_ssize_t n) {
+    if (n <= t->tmp_cap) return 0;
+    Py_ssize_t cap = n < 256 ? 256 : n * 2;
+    char *b = PyMem_Realloc(t->tmp, (size_t)cap);
+    if (!b) { PyErr_NoMemory(); return -1; }
+    t->tmp = b;
+    t->tmp_cap = cap;
+    return 0;
+}
+
+static inline void jt_ws(jtext *t) {
+    while (t->p < t->end && (*t->p == ' ' || *t->p == '\t' || *t->p == '\n' || *t->p == '\r')) t->p++;
+}
+
+static int jt_bad(const char *what) {
+    PyErr_Format(PyExc_ValueError, "add_json: %s", what);
+    return -1;
+}
+
+static int hexval(unsigned char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+/* The string at t->p (its opening quote) as a new str; *chars gets its length in code points. */
+static PyObject *jt_string(jtext *t, Py_ssize_t *chars) {
+    const unsigned char *s = ++t->p, *p = s;
+    int escaped = 0;
+    Py_ssize_t n = 0;
+    while (p < t->end && *p != '"') {
+        if (*p == '\\') { escaped = 1; p += 2; continue; }
+        if ((*p & 0xC0) != 0x80) n++;
+        p++;
+    }
+    if (p >= t->end) { jt_bad("unterminated string"); return NULL; }
+    t->p = p + 1;
+    if (!escaped) {
+        *chars = n;
+        return PyUnicode_DecodeUTF8((const char *)s, p - s, "strict");
+    }
+    if (jt_room(t, (p - s) + 4) < 0) return NULL;
+    char *o = t->tmp;
+    for (const unsigned char *q = s; q < p;) {
+        if (*q != '\\') { *o++ = (char)*q++; continue; }
+        q++;
+        switch (*q++) {
+        case '"': *o++ = '"'; break;
+        case '\\': *o++ = '\\'; break;
+        case '/': *o++ = '/'; break;
+        case 'b': *o++ = '\b'; break;
+        case 'f': *o++ = '\f'; break;
+        case 'n': *o++ = '\n'; break;
+        case 'r': *o++ = '\r'; break;
+        case 't': *o++ = '\t'; break;
+        case 'u': {
+            if (p - q < 4) { jt_bad("short \\u escape"); return NULL; }
+            uint32_t cp = 0;
+            for (int i = 0; i < 4; i++) {
+                int h = hexval(q[i]);
+                if (h < 0) { jt_bad("bad \\u escape"); return NULL; }
+                cp = cp * 16 + (uint32_t)h;
+            }
+            q += 4;
+            if (cp >= 0xD800 && cp <= 0xDBFF && p - q >= 6 && q[0] == '\\' && q[1] == 'u') {
+                uint32_t lo = 0;
+                int ok = 1;
+                for (int i = 0; i < 4; i++) {
+                    int h = hexval(q[2 + i]);
+                    if (h < 0) { ok = 0; break; }
+                    lo = lo * 16 + (uint32_t)h;
+                }
+                if (ok && lo >= 0xDC00 && lo <= 0xDFFF) {
+                    cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+                    q += 6;
+                }
+            }
+            if (cp >= 0xD800 && cp <= 0xDFFF) { jt_bad("lone surrogate"); return NULL; }
+            if (cp < 0x80) *o++ = (char)cp;
+            else if (cp < 0x800) { *o++ = (char)(0xC0 | (cp >> 6)); *o++ = (char)(0x80 | (cp & 0x3F)); }
+            else if (cp < 0x10000) {
+                *o++ = (char)(0xE0 | (cp >> 12)); *o++ = (char)(0x80 | ((cp >> 6) & 0x3F));
+                *o++ = (char)(0x80 | (cp & 0x3F));
+            } else {
+                *o++ = (char)(0xF0 | (cp >> 18)); *o++ = (char)(0x80 | ((cp >> 12) & 0x3F));
+                *o++ = (char)(0x80 | ((cp >> 6) & 0x3F)); *o++ = (char)(0x80 | (cp & 0x3F));
+            }
+            break;
+        }
+        default: jt_bad("bad escape"); return NULL;
+        }
+    }
+    PyObject *r = PyUnicode_DecodeUTF8(t->tmp, o - t->tmp, "strict");
+    if (r) *chars = PyUnicode_GET_LENGTH(r);
+    return r;
+}
+
+/* The bin code of the number at t->p, and whether it counts as an integer (as add() counts
+ * the int or float json.loads makes of it). */
+static int jt_number(jtext *t, int32_t *code, int *integer) {
+    const unsigned char *s = t->p, *p = s;
+    int frac = 0;
+    if (p < t->end && *p == '-') p++;
+    while (p < t->end && ((*p >= '0' && *p <= '9') || *p == '.' || *p == 'e' || *p == 'E' || *p == '+' || *p == '-')) {
+        if (*p == '.' || *p == 'e' || *p == 'E') frac = 1;
+        p++;
+    }
+    t->p = p;
+    Py_ssize_t len = p - s;
+    if (len == 0 || len > 4096) return jt_bad("bad number");
+    if (!frac) {
+        *integer = 1;
+        Py_ssize_t digits = len - (*s == '-');
+        if (digits <= 18) {
+            long long x = 0;
+            for (const unsigned char *q = s + (*s == '-'); q < p; q++) x = x * 10 + (*q - '0');
+            if (*s == '-') x = -x;
+            *code = (x >= -NB_EXACT && x <= NB_EXACT) ? (int32_t)x : nb_code_of_double((double)x);
+            return 0;
+        }
+        if (jt_room(t, len + 1) < 0) return -1;
+        memcpy(t->tmp, s, (size_t)len);
+        t->tmp[len] = 0;
+        PyObject *v = PyLong_FromString(t->tmp, NULL, 10);
+        if (!v) return -1;
+        int r = nb_code_of_long(v, code);
+        Py_DECREF(v);
+        return r;
+    }
+    if (jt_room(t, len + 1) < 0) return -1;
+    memcpy(t->tmp, s, (size_t)len);
+    t->tmp[len] = 0;
+    double d = PyOS_string_to_double(t->tmp, NULL, NULL);
+    if (d == -1.0 && PyErr_Occurred()) return -1;
+    *integer = d == floor(d);
+    *code = nb_code_of_double(d);
+    return 0;
+}
+
+static int jt_members(Acc *self, jtext *t, Py_ssize_t group, Py_ssize_t path);
+
+static int jt_value(Acc *self, jtext *t, Py_ssize_t group, Py_ssize_t path) {
+    Py_ssize_t slot = slot_of(self, group, path);
+    if (slot < 0) return -1;
+    long long *c = self->counts + slot * NCOUNT;
+    c[C_PRESENT]++;
+    jt_ws(t);
+    if (t->p >= t->end) return jt_bad("text ends early");
+    unsigned char ch = *t->p;
+    if (ch == 'n') { c[C_NULL]++; t->p += 4; return 0; }
+    if (ch == 't') { c[C_BOOLEAN]++; t->p += 4; return 0; }
+    if (ch == 'f') { c[C_BOOLEAN]++; t->p += 5; return 0; }
+    if (ch == '"') {
+        c[C_STRING]++;
+        Py_ssize_t chars;
+        PyObject *s = jt_string(t, &chars);
+        if (!s) return -1;
+        int r = 0;
+        if (chars <= self->max_value_length) r = bump(PyList_GET_ITEM(self->values, slot), s);
+        else c = self->counts + slot * NCOUNT, c[C_LONG]++;
+        Py_DECREF(s);
+        return r;
+    }
+    if (ch == '-' || (ch >= '0' && ch <= '9')) {
+        int32_t code;
+        int integer;
+        if (jt_number(t, &code, &integer) < 0) return -1;
+        c = self->counts + slot * NCOUNT;
+        c[integer ? C_INTEGER : C_NUMBER]++;
+        return nb_count(self, slot, code);
+    }
+    if (ch == '[') {
+        c[C_ARRAY]++;
+        t->p++;
+        Py_ssize_t n = 0, child = -1;
+        jt_ws(t);
+        if (t->p < t->end && *t->p == ']') {
+            t->p++;
+        } else {
+            for (;;) {
+                if (child < 0 && (child = items_id(self, path)) < 0) return -1;
+                if (jt_value(self, t, group, child) < 0) return -1;
+                n++;
+                jt_ws(t);
+                if (t->p < t->end && *t->p == ',') { t->p++; continue; }
+                if (t->p < t->end && *t->p == ']') { t->p++; break; }
+                return jt_bad("bad array");
+            }
+        }
+        PyObject *len = PyLong_FromSsize_t(n);
+        if (!len) return -1;
+        int r = bump(PyList_GET_ITEM(self->lengths, slot), len);
+        Py_DECREF(len);
+        return r;
+    }
+    if (ch == '{') {
+        c[C_OBJECT]++;
+        t->p++;
+        return jt_members(self, t, group, path);
+    }
+    return jt_bad("unexpected character");
+}
+
+static Py_ssize_t kc_find(Acc *self, Py_ssize_t parent, const unsigned char *key, Py_ssize_t len) {
+    if (parent + 1 >= self->kc_cap) return -1;
+    struct kc_list *l = &self->kc[parent + 1];
+    for (int j = 0, i = l->next; j < l->n; j++, i = i + 1 == l->n ? 0 : i + 1) {
+        kc_entry *e = &l->e[i];
+        if (e->len == len && memcmp(e->key, key, (size_t)len) == 0) {
+            l->next = i + 1 == l->n ? 0 : i + 1;
+            return e->child;
+        }
+    }
+    return -1;
+}
+
+static int kc_add(Acc *self, Py_ssize_t parent, const unsigned char *key, Py_ssize_t len, Py_ssize_t child) {
+    if (parent + 1 >= self->kc_cap) {
+        Py_ssize_t cap = (parent + 1) * 2 + 16;
+        struct kc_list *kc = PyMem_Realloc(self->kc, sizeof(struct kc_list) * (size_t)cap);
+        if (!kc) { PyErr_NoMemory(); return -1; }
+        memset(kc + self->kc_cap, 0, sizeof(struct kc_list) * (size_t)(cap - self->kc_cap));
+        self->kc = kc;
+        self->kc_cap = cap;
+    }
+    struct kc_list *l = &self->kc[parent + 1];
+    if (l->n >= 64) return 0; /* a wide object: its keys go through the dict alone */
+    if (l->n == l->cap) {
+        int cap = l->cap ? l->cap * 2 : 8;
+        kc_entry *e = PyMem_Realloc(l->e, sizeof(kc_entry) * (size_t)cap);
+        if (!e) { PyErr_NoMemory(); return -1; }
+        l->e = e;
+        l->cap = cap;
+    }
+    char *copy = PyMem_Malloc(len ? (size_t)len : 1);
+    if (!copy) { PyErr_NoMemory(); return -1; }
+    memcpy(copy, key, (size_t)len);
+    l->e[l->n++] = (kc_entry){copy, len, child};
+    return 0;
+}
+
+/* The members of an object whose '{' is read. */
+static int jt_members(Acc *self, jtext *t, Py_ssize_t group, Py_ssize_t path) {
+    jt_ws(t);
+    if (t->p < t->end && *t->p == '}') { t->p++; return 0; }
+    for (;;) {
+        jt_ws(t);
+        if (t->p >= t->end || *t->p != '"') return jt_bad("expected a key");
+        const unsigned char *key = t->p + 1, *q = key;
+        while (q < t->end && *q != '"') q += *q == '\\' ? 2 : 1;
+        if (q >= t->end) return jt_bad("unterminated string");
+        Py_ssize_t child = kc_find(self, path, key, q - key);
+        if (child >= 0) {
+            t->p = q + 1;
+        } else {
+            Py_ssize_t chars;
+            PyObject *k = jt_string(t, &chars);
+            if (!k) return -1;
+            child = child_id(self, path, k);
+            Py_DECREF(k);
+            if (child < 0 || kc_add(self, path, key, q - key, child) < 0) return -1;
+        }
+        jt_ws(t);
+        if (t->p >= t->end || *t->p != ':') return jt_bad("expected ':'");
+        t->p++;
+        if (jt_value(self, t, group, child) < 0) return -1;
+        jt_ws(t);
+        if (t->p < t->end && *t->p == ',') { t->p++; continue; }
+        if (t->p < t->end && *t->p == '}') { t->p++; return 0; }
+        return jt_bad("bad object");
+    }
+}
+
+static int acc_group(Acc *self, Py_ssize_t group) {
+    if (group < 0) { PyErr_SetString(PyExc_ValueError, "group must be >= 0"); return -1; }
+    if (self->namer == NULL) { PyErr_SetString(PyExc_RuntimeError, "Acc is not initialised"); return -1; }
+    if (ensure_root(self) < 0) return -1;
+    if (group >= self->ngroups) {
+        group_map *gs = PyMem_Realloc(self->groups, sizeof(group_map) * (group + 1));
+        if (!gs) { PyErr_NoMemory(); return -1; }
+        memset(gs + self->ngroups, 0, sizeof(group_map) * (group + 1 - self->ngroups));
+        self->groups = gs;
+        self->ngroups = group + 1;
+    }
+    return 0;
+}
+
+static PyObject *acc_add_json(Acc *self, PyObject *args) {
+    const char *text;
+    Py_ssize_t len, group;
+    if (!PyArg_ParseTuple(args, "s#n", &text, &len, &group)) return NULL;
+    if (acc_group(self, group) < 0) return NULL;
+    jtext t = {(const unsigned char *)text, (const unsigned char *)text + len, NULL, 0};
+    jt_ws(&t);
+    int r;
+    if (t.p >= t.end || *t.p != '{') r = jt_bad("an output is a JSON object");
+    else { t.p++; r = jt_members(self, &t, group, -1); }
+    PyMem_Free(t.tmp);
+    if (r < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
 /* counts() -> list of (group, path, present, null, boolean, integer, number, string, array, object, long) */
 static PyObject *acc_counts(Acc *self, PyObject *unused) {
     PyObject *out = PyList_New(self->nslots);
@@ -870,6 +1208,8 @@ static PyMethodDef acc_methods[] = {
     {"rows", (PyCFunction)acc_rows, METH_O,
      "rows(0|1|2) -> (slots, keys, counts) of values (0), lengths (1) or number bins (2, packed)."},
     {"add", (PyCFunction)acc_add, METH_VARARGS, "add(output: dict, group: int): count one output."},
+    {"add_json", (PyCFunction)acc_add_json, METH_VARARGS,
+     "add_json(text, group): count one output given as JSON text, as add(json.loads(text), group)."},
     {"value_rows", (PyCFunction)acc_value_rows, METH_NOARGS,
      "value_rows() -> (slots, offsets, data, counts): the values as packed Arrow buffers."},
     {"counts", (PyCFunction)acc_counts, METH_NOARGS, "Per slot: (group, path, nine counts); slot i is row i."},
@@ -949,11 +1289,492 @@ fail:
     return NULL;
 }
 
+/* ---------------------------------------------------------------------------------------
+ * scan_envelope: the whole envelope from its JSON text in one pass, for the common case.
+ *
+ * scan_envelope(raw, max_tag, max_depth, max_array, max_key, max_leaves) ->
+ *   (event_id, ts, model, prompt_version, contract, served_model, contract_version, source,
+ *    run_id, agent_release, finish_reason, output_text, payload_hash) | None
+ *
+ * It reads the text itself instead of orjson's objects, checks the same rules as
+ * check_envelope and walk, writes the output's canonical text (what orjson.dumps makes of
+ * the parsed output) and hashes it with the tags, as envelope._finish does. It answers
+ * only for text where all of that is plainly so, and None for anything else: unknown or
+ * repeated fields, attributes, escapes other than \" \\ \b \f \n \r \t (none at all in the
+ * tags), numbers whose canonical form it cannot tell without formatting a double (an
+ * exponent, more than 15 significant digits, a trailing zero, under 1e-4, an integer of
+ * more than 18 digits), a limit crossed, text that is not JSON or not UTF-8. None sends the
+ * text to the reference path (orjson and envelope.validate_envelope), which then accepts
+ * it or names the fault; a property test holds the two paths to the same envelopes.
+ * ------------------------------------------------------------------------------------- */
+
+/* BLAKE2b (RFC 7693), as hashlib.blake2b(digest_size=16): no key, no salt. */
+static const uint64_t b2_iv[8] = {
+    0x6a09e667f3bcc908ULL, 0xbb67ae8584caa73bULL, 0x3c6ef372fe94f82bULL, 0xa54ff53a5f1d36f1ULL,
+    0x510e527fade682d1ULL, 0x9b05688c2b3e6c1fULL, 0x1f83d9abfb41bd6bULL, 0x5be0cd19137e2179ULL};
+static const uint8_t b2_sigma[12][16] = {
+    {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, {14, 10, 4, 8, 9, 15, 13, 6, 1, 12, 0, 2, 11, 7, 5, 3},
+    {11, 8, 12, 0, 5, 2, 15, 13, 10, 14, 3, 6, 7, 1, 9, 4}, {7, 9, 3, 1, 13, 12, 11, 14, 2, 6, 5, 10, 4, 0, 15, 8},
+    {9, 0, 5, 7, 2, 4, 10, 15, 14, 1, 11, 12, 6, 8, 3, 13}, {2, 12, 6, 10, 0, 11, 8, 3, 4, 13, 7, 5, 15, 14, 1, 9},
+    {12, 5, 1, 15, 14, 13, 4, 10, 0, 7, 6, 3, 9, 2, 8, 11}, {13, 11, 7, 14, 12, 1, 3, 9, 5, 0, 15, 4, 8, 6, 2, 10},
+    {6, 15, 14, 9, 11, 3, 0, 8, 12, 2, 13, 7, 1, 4, 10, 5}, {10, 2, 8, 4, 7, 6, 1, 5, 15, 11, 9, 14, 3, 12, 13, 0},
+    {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, {14, 10, 4, 8, 9, 15, 13, 6, 1, 12, 0, 2, 11, 7, 5, 3}};
+
+typedef struct {
+    uint8_t b[128];
+    uint64_t h[8], t[2];
+    size_t c;
+} b2_ctx;
+
+#define B2_ROTR(x, y) (((x) >> (y)) ^ ((x) << (64 - (y))))
+#define B2_G(a, b, c, d, x, y)                                   \
+    do {                                                         \
+        v[a] = v[a] + v[b] + (x); v[d] = B2_ROTR(v[d] ^ v[a], 32); \
+        v[c] = v[c] + v[d];       v[b] = B2_ROTR(v[b] ^ v[c], 24); \
+        v[a] = v[a] + v[b] + (y); v[d] = B2_ROTR(v[d] ^ v[a], 16); \
+        v[c] = v[c] + v[d];       v[b] = B2_ROTR(v[b] ^ v[c], 63); \
+    } while (0)
+
+static void b2_compress(b2_ctx *ctx, int last) {
+    uint64_t v[16], m[16];
+    for (int i = 0; i < 8; i++) { v[i] = ctx->h[i]; v[i + 8] = b2_iv[i]; }
+    v[12] ^= ctx->t[0];
+    v[13] ^= ctx->t[1];
+    if (last) v[14] = ~v[14];
+    for (int i = 0; i < 16; i++) {
+        const uint8_t *p = ctx->b + 8 * i;
+        m[i] = (uint64_t)p[0] | ((uint64_t)p[1] << 8) | ((uint64_t)p[2] << 16) | ((uint64_t)p[3] << 24) |
+               ((uint64_t)p[4] << 32) | ((uint64_t)p[5] << 40) | ((uint64_t)p[6] << 48) | ((uint64_t)p[7] << 56);
+    }
+    /* the rounds unrolled, so every message index is a constant (twice as fast as a loop) */
+#define B2_ROUND(r)                                                   \
+    do {                                                              \
+        B2_G(0, 4, 8, 12, m[b2_sigma[r][0]], m[b2_sigma[r][1]]);      \
+        B2_G(1, 5, 9, 13, m[b2_sigma[r][2]], m[b2_sigma[r][3]]);      \
+        B2_G(2, 6, 10, 14, m[b2_sigma[r][4]], m[b2_sigma[r][5]]);     \
+        B2_G(3, 7, 11, 15, m[b2_sigma[r][6]], m[b2_sigma[r][7]]);     \
+        B2_G(0, 5, 10, 15, m[b2_sigma[r][8]], m[b2_sigma[r][9]]);     \
+        B2_G(1, 6, 11, 12, m[b2_sigma[r][10]], m[b2_sigma[r][11]]);   \
+        B2_G(2, 7, 8, 13, m[b2_sigma[r][12]], m[b2_sigma[r][13]]);    \
+        B2_G(3, 4, 9, 14, m[b2_sigma[r][14]], m[b2_sigma[r][15]]);    \
+    } while (0)
+    B2_ROUND(0); B2_ROUND(1); B2_ROUND(2); B2_ROUND(3); B2_ROUND(4); B2_ROUND(5);
+    B2_ROUND(6); B2_ROUND(7); B2_ROUND(8); B2_ROUND(9); B2_ROUND(10); B2_ROUND(11);
+#undef B2_ROUND
+    for (int i = 0; i < 8; i++) ctx->h[i] ^= v[i] ^ v[i + 8];
+}
+
+static void b2_init(b2_ctx *ctx, size_t outlen) {
+    for (int i = 0; i < 8; i++) ctx->h[i] = b2_iv[i];
+    ctx->h[0] ^= 0x01010000ULL ^ (uint64_t)outlen;
+    ctx->t[0] = ctx->t[1] = 0;
+    ctx->c = 0;
+}
+
+static void b2_update(b2_ctx *ctx, const void *in, size_t n) {
+    const uint8_t *p = in;
+    while (n > 0) {
+        if (ctx->c == 128) {
+            ctx->t[0] += 128;
+            if (ctx->t[0] < 128) ctx->t[1]++;
+            b2_compress(ctx, 0);
+            ctx->c = 0;
+        }
+        size_t take = 128 - ctx->c;
+        if (take > n) take = n;
+        memcpy(ctx->b + ctx->c, p, take);
+        ctx->c += take;
+        p += take;
+        n -= take;
+    }
+}
+
+static void b2_final_hex(b2_ctx *ctx, size_t outlen, char *hex) {
+    static const char digits16[] = "0123456789abcdef";
+    ctx->t[0] += ctx->c;
+    if (ctx->t[0] < ctx->c) ctx->t[1]++;
+    memset(ctx->b + ctx->c, 0, 128 - ctx->c);
+    b2_compress(ctx, 1);
+    for (size_t i = 0; i < outlen; i++) {
+        uint8_t byte = (uint8_t)(ctx->h[i / 8] >> (8 * (i % 8)));
+        hex[2 * i] = digits16[byte >> 4];
+        hex[2 * i + 1] = digits16[byte & 15];
+    }
+}
+
+typedef struct {
+    const unsigned char *p, *end;
+    int ws;  /* white space was skipped inside the output: its canonical text must be compacted */
+    Py_ssize_t max_depth, max_array, max_key, max_leaves, leaves;
+} scan_t;
+
+#define SC_NO (-1)   /* not the plain case: the reference path decides */
+#define SC_ERR (-2)  /* an exception is set */
+
+/* Byte classes inside a string: 0 an ASCII character that stands for itself, 1 the closing
+ * quote, 2 a backslash, 3 a control character (not JSON), 4 the lead byte of a UTF-8 sequence. */
+static unsigned char sc_class[256];
+
+static void sc_init_classes(void) {
+    for (int c = 0; c < 256; c++) sc_class[c] = c < 0x20 ? 3 : c >= 0x80 ? 4 : 0;
+    sc_class['"'] = 1;
+    sc_class['\\'] = 2;
+}
+
+static inline int sc_ws(scan_t *s) {
+    const unsigned char *p0 = s->p;
+    while (s->p < s->end && (*s->p == ' ' || *s->p == '\t' || *s->p == '\n' || *s->p == '\r')) s->p++;
+    return s->p != p0;
+}
+
+/* The string at s->p (its opening quote): [*start, *stop) spans it with its quotes, *chars
+ * counts its code points. SC_NO for invalid UTF-8, a raw control character or an escape orjson
+ * would not write back the same (\/, \u); with allow_escapes 0, for any escape. */
+static int sc_string(scan_t *s, const unsigned char **start, const unsigned char **stop, Py_ssize_t *chars,
+                     int allow_escapes) {
+    const unsigned char *p = s->p + 1, *end = s->end;
+    Py_ssize_t n = 0;
+    for (;;) {
+        const unsigned char *q = p;
+#ifdef __SSE2__
+        /* 16 bytes at a time while none is a quote, a backslash, a control or non-ASCII byte */
+        const __m128i quote = _mm_set1_epi8('"'), backslash = _mm_set1_epi8('\\'), space = _mm_set1_epi8(0x20);
+        while (end - p >= 16) {
+            __m128i v = _mm_loadu_si128((const __m128i *)p);
+            /* signed: bytes >= 0x80 are negative, so "less than 0x20" catches them too */
+            __m128i special = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, backslash)),
+                                           _mm_cmplt_epi8(v, space));
+            int mask = _mm_movemask_epi8(special);
+            if (mask) { p += __builtin_ctz((unsigned)mask); break; }
+            p += 16;
+        }
+#endif
+        while (p < end && sc_class[*p] == 0) p++;
+        n += p - q;
+        if (p >= end) return SC_NO;
+        unsigned char c = *p;
+        switch (sc_class[c]) {
+        case 1:
+            *start = s->p;
+            *stop = p + 1;
+            *chars = n;
+            s->p = p + 1;
+            return 0;
+        case 2: {
+            if (!allow_escapes || p + 1 >= end) return SC_NO;
+            unsigned char e = p[1];
+            if (e != '"' && e != '\\' && e != 'b' && e != 'f' && e != 'n' && e != 'r' && e != 't') return SC_NO;
+            p += 2;
+            n++;
+            break;
+        }
+        case 3:
+            return SC_NO;
+        default: {
+            int more;
+            if (c >= 0xC2 && c <= 0xDF) more = 1;
+            else if (c >= 0xE0 && c <= 0xEF) more = 2;
+            else if (c >= 0xF0 && c <= 0xF4) more = 3;
+            else return SC_NO;
+            if (end - p <= more) return SC_NO;
+            unsigned char c1 = p[1];
+            if ((c == 0xE0 && c1 < 0xA0) || (c == 0xED && c1 > 0x9F) || (c == 0xF0 && c1 < 0x90) ||
+                (c == 0xF4 && c1 > 0x8F))
+                return SC_NO;
+            for (int i = 1; i <= more; i++)
+                if ((p[i] & 0xC0) != 0x80) return SC_NO;
+            p += more + 1;
+            n++;
+        }
+        }
+    }
+}
+
+/* A number literal in the form orjson writes back unchanged. */
+static int sc_number(scan_t *s) {
+    const unsigned char *p = s->p, *end = s->end;
+    int neg = 0;
+    if (p < end && *p == '-') { neg = 1; p++; }
+    const unsigned char *ip = p;
+    if (p < end && *p == '0') p++;
+    else if (p < end && *p >= '1' && *p <= '9') while (p < end && *p >= '0' && *p <= '9') p++;
+    else return SC_NO;
+    Py_ssize_t idig = p - ip;
+    if (p < end && (*p == 'e' || *p == 'E')) return SC_NO;
+    if (p < end && *p == '.') {
+        const unsigned char *fp = ++p;
+        while (p < end && *p >= '0' && *p <= '9') p++;
+        Py_ssize_t fdig = p - fp;
+        if (fdig == 0 || (p < end && (*p == 'e' || *p == 'E'))) return SC_NO;
+        if (fdig == 1 && fp[0] == '0') {          /* X.0: a whole float, written as such */
+            if (idig > 15) return SC_NO;
+        } else {
+            if (fp[fdig - 1] == '0') return SC_NO; /* 1.50 comes back as 1.5 */
+            Py_ssize_t sig;
+            if (idig == 1 && ip[0] == '0') {
+                Py_ssize_t lead = 0;
+                while (lead < fdig && fp[lead] == '0') lead++;
+                if (lead > 3) return SC_NO;          /* under 1e-4: repr turns to an exponent */
+                sig = fdig - lead;
+            } else {
+                sig = idig + fdig;
+            }
+            if (sig > 15) return SC_NO;              /* more digits than a double keeps */
+        }
+    } else {
+        if (idig > 18) return SC_NO;                 /* beyond any doubt of int64 */
+        if (neg && idig == 1 && ip[0] == '0') return SC_NO; /* -0 comes back as 0 */
+    }
+    if (p < end && !(*p == ',' || *p == '}' || *p == ']' || *p == ' ' || *p == '\t' || *p == '\n' || *p == '\r'))
+        return SC_NO;
+    s->p = p;
+    return 0;
+}
+
+static int sc_value(scan_t *s, Py_ssize_t depth);
+
+/* The object or array at s->p, at `depth` (the output itself is 1), as walk() checks it. */
+static int sc_container(scan_t *s, Py_ssize_t depth) {
+    if (depth > s->max_depth) return SC_NO;
+    int r;
+    if (*s->p == '{') {
+        /* keys of this object, to refuse a repeated one (raw spans: with only the escapes
+         * allowed, equal text is an equal key) */
+        const unsigned char *ks[64];
+        Py_ssize_t kl[64];
+        int nk = 0;
+        s->p++;
+        if (sc_ws(s)) s->ws = 1;
+        if (s->p < s->end && *s->p == '}') { s->p++; return 0; }
+        for (;;) {
+            if (sc_ws(s)) s->ws = 1;
+            if (s->p >= s->end || *s->p != '"') return SC_NO;
+            const unsigned char *a, *b;
+            Py_ssize_t chars;
+            if ((r = sc_string(s, &a, &b, &chars, 1)) < 0) return r;
+            if (chars > s->max_key || nk == 64) return SC_NO;
+            for (int i = 0; i < nk; i++)
+                if (kl[i] == b - a && memcmp(ks[i], a, (size_t)(b - a)) == 0) return SC_NO;
+            ks[nk] = a;
+            kl[nk++] = b - a;
+            if (sc_ws(s)) s->ws = 1;
+            if (s->p >= s->end || *s->p != ':') return SC_NO;
+            s->p++;
+            if ((r = sc_value(s, depth)) < 0) return r;
+            if (sc_ws(s)) s->ws = 1;
+            if (s->p < s->end && *s->p == ',') { s->p++; continue; }
+            if (s->p < s->end && *s->p == '}') { s->p++; break; }
+            return SC_NO;
+        }
+    } else {
+        Py_ssize_t n = 0;
+        s->p++;
+        if (sc_ws(s)) s->ws = 1;
+        if (s->p < s->end && *s->p == ']') { s->p++; return 0; }
+        for (;;) {
+            if (++n > s->max_array) return SC_NO;
+            if ((r = sc_value(s, depth)) < 0) return r;
+            if (sc_ws(s)) s->ws = 1;
+            if (s->p < s->end && *s->p == ',') { s->p++; continue; }
+            if (s->p < s->end && *s->p == ']') { s->p++; break; }
+            return SC_NO;
+        }
+    }
+    return s->leaves > s->max_leaves ? SC_NO : 0;
+}
+
+/* A member's value or an item, inside a container at `depth`. */
+static int sc_value(scan_t *s, Py_ssize_t depth) {
+    if (sc_ws(s)) s->ws = 1;
+    if (s->p >= s->end) return SC_NO;
+    unsigned char c = *s->p;
+    if (c == '{' || c == '[') return sc_container(s, depth + 1);
+    s->leaves++;
+    if (c == '"') {
+        const unsigned char *a, *b;
+        Py_ssize_t chars;
+        return sc_string(s, &a, &b, &chars, 1);
+    }
+    if (c == '-' || (c >= '0' && c <= '9')) return sc_number(s);
+    Py_ssize_t left = s->end - s->p;
+    if (c == 't' && left >= 4 && memcmp(s->p, "true", 4) == 0) { s->p += 4; return 0; }
+    if (c == 'f' && left >= 5 && memcmp(s->p, "false", 5) == 0) { s->p += 5; return 0; }
+    if (c == 'n' && left >= 4 && memcmp(s->p, "null", 4) == 0) { s->p += 4; return 0; }
+    return SC_NO;
+}
+
+/* The canonical text of a scanned output that had white space: the same without it (outside
+ * strings). `out` has room for n bytes; returns the length written. */
+static Py_ssize_t sc_compact(const unsigned char *p, Py_ssize_t n, char *out) {
+    Py_ssize_t o = 0;
+    int in_string = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned char c = p[i];
+        if (in_string) {
+            out[o++] = (char)c;
+            if (c == '\\') out[o++] = (char)p[++i];
+            else if (c == '"') in_string = 0;
+        } else if (c == '"') {
+            in_string = 1;
+            out[o++] = (char)c;
+        } else if (c != ' ' && c != '\t' && c != '\n' && c != '\r') {
+            out[o++] = (char)c;
+        }
+    }
+    return o;
+}
+
+static PyObject *py_scan_envelope(PyObject *self, PyObject *args) {
+    Py_buffer raw;
+    Py_ssize_t max_tag;
+    scan_t s = {0};
+    const unsigned char *out_start = NULL, *out_end = NULL;
+    char *compact = NULL;
+    if (!PyArg_ParseTuple(args, "y*nnnnn", &raw, &max_tag, &s.max_depth, &s.max_array, &s.max_key, &s.max_leaves))
+        return NULL;
+    s.p = raw.buf;
+    s.end = s.p + raw.len;
+    const unsigned char *span[NKEYS][2];  /* a tag's text between its quotes; NULL: absent or null */
+    int seen[NKEYS] = {0};
+    memset(span, 0, sizeof span);
+    PyObject *res = NULL, *val[NKEYS] = {0}, *ts = NULL;
+    int r = SC_NO;
+    sc_ws(&s);
+    if (s.p >= s.end || *s.p != '{') goto done;
+    s.p++;
+    sc_ws(&s);
+    if (s.p < s.end && *s.p == '}') goto done; /* no output */
+    for (;;) {
+        sc_ws(&s);
+        if (s.p >= s.end || *s.p != '"') goto done;
+        const unsigned char *a, *b;
+        Py_ssize_t chars;
+        if ((r = sc_string(&s, &a, &b, &chars, 0)) < 0) goto done;
+        int k = -1;
+        for (int i = 0; i < NKEYS; i++)
+            if ((size_t)(b - a - 2) == strlen(key_names[i]) && memcmp(a + 1, key_names[i], (size_t)(b - a - 2)) == 0) {
+                k = i;
+                break;
+            }
+        r = SC_NO;
+        if (k < 0 || k == K_ATTRIBUTES || seen[k]) goto done;
+        seen[k] = 1;
+        sc_ws(&s);
+        if (s.p >= s.end || *s.p != ':') goto done;
+        s.p++;
+        sc_ws(&s);
+        if (s.p >= s.end) goto done;
+        if (k == K_OUTPUT) {
+            if (*s.p != '{') goto done;
+            out_start = s.p;
+            if ((r = sc_container(&s, 1)) < 0) goto done;
+            out_end = s.p;
+        } else if (*s.p == '"') {
+            if ((r = sc_string(&s, &a, &b, &chars, 0)) < 0) goto done;
+            span[k][0] = a + 1;
+            span[k][1] = b - 1;
+        } else if (s.end - s.p >= 4 && memcmp(s.p, "null", 4) == 0) {
+            s.p += 4; /* as if absent (model and prompt_version are required: refused below) */
+        } else {
+            goto done;
+        }
+        r = SC_NO;
+        sc_ws(&s);
+        if (s.p < s.end && *s.p == ',') { s.p++; continue; }
+        if (s.p < s.end && *s.p == '}') { s.p++; break; }
+        goto done;
+    }
+    sc_ws(&s);
+    if (s.p != s.end || !seen[K_OUTPUT] || span[K_MODEL][0] == NULL || span[K_PROMPT_VERSION][0] == NULL) goto done;
+    for (int k = 0; k < NKEYS; k++) {
+        if (span[k][0] == NULL) continue;
+        val[k] = PyUnicode_DecodeUTF8((const char *)span[k][0], span[k][1] - span[k][0], "strict");
+        if (val[k] == NULL) { r = SC_ERR; goto done; }
+        if (k != K_EVENT_ID && k != K_TS && !good_tag(val[k], max_tag)) goto done;
+    }
+    if (val[K_SOURCE] != NULL) {
+        int known = 0;
+        for (size_t j = 0; j < sizeof sources / sizeof sources[0]; j++)
+            if (PyUnicode_CompareWithASCIIString(val[K_SOURCE], sources[j]) == 0) known = 1;
+        if (!known) goto done;
+    }
+    PyObject *id = val[K_EVENT_ID];
+    if (id != NULL) {
+        if (PyUnicode_GET_LENGTH(id) > 128) goto done;
+        int kind = PyUnicode_KIND(id), blank = 1;
+        const void *data = PyUnicode_DATA(id);
+        for (Py_ssize_t i = 0; i < PyUnicode_GET_LENGTH(id) && blank; i++)
+            if (!Py_UNICODE_ISSPACE(PyUnicode_READ(kind, data, i))) blank = 0;
+        if (blank) goto done;
+    }
+    if (val[K_TS] != NULL && (ts = parse_ts(val[K_TS])) == NULL) {
+        if (PyErr_Occurred()) r = SC_ERR;
+        goto done;
+    }
+    {
+        /* the payload hash: the output's text, then the tags as orjson.dumps writes the list
+         * [model, prompt_version, contract or "default", ts as given, source, attributes,
+         *  served_model, contract_version, run_id, agent_release, finish_reason] */
+        static const int order[] = {K_MODEL, K_PROMPT_VERSION, K_CONTRACT, K_TS, K_SOURCE, K_ATTRIBUTES,
+                                    K_SERVED_MODEL, K_CONTRACT_VERSION, K_RUN_ID, K_AGENT_RELEASE, K_FINISH_REASON};
+        const char *text_at = (const char *)out_start;
+        Py_ssize_t text_len = out_end - out_start;
+        if (s.ws) {  /* written with white space: the canonical text is the same without it */
+            if ((compact = PyMem_Malloc((size_t)text_len)) == NULL) { PyErr_NoMemory(); r = SC_ERR; goto done; }
+            text_len = sc_compact(out_start, text_len, compact);
+            text_at = compact;
+        }
+        b2_ctx h;
+        char hex[32];
+        b2_init(&h, 16);
+        b2_update(&h, text_at, (size_t)text_len);
+        for (size_t j = 0; j < sizeof order / sizeof order[0]; j++) {
+            int k = order[j];
+            b2_update(&h, j ? "," : "[", 1);
+            if (span[k][0] != NULL) {
+                b2_update(&h, "\"", 1);
+                b2_update(&h, span[k][0], (size_t)(span[k][1] - span[k][0]));
+                b2_update(&h, "\"", 1);
+            } else if (k == K_CONTRACT) {
+                b2_update(&h, "\"default\"", 9);
+            } else {
+                b2_update(&h, "null", 4);
+            }
+        }
+        b2_update(&h, "]", 1);
+        b2_final_hex(&h, 16, hex);
+        PyObject *text = PyUnicode_DecodeUTF8(text_at, text_len, "strict");
+        PyObject *digest = PyUnicode_FromStringAndSize(hex, 32);
+#define OR_NONE(x) ((x) != NULL ? (x) : Py_None)
+        if (text && digest)
+            res = Py_BuildValue("(OOOOOOOOOOONN)", OR_NONE(id), OR_NONE(ts), val[K_MODEL], val[K_PROMPT_VERSION],
+                                OR_NONE(val[K_CONTRACT]), OR_NONE(val[K_SERVED_MODEL]),
+                                OR_NONE(val[K_CONTRACT_VERSION]), OR_NONE(val[K_SOURCE]), OR_NONE(val[K_RUN_ID]),
+                                OR_NONE(val[K_AGENT_RELEASE]), OR_NONE(val[K_FINISH_REASON]), text, digest);
+        else {
+            Py_XDECREF(text);
+            Py_XDECREF(digest);
+        }
+#undef OR_NONE
+        r = res ? 0 : SC_ERR;
+    }
+done:
+    for (int k = 0; k < NKEYS; k++) Py_XDECREF(val[k]);
+    Py_XDECREF(ts);
+    PyMem_Free(compact);
+    PyBuffer_Release(&raw);
+    if (r == SC_ERR) return NULL;
+    if (res == NULL) Py_RETURN_NONE;
+    return res;
+}
+
 static PyMethodDef methods[] = {
     {"walk", py_walk, METH_VARARGS, "Count keys and leaves of a parsed output within limits, or None."},
     {"count_keys", py_count_keys, METH_O, "Count the object keys in JSON text (strings followed by a colon)."},
     {"item_spans", py_item_spans, METH_O, "The [start, end) offsets of each item of a JSON array, or None."},
     {"check_envelope", py_check_envelope, METH_VARARGS, "The fields of an envelope that is plainly valid, or None."},
+    {"scan_envelope", py_scan_envelope, METH_VARARGS,
+     "The fields, canonical output text and payload hash of an envelope's JSON text when it is plainly valid, or None."},
     {"string_column", py_string_column, METH_VARARGS,
      "string_column(rows, index) -> (validity, offsets, data, nulls): a str-or-None item as Arrow buffers."},
     {NULL, NULL, 0, NULL},
@@ -964,6 +1785,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "collector._speedups"
 PyMODINIT_FUNC PyInit__speedups(void) {
     volatile double gamma = NB_GAMMA; /* volatile: computed by libm here, not folded at compile time */
     nb_log_gamma = log(gamma);
+    sc_init_classes();
     if (PyType_Ready(&AccType) < 0) return NULL;
     PyDateTime_IMPORT;
     if (PyDateTimeAPI == NULL) return NULL;

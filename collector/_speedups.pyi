@@ -13,9 +13,19 @@ def check_envelope(obj: Any, max_tag: int, max_depth: int, max_array: int, max_k
     str | None, datetime | None, str, str, str | None, str | None, str | None, str | None, str | None, str | None,
     str | None, dict[str, Any], int, int] | None: ...
 
+def scan_envelope(raw: bytes | memoryview, max_tag: int, max_depth: int, max_array: int, max_key: int,
+                  max_leaves: int, /) -> tuple[
+    str | None, datetime | None, str, str, str | None, str | None, str | None, str | None, str | None, str | None,
+    str | None, str, str] | None:
+    """(event_id, ts, model, prompt_version, contract, served_model, contract_version, source, run_id,
+    agent_release, finish_reason, canonical output text, payload hash) of an envelope's JSON text
+    that is plainly valid, or None: the reference path then decides."""
+
 class Acc:
     def __init__(self, namer: Any, max_value_length: int, /) -> None: ...
     def add(self, output: dict[str, Any], group: int, /) -> None: ...
+    def add_json(self, text: str | bytes, group: int, /) -> None:
+        """Count one output given as JSON text, as ``add(json.loads(text), group)`` would."""
     def counts(self) -> list[tuple[int, ...]]: ...
     def value_rows(self) -> tuple[bytes, bytes, bytes, bytes]:
         """Short string values: slots (int64), offsets (int32, rows + 1) and UTF-8 data of an

@@ -105,7 +105,8 @@ class Envelope(NamedTuple):
     finish_reason: str | None = None
     attributes_json: str | None = None
     #: the parsed output, kept while the event travels to the store (rollups count it
-    #: without parsing again); never stored as such
+    #: without parsing again); never stored as such. None when the C scanner read the
+    #: envelope: its output was never parsed, and rollups count ``output_json`` itself
     output: dict[str, Any] | None = None
 
 
@@ -565,6 +566,30 @@ def parse_envelope(raw: bytes, lim: Limits, *, now: datetime | None = None,
     if len(raw) > lim.max_event_bytes:
         raise EnvelopeInvalid([FieldError("", f"envelope is {len(raw)} bytes; the limit is {lim.max_event_bytes}", code="too_large")],
                               status=413)
+    # The common case in one pass of C over the text (no parsed output at all); anything it
+    # is not sure of goes the reference way, which accepts it or names the fault.
+    fast = _speedups.scan_envelope(raw, lim.max_tag_length, lim.max_depth, lim.max_array_length,
+                                   lim.max_key_length, lim.max_leaves)
+    if fast is not None:
+        return _scanned(fast, now, default_id)
+    return _parse_reference(raw, lim, now=now, default_id=default_id)
+
+
+def _scanned(fast: tuple[Any, ...], now: datetime | None, default_id: str | Callable[[], str] | None) -> Envelope:
+    """The envelope of what ``_speedups.scan_envelope`` read: its output is never parsed."""
+    (event_id, ts, model, prompt_version, contract, served_model, contract_version, source, run_id,
+     agent_release, finish_reason, output_json, payload_hash) = fast
+    generated = event_id is None
+    if event_id is None:
+        event_id = (default_id() if callable(default_id) else default_id) or uuid.uuid4().hex
+    return Envelope(event_id, generated, ts or now or datetime.now(UTC), model, prompt_version, contract or "default",
+                    output_json, payload_hash, served_model, contract_version, source, run_id, agent_release,
+                    finish_reason, None, None)
+
+
+def _parse_reference(raw: bytes, lim: Limits, *, now: datetime | None = None,
+                     default_id: str | Callable[[], str] | None = None) -> Envelope:
+    """``parse_envelope`` the reference way: orjson's parse, then ``validate_envelope``."""
     obj = _loads(raw, "")
     counter = [0, 0]
     try:
@@ -610,6 +635,10 @@ def parse_body(raw: bytes, lim: Limits, *, ndjson: bool, now: datetime | None = 
     if not stripped.startswith(b"["):
         yield parse_envelope(raw, lim, now=now)
         return
+    scanned = _scan_items(raw, lim, now, max_items)
+    if scanned is not None:
+        yield from scanned
+        return
     items = _loads(raw, "body")
     assert isinstance(items, list)
     if max_items is not None and len(items) > max_items:
@@ -649,6 +678,28 @@ def parse_body(raw: bytes, lim: Limits, *, ndjson: bool, now: datetime | None = 
             except EnvelopeInvalid as exc:
                 results[i] = exc
     yield from results
+
+
+def _scan_items(raw: bytes, lim: Limits, now: datetime, max_items: int | None) -> list[Envelope] | None:
+    """The envelopes of a JSON array body when the C scanner reads every item (see
+    ``parse_envelope``); None sends the whole body the reference way, which then answers each
+    item (errors, limits and all) exactly as it always has."""
+    spans = _speedups.item_spans(raw)
+    if not spans or (max_items is not None and len(spans) > max_items):
+        return None
+    # item_spans finds where items start and end; the text between them must be the array's own
+    gaps = [raw[:spans[0][0]].strip() == b"[", raw[spans[-1][1]:].strip() == b"]"]
+    if not all(gaps) or any(raw[a[1]:b[0]].strip() != b"," for a, b in zip(spans, spans[1:], strict=False)):
+        return None
+    view = memoryview(raw)
+    args = (lim.max_tag_length, lim.max_depth, lim.max_array_length, lim.max_key_length, lim.max_leaves)
+    out: list[Envelope] = []
+    for start, end in spans:
+        fast = _speedups.scan_envelope(view[start:end], *args) if end - start <= lim.max_event_bytes else None
+        if fast is None:
+            return None
+        out.append(_scanned(fast, now, None))
+    return out
 
 
 def _item_spans(raw: bytes, n: int) -> list[tuple[int, int]]:

@@ -40,13 +40,16 @@ from .store import PreparedBatch, Store, WriteStatus
 
 __all__ = ["ImportSummary", "import_files", "quarantine_path"]
 
-_BATCH = 40_000
-# Prepared batches waiting for the storing thread. With room for two, reading goes on through
-# a rollup merge (every fourth batch stores for about a second): 1M lines took 27.9-28.3 s
-# against 28.9-29.4 s with room for one, peak RSS 20-50 MB higher; with three, 27.5 s and
-# 120-140 MB higher (bench/README.md).
+_BATCH = 30_720
+# Batches stored per transaction: 4 x 30,720 is one DuckDB row group (122,880 rows), which
+# DuckDB writes into the file as it goes instead of into its log and again at the next
+# checkpoint (Store.write_batches).
+_TX_BATCHES = 4
+# Prepared batches waiting for the storing thread while it stores a transaction's (reading goes on).
 _QUEUED_BATCHES = 2
-_READ_BLOCK = 1 << 22
+# 1 MiB: a 4 MiB block is a fresh allocation the kernel maps and zeroes each time (reading a
+# 167 MB file in 4 MiB blocks took 0.58 s, in 1 MiB blocks 0.19 s; measured).
+_READ_BLOCK = 1 << 20
 _STATUS = attrgetter("status")
 
 
@@ -169,7 +172,7 @@ def _file_key(path: Path) -> str:
 
 def import_files(paths: list[Path], store: Store, limits: Limits, *,
                  progress: Callable[[int], None] | None = None, batch_size: int = _BATCH,
-                 summary: ImportSummary | None = None) -> ImportSummary:
+                 summary: ImportSummary | None = None, tx_batches: int = _TX_BATCHES) -> ImportSummary:
     """Import every file (a path given twice, once); return the summary.
 
     A file that cannot be read to its end is listed in ``unreadable``, the lines read before
@@ -189,11 +192,11 @@ def import_files(paths: list[Path], store: Store, limits: Limits, *,
     gc.disable()
     # Rollups of several batches are merged at once (and at the end); a crash before a
     # merge is repaired from the stored events when the file is next opened.
-    store.defer_rollups(max_events=4 * batch_size, max_seconds=float("inf"))
+    store.defer_rollups(max_events=tx_batches * batch_size, max_seconds=float("inf"))
     try:
         for path in first.values():
             try:
-                _import_one(path, store, limits, summary, progress, batch_size)
+                _import_one(path, store, limits, summary, progress, batch_size, tx_batches)
             except ImportInputError as exc:
                 summary.unreadable.append(exc)
         store.flush_rollups()
@@ -204,7 +207,7 @@ def import_files(paths: list[Path], store: Store, limits: Limits, *,
 
 
 def _import_one(path: Path, store: Store, limits: Limits, summary: ImportSummary,
-                progress: Callable[[int], None] | None, batch_size: int) -> None:
+                progress: Callable[[int], None] | None, batch_size: int, tx_batches: int) -> None:
     qpath = quarantine_path(store.path, path)
     try:
         qpath.parent.mkdir(parents=True, exist_ok=True)
@@ -224,26 +227,34 @@ def _import_one(path: Path, store: Store, limits: Limits, summary: ImportSummary
     writing = threading.Lock()
 
     def store_batches() -> None:
-        while (item := todo.get()) is not None:
-            if failure:
+        ended = False
+        while not ended:
+            group: list[tuple[PreparedBatch, list[tuple[int, bytes]]]] = []
+            while len(group) < tx_batches:
+                if (item := todo.get()) is None:
+                    ended = True
+                    break
+                group.append(item)
+            if failure or not group:
                 continue
-            batch, origin = item
             try:
-                results = store.write_batch(batch)
-                if len(results) != len(origin):
-                    raise RuntimeError(f"the store answered {len(results)} results for {len(origin)} lines")
-                # Counted in C (this thread's Python takes the GIL from the reading thread, the
-                # import's busiest); only a batch with conflicts is walked result by result.
-                counts = Counter(map(_STATUS, results))
-                summary.accepted += counts[WriteStatus.accepted]
-                summary.duplicate += counts[WriteStatus.duplicate]
-                if counts[WriteStatus.conflict]:
-                    lines = [_quarantine_line(path, n, [FieldError(
-                                 "event_id", "already stored with a different payload", "conflict")], raw)
-                             for r, (n, raw) in zip(results, origin, strict=True) if r.status is WriteStatus.conflict]
-                    with writing:
-                        quarantine.writelines(lines)
-                    conflicts[0] += len(lines)
+                for results, (_, origin) in zip(store.write_batches([batch for batch, _ in group]), group,
+                                                strict=True):
+                    if len(results) != len(origin):
+                        raise RuntimeError(f"the store answered {len(results)} results for {len(origin)} lines")
+                    # Counted in C (this thread's Python takes the GIL from the reading thread, the
+                    # import's busiest); only a batch with conflicts is walked result by result.
+                    counts = Counter(map(_STATUS, results))
+                    summary.accepted += counts[WriteStatus.accepted]
+                    summary.duplicate += counts[WriteStatus.duplicate]
+                    if counts[WriteStatus.conflict]:
+                        lines = [_quarantine_line(path, n, [FieldError(
+                                     "event_id", "already stored with a different payload", "conflict")], raw)
+                                 for r, (n, raw) in zip(results, origin, strict=True)
+                                 if r.status is WriteStatus.conflict]
+                        with writing:
+                            quarantine.writelines(lines)
+                        conflicts[0] += len(lines)
             except BaseException as exc:  # handed to the reading thread, which re-raises
                 failure.append(exc)
 

@@ -66,9 +66,9 @@ class ContractStatus(str, Enum):
     untagged = "untagged"  # no contract_version: nothing to check against
 
 
-# (cohort, contract version, bucket epoch, output) -> status and violations (path, JSON Schema
+# (cohort, contract version, bucket epoch, output parsed or as JSON text) -> status and violations (path, JSON Schema
 # keyword): store.py's check.
-ContractCheck = Callable[[tuple[str, str, str], str, int, dict[str, Any]],
+ContractCheck = Callable[[tuple[str, str, str], str, int, dict[str, Any] | str],
                          tuple[ContractStatus, Sequence[tuple[str | None, str]]]]
 
 
@@ -181,8 +181,10 @@ class RollupBatch:
         self._acc: Acc | None = Acc(self._paths.name, cfg.enum_value_max_length)
         self._built: tuple[pa.Table, pa.Table, pa.Table, pa.Table, pa.Table, pa.Table] | None = None
 
-    def add(self, output: dict[str, Any], cohort: tuple[str, str, str], ts: datetime,
+    def add(self, output: dict[str, Any] | str, cohort: tuple[str, str, str], ts: datetime,
             served_model: str | None = None, contract_version: str | None = None) -> None:
+        """Count one output: parsed, or as JSON text (counted from the text itself, and parsed
+        only if a contract check needs it)."""
         epoch = int(ts.timestamp())
         # An output answered by another model than the one requested (an alias) also counts
         # in the cohort of the model that answered: its group carries that model, and the
@@ -196,7 +198,10 @@ class RollupBatch:
         self._events[group] += 1
         if self._acc is None:
             raise RuntimeError("RollupBatch.add after tables(): the counts are already built")
-        self._acc.add(output, group)
+        if isinstance(output, str):
+            self._acc.add_json(output, group)
+        else:
+            self._acc.add(output, group)
         if served_model is not None:
             sk = (group, served_model)
             self._served[sk] = self._served.get(sk, 0) + 1

@@ -305,8 +305,9 @@ class BatchBuilder:
         served = env.served_model
         if served is not None and served != env.model:
             self._served.setdefault((served, env.prompt_version, env.contract), env.ts)
+        # An envelope read by the C scanner has no parsed output: its text is counted as it is.
         output = env.output
-        self._rollups.add(orjson.loads(env.output_json) if output is None else output, cohort, env.ts, served,
+        self._rollups.add(env.output_json if output is None else output, cohort, env.ts, served,
                           env.contract_version)
         self._unique.append(env[:_KEPT])
 
@@ -319,6 +320,28 @@ class BatchBuilder:
         rollups.tables()  # Python work: done here, on the preparing thread
         return PreparedBatch(self._event_ids, self._hashes, self._early, self._cohorts, self._served,
                              _arrow(self._unique, self._keys), rollups)
+
+
+def _results(batch: PreparedBatch, inserted: set[str], existing: dict[str, str]) -> list[WriteResult]:
+    """One result per envelope of a written batch, in order."""
+    if len(inserted) == len(batch.event_ids):  # every envelope new: the usual case
+        accepted = WriteStatus.accepted
+        return [WriteResult(event_id, accepted) for event_id in batch.event_ids]
+    # A repeat is judged against what the key holds now: the payload stored before, or the
+    # one this batch stored. (Against the batch's first occurrence alone, a repeat of the
+    # stored payload behind a conflicting line would be called a conflict.)
+    held = dict(existing)
+    held.update((event_id, payload_hash) for event_id, payload_hash, res
+                in zip(batch.event_ids, batch.hashes, batch.early, strict=True)
+                if res is None and event_id in inserted)
+    out: list[WriteResult] = []
+    for event_id, payload_hash, res in zip(batch.event_ids, batch.hashes, batch.early, strict=True):
+        if res is None and event_id in inserted:
+            out.append(WriteResult(event_id, WriteStatus.accepted))
+        else:
+            same = held.get(event_id) == payload_hash
+            out.append(WriteResult(event_id, WriteStatus.duplicate if same else WriteStatus.conflict))
+    return out
 
 
 # An envelope's fields up to its parsed output, which is never stored: what a batch keeps of
@@ -502,7 +525,7 @@ class Store:
         self._pending_lock = threading.Lock()
         self._pending_events = 0
         self._pending_first: float | None = None
-        self._staged: RollupBatch | None = None
+        self._staged: list[tuple[RollupBatch, datetime]] = []  # counts of the transaction under way
         self.last_merge_error: str | None = None
         self._validators: ValidatorCache | None = None
         # Contract checks done per (cohort, contract version, bucket), for RollupConfig's quota;
@@ -747,7 +770,7 @@ class Store:
         return RollupBatch(self.rollup, bucket_seconds=self.bucket_seconds, check=self._check_contract)
 
     def _check_contract(self, cohort: tuple[str, str, str], version: str, bucket: int,
-                        output: dict[str, Any]) -> tuple[ContractStatus, Sequence[tuple[str | None, str]]]:
+                        output: dict[str, Any] | str) -> tuple[ContractStatus, Sequence[tuple[str | None, str]]]:
         validators = self.contract_validators
         cap = self.rollup.contract_checks_per_bucket
         if cap:
@@ -761,7 +784,7 @@ class Store:
                 if len(self._checks_done) > 50_000:  # keep the buckets of the last two hours
                     self._checks_done = {k: n for k, n in self._checks_done.items() if k[2] >= bucket - 7200}
                 self._checks_done[key] = done + 1
-        return validators.check(cohort[2], version, output)
+        return validators.check(cohort[2], version, orjson.loads(output) if isinstance(output, str) else output)
 
     # --- writing ----------------------------------------------------------------------------
 
@@ -883,7 +906,7 @@ class Store:
         log.warning("rolling up %d events stored after the last rollup merge (after a crash)", len(rows))
         batch = self._rollup_batch()
         for output, model, prompt_version, contract, ts_us, served, version, _ in rows:
-            batch.add(orjson.loads(output), (model, prompt_version, contract),
+            batch.add(output, (model, prompt_version, contract),
                       datetime.fromtimestamp(ts_us / 1_000_000, UTC), served, version)
         with self._transaction("rolling up events stored after the last merge") as con:
             merge_rollups(con, [batch], self.rollup)
@@ -897,7 +920,7 @@ class Store:
                                    "output"]).to_pydict()
         for event_id, key, ts, served, version, output in zip(*cols.values(), strict=True):
             if event_id in event_ids:
-                rollups.add(orjson.loads(output), cohorts[key], ts, served, version)
+                rollups.add(output, cohorts[key], ts, served, version)
         rollups.tables()
         return rollups
 
@@ -914,35 +937,33 @@ class Store:
         ``max_events``; ``merge=False`` leaves that to the caller (``rollups_due``,
         ``flush_rollups``): the service answers the batch's requests first.
         """
+        batch = envelopes if isinstance(envelopes, PreparedBatch) else self.prepare_batch(envelopes)
+        return self.write_batches([batch], now=now, merge=merge)[0]
+
+    def write_batches(self, batches: Sequence[PreparedBatch], *, now: datetime | None = None,
+                      merge: bool = True) -> list[list[WriteResult]]:
+        """Several prepared batches in one transaction; the results of each, as ``write_batch``.
+
+        Bulk import writes a row group's worth of events (122,880) or more per transaction:
+        DuckDB then writes them into the file, compressed, as they come, where a smaller
+        transaction goes into its log first and into the file again at the next checkpoint
+        (200,000 events with their keys, stored and checkpointed: 1.84-1.91 s in one
+        transaction, 2.49-2.75 s in five; bench/README.md). A batch holding a key stored before
+        (or by an earlier batch of the same call) rolls the transaction back: the batches are
+        then written in a transaction each, knowing which keys are stored.
+        """
         if self.read_only:
             raise StoreError("writing", "the store was opened read-only")
-        batch = envelopes if isinstance(envelopes, PreparedBatch) else self.prepare_batch(envelopes)
         with self._write_lock:
             try:
-                inserted, existing = self._write(batch, self._batch_time(now))
+                written = self._write(list(batches), now)
             except duckdb.Error as exc:  # outside the transaction: a new cohort's insert, a register
                 raise self._failed("writing a batch", exc) from exc
             if merge and self._defer is not None and self._pending_events >= self._defer[0]:
                 with self._merge_lock:
                     self._flush_after_commit()
-        if len(inserted) == len(batch.event_ids):  # every envelope new: the usual case
-            accepted = WriteStatus.accepted
-            return [WriteResult(event_id, accepted) for event_id in batch.event_ids]
-        # A repeat is judged against what the key holds now: the payload stored before, or the
-        # one this batch stored. (Against the batch's first occurrence alone, a repeat of the
-        # stored payload behind a conflicting line would be called a conflict.)
-        held = dict(existing)
-        held.update((event_id, payload_hash) for event_id, payload_hash, res
-                    in zip(batch.event_ids, batch.hashes, batch.early, strict=True)
-                    if res is None and event_id in inserted)
-        out: list[WriteResult] = []
-        for event_id, payload_hash, res in zip(batch.event_ids, batch.hashes, batch.early, strict=True):
-            if res is None and event_id in inserted:
-                out.append(WriteResult(event_id, WriteStatus.accepted))
-            else:
-                same = held.get(event_id) == payload_hash
-                out.append(WriteResult(event_id, WriteStatus.duplicate if same else WriteStatus.conflict))
-        return out
+        return [_results(batch, inserted, existing)
+                for batch, (inserted, existing) in zip(batches, written, strict=True)]
 
     def _batch_time(self, now: datetime | None) -> datetime:
         # Strictly increasing per store, so one batch's received_at never equals another's.
@@ -953,52 +974,66 @@ class Store:
         self._last_batch_time = t
         return t
 
-    def _write(self, batch: PreparedBatch, now: datetime) -> tuple[set[str], dict[str, str]]:
-        if not batch.unique:
-            return set(), {}
+    def _write(self, batches: list[PreparedBatch], now: datetime | None) -> list[tuple[set[str], dict[str, str]]]:
+        """(ids inserted, {stored id: its hash}) of each batch; the write lock is held."""
+        times = [self._batch_time(now) for _ in batches]
+        out: list[tuple[set[str], dict[str, str]]] = [(set(), {}) for _ in batches]
+        live = [i for i, batch in enumerate(batches) if batch.unique]
+        if not live:
+            return out
         self._pending_cohorts = {}
-        self._staged = None
+        self._staged = []
         try:
             # Cohorts new to the batch go first, in their own statement, and may outlive a
             # failed insert harmlessly; the keys and the events commit together. With deferred
-            # rollups that transaction is one call into DuckDB: each call gives up the GIL and
-            # waits to get it back from the request threads (BEGIN alone averaged 2 ms under
+            # rollups one batch's transaction is one call into DuckDB: each call gives up the GIL
+            # and waits to get it back from the request threads (BEGIN alone averaged 2 ms under
             # the HTTP benchmark).
             try:
-                if self._defer is not None:
-                    inserted, existing = self._insert(self._con, batch, now, probe=False, whole=True)
+                if len(live) == 1 and self._defer is not None:
+                    out[live[0]] = self._insert(self._con, batches[live[0]], times[live[0]], probe=False, whole=True)
                 else:
                     with self._transaction("writing a batch") as con:
-                        inserted, existing = self._insert(con, batch, now, probe=False)
-            except _StoredBefore:  # rolled back: again, knowing which keys are stored
+                        for i in live:
+                            out[i] = self._insert(con, batches[i], times[i], probe=False)
+                self._committed(out)
+            except _StoredBefore:  # rolled back: again, a batch at a time, knowing which keys are stored
                 self._pending_cohorts = {}
-                self._staged = None
-                with self._transaction("writing a batch") as con:
-                    inserted, existing = self._insert(con, batch, now, probe=True)
+                self._staged = []
+                out = [(set(), {}) for _ in batches]
+                for i in live:
+                    with self._transaction("writing a batch") as con:
+                        out[i] = self._insert(con, batches[i], times[i], probe=True)
+                    self._committed([out[i]])
         finally:
             try:
                 self._con.unregister("_batch")
             except duckdb.Error:
                 pass
-        # Only committed cohorts enter the cache: a rolled-back id must never be reused.
-        self._cohorts.update(self._pending_cohorts)
-        self._indexed_keys += len(inserted)
-        # The events are committed: nothing from here on may fail the batch (its requests would
-        # be told 503 for stored events, and its counts would be skipped by the next merge).
-        if self._staged is not None:
-            added = time.monotonic()
-            with self._pending_lock:
-                if not self._pending:
-                    self._pending_first = added
-                self._pending.append((self._staged, now, added))
-                self._pending_events += self._staged.events
-            self._staged = None
         if self._indexed_keys >= self._memory_until:
             try:
                 self._fit_memory()
             except duckdb.Error as exc:  # the next batch tries again
                 log.warning("raising DuckDB's memory limit for the key index failed: %s", exc)
-        return inserted, existing
+        return out
+
+    def _committed(self, written: list[tuple[set[str], dict[str, str]]]) -> None:
+        """Take note of what a transaction just committed: its cohorts, keys and counts."""
+        # Only committed cohorts enter the cache: a rolled-back id must never be reused.
+        self._cohorts.update(self._pending_cohorts)
+        self._pending_cohorts = {}
+        self._indexed_keys += sum(len(inserted) for inserted, _ in written)
+        # The events are committed: nothing from here on may fail the batch (its requests would
+        # be told 503 for stored events, and its counts would be skipped by the next merge).
+        staged, self._staged = self._staged, []
+        if staged:
+            added = time.monotonic()
+            with self._pending_lock:
+                if not self._pending:
+                    self._pending_first = added
+                for rollups, received_at in staged:
+                    self._pending.append((rollups, received_at, added))
+                    self._pending_events += rollups.events
 
     def _insert(self, con: duckdb.DuckDBPyConnection, batch: PreparedBatch, now: datetime, *,
                 probe: bool, whole: bool = False) -> tuple[set[str], dict[str, str]]:
@@ -1061,7 +1096,7 @@ class Store:
                 merge_rollups(con, [fresh], self.rollup)
                 self._set_watermark(con, now)
             else:
-                self._staged = fresh
+                self._staged.append((fresh, now))
         return inserted, existing
 
     def _stored_hashes(self, con: duckdb.DuckDBPyConnection, event_ids: list[str]) -> dict[str, str]:

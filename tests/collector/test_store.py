@@ -23,7 +23,7 @@ import duckdb
 import orjson
 import pytest
 
-from collector.envelope import LIMITS, Envelope, parse_envelope
+from collector.envelope import LIMITS, Envelope, parse_envelope, validate_envelope
 from collector.errors import StoreError, StoreUnavailable, StoreVersionTooNew
 from collector.rollup import ROLLUP_TABLES
 from collector.store import MIGRATIONS, SCHEMA_VERSION, Purged, Store, WriteResult, WriteStatus
@@ -290,16 +290,56 @@ def test_duplicates_inside_one_batch(store: Store, envelope: MakeEnvelope) -> No
         == [(1, 1)]
 
 
+@pytest.mark.parametrize("deferred", [False, True])
+def test_batches_written_together_commit_once_or_each_alone_when_a_key_was_stored(
+        store: Store, envelope: MakeEnvelope, monkeypatch: pytest.MonkeyPatch, deferred: bool) -> None:
+    """write_batches stores several batches in one transaction (bulk import, for DuckDB's
+    direct writes); a key stored before rolls it back and each batch is written alone, with
+    the results and counts write_batch would give."""
+    if deferred:
+        store.defer_rollups(max_events=10**6, max_seconds=float("inf"))
+    transactions: list[str] = []
+    real = store._transaction
+
+    @contextmanager
+    def noting(doing: str, con: Any = None) -> Iterator[Any]:
+        with real(doing, con) as c:
+            yield c
+        transactions.append(doing)
+
+    monkeypatch.setattr(store, "_transaction", noting)
+    first = [store.prepare_batch(envs(envelope, 3, f"b{i}")) for i in range(3)]
+    assert [statuses(r) for r in store.write_batches(first)] == [
+        [(f"b{i}-{j}", A) for j in range(3)] for i in range(3)]
+    assert transactions == ["writing a batch"]  # the three in one
+    transactions.clear()
+    again = [store.prepare_batch(envs(envelope, 2, "n")),  # new
+             store.prepare_batch([parse(envelope(event_id="b0-0", output={"other": 1})),  # conflict
+                                  parse(envelope(event_id="b1-1"))]),  # duplicate
+             store.prepare_batch(envs(envelope, 2, "n") + envs(envelope, 1, "m"))]  # repeats of batch 1, one new
+    assert [statuses(r) for r in store.write_batches(again)] == [
+        [("n-0", A), ("n-1", A)], [("b0-0", C), ("b1-1", D)], [("n-0", D), ("n-1", D), ("m-0", A)]]
+    assert transactions == ["writing a batch"] * 3  # rolled back, then each batch alone
+    store.flush_rollups()
+    assert count_events(store) == 12
+    assert store.query("SELECT sum(events)::BIGINT FROM cohort_buckets") == [(12,)]  # each event counted once
+    assert store.query("SELECT output FROM events WHERE event_id = 'b0-0'") == [
+        (orjson.dumps(envelope(event_id="b0-0")["output"]).decode(),)]
+
+
 def test_a_batch_built_envelope_by_envelope_keeps_no_parsed_output(store: Store, envelope: MakeEnvelope) -> None:
     """Bulk import streams envelopes into a BatchBuilder and lets each parsed output go: the
     builder counts it at once and keeps only its text. The batch it builds is the one
     prepare_batch builds from the same envelopes, and stores the same."""
     raws = [envelope(event_id="a", output={"v": [1, 2]}), envelope(event_id="b", output={"v": "x"}),
             envelope(event_id="a", output={"v": [1, 2]}), envelope(event_id="a", output={"v": 9})]
+    # parsed by the reference path (as provider adapters and unusual texts are): with outputs
+    assert all(parse(raw).output is None for raw in raws)  # the C scanner parses none at all
     builder = store.batch_builder()
     outputs = []
     for raw in raws:
-        env = parse(raw)
+        env = validate_envelope(orjson.loads(orjson.dumps(raw)), LIMITS)
+        assert env == parse(raw)._replace(output=env.output)  # the same envelope either way
         outputs.append(env.output)
         builder.add(env)
         del env

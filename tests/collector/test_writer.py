@@ -294,8 +294,8 @@ def test_a_request_that_cannot_be_prepared_fails_alone(
 
     add = RollupBatch.add
 
-    def failing_add(self: RollupBatch, output: dict[str, Any], *args: Any, **kwargs: Any) -> None:
-        if output.get("boom"):
+    def failing_add(self: RollupBatch, output: dict[str, Any] | str, *args: Any, **kwargs: Any) -> None:
+        if "boom" in output:  # parsed, or its JSON text
             raise RuntimeError("cannot count this output")
         add(self, output, *args, **kwargs)
 

@@ -1,0 +1,227 @@
+"""The C scanner (``_speedups.scan_envelope``) against the reference path, and counting an
+output from its text (``Acc.add_json``) against counting it parsed (``Acc.add``).
+
+The scanner may always decline (None sends the text the reference way); what it must never do
+is accept what the reference refuses, or answer anything but the reference's envelope: the same
+fields, the same canonical output text and the same payload hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+from harness import make_envelope
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from collector import _speedups, envelope
+from collector.envelope import LIMITS, Envelope, Limits, parse_body, parse_envelope
+from collector.errors import EnvelopeInvalid
+
+NOW = datetime(2026, 11, 29, 12, 30, tzinfo=UTC)
+PROPERTY = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def scan(raw: bytes, lim: Limits = LIMITS) -> tuple[Any, ...] | None:
+    return _speedups.scan_envelope(raw, lim.max_tag_length, lim.max_depth, lim.max_array_length,
+                                   lim.max_key_length, lim.max_leaves)
+
+
+def reference(raw: bytes, lim: Limits = LIMITS) -> Envelope | None:
+    try:
+        return envelope._parse_reference(raw, lim, now=NOW)
+    except EnvelopeInvalid:
+        return None
+
+
+def agrees(raw: bytes, lim: Limits = LIMITS) -> bool:
+    """Assert the scanner answers as the reference does; True when it answered at all."""
+    fast = scan(raw, lim)
+    ref = reference(raw, lim)
+    if fast is None:
+        return False
+    assert ref is not None, f"the scanner accepted text the reference refuses: {raw!r}"
+    got = envelope._scanned(fast, NOW, None)
+    if ref.generated_id:  # both made one up
+        got = got._replace(event_id="generated")
+        ref = ref._replace(event_id="generated")
+    assert got == ref._replace(output=None)
+    # the hash is the reference's definition: blake2b over the canonical output, then the tags
+    return True
+
+
+# --- plain envelopes take the scanner -------------------------------------------------------------
+
+
+def test_plain_envelopes_take_the_scanner_and_get_the_reference_envelope() -> None:
+    outputs = [{}, {"a": None, "b": True, "c": False, "d": [], "e": {}},
+               {"n": [0, -1, 17, 123456789012345678, -123456789012345678, 0.5, -0.25, 100.0, -0.0, 0.0001, 3.14159]},
+               {"s": 'quote " back \\ nl \n tab \t cr \r bs \b ff \f', "é": "日本語 🎉", "long": "x" * 1000},
+               {"deep": {"a": [{"b": [{"c": [1, 2, {"d": "e"}]}]}]}},
+               {"k.with[dots]": 1, "": "empty key"}]
+    for output in outputs:
+        for env in (make_envelope(output=output), make_envelope(output=output, event_id=None, ts=None, contract=None),
+                    {"model": "m", "prompt_version": "p", "output": output}):
+            for raw in (orjson.dumps(env), json.dumps(env, ensure_ascii=False).encode(),
+                        json.dumps(env, ensure_ascii=False, indent=2).encode()):
+                assert agrees(raw), raw
+
+
+def test_the_payload_hash_is_blake2b_of_the_canonical_output_then_the_tags() -> None:
+    env = make_envelope(output={"z": "x" * 300, "a": [1.5, 2]}, ts="2026-11-29T12:00:00+02:00", contract=None)
+    fast = scan(json.dumps(env, indent=1).encode())
+    assert fast is not None
+    output_json, payload_hash = fast[-2], fast[-1]
+    assert output_json == orjson.dumps(env["output"]).decode()
+    tags = orjson.dumps([env["model"], env["prompt_version"], "default", env["ts"], env["source"], None,
+                         env["served_model"], env["contract_version"], env.get("run_id"), env.get("agent_release"),
+                         env.get("finish_reason")])
+    assert payload_hash == hashlib.blake2b(output_json.encode() + tags, digest_size=16).hexdigest()
+
+
+def test_what_the_scanner_declines_still_goes_the_reference_way() -> None:
+    declined = [
+        make_envelope(output={"a": 1e20}),  # an exponent
+        make_envelope(output={"a": 1.50}) | {"output": None},  # replaced below by text
+        make_envelope(attributes={"team": "x"}),  # attributes
+        make_envelope(output={"a": "\u0001"}),  # \\u escape
+    ]
+    texts = [orjson.dumps(declined[0]), orjson.dumps(declined[2]), orjson.dumps(declined[3]),
+             orjson.dumps(make_envelope(output={"a": 1})).replace(b'"a":1', b'"a":1.50'),
+             orjson.dumps(make_envelope(output={"a": 1})).replace(b'"a":1', b'"a":1,"a":2')]
+    for raw in texts:
+        assert scan(raw) is None
+        ref = reference(raw)
+        if ref is None:  # refused: parse_envelope names the fault as it always did
+            continue
+        assert parse_envelope(raw, LIMITS, now=NOW)._replace(event_id=ref.event_id) == ref
+
+
+def test_a_json_array_body_is_scanned_item_by_item_or_not_at_all() -> None:
+    items = [make_envelope(event_id=f"e{i}", output={"i": i}) for i in range(3)]
+    body = orjson.dumps(items)
+    got = list(parse_body(body, LIMITS, ndjson=False, now=NOW))
+    assert [type(g) for g in got] == [Envelope] * 3
+    assert all(isinstance(g, Envelope) and g.output is None for g in got)  # scanned
+    assert got == [parse_envelope(orjson.dumps(i), LIMITS, now=NOW) for i in items]
+    # one item the scanner declines: the whole body goes the reference way, with the same envelopes
+    odd = body.replace(b'{"i":1}', b'{"i":1e0}')
+    again = list(parse_body(odd, LIMITS, ndjson=False, now=NOW))
+    assert [g.output for g in again if isinstance(g, Envelope)] == [{"i": 0}, {"i": 1.0}, {"i": 2}]
+    # text that only looks like an array of envelopes is never scanned into one
+    for broken in (body[:-1] + b",]", b"[," + body[1:], body.replace(b"},{", b"},,{", 1), body + b"x"):
+        results = list(_results(broken))
+        assert all(not isinstance(r, Envelope) or r.output is not None for r in results)
+
+
+def _results(body: bytes) -> list[Any]:
+    try:
+        return list(parse_body(body, LIMITS, ndjson=False, now=NOW))
+    except EnvelopeInvalid as exc:
+        return [exc]
+
+
+# --- properties: the scanner never disagrees ---------------------------------------------------------
+
+_CHARS = st.sampled_from(list('ab":\\ .[]{},/é\t\n\r\b\f\x00\x1f\x7f\u2028日🎉'))
+_TEXT = st.text(_CHARS, max_size=8) | st.text(max_size=4)
+_NUMBERS = (st.integers(-(2**63), 2**64 - 1) | st.floats(allow_nan=False, allow_infinity=False)
+            | st.floats(-1e6, 1e6).map(lambda x: round(x, 3)) | st.sampled_from([0.0, -0.0, 1e-4, 1e-5, 1e15, 1e16]))
+_VALUES = st.recursive(st.none() | st.booleans() | _NUMBERS | _TEXT,
+                       lambda c: st.lists(c, max_size=4) | st.dictionaries(_TEXT, c, max_size=4), max_leaves=25)
+_TAG = st.none() | st.text(st.sampled_from(list("ab -_.é\t\u200b")), max_size=5)
+_LIMITS = st.builds(Limits, max_depth=st.integers(1, 6), max_array_length=st.integers(0, 5),
+                    max_key_length=st.integers(0, 5), max_leaves=st.integers(0, 25), max_tag_length=st.integers(1, 6))
+
+
+@st.composite
+def _envelopes(draw: st.DrawFn) -> dict[str, Any]:
+    env: dict[str, Any] = {"model": draw(_TAG), "prompt_version": draw(_TAG),
+                           "output": draw(st.dictionaries(_TEXT, _VALUES, max_size=5))}
+    for name in ("event_id", "contract", "served_model", "contract_version", "run_id", "agent_release",
+                 "finish_reason"):
+        if draw(st.booleans()):
+            env[name] = draw(_TAG)
+    if draw(st.booleans()):
+        env["source"] = draw(st.sampled_from([None, "production", "probe", "shadow", "other"]))
+    if draw(st.booleans()):
+        env["ts"] = draw(st.sampled_from([None, "2026-11-29T12:00:00Z", "2026-11-29T12:00:00.123456+05:30",
+                                          "2026-11-29 12:00:00Z", "2026-02-30T00:00:00Z", "2026-11-29T12:00:00"]))
+    return env
+
+
+def _dumps(env: dict[str, Any], how: int) -> bytes:
+    if how == 0:
+        return orjson.dumps(env)
+    return json.dumps(env, ensure_ascii=how == 1, indent=2 if how == 2 else None).encode()
+
+
+@PROPERTY
+@given(env=_envelopes(), how=st.integers(0, 3), lim=st.none() | _LIMITS)
+def test_the_scanner_answers_what_the_reference_answers(env: dict[str, Any], how: int, lim: Limits | None) -> None:
+    agrees(_dumps(env, how), lim or LIMITS)
+
+
+_LITERALS = st.builds(
+    lambda sign, whole, frac, exp: sign + whole + frac + exp,
+    st.sampled_from(["", "-"]),
+    st.sampled_from(["0", "00", "1", "9", "10", "100"]) | st.integers(0, 10**19).map(str),
+    st.sampled_from(["", ".", ".0", ".00", ".5", ".50", ".05", ".0001", ".00001", ".000123"])
+    | st.integers(0, 10**17).map(lambda n: f".{n}"),
+    st.sampled_from(["", "", "", "e5", "E-3", "e+0", "e"]))
+
+
+@PROPERTY
+@given(literal=_LITERALS, where=st.sampled_from(['{"x":%s}', '{"x":[%s,1]}', '{"x":%s }', '{"x":%s,"y":0}']))
+def test_number_literals_are_kept_only_when_orjson_writes_them_back_the_same(literal: str, where: str) -> None:
+    raw = b'{"model":"m","prompt_version":"p","output":' + (where % literal).encode() + b"}"
+    if agrees(raw):
+        ref = reference(raw)
+        assert ref is not None and literal in ref.output_json
+
+
+_NOISE = st.sampled_from([b'"', b"\\", b",", b":", b"{", b"}", b"[", b"]", b"\x00", b"\x1f", b"\x80", b"\xc3",
+                          b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xff", b"e", b"0", b"-", b".", b" ", b"n", b"u",
+                          b"\\u0041", b"\\/", b"null", b"1e400", b"18446744073709551616"])
+
+
+@PROPERTY
+@given(env=_envelopes(), at=st.floats(0, 1), cut=st.integers(0, 2), noise=_NOISE)
+def test_a_damaged_text_is_never_scanned_into_an_envelope_the_reference_refuses(
+        env: dict[str, Any], at: float, cut: int, noise: bytes) -> None:
+    raw = orjson.dumps(env)
+    i = int(at * len(raw))
+    agrees(raw[:i] + noise + raw[i + cut:])
+
+
+# --- properties: counting from text is counting the parsed output ----------------------------------------
+
+
+def _acc() -> tuple[_speedups.Acc, list[tuple[int, Any]]]:
+    names: list[tuple[int, Any]] = []
+
+    def namer(parent: int, key: Any) -> int:
+        names.append((parent, key))
+        return len(names) - 1
+
+    return _speedups.Acc(namer, 5), names
+
+
+def _state(acc: _speedups.Acc) -> tuple[Any, ...]:
+    return acc.counts(), acc.value_rows(), acc.rows(1), acc.rows(2)
+
+
+@PROPERTY
+@given(outputs=st.lists(st.dictionaries(_TEXT, _VALUES, max_size=5), min_size=1, max_size=4),
+       how=st.integers(0, 3))
+def test_add_json_counts_what_add_counts(outputs: list[dict[str, Any]], how: int) -> None:
+    parsed, parsed_names = _acc()
+    text, text_names = _acc()
+    for i, output in enumerate(outputs):
+        parsed.add(output, i % 2)
+        text.add_json(_dumps(output, how).decode(), i % 2)
+    assert (_state(text), text_names) == (_state(parsed), parsed_names)
