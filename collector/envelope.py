@@ -15,6 +15,13 @@ which name every fault. Bulk import and HTTP ingest spend about half as long
 per envelope that way; tests/collector/test_envelope_fast_path.py holds the two
 to the same answers.
 
+Before either, JSON text (a line, an HTTP body's items) meets a third, quicker
+reader: ``_speedups.scan_envelope`` checks the plain case of the same rules on
+the text itself and writes the output's canonical text and the payload hash
+without parsing the output into Python objects (the rollups count the text:
+``Acc.add_json``). It too only recognises; whatever it declines takes the way
+above. tests/collector/test_scanner.py holds it to that way's envelopes.
+
 >>> env = parse_envelope(b'{"model": "m", "prompt_version": "p", "output": {"a": 1}}', LIMITS)
 >>> env.contract, env.output_json
 ('default', '{"a":1}')

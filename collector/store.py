@@ -1060,6 +1060,11 @@ class Store:
             existing = self._stored_hashes(con, list(dict.fromkeys(batch.event_ids)))
             if existing:
                 table = table.filter(pc.invert(pc.is_in(table["event_id"], value_set=pa.array(list(existing)))))
+            if not table.num_rows:
+                # every key stored before: no INSERT at all (an empty one after a large one, as in
+                # a bulk import's transaction, hides rows from DuckDB 1.5's scans on two threads:
+                # bench/repro_duckdb_empty_insert.py)
+                return set(), existing
         con.register("_batch", table)
         stamp = f"'{now.isoformat()}'::TIMESTAMPTZ"  # ours, aware: a literal, so both go in one call
         writes = (f"INSERT INTO event_keys SELECT md5_number(event_id), payload_hash, {stamp} FROM _batch; "
