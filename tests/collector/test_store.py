@@ -52,6 +52,25 @@ def statuses(results: list[WriteResult]) -> list[tuple[str, WriteStatus]]:
     return [(r.event_id, r.status) for r in results]
 
 
+def committed_transactions(store: Store, monkeypatch: pytest.MonkeyPatch,
+                           after: Callable[[list[str]], None] | None = None) -> list[str]:
+    """What each transaction the store commits from now on was doing, in order; ``after`` runs
+    after each commit with the list so far."""
+    done: list[str] = []
+    real = store._transaction
+
+    @contextmanager
+    def noting(doing: str, con: Any = None) -> Iterator[Any]:
+        with real(doing, con) as c:
+            yield c
+        done.append(doing)
+        if after is not None:
+            after(done)
+
+    monkeypatch.setattr(store, "_transaction", noting)
+    return done
+
+
 def count_events(store: Store) -> int:
     return int(store.query("SELECT count(*) FROM events")[0][0])
 
@@ -298,16 +317,7 @@ def test_batches_written_together_commit_once_or_each_alone_when_a_key_was_store
     the results and counts write_batch would give."""
     if deferred:
         store.defer_rollups(max_events=10**6, max_seconds=float("inf"))
-    transactions: list[str] = []
-    real = store._transaction
-
-    @contextmanager
-    def noting(doing: str, con: Any = None) -> Iterator[Any]:
-        with real(doing, con) as c:
-            yield c
-        transactions.append(doing)
-
-    monkeypatch.setattr(store, "_transaction", noting)
+    transactions = committed_transactions(store, monkeypatch)
     first = [store.prepare_batch(envs(envelope, 3, f"b{i}")) for i in range(3)]
     assert [statuses(r) for r in store.write_batches(first)] == [
         [(f"b{i}-{j}", A) for j in range(3)] for i in range(3)]
@@ -618,18 +628,11 @@ def test_a_stopped_purge_stops_between_chunks_and_the_next_one_finishes(
     later = {"raw_retention": timedelta(days=30), "dedup_ttl": timedelta(days=7), "now": old + timedelta(days=41)}
     with Store.open(db_path) as store:
         store.write_batch(envs(envelope, 7, "old"), now=old)
-        chunks = []
-        real = store._transaction
-
-        @contextmanager
-        def counting(doing: str, con: Any = None) -> Iterator[Any]:
-            with real(doing, con) as c:
-                yield c
-            chunks.append(doing)
-            if len(chunks) == 2:
+        def stop_after_two(done: list[str]) -> None:
+            if len(done) == 2:
                 store.stop_maintenance()  # as the service's shutdown would, during the purge
 
-        monkeypatch.setattr(store, "_transaction", counting)
+        chunks = committed_transactions(store, monkeypatch, stop_after_two)
         assert store.purge(**later) == Purged(events=6, keys=0)  # two chunks, then it stopped
         assert chunks == ["purging old raw events"] * 2 + ["purging old outcome keys"]
     with Store.open(db_path) as store:  # the next service's purge deletes the rest
@@ -645,18 +648,13 @@ def test_a_writer_waiting_for_a_long_purge_gets_in_between_its_chunks(
     with Store.open(db_path) as store:
         for i in range(10):
             store.write_batch(envs(envelope, 100, f"old{i}"), now=old + timedelta(seconds=i))
-        real = store._transaction
-
-        @contextmanager
-        def noting(doing: str, con: Any = None) -> Iterator[Any]:
-            with real(doing, con) as c:
-                yield c
-            order.append("purge" if doing.startswith("purging") else "write")
+        def start_writer(done: list[str]) -> None:
+            order.append("purge" if done[-1].startswith("purging") else "write")
             if len(order) == 1:
                 writer.start()  # waits for the lock from now on
                 time.sleep(0.05)
 
-        monkeypatch.setattr(store, "_transaction", noting)
+        committed_transactions(store, monkeypatch, start_writer)
         writer = threading.Thread(target=lambda: store.write_batch(envs(envelope, 5, "new")))
         assert store.purge(raw_retention=timedelta(days=30), dedup_ttl=timedelta(days=3650),
                            now=old + timedelta(days=41)).events == 1000
