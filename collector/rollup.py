@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import math
 import sys
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -185,41 +186,74 @@ class RollupBatch:
             served_model: str | None = None, contract_version: str | None = None) -> None:
         """Count one output: parsed, or as JSON text (counted from the text itself, and parsed
         only if a contract check needs it)."""
-        epoch = int(ts.timestamp())
+        self.add_many((output,), (cohort,), (ts,), (served_model,), (contract_version,))
+
+    def add_many(self, outputs: Sequence[dict[str, Any] | str], cohorts: Sequence[tuple[str, str, str]],
+                 tss: Sequence[datetime], served_models: Sequence[str | None],
+                 contract_versions: Sequence[str | None]) -> None:
+        """Count outputs, in order, as ``add`` does each (the five sequences are aligned).
+
+        A batch's bookkeeping is done a sequence at a time (the builtins loop in C) rather than
+        an output at a time: this Python, not the counting, was most of an event's cost
+        (bench/README.md). Only outputs whose contract version is registered are checked one
+        by one.
+        """
+        if self._acc is None:
+            raise RuntimeError("RollupBatch.add after tables(): the counts are already built")
+        bucket = self.bucket_seconds
+        epochs = [int(ts.timestamp()) for ts in tss]
         # An output answered by another model than the one requested (an alias) also counts
         # in the cohort of the model that answered: its group carries that model, and the
         # merge adds the group's counts to both cohorts (the output is walked once).
-        alias = served_model if served_model is not None and served_model != cohort[0] else None
-        key = (*cohort, alias, epoch - epoch % self.bucket_seconds)
-        group = self._groups.get(key)
-        if group is None:
-            group = self._groups[key] = len(self._groups)
-            self._events.append(0)
-        self._events[group] += 1
-        if self._acc is None:
-            raise RuntimeError("RollupBatch.add after tables(): the counts are already built")
-        if isinstance(output, str):
-            self._acc.add_json(output, group)
-        else:
-            self._acc.add(output, group)
-        if served_model is not None:
-            sk = (group, served_model)
-            self._served[sk] = self._served.get(sk, 0) + 1
-        status: ContractStatus
-        found: Sequence[tuple[str | None, str]] = ()
-        if contract_version is None:
-            status = ContractStatus.untagged
-        elif self._check is None or (cohort[2], contract_version) in self._unregistered:
-            status = ContractStatus.unregistered
-        else:
-            status, found = self._check(cohort, contract_version, key[-1], output)
-            if status is ContractStatus.unregistered:
-                self._unregistered.add((cohort[2], contract_version))
-        ck = (group, contract_version or "", status)
-        self._contracts[ck] = self._contracts.get(ck, 0) + 1
-        for path, keyword in found:
-            vk = (group, contract_version or "", path, keyword)
-            self._violations[vk] = self._violations.get(vk, 0) + 1
+        keys = [(c[0], c[1], c[2], s if s is not None and s != c[0] else None, e - e % bucket)
+                for c, s, e in zip(cohorts, served_models, epochs, strict=True)]
+        groups = self._groups
+        gids = [groups.setdefault(k, len(groups)) for k in keys]
+        self._events.extend([0] * (len(groups) - len(self._events)))
+        for g, n in Counter(gids).items():
+            self._events[g] += n
+        add, add_json = self._acc.add, self._acc.add_json
+        for output, g in zip(outputs, gids, strict=True):
+            if isinstance(output, str):
+                add_json(output, g)
+            else:
+                add(output, g)
+        served = self._served
+        for (g, model), n in Counter(zip(gids, served_models, strict=True)).items():
+            if model is not None:
+                served[(g, model)] = served.get((g, model), 0) + n
+        self._count_contracts(outputs, cohorts, contract_versions, keys, gids)
+
+    def _count_contracts(self, outputs: Sequence[dict[str, Any] | str], cohorts: Sequence[tuple[str, str, str]],
+                         versions: Sequence[str | None], keys: list[tuple[str, str, str, str | None, int]],
+                         gids: list[int]) -> None:
+        """The contract status of each output (and the violations of those checked)."""
+        checked: set[tuple[str, str]] = set()  # registered, or not asked yet: checked one by one
+        if self._check is not None:
+            checked = {(c[2], v) for c, v in set(zip(cohorts, versions, strict=True)) if v is not None} - self._unregistered
+        tally = self._contracts
+        if not checked:
+            for (g, v), n in Counter(zip(gids, versions, strict=True)).items():
+                ck = (g, v or "", ContractStatus.untagged if v is None else ContractStatus.unregistered)
+                tally[ck] = tally.get(ck, 0) + n
+            return
+        assert self._check is not None
+        for output, cohort, v, key, g in zip(outputs, cohorts, versions, keys, gids, strict=True):
+            status: ContractStatus
+            found: Sequence[tuple[str | None, str]] = ()
+            if v is None:
+                status = ContractStatus.untagged
+            elif (cohort[2], v) in self._unregistered:
+                status = ContractStatus.unregistered
+            else:
+                status, found = self._check(cohort, v, key[-1], output)
+                if status is ContractStatus.unregistered:
+                    self._unregistered.add((cohort[2], v))
+            ck = (g, v or "", status)
+            tally[ck] = tally.get(ck, 0) + 1
+            for path, keyword in found:
+                vk = (g, v or "", path, keyword)
+                self._violations[vk] = self._violations.get(vk, 0) + 1
 
     @property
     def events(self) -> int:

@@ -284,32 +284,59 @@ class BatchBuilder:
 
     def add(self, env: Envelope) -> None:
         """Add one envelope; a repeat of an id added before is answered without the database."""
+        self.add_many((env,))
+
+    def add_many(self, envs: Sequence[Envelope]) -> None:
+        """Add envelopes in order, as ``add`` does each: a sequence at a time (the builtins loop
+        in C), not an envelope at a time (bench/README.md)."""
         if self._rollups is None:
             raise RuntimeError("BatchBuilder.add after finish()")
-        event_id, payload_hash = env.event_id, env.payload_hash
-        self._event_ids.append(event_id)
-        self._hashes.append(payload_hash)
-        seen = self._first.get(event_id)
-        if seen is not None:
-            self._early.append(WriteResult(event_id, WriteStatus.duplicate if seen == payload_hash
-                                           else WriteStatus.conflict))
+        if not envs:
             return
-        self._first[event_id] = payload_hash
-        self._early.append(None)
-        cohort = (env.model, env.prompt_version, env.contract)
-        key = self._order.get(cohort)
-        if key is None:
-            key = self._order[cohort] = len(self._order)
-            self._cohorts[cohort] = env.ts
-        self._keys.append(key)
-        served = env.served_model
-        if served is not None and served != env.model:
-            self._served.setdefault((served, env.prompt_version, env.contract), env.ts)
+        event_ids: Sequence[str] = [env.event_id for env in envs]
+        hashes: Sequence[str] = [env.payload_hash for env in envs]
+        first = self._first
+        fresh = dict(zip(event_ids, hashes, strict=True))
+        if len(fresh) == len(envs) and first.keys().isdisjoint(fresh):  # the usual case: no repeat
+            first.update(fresh)
+            early: list[WriteResult | None] = [None] * len(envs)
+            unique = envs
+        else:
+            early, kept = [], []
+            for env in envs:
+                seen = first.get(env.event_id)
+                if seen is None:
+                    first[env.event_id] = env.payload_hash
+                    early.append(None)
+                    kept.append(env)
+                else:
+                    early.append(WriteResult(env.event_id, WriteStatus.duplicate if seen == env.payload_hash
+                                             else WriteStatus.conflict))
+            unique = kept
+        self._event_ids.extend(event_ids)
+        self._hashes.extend(hashes)
+        self._early.extend(early)
+        if not unique:
+            return
+        # the columns of the new envelopes (in Envelope's field order)
+        (_, _, tss, models, prompt_versions, contracts, texts, _, served_models, versions, *_, outputs) = \
+            zip(*unique, strict=True)
+        cohorts = list(zip(models, prompt_versions, contracts, strict=True))
+        order = self._order
+        if not order.keys() >= set(cohorts):
+            firsts = dict(zip(reversed(cohorts), reversed(tss), strict=True))  # each cohort's first ts
+            for cohort in dict.fromkeys(cohorts):
+                if cohort not in order:
+                    order[cohort] = len(order)
+                    self._cohorts[cohort] = firsts[cohort]
+        self._keys.extend(map(order.__getitem__, cohorts))
+        for served, cohort, ts in zip(served_models, cohorts, tss, strict=True):
+            if served is not None and served != cohort[0]:
+                self._served.setdefault((served, cohort[1], cohort[2]), ts)
         # An envelope read by the C scanner has no parsed output: its text is counted as it is.
-        output = env.output
-        self._rollups.add(env.output_json if output is None else output, cohort, env.ts, served,
-                          env.contract_version)
-        self._unique.append(env[:_KEPT])
+        self._rollups.add_many([text if output is None else output for text, output in zip(texts, outputs, strict=True)],
+                               cohorts, tss, served_models, versions)
+        self._unique.extend(env[:_KEPT] for env in unique)
 
     def finish(self) -> PreparedBatch:
         """The prepared batch; nothing can be added after."""
@@ -796,8 +823,7 @@ class Store:
         overlaps DuckDB's.
         """
         builder = self.batch_builder()
-        for env in envelopes:
-            builder.add(env)
+        builder.add_many(envelopes)
         return builder.finish()
 
     def batch_builder(self) -> BatchBuilder:

@@ -173,16 +173,14 @@ class Writer:
                     last = _Gathering(self._store.batch_builder())
                     self._queue.append(last)
             try:
-                for env in envelopes:
-                    last.builder.add(env)
+                last.builder.add_many(envelopes)
             except Exception as exc:  # the batch holds part of this request: prepared again without it
                 log.exception("preparing a request's events failed; the request is refused, the others "
                               "in its batch are prepared again")
                 try:
                     rebuilt = self._store.batch_builder()
                     for earlier in last.envelopes:
-                        for env in earlier:
-                            rebuilt.add(env)
+                        rebuilt.add_many(earlier)
                     last.builder = rebuilt  # under _adding: the writer cannot take the batch meanwhile
                 except Exception:
                     log.exception("preparing the batch again failed; every request in it fails")

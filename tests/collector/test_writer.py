@@ -292,14 +292,14 @@ def test_a_request_that_cannot_be_prepared_fails_alone(
     used to fail with it: one bad request took every request sharing its commit down)."""
     from collector.rollup import RollupBatch
 
-    add = RollupBatch.add
+    add_many = RollupBatch.add_many
 
-    def failing_add(self: RollupBatch, output: dict[str, Any] | str, *args: Any, **kwargs: Any) -> None:
-        if "boom" in output:  # parsed, or its JSON text
+    def failing_add(self: RollupBatch, outputs: list[dict[str, Any] | str], *args: Any, **kwargs: Any) -> None:
+        if any("boom" in output for output in outputs):  # parsed, or its JSON text
             raise RuntimeError("cannot count this output")
-        add(self, output, *args, **kwargs)
+        add_many(self, outputs, *args, **kwargs)
 
-    monkeypatch.setattr(RollupBatch, "add", failing_add)
+    monkeypatch.setattr(RollupBatch, "add_many", failing_add)
     batches = Batches()
     writer = Writer(store, max_wait=0.001, on_batch=batches)  # not started: batches gather
     earlier = writer.submit(envs(envelope, 2, "a"))
