@@ -931,9 +931,9 @@ class Store:
             return
         log.warning("rolling up %d events stored after the last rollup merge (after a crash)", len(rows))
         batch = self._rollup_batch()
-        for output, model, prompt_version, contract, ts_us, served, version, _ in rows:
-            batch.add(output, (model, prompt_version, contract),
-                      datetime.fromtimestamp(ts_us / 1_000_000, UTC), served, version)
+        outputs, models, prompt_versions, contracts, ts_us, served, versions, _ = zip(*rows, strict=True)
+        batch.add_many(outputs, list(zip(models, prompt_versions, contracts, strict=True)),
+                       [datetime.fromtimestamp(t / 1_000_000, UTC) for t in ts_us], served, versions)
         with self._transaction("rolling up events stored after the last merge") as con:
             merge_rollups(con, [batch], self.rollup)
             con.execute("UPDATE meta SET value = ? WHERE key = 'rollups_through'", [str(rows[-1][7])])
@@ -944,9 +944,10 @@ class Store:
         rollups = self._rollup_batch()
         cols = batch.table.select(["event_id", "cohort_key", "ts", "served_model", "contract_version",
                                    "output"]).to_pydict()
-        for event_id, key, ts, served, version, output in zip(*cols.values(), strict=True):
-            if event_id in event_ids:
-                rollups.add(output, cohorts[key], ts, served, version)
+        rows = [row for row in zip(*cols.values(), strict=True) if row[0] in event_ids]
+        if rows:
+            _, keys, tss, served, versions, outputs = zip(*rows, strict=True)
+            rollups.add_many(outputs, [cohorts[key] for key in keys], tss, served, versions)
         rollups.tables()
         return rollups
 
