@@ -1,9 +1,10 @@
 """Bulk import of JSONL and .jsonl.gz files, streamed in constant memory.
 
 Lines are parsed and validated on the calling thread while a second thread
-stores the previous batches (DuckDB releases the GIL while it works), a row
-group's worth (122,880 events) per transaction, so the two cores are both busy. Rejected lines go, with their line number and
-reasons, to a quarantine file beside the database; nothing is dropped.
+stores the previous batches, a row group's worth (122,880 events) per
+transaction (DuckDB releases the GIL while it works), so the two cores are
+both busy. Rejected lines go, with their line number and reasons, to a
+quarantine file beside the database; nothing is dropped.
 
 A line without an ``event_id`` gets one derived from the file's absolute path,
 the line number and the line's bytes: importing the same file again (grown
