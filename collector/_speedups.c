@@ -260,6 +260,37 @@ static PyObject *parse_ts(PyObject *v) {
                                                    PyDateTimeAPI->DateTimeType);
 }
 
+/* The fields of an envelope other than output, ts and attributes (val[k]: the value of key k,
+ * NULL when absent or null) as the Python rules accept them plainly: model and prompt_version
+ * present, every tag good, source one of the known ones, event_id a non-blank str of at most
+ * 128 characters. Shared by check_envelope and scan_envelope. */
+static int plain_fields(PyObject **val, Py_ssize_t max_tag) {
+    if (val[K_MODEL] == NULL || !good_tag(val[K_MODEL], max_tag)) return 0;
+    if (val[K_PROMPT_VERSION] == NULL || !good_tag(val[K_PROMPT_VERSION], max_tag)) return 0;
+    static const int optional[] = {K_CONTRACT, K_SERVED_MODEL, K_CONTRACT_VERSION, K_SOURCE, K_RUN_ID,
+                                   K_AGENT_RELEASE, K_FINISH_REASON};
+    for (size_t j = 0; j < sizeof optional / sizeof optional[0]; j++) {
+        PyObject *t = val[optional[j]];
+        if (t != NULL && !good_tag(t, max_tag)) return 0;
+    }
+    if (val[K_SOURCE] != NULL) {
+        int known = 0;
+        for (size_t j = 0; j < sizeof sources / sizeof sources[0]; j++)
+            if (PyUnicode_CompareWithASCIIString(val[K_SOURCE], sources[j]) == 0) known = 1;
+        if (!known) return 0;
+    }
+    PyObject *id = val[K_EVENT_ID];
+    if (id != NULL) {
+        if (!PyUnicode_CheckExact(id) || PyUnicode_GET_LENGTH(id) > 128) return 0;
+        int kind = PyUnicode_KIND(id), blank = 1;
+        const void *data = PyUnicode_DATA(id);
+        for (Py_ssize_t i = 0; i < PyUnicode_GET_LENGTH(id) && blank; i++)
+            if (!Py_UNICODE_ISSPACE(PyUnicode_READ(kind, data, i))) blank = 0;
+        if (blank) return 0;
+    }
+    return 1;
+}
+
 static PyObject *py_check_envelope(PyObject *self, PyObject *args) {
     PyObject *obj;
     Py_ssize_t max_tag;
@@ -278,29 +309,8 @@ static PyObject *py_check_envelope(PyObject *self, PyObject *args) {
     }
     if (found != PyDict_GET_SIZE(obj)) Py_RETURN_NONE; /* an unknown field */
     if (val[K_ATTRIBUTES] != NULL) Py_RETURN_NONE;
-    if (val[K_MODEL] == NULL || !good_tag(val[K_MODEL], max_tag)) Py_RETURN_NONE;
-    if (val[K_PROMPT_VERSION] == NULL || !good_tag(val[K_PROMPT_VERSION], max_tag)) Py_RETURN_NONE;
-    static const int optional[] = {K_CONTRACT, K_SERVED_MODEL, K_CONTRACT_VERSION, K_SOURCE, K_RUN_ID,
-                                   K_AGENT_RELEASE, K_FINISH_REASON};
-    for (size_t j = 0; j < sizeof optional / sizeof optional[0]; j++) {
-        PyObject *t = val[optional[j]];
-        if (t != NULL && !good_tag(t, max_tag)) Py_RETURN_NONE;
-    }
-    if (val[K_SOURCE] != NULL) {
-        int known = 0;
-        for (size_t j = 0; j < sizeof sources / sizeof sources[0]; j++)
-            if (PyUnicode_CompareWithASCIIString(val[K_SOURCE], sources[j]) == 0) known = 1;
-        if (!known) Py_RETURN_NONE;
-    }
+    if (!plain_fields(val, max_tag)) Py_RETURN_NONE;
     PyObject *id = val[K_EVENT_ID];
-    if (id != NULL) {
-        if (!PyUnicode_CheckExact(id) || PyUnicode_GET_LENGTH(id) > 128) Py_RETURN_NONE;
-        int kind = PyUnicode_KIND(id), blank = 1;
-        const void *data = PyUnicode_DATA(id);
-        for (Py_ssize_t i = 0; i < PyUnicode_GET_LENGTH(id) && blank; i++)
-            if (!Py_UNICODE_ISSPACE(PyUnicode_READ(kind, data, i))) blank = 0;
-        if (blank) Py_RETURN_NONE;
-    }
     PyObject *output = val[K_OUTPUT];
     if (output == NULL || !PyDict_CheckExact(output)) Py_RETURN_NONE;
     if (walk_value(output, 1, &st) < 0) Py_RETURN_NONE;
@@ -730,21 +740,25 @@ static int acc_value(Acc *self, PyObject *v, Py_ssize_t group, Py_ssize_t path) 
     return 0;
 }
 
-static PyObject *acc_add(Acc *self, PyObject *args) {
-    PyObject *output;
-    Py_ssize_t group;
-    if (!PyArg_ParseTuple(args, "O!n", &PyDict_Type, &output, &group)) return NULL;
-    if (group < 0) { PyErr_SetString(PyExc_ValueError, "group must be >= 0"); return NULL; }
-    if (self->namer == NULL) { PyErr_SetString(PyExc_RuntimeError, "Acc is not initialised"); return NULL; }
-    if (ensure_root(self) < 0) return NULL;
+static int acc_group(Acc *self, Py_ssize_t group) {
+    if (group < 0) { PyErr_SetString(PyExc_ValueError, "group must be >= 0"); return -1; }
+    if (self->namer == NULL) { PyErr_SetString(PyExc_RuntimeError, "Acc is not initialised"); return -1; }
+    if (ensure_root(self) < 0) return -1;
     if (group >= self->ngroups) {
         group_map *gs = PyMem_Realloc(self->groups, sizeof(group_map) * (group + 1));
-        if (!gs) return PyErr_NoMemory();
+        if (!gs) { PyErr_NoMemory(); return -1; }
         memset(gs + self->ngroups, 0, sizeof(group_map) * (group + 1 - self->ngroups));
         self->groups = gs;
         self->ngroups = group + 1;
     }
-    if (acc_children(self, output, group, -1) < 0) return NULL;
+    return 0;
+}
+
+static PyObject *acc_add(Acc *self, PyObject *args) {
+    PyObject *output;
+    Py_ssize_t group;
+    if (!PyArg_ParseTuple(args, "O!n", &PyDict_Type, &output, &group)) return NULL;
+    if (acc_group(self, group) < 0 || acc_children(self, output, group, -1) < 0) return NULL;
     Py_RETURN_NONE;
 }
 
@@ -1033,20 +1047,6 @@ static int jt_members(Acc *self, jtext *t, Py_ssize_t group, Py_ssize_t path) {
         if (t->p < t->end && *t->p == '}') { t->p++; return 0; }
         return jt_bad("bad object");
     }
-}
-
-static int acc_group(Acc *self, Py_ssize_t group) {
-    if (group < 0) { PyErr_SetString(PyExc_ValueError, "group must be >= 0"); return -1; }
-    if (self->namer == NULL) { PyErr_SetString(PyExc_RuntimeError, "Acc is not initialised"); return -1; }
-    if (ensure_root(self) < 0) return -1;
-    if (group >= self->ngroups) {
-        group_map *gs = PyMem_Realloc(self->groups, sizeof(group_map) * (group + 1));
-        if (!gs) { PyErr_NoMemory(); return -1; }
-        memset(gs + self->ngroups, 0, sizeof(group_map) * (group + 1 - self->ngroups));
-        self->groups = gs;
-        self->ngroups = group + 1;
-    }
-    return 0;
 }
 
 static PyObject *acc_add_json(Acc *self, PyObject *args) {
@@ -1690,23 +1690,9 @@ static PyObject *py_scan_envelope(PyObject *self, PyObject *args) {
         if (span[k][0] == NULL) continue;
         val[k] = PyUnicode_DecodeUTF8((const char *)span[k][0], span[k][1] - span[k][0], "strict");
         if (val[k] == NULL) { r = SC_ERR; goto done; }
-        if (k != K_EVENT_ID && k != K_TS && !good_tag(val[k], max_tag)) goto done;
     }
-    if (val[K_SOURCE] != NULL) {
-        int known = 0;
-        for (size_t j = 0; j < sizeof sources / sizeof sources[0]; j++)
-            if (PyUnicode_CompareWithASCIIString(val[K_SOURCE], sources[j]) == 0) known = 1;
-        if (!known) goto done;
-    }
+    if (!plain_fields(val, max_tag)) goto done;
     PyObject *id = val[K_EVENT_ID];
-    if (id != NULL) {
-        if (PyUnicode_GET_LENGTH(id) > 128) goto done;
-        int kind = PyUnicode_KIND(id), blank = 1;
-        const void *data = PyUnicode_DATA(id);
-        for (Py_ssize_t i = 0; i < PyUnicode_GET_LENGTH(id) && blank; i++)
-            if (!Py_UNICODE_ISSPACE(PyUnicode_READ(kind, data, i))) blank = 0;
-        if (blank) goto done;
-    }
     if (val[K_TS] != NULL && (ts = parse_ts(val[K_TS])) == NULL) {
         if (PyErr_Occurred()) r = SC_ERR;
         goto done;
