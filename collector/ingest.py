@@ -232,18 +232,26 @@ def _import_one(path: Path, store: Store, limits: Limits, summary: ImportSummary
 
     def store_batches() -> None:
         ended = False
-        while not ended:
-            group: list[tuple[PreparedBatch, list[tuple[int, bytes]]]] = []
-            while len(group) < tx_batches:
+
+        def group(origins: list[list[tuple[int, bytes]]]) -> Iterator[PreparedBatch]:
+            # A transaction's batches, each handed to the store as the reading thread prepares it
+            # (the lines of each go to ``origins``): storing one overlaps preparing the next.
+            nonlocal ended
+            while len(origins) < tx_batches:
                 if (item := todo.get()) is None:
                     ended = True
-                    break
-                group.append(item)
-            if failure or not group:
+                    return
+                origins.append(item[1])
+                yield item[0]
+
+        while not ended:
+            origins: list[list[tuple[int, bytes]]] = []
+            if failure:
+                for _ in group(origins):  # the reading thread stops soon: let it go on to its end
+                    pass
                 continue
             try:
-                for results, (_, origin) in zip(store.write_batches([batch for batch, _ in group]), group,
-                                                strict=True):
+                for results, origin in zip(store.write_batches(group(origins), merge=False), origins, strict=True):
                     if len(results) != len(origin):
                         raise RuntimeError(f"the store answered {len(results)} results for {len(origin)} lines")
                     # Counted in C (this thread's Python takes the GIL from the reading thread, the
@@ -259,10 +267,24 @@ def _import_one(path: Path, store: Store, limits: Limits, summary: ImportSummary
                         with writing:
                             quarantine.writelines(lines)
                         conflicts[0] += len(lines)
+                if store.rollups_due:
+                    merges.put(True)
             except BaseException as exc:  # handed to the reading thread, which re-raises
                 failure.append(exc)
+        merges.put(False)
+
+    # Rollups are merged on a third thread, beside the next transaction's inserts (the merge has
+    # its own connection and lock, as in the service): storing then keeps pace with reading,
+    # which never waits for the store (1M lines: 2.8 of 7.7 s of the storing thread's CPU was
+    # merging; bench/README.md). A failed merge keeps its counts pending; the last flush raises.
+    merges: queue.Queue[bool] = queue.Queue()
+
+    def merge_rollups() -> None:
+        while merges.get():
+            store.merge_pending()
 
     worker = threading.Thread(target=store_batches, name="shapewatch-import", daemon=True)
+    merger = threading.Thread(target=merge_rollups, name="shapewatch-merge", daemon=True)
     now = datetime.now(UTC)
     # Envelopes go into the batch a thousand or so at a time, and their parsed outputs (if any)
     # are counted and let go then (see BatchBuilder).
@@ -273,6 +295,7 @@ def _import_one(path: Path, store: Store, limits: Limits, summary: ImportSummary
     try:
         with quarantine:
             worker.start()
+            merger.start()
             reported = 0
             for n, line in reader:
                 if progress is not None and reader.consumed - reported >= 1 << 20:
@@ -310,6 +333,7 @@ def _import_one(path: Path, store: Store, limits: Limits, summary: ImportSummary
                 todo.put((batch.finish(), origin))
             todo.put(None)
             worker.join()
+            merger.join()
             rejected_here += conflicts[0]
             summary.rejected += conflicts[0]
             if conflicts[0]:
@@ -318,6 +342,9 @@ def _import_one(path: Path, store: Store, limits: Limits, summary: ImportSummary
         if worker.is_alive():
             todo.put(None)
             worker.join()
+        if merger.is_alive():
+            merges.put(False)
+            merger.join()
     if failure:
         cause = failure[0]
         qpath.unlink(missing_ok=True)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -967,7 +967,7 @@ class Store:
         batch = envelopes if isinstance(envelopes, PreparedBatch) else self.prepare_batch(envelopes)
         return self.write_batches([batch], now=now, merge=merge)[0]
 
-    def write_batches(self, batches: Sequence[PreparedBatch], *, now: datetime | None = None,
+    def write_batches(self, batches: Iterable[PreparedBatch], *, now: datetime | None = None,
                       merge: bool = True) -> list[list[WriteResult]]:
         """Several prepared batches in one transaction; the results of each, as ``write_batch``.
 
@@ -978,19 +978,24 @@ class Store:
         transaction, 2.49-2.75 s in five; bench/README.md). A batch holding a key stored before
         (or by an earlier batch of the same call) rolls the transaction back: the batches are
         then written in a transaction each, knowing which keys are stored.
+
+        ``batches`` may be an iterator that waits for each batch (bulk import's reading thread
+        prepares them): each is inserted as it comes, in the open transaction, so storing
+        overlaps preparing instead of waiting for the whole group (the write lock is held
+        meanwhile).
         """
         if self.read_only:
             raise StoreError("writing", "the store was opened read-only")
         with self._write_lock:
             try:
-                written = self._write(list(batches), now)
+                drawn, written = self._write(batches, now)
             except duckdb.Error as exc:  # outside the transaction: a new cohort's insert, a register
                 raise self._failed("writing a batch", exc) from exc
             if merge and self._defer is not None and self._pending_events >= self._defer[0]:
                 with self._merge_lock:
                     self._flush_after_commit()
         return [_results(batch, inserted, existing)
-                for batch, (inserted, existing) in zip(batches, written, strict=True)]
+                for batch, (inserted, existing) in zip(drawn, written, strict=True)]
 
     def _batch_time(self, now: datetime | None) -> datetime:
         # Strictly increasing per store, so one batch's received_at never equals another's.
@@ -1001,15 +1006,16 @@ class Store:
         self._last_batch_time = t
         return t
 
-    def _write(self, batches: list[PreparedBatch], now: datetime | None) -> list[tuple[set[str], dict[str, str]]]:
-        """(ids inserted, {stored id: its hash}) of each batch; the write lock is held."""
-        times = [self._batch_time(now) for _ in batches]
-        out: list[tuple[set[str], dict[str, str]]] = [(set(), {}) for _ in batches]
-        live = [i for i, batch in enumerate(batches) if batch.unique]
-        if not live:
-            return out
+    def _write(self, batches: Iterable[PreparedBatch], now: datetime | None
+               ) -> tuple[list[PreparedBatch], list[tuple[set[str], dict[str, str]]]]:
+        """The batches drawn from ``batches``, and (ids inserted, {stored id: its hash}) of each;
+        the write lock is held."""
+        drawn: list[PreparedBatch] = []
+        times: list[datetime] = []
+        out: list[tuple[set[str], dict[str, str]]] = []
         self._pending_cohorts = {}
         self._staged = []
+        rest = iter(batches)
         try:
             # Cohorts new to the batch go first, in their own statement, and may outlive a
             # failed insert harmlessly; the keys and the events commit together. With deferred
@@ -1017,21 +1023,32 @@ class Store:
             # and waits to get it back from the request threads (BEGIN alone averaged 2 ms under
             # the HTTP benchmark).
             try:
-                if len(live) == 1 and self._defer is not None:
-                    out[live[0]] = self._insert(self._con, batches[live[0]], times[live[0]], probe=False, whole=True)
+                if isinstance(batches, Sequence) and len(batches) == 1 and self._defer is not None:
+                    drawn, times = [batches[0]], [self._batch_time(now)]
+                    out = [self._insert(self._con, drawn[0], times[0], probe=False, whole=True)
+                           if drawn[0].unique else (set(), {})]
                 else:
                     with self._transaction("writing a batch") as con:
-                        for i in live:
-                            out[i] = self._insert(con, batches[i], times[i], probe=False)
+                        for batch in rest:
+                            drawn.append(batch)
+                            times.append(self._batch_time(now))
+                            out.append(self._insert(con, batch, times[-1], probe=False) if batch.unique
+                                       else (set(), {}))
                 self._committed(out)
             except _StoredBefore:  # rolled back: again, a batch at a time, knowing which keys are stored
                 self._pending_cohorts = {}
                 self._staged = []
-                out = [(set(), {}) for _ in batches]
-                for i in live:
+                for batch in rest:  # the group's batches not drawn yet
+                    drawn.append(batch)
+                    times.append(self._batch_time(now))
+                out = []
+                for batch, t in zip(drawn, times, strict=True):
+                    if not batch.unique:
+                        out.append((set(), {}))
+                        continue
                     with self._transaction("writing a batch") as con:
-                        out[i] = self._insert(con, batches[i], times[i], probe=True)
-                    self._committed([out[i]])
+                        out.append(self._insert(con, batch, t, probe=True))
+                    self._committed([out[-1]])
         finally:
             try:
                 self._con.unregister("_batch")
@@ -1042,7 +1059,7 @@ class Store:
                 self._fit_memory()
             except duckdb.Error as exc:  # the next batch tries again
                 log.warning("raising DuckDB's memory limit for the key index failed: %s", exc)
-        return out
+        return drawn, out
 
     def _committed(self, written: list[tuple[set[str], dict[str, str]]]) -> None:
         """Take note of what a transaction just committed: its cohorts, keys and counts."""
