@@ -395,6 +395,18 @@ typedef struct {
     Py_ssize_t len, child;
 } kc_entry;
 
+typedef struct {
+    uint64_t hash;
+    Py_ssize_t off, len;  /* the value's bytes: arena[off:off + len] */
+    long long n;
+} vt_entry;
+
+struct vt_table {
+    vt_entry *e;    /* in order of first appearance */
+    uint32_t *idx;  /* open addressing over e: entry index + 1 (0: empty), at most half full */
+    uint32_t n, cap, icap;
+};
+
 struct kc_list {
     kc_entry *e;
     int n, cap, next;  /* next: where the last hit ended (keys come back in the same order) */
@@ -410,12 +422,18 @@ typedef struct {
     Py_ssize_t ngroups;
     long long *counts;    /* slot * NCOUNT */
     Py_ssize_t *slot_group, *slot_path;
-    PyObject *values;     /* list: slot -> dict str -> int */
-    PyObject *lengths;    /* list: slot -> dict int -> int */
+    /* slot -> short string value (its UTF-8 bytes, kept in `arena`) -> count, in order of first
+     * appearance: counting a value makes no Python object (a str and a dict update per value
+     * were most of add_json's time) */
+    struct vt_table *vals;
+    char *arena;
+    Py_ssize_t arena_len, arena_cap, nvalues;
+    nb_table *lens;       /* slot -> array length -> count (a table as for number bins) */
+    Py_ssize_t nlens;     /* lengths over all slots */
     Py_ssize_t nslots, cap;
     Py_ssize_t max_value_length;
-    /* slot -> number bin code -> count. Numbers are the most frequent leaves, so unlike
-     * values and lengths they get no dict (and no boxed key or count). */
+    /* slot -> number bin code -> count: a C table, no dict (and no boxed key or count), as for
+     * values and lengths. */
     nb_table *numbers;
     Py_ssize_t nnumbers;  /* bins over all slots */
     /* add_json's cache of keys as written: parent id + 1 -> (key text, child id), so a key seen
@@ -432,8 +450,14 @@ static void acc_dealloc(Acc *self) {
     PyMem_Free(self->kc);
     Py_XDECREF(self->namer);
     Py_XDECREF(self->children);
-    Py_XDECREF(self->values);
-    Py_XDECREF(self->lengths);
+    for (Py_ssize_t s = 0; s < self->nslots; s++) {
+        PyMem_Free(self->lens[s].entries);
+        PyMem_Free(self->vals[s].e);
+        PyMem_Free(self->vals[s].idx);
+    }
+    PyMem_Free(self->vals);
+    PyMem_Free(self->lens);
+    PyMem_Free(self->arena);
     for (Py_ssize_t g = 0; g < self->ngroups; g++) PyMem_Free(self->groups[g].slot_of_path);
     for (Py_ssize_t s = 0; s < self->nslots; s++) PyMem_Free(self->numbers[s].entries);
     PyMem_Free(self->numbers);
@@ -457,9 +481,7 @@ static int acc_init(Acc *self, PyObject *args, PyObject *kw) {
     self->namer = namer;
     self->max_value_length = maxlen;
     self->children = PyList_New(0);
-    self->values = PyList_New(0);
-    self->lengths = PyList_New(0);
-    if (!self->children || !self->values || !self->lengths) return -1;
+    if (!self->children) return -1;
     return 0;
 }
 
@@ -548,15 +570,17 @@ static Py_ssize_t slot_of(Acc *self, Py_ssize_t group, Py_ssize_t path) {
         nb_table *nt = PyMem_Realloc(self->numbers, sizeof(nb_table) * cap);
         if (!nt) { PyErr_NoMemory(); return -1; }
         self->numbers = nt;
+        struct vt_table *vt = PyMem_Realloc(self->vals, sizeof(struct vt_table) * cap);
+        if (!vt) { PyErr_NoMemory(); return -1; }
+        self->vals = vt;
+        nb_table *lt = PyMem_Realloc(self->lens, sizeof(nb_table) * cap);
+        if (!lt) { PyErr_NoMemory(); return -1; }
+        self->lens = lt;
         self->cap = cap;
     }
     s = self->nslots;
-    PyObject *vd = PyDict_New(), *ld = PyDict_New();
-    if (!vd || !ld || PyList_Append(self->values, vd) < 0 || PyList_Append(self->lengths, ld) < 0) {
-        Py_XDECREF(vd); Py_XDECREF(ld); return -1;
-    }
-    Py_DECREF(vd);
-    Py_DECREF(ld);
+    memset(self->vals + s, 0, sizeof(struct vt_table));
+    memset(self->lens + s, 0, sizeof(nb_table));
     self->nslots++;
     memset(self->counts + s * NCOUNT, 0, sizeof(long long) * NCOUNT);
     memset(self->numbers + s, 0, sizeof(nb_table));
@@ -566,15 +590,67 @@ static Py_ssize_t slot_of(Acc *self, Py_ssize_t group, Py_ssize_t path) {
     return s;
 }
 
-static int bump(PyObject *dict, PyObject *key) {
-    PyObject *n = PyDict_GetItemWithError(dict, key);
-    long long v = 0;
-    if (n != NULL) v = PyLong_AsLongLong(n);
-    else if (PyErr_Occurred()) return -1;
-    PyObject *nv = PyLong_FromLongLong(v + 1);
-    int r = nv ? PyDict_SetItem(dict, key, nv) : -1;
-    Py_XDECREF(nv);
-    return r;
+static inline uint64_t vt_hash(const char *p, Py_ssize_t n) {  /* FNV-1a */
+    uint64_t h = 1469598103934665603ULL;
+    for (Py_ssize_t i = 0; i < n; i++) h = (h ^ (unsigned char)p[i]) * 1099511628211ULL;
+    return h;
+}
+
+/* Count one short string value (its UTF-8 bytes) in its slot. */
+static int vt_bump(Acc *self, Py_ssize_t slot, const char *p, Py_ssize_t len) {
+    struct vt_table *t = &self->vals[slot];
+    uint64_t h = vt_hash(p, len);
+    uint32_t mask = t->icap - 1, i = (uint32_t)h & mask;
+    if (t->icap) {
+        for (uint32_t j; (j = t->idx[i]) != 0; i = (i + 1) & mask) {
+            vt_entry *e = &t->e[j - 1];
+            if (e->hash == h && e->len == len && memcmp(self->arena + e->off, p, (size_t)len) == 0) {
+                e->n++;
+                return 0;
+            }
+        }
+    }
+    /* a new value: its text must be UTF-8 (it becomes an Arrow string) */
+    PyObject *check = PyUnicode_DecodeUTF8(p, len, "strict");
+    if (check == NULL) return -1;
+    Py_DECREF(check);
+    if (self->arena_len + len > self->arena_cap) {
+        Py_ssize_t cap = self->arena_cap ? self->arena_cap * 2 : 4096;
+        while (cap < self->arena_len + len) cap *= 2;
+        char *a = PyMem_Realloc(self->arena, (size_t)cap);
+        if (!a) { PyErr_NoMemory(); return -1; }
+        self->arena = a;
+        self->arena_cap = cap;
+    }
+    memcpy(self->arena + self->arena_len, p, (size_t)len);
+    if (t->n == t->cap) {
+        uint32_t cap = t->cap ? t->cap * 2 : 4;
+        vt_entry *e = PyMem_Realloc(t->e, sizeof(vt_entry) * cap);
+        if (!e) { PyErr_NoMemory(); return -1; }
+        t->e = e;
+        t->cap = cap;
+    }
+    t->e[t->n] = (vt_entry){h, self->arena_len, len, 1};
+    self->arena_len += len;
+    t->n++;
+    self->nvalues++;
+    if (t->n * 2 > t->icap) {  /* (re)build the index */
+        uint32_t icap = t->icap ? t->icap * 2 : 8;
+        while (t->n * 2 > icap) icap *= 2;
+        uint32_t *idx = PyMem_Calloc(icap, sizeof(uint32_t));
+        if (!idx) { PyErr_NoMemory(); return -1; }
+        for (uint32_t j = 0; j < t->n; j++) {
+            uint32_t k = (uint32_t)t->e[j].hash & (icap - 1);
+            while (idx[k]) k = (k + 1) & (icap - 1);
+            idx[k] = j + 1;
+        }
+        PyMem_Free(t->idx);
+        t->idx = idx;
+        t->icap = icap;
+    } else {
+        t->idx[i] = t->n;  /* i: the empty place the probe ended at */
+    }
+    return 0;
 }
 
 /* --- number bins ------------------------------------------------------------------------ */
@@ -652,9 +728,8 @@ static int nb_grow(nb_table *t) {
     return 0;
 }
 
-static int nb_count(Acc *self, Py_ssize_t slot, int32_t code) {
-    if (code == NB_NONE) return 0;
-    nb_table *t = &self->numbers[slot];
+/* One more of `code` in table t (*total counts the entries of all tables of its kind). */
+static int tb_count(nb_table *t, int32_t code, Py_ssize_t *total) {
     if (t->used * 2 >= t->cap && nb_grow(t) < 0) return -1;
     uint32_t mask = t->cap - 1, i = nb_hash(code) & mask;
     for (;;) {
@@ -663,12 +738,22 @@ static int nb_count(Acc *self, Py_ssize_t slot, int32_t code) {
             e->code = code;
             e->n = 1;
             t->used++;
-            self->nnumbers++;
+            (*total)++;
             return 0;
         }
         if (e->code == code) { e->n++; return 0; }
         i = (i + 1) & mask;
     }
+}
+
+static int nb_count(Acc *self, Py_ssize_t slot, int32_t code) {
+    if (code == NB_NONE) return 0;
+    return tb_count(&self->numbers[slot], code, &self->nnumbers);
+}
+
+static int len_count(Acc *self, Py_ssize_t slot, Py_ssize_t n) {
+    if (n > INT32_MAX) { PyErr_SetString(PyExc_OverflowError, "an array too long to count"); return -1; }
+    return tb_count(&self->lens[slot], (int32_t)n, &self->nlens);
 }
 
 static int acc_value(Acc *self, PyObject *v, Py_ssize_t group, Py_ssize_t path);
@@ -718,17 +803,15 @@ static int acc_value(Acc *self, PyObject *v, Py_ssize_t group, Py_ssize_t path) 
     } else if (PyUnicode_CheckExact(v)) {
         c[C_STRING]++;
         if (PyUnicode_GET_LENGTH(v) <= self->max_value_length) {
-            if (bump(PyList_GET_ITEM(self->values, slot), v) < 0) return -1;
+            Py_ssize_t len;
+            const char *u = PyUnicode_AsUTF8AndSize(v, &len);
+            if (u == NULL || vt_bump(self, slot, u, len) < 0) return -1;
         } else {
             c[C_LONG]++;
         }
     } else if (PyList_CheckExact(v)) {
         c[C_ARRAY]++;
-        PyObject *len = PyLong_FromSsize_t(PyList_GET_SIZE(v));
-        if (!len) return -1;
-        int r = bump(PyList_GET_ITEM(self->lengths, slot), len);
-        Py_DECREF(len);
-        if (r < 0) return -1;
+        if (len_count(self, slot, PyList_GET_SIZE(v)) < 0) return -1;
         return acc_children(self, v, group, path);
     } else if (PyDict_CheckExact(v)) {
         c[C_OBJECT]++;
@@ -802,7 +885,9 @@ static int hexval(unsigned char c) {
 }
 
 /* The string at t->p (its opening quote) as a new str; *chars gets its length in code points. */
-static PyObject *jt_string(jtext *t, Py_ssize_t *chars) {
+/* The string at t->p (its opening quote) as UTF-8: *out points into the text itself when it
+ * has no escape, else into t->tmp; *chars counts its code points. -1 with an exception set. */
+static int jt_unescape(jtext *t, const char **out, Py_ssize_t *outlen, Py_ssize_t *chars) {
     const unsigned char *s = ++t->p, *p = s;
     int escaped = 0;
     Py_ssize_t n = 0;
@@ -811,13 +896,15 @@ static PyObject *jt_string(jtext *t, Py_ssize_t *chars) {
         if ((*p & 0xC0) != 0x80) n++;
         p++;
     }
-    if (p >= t->end) { jt_bad("unterminated string"); return NULL; }
+    if (p >= t->end) return jt_bad("unterminated string");
     t->p = p + 1;
     if (!escaped) {
         *chars = n;
-        return PyUnicode_DecodeUTF8((const char *)s, p - s, "strict");
+        *out = (const char *)s;
+        *outlen = p - s;
+        return 0;
     }
-    if (jt_room(t, (p - s) + 4) < 0) return NULL;
+    if (jt_room(t, (p - s) + 4) < 0) return -1;
     char *o = t->tmp;
     for (const unsigned char *q = s; q < p;) {
         if (*q != '\\') { *o++ = (char)*q++; continue; }
@@ -832,11 +919,11 @@ static PyObject *jt_string(jtext *t, Py_ssize_t *chars) {
         case 'r': *o++ = '\r'; break;
         case 't': *o++ = '\t'; break;
         case 'u': {
-            if (p - q < 4) { jt_bad("short \\u escape"); return NULL; }
+            if (p - q < 4) return jt_bad("short \\u escape");
             uint32_t cp = 0;
             for (int i = 0; i < 4; i++) {
                 int h = hexval(q[i]);
-                if (h < 0) { jt_bad("bad \\u escape"); return NULL; }
+                if (h < 0) return jt_bad("bad \\u escape");
                 cp = cp * 16 + (uint32_t)h;
             }
             q += 4;
@@ -853,7 +940,7 @@ static PyObject *jt_string(jtext *t, Py_ssize_t *chars) {
                     q += 6;
                 }
             }
-            if (cp >= 0xD800 && cp <= 0xDFFF) { jt_bad("lone surrogate"); return NULL; }
+            if (cp >= 0xD800 && cp <= 0xDFFF) return jt_bad("lone surrogate");
             if (cp < 0x80) *o++ = (char)cp;
             else if (cp < 0x800) { *o++ = (char)(0xC0 | (cp >> 6)); *o++ = (char)(0x80 | (cp & 0x3F)); }
             else if (cp < 0x10000) {
@@ -865,12 +952,22 @@ static PyObject *jt_string(jtext *t, Py_ssize_t *chars) {
             }
             break;
         }
-        default: jt_bad("bad escape"); return NULL;
+        default: return jt_bad("bad escape");
         }
     }
-    PyObject *r = PyUnicode_DecodeUTF8(t->tmp, o - t->tmp, "strict");
-    if (r) *chars = PyUnicode_GET_LENGTH(r);
-    return r;
+    *out = t->tmp;
+    *outlen = o - t->tmp;
+    n = 0;
+    for (const char *q = t->tmp; q < o; q++) n += (*q & 0xC0) != 0x80;
+    *chars = n;
+    return 0;
+}
+
+static PyObject *jt_string(jtext *t, Py_ssize_t *chars) {
+    const char *u;
+    Py_ssize_t len;
+    if (jt_unescape(t, &u, &len, chars) < 0) return NULL;
+    return PyUnicode_DecodeUTF8(u, len, "strict");
 }
 
 /* The bin code of the number at t->p, and whether it counts as an integer (as add() counts
@@ -930,14 +1027,22 @@ static int jt_value(Acc *self, jtext *t, Py_ssize_t group, Py_ssize_t path) {
     if (ch == 'f') { c[C_BOOLEAN]++; t->p += 5; return 0; }
     if (ch == '"') {
         c[C_STRING]++;
-        Py_ssize_t chars;
-        PyObject *s = jt_string(t, &chars);
-        if (!s) return -1;
-        int r = 0;
-        if (chars <= self->max_value_length) r = bump(PyList_GET_ITEM(self->values, slot), s);
-        else c = self->counts + slot * NCOUNT, c[C_LONG]++;
-        Py_DECREF(s);
-        return r;
+        /* a long string without escapes is counted without making it */
+        const unsigned char *q = t->p + 1;
+        Py_ssize_t n = 0;
+        while (q < t->end && *q != '"' && *q != '\\') n += (*q++ & 0xC0) != 0x80;
+        if (q < t->end && *q == '"' && n > self->max_value_length) {
+            t->p = q + 1;
+            c[C_LONG]++;
+            return 0;
+        }
+        Py_ssize_t chars, len;
+        const char *u;
+        if (jt_unescape(t, &u, &len, &chars) < 0) return -1;
+        if (chars <= self->max_value_length) return vt_bump(self, slot, u, len);
+        c = self->counts + slot * NCOUNT;
+        c[C_LONG]++;
+        return 0;
     }
     if (ch == '-' || (ch >= '0' && ch <= '9')) {
         int32_t code;
@@ -965,11 +1070,7 @@ static int jt_value(Acc *self, jtext *t, Py_ssize_t group, Py_ssize_t path) {
                 return jt_bad("bad array");
             }
         }
-        PyObject *len = PyLong_FromSsize_t(n);
-        if (!len) return -1;
-        int r = bump(PyList_GET_ITEM(self->lengths, slot), len);
-        Py_DECREF(len);
-        return r;
+        return len_count(self, slot, n);
     }
     if (ch == '{') {
         c[C_OBJECT]++;
@@ -1078,12 +1179,12 @@ static PyObject *acc_counts(Acc *self, PyObject *unused) {
     return out;
 }
 
-/* The number bins as three packed native arrays (bytes): slots (int64), representative
- * values (float64) and counts (int64), by slot. Not lists: a batch has several bins per
- * event, and boxing each slot, value and count cost more than counting them (Arrow
- * wraps these buffers without a copy). */
-static PyObject *acc_number_rows(Acc *self) {
-    Py_ssize_t n = self->nnumbers;
+/* The number bins (bins 1) or array lengths (bins 0) as three packed native arrays (bytes):
+ * slots (int64), representative values (float64) or lengths (int64), and counts (int64), by
+ * slot. Not lists: a batch has several bins per event, and boxing each slot, value and count
+ * cost more than counting them (Arrow wraps these buffers without a copy). */
+static PyObject *acc_table_rows(Acc *self, int bins) {
+    Py_ssize_t n = bins ? self->nnumbers : self->nlens;
     PyObject *slots = PyBytes_FromStringAndSize(NULL, n * 8);
     PyObject *values = PyBytes_FromStringAndSize(NULL, n * 8);
     PyObject *counts = PyBytes_FromStringAndSize(NULL, n * 8);
@@ -1095,14 +1196,18 @@ static PyObject *acc_number_rows(Acc *self) {
     }
     int64_t *ps = (int64_t *)PyBytes_AS_STRING(slots), *pn = (int64_t *)PyBytes_AS_STRING(counts);
     double *pv = (double *)PyBytes_AS_STRING(values);
+    int64_t *pl = (int64_t *)PyBytes_AS_STRING(values);
     Py_ssize_t row = 0;
     for (Py_ssize_t s = 0; s < self->nslots; s++) {
-        nb_table *t = &self->numbers[s];
+        nb_table *t = bins ? &self->numbers[s] : &self->lens[s];
         for (uint32_t i = 0; i < t->cap; i++) {
             nb_entry *e = &t->entries[i];
             if (e->n == 0) continue;
             ps[row] = s;
-            pv[row] = nb_value(e->code);
+            if (bins)
+                pv[row] = nb_value(e->code);
+            else
+                pl[row] = e->code;
             pn[row] = e->n;
             row++;
         }
@@ -1116,18 +1221,7 @@ static PyObject *acc_number_rows(Acc *self) {
  * events, and boxing each into lists that Arrow then converts cost about 1 us per event. */
 static PyObject *acc_value_rows(Acc *self, PyObject *Py_UNUSED(ignored)) {
     if (self->namer == NULL) { PyErr_SetString(PyExc_RuntimeError, "Acc is not initialised"); return NULL; }
-    Py_ssize_t n = 0, nbytes = 0;
-    PyObject *k, *v;
-    for (Py_ssize_t s = 0; s < self->nslots; s++) {
-        PyObject *d = PyList_GET_ITEM(self->values, s);
-        Py_ssize_t pos = 0;
-        while (PyDict_Next(d, &pos, &k, &v)) {
-            Py_ssize_t len;
-            if (PyUnicode_AsUTF8AndSize(k, &len) == NULL) return NULL;
-            n++;
-            nbytes += len;
-        }
-    }
+    Py_ssize_t n = self->nvalues, nbytes = self->arena_len;
     if (nbytes > INT32_MAX) { PyErr_SetString(PyExc_OverflowError, "value rows exceed 2 GiB of text"); return NULL; }
     PyObject *slots = PyBytes_FromStringAndSize(NULL, n * 8);
     PyObject *offsets = PyBytes_FromStringAndSize(NULL, (n + 1) * 4);
@@ -1140,26 +1234,17 @@ static PyObject *acc_value_rows(Acc *self, PyObject *Py_UNUSED(ignored)) {
     Py_ssize_t row = 0, at = 0;
     po[0] = 0;
     for (Py_ssize_t s = 0; s < self->nslots; s++) {
-        PyObject *d = PyList_GET_ITEM(self->values, s);
-        Py_ssize_t pos = 0;
-        while (PyDict_Next(d, &pos, &k, &v)) {
-            Py_ssize_t len;
-            const char *u = PyUnicode_AsUTF8AndSize(k, &len);  /* cached by the first pass */
-            long long c = PyLong_AsLongLong(v);
-            if (u == NULL || (c == -1 && PyErr_Occurred())) goto fail;
-            if (row >= n || at + len > nbytes) {  /* the dicts changed between the passes */
-                PyErr_SetString(PyExc_RuntimeError, "value counts changed while being read");
-                goto fail;
-            }
-            memcpy(pd + at, u, (size_t)len);
-            at += len;
+        struct vt_table *t = &self->vals[s];
+        for (uint32_t j = 0; j < t->n; j++) {
+            vt_entry *e = &t->e[j];
+            memcpy(pd + at, self->arena + e->off, (size_t)e->len);
+            at += e->len;
             ps[row] = s;
-            pn[row] = c;
+            pn[row] = e->n;
             po[row + 1] = (int32_t)at;
             row++;
         }
     }
-    if (row != n) { PyErr_SetString(PyExc_RuntimeError, "value counts changed while being read"); goto fail; }
     return Py_BuildValue("(NNNN)", slots, offsets, data, counts);
 fail:
     Py_XDECREF(slots);
@@ -1169,32 +1254,29 @@ fail:
     return NULL;
 }
 
-/* rows(which) -> (slots, keys, counts): the per-slot dicts of `values` (which=0) or
- * `lengths` (which=1) flattened into three parallel lists, for building columns; or the
- * number bins (which=2) as three packed arrays (see acc_number_rows). */
+/* rows(which) -> (slots, keys, counts): the values (which=0) as three parallel lists; the array
+ * lengths (which=1) or number bins (which=2) as three packed arrays (see acc_table_rows). */
 static PyObject *acc_rows(Acc *self, PyObject *arg) {
     if (self->namer == NULL) { PyErr_SetString(PyExc_RuntimeError, "Acc is not initialised"); return NULL; }
     long which = PyLong_AsLong(arg);
     if (which == -1 && PyErr_Occurred()) return NULL;
     if (which < 0 || which > 2) { PyErr_SetString(PyExc_ValueError, "rows(which): which is 0, 1 or 2"); return NULL; }
-    if (which == 2) return acc_number_rows(self);
-    PyObject *src = which ? self->lengths : self->values;
+    if (which > 0) return acc_table_rows(self, which == 2);
     PyObject *slots = PyList_New(0), *keys = PyList_New(0), *counts = PyList_New(0);
     if (!slots || !keys || !counts) goto fail;
     for (Py_ssize_t s = 0; s < self->nslots; s++) {
-        PyObject *d = PyList_GET_ITEM(src, s);
-        if (PyDict_GET_SIZE(d) == 0) continue;
-        PyObject *sv = PyLong_FromSsize_t(s);
-        if (!sv) goto fail;
-        Py_ssize_t pos = 0;
-        PyObject *k, *v;
-        while (PyDict_Next(d, &pos, &k, &v)) {
-            if (PyList_Append(slots, sv) < 0 || PyList_Append(keys, k) < 0 || PyList_Append(counts, v) < 0) {
-                Py_DECREF(sv);
-                goto fail;
-            }
+        struct vt_table *t = &self->vals[s];
+        for (uint32_t j = 0; j < t->n; j++) {
+            PyObject *sv = PyLong_FromSsize_t(s);
+            PyObject *k = PyUnicode_DecodeUTF8(self->arena + t->e[j].off, t->e[j].len, "strict");
+            PyObject *v = PyLong_FromLongLong(t->e[j].n);
+            int r = sv && k && v && PyList_Append(slots, sv) == 0 && PyList_Append(keys, k) == 0 &&
+                    PyList_Append(counts, v) == 0;
+            Py_XDECREF(sv);
+            Py_XDECREF(k);
+            Py_XDECREF(v);
+            if (!r) goto fail;
         }
-        Py_DECREF(sv);
     }
     return Py_BuildValue("(NNN)", slots, keys, counts);
 fail:
@@ -1206,7 +1288,7 @@ fail:
 
 static PyMethodDef acc_methods[] = {
     {"rows", (PyCFunction)acc_rows, METH_O,
-     "rows(0|1|2) -> (slots, keys, counts) of values (0), lengths (1) or number bins (2, packed)."},
+     "rows(0|1|2) -> (slots, keys, counts) of values (0, lists), lengths (1, packed) or number bins (2, packed)."},
     {"add", (PyCFunction)acc_add, METH_VARARGS, "add(output: dict, group: int): count one output."},
     {"add_json", (PyCFunction)acc_add_json, METH_VARARGS,
      "add_json(text, group): count one output given as JSON text, as add(json.loads(text), group)."},
@@ -1624,21 +1706,54 @@ static Py_ssize_t sc_compact(const unsigned char *p, Py_ssize_t n, char *out) {
     return o;
 }
 
-static PyObject *py_scan_envelope(PyObject *self, PyObject *args) {
-    Py_buffer raw;
-    Py_ssize_t max_tag;
+typedef struct {
+    Py_ssize_t max_tag, max_depth, max_array, max_key, max_leaves;
+} scan_limits;
+
+enum { F_EVENT_ID, F_TS, F_MODEL, F_PROMPT_VERSION, F_CONTRACT, F_SERVED_MODEL, F_CONTRACT_VERSION, F_SOURCE,
+       F_RUN_ID, F_AGENT_RELEASE, F_FINISH_REASON, F_TEXT, F_HASH, NFIELDS };
+
+/* A tag's value: the one in cache[k] when it is the same text (the envelopes of a file mostly
+ * repeat their tags: one object then serves them all, and its hash is computed once), else a
+ * new str that takes its place there. cache NULL: always a new str. */
+static PyObject *tag_value(PyObject **cache, int k, const unsigned char *a, const unsigned char *b) {
+    Py_ssize_t n = b - a;
+    if (cache != NULL && k != K_EVENT_ID && k != K_TS) {
+        PyObject *c = cache[k];
+        if (c != NULL && PyUnicode_IS_ASCII(c) && PyUnicode_GET_LENGTH(c) == n &&
+            memcmp(PyUnicode_1BYTE_DATA(c), a, (size_t)n) == 0) {
+            Py_INCREF(c);
+            return c;
+        }
+    }
+    PyObject *v = PyUnicode_DecodeUTF8((const char *)a, n, "strict");
+    if (v != NULL && cache != NULL && k != K_EVENT_ID && k != K_TS) {
+        Py_XDECREF(cache[k]);
+        Py_INCREF(v);
+        cache[k] = v;
+    }
+    return v;
+}
+
+/* One envelope's text, read in one pass: 1 with f[0..NFIELDS) set (new references, NULL for
+ * None) in scan_envelope's order; 0 when it is not the plain case (nothing set); -1 with an
+ * exception set. cache: see tag_value. */
+static int scan_core(const unsigned char *buf, Py_ssize_t len, const scan_limits *lim, PyObject **cache,
+                     PyObject **f) {
     scan_t s = {0};
     const unsigned char *out_start = NULL, *out_end = NULL;
     char *compact = NULL;
-    if (!PyArg_ParseTuple(args, "y*nnnnn", &raw, &max_tag, &s.max_depth, &s.max_array, &s.max_key, &s.max_leaves))
-        return NULL;
-    s.p = raw.buf;
-    s.end = s.p + raw.len;
+    s.max_depth = lim->max_depth;
+    s.max_array = lim->max_array;
+    s.max_key = lim->max_key;
+    s.max_leaves = lim->max_leaves;
+    s.p = buf;
+    s.end = s.p + len;
     const unsigned char *span[NKEYS][2];  /* a tag's text between its quotes; NULL: absent or null */
     int seen[NKEYS] = {0};
     memset(span, 0, sizeof span);
-    PyObject *res = NULL, *val[NKEYS] = {0}, *ts = NULL;
-    int r = SC_NO;
+    PyObject *val[NKEYS] = {0}, *ts = NULL;
+    int r = SC_NO, done_ok = 0;
     sc_ws(&s);
     if (s.p >= s.end || *s.p != '{') goto done;
     s.p++;
@@ -1688,11 +1803,10 @@ static PyObject *py_scan_envelope(PyObject *self, PyObject *args) {
     if (s.p != s.end || !seen[K_OUTPUT] || span[K_MODEL][0] == NULL || span[K_PROMPT_VERSION][0] == NULL) goto done;
     for (int k = 0; k < NKEYS; k++) {
         if (span[k][0] == NULL) continue;
-        val[k] = PyUnicode_DecodeUTF8((const char *)span[k][0], span[k][1] - span[k][0], "strict");
+        val[k] = tag_value(cache, k, span[k][0], span[k][1]);
         if (val[k] == NULL) { r = SC_ERR; goto done; }
     }
-    if (!plain_fields(val, max_tag)) goto done;
-    PyObject *id = val[K_EVENT_ID];
+    if (!plain_fields(val, lim->max_tag)) goto done;
     if (val[K_TS] != NULL && (ts = parse_ts(val[K_TS])) == NULL) {
         if (PyErr_Occurred()) r = SC_ERR;
         goto done;
@@ -1731,27 +1845,153 @@ static PyObject *py_scan_envelope(PyObject *self, PyObject *args) {
         b2_final_hex(&h, 16, hex);
         PyObject *text = PyUnicode_DecodeUTF8(text_at, text_len, "strict");
         PyObject *digest = PyUnicode_FromStringAndSize(hex, 32);
-#define OR_NONE(x) ((x) != NULL ? (x) : Py_None)
-        if (text && digest)
-            res = Py_BuildValue("(OOOOOOOOOOONN)", OR_NONE(id), OR_NONE(ts), val[K_MODEL], val[K_PROMPT_VERSION],
-                                OR_NONE(val[K_CONTRACT]), OR_NONE(val[K_SERVED_MODEL]),
-                                OR_NONE(val[K_CONTRACT_VERSION]), OR_NONE(val[K_SOURCE]), OR_NONE(val[K_RUN_ID]),
-                                OR_NONE(val[K_AGENT_RELEASE]), OR_NONE(val[K_FINISH_REASON]), text, digest);
-        else {
+        if (text == NULL || digest == NULL) {
             Py_XDECREF(text);
             Py_XDECREF(digest);
+            r = SC_ERR;
+            goto done;
         }
-#undef OR_NONE
-        r = res ? 0 : SC_ERR;
+        static const int from[] = {K_EVENT_ID, K_TS, K_MODEL, K_PROMPT_VERSION, K_CONTRACT, K_SERVED_MODEL,
+                                   K_CONTRACT_VERSION, K_SOURCE, K_RUN_ID, K_AGENT_RELEASE, K_FINISH_REASON};
+        for (int j = 0; j < F_TEXT; j++) {
+            int k = from[j];
+            if (k == K_TS) {
+                f[j] = ts;
+                ts = NULL;
+            } else {
+                f[j] = val[k];
+                val[k] = NULL;
+            }
+        }
+        f[F_TEXT] = text;
+        f[F_HASH] = digest;
+        done_ok = 1;
     }
 done:
     for (int k = 0; k < NKEYS; k++) Py_XDECREF(val[k]);
     Py_XDECREF(ts);
     PyMem_Free(compact);
+    if (done_ok) return 1;
+    return r == SC_ERR ? -1 : 0;
+}
+
+static PyObject *py_scan_envelope(PyObject *self, PyObject *args) {
+    Py_buffer raw;
+    scan_limits lim;
+    PyObject *f[NFIELDS] = {0};
+    if (!PyArg_ParseTuple(args, "y*nnnnn", &raw, &lim.max_tag, &lim.max_depth, &lim.max_array, &lim.max_key,
+                          &lim.max_leaves))
+        return NULL;
+    int r = scan_core(raw.buf, raw.len, &lim, NULL, f);
     PyBuffer_Release(&raw);
-    if (r == SC_ERR) return NULL;
-    if (res == NULL) Py_RETURN_NONE;
+    if (r < 0) return NULL;
+    if (r == 0) Py_RETURN_NONE;
+    PyObject *res = PyTuple_New(NFIELDS);
+    if (res == NULL) {
+        for (int j = 0; j < NFIELDS; j++) Py_XDECREF(f[j]);
+        return NULL;
+    }
+    for (int j = 0; j < NFIELDS; j++) {
+        if (f[j] == NULL) {
+            Py_INCREF(Py_None);
+            f[j] = Py_None;
+        }
+        PyTuple_SET_ITEM(res, j, f[j]);
+    }
     return res;
+}
+
+static inline int ascii_space(unsigned char c) {  /* what bytes.strip() strips */
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\x0b' || c == '\x0c';
+}
+
+static PyObject *str_default;
+
+/* scan_lines(lines, start, line_no, id_prefix, envelope_type, now, room, out, origin, max_event_bytes,
+ *            max_tag, max_depth, max_array, max_key, max_leaves) -> (next, line_no, declined)
+ *
+ * Bulk import's envelopes a block of lines at a time: from lines[start] on (the line before it
+ * numbered line_no), each line stripped as bytes.strip() does, blank ones skipped, is read by
+ * scan_core, and its Envelope (envelope_type, ts now when it has none, an event_id derived
+ * from id_prefix, its number and its bytes when it has none: ingest._line_id) appended to
+ * out, and (its number, its stripped bytes) to origin, until room envelopes were added, the
+ * lines end, or a line is not the plain case (or over max_event_bytes). Returns the index of
+ * the next line to read and the number of the last line read; declined: that line (lines[next],
+ * numbered line_no) is for the reference path, the caller's to answer before going on. */
+static PyObject *py_scan_lines(PyObject *self, PyObject *args) {
+    PyObject *lines, *prefix, *type, *now, *out, *origin;
+    Py_ssize_t start, line_no, room, max_bytes;
+    scan_limits lim;
+    if (!PyArg_ParseTuple(args, "O!nnUOOnO!O!nnnnnn", &PyList_Type, &lines, &start, &line_no, &prefix, &type, &now,
+                          &room, &PyList_Type, &out, &PyList_Type, &origin, &max_bytes, &lim.max_tag,
+                          &lim.max_depth, &lim.max_array, &lim.max_key, &lim.max_leaves))
+        return NULL;
+    if (!PyType_Check(type) || !PyType_IsSubtype((PyTypeObject *)type, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "envelope_type must be a tuple type");
+        return NULL;
+    }
+    PyTypeObject *tp = (PyTypeObject *)type;
+    PyObject *cache[NKEYS] = {0};
+    PyObject *f[NFIELDS] = {0};
+    Py_ssize_t i = start, count = PyList_GET_SIZE(lines), added = 0;
+    int declined = 0, failed = 0;
+    for (; i < count && added < room; i++) {
+        PyObject *line = PyList_GET_ITEM(lines, i);
+        if (!PyBytes_CheckExact(line)) {
+            PyErr_SetString(PyExc_TypeError, "lines must be bytes");
+            failed = 1;
+            break;
+        }
+        line_no++;
+        const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(line);
+        Py_ssize_t a = 0, b = PyBytes_GET_SIZE(line);
+        while (a < b && ascii_space(p[a])) a++;
+        while (b > a && ascii_space(p[b - 1])) b--;
+        if (a == b) continue;
+        int r = b - a > max_bytes ? 0 : scan_core(p + a, b - a, &lim, cache, f);
+        if (r < 0) { failed = 1; break; }
+        if (r == 0) { declined = 1; break; }
+        PyObject *stripped = NULL, *env = NULL, *where = NULL;
+        if (a == 0 && b == PyBytes_GET_SIZE(line)) {
+            Py_INCREF(line);
+            stripped = line;
+        } else {
+            stripped = PyBytes_FromStringAndSize((const char *)p + a, b - a);
+        }
+        int generated = f[F_EVENT_ID] == NULL;
+        if (stripped != NULL && generated) {
+            b2_ctx h;
+            char hex[16];
+            b2_init(&h, 8);
+            b2_update(&h, p + a, (size_t)(b - a));
+            b2_final_hex(&h, 8, hex);
+            f[F_EVENT_ID] = PyUnicode_FromFormat("%U:%zd:%.16s", prefix, line_no, hex);
+        }
+        if (stripped != NULL && f[F_EVENT_ID] != NULL) env = tp->tp_alloc(tp, 16);
+        if (env != NULL) {
+            PyObject *items[16] = {
+                f[F_EVENT_ID], generated ? Py_True : Py_False, f[F_TS] ? f[F_TS] : now, f[F_MODEL],
+                f[F_PROMPT_VERSION], f[F_CONTRACT] ? f[F_CONTRACT] : str_default, f[F_TEXT], f[F_HASH],
+                f[F_SERVED_MODEL], f[F_CONTRACT_VERSION], f[F_SOURCE], f[F_RUN_ID], f[F_AGENT_RELEASE],
+                f[F_FINISH_REASON], NULL, NULL};
+            for (int j = 0; j < 16; j++) {
+                PyObject *v = items[j] ? items[j] : Py_None;
+                Py_INCREF(v);
+                PyTuple_SET_ITEM(env, j, v);
+            }
+            where = Py_BuildValue("(nO)", line_no, stripped);
+        }
+        for (int j = 0; j < NFIELDS; j++) Py_CLEAR(f[j]);
+        if (where == NULL || PyList_Append(out, env) < 0 || PyList_Append(origin, where) < 0) failed = 1;
+        Py_XDECREF(stripped);
+        Py_XDECREF(env);
+        Py_XDECREF(where);
+        if (failed) break;
+        added++;
+    }
+    for (int k = 0; k < NKEYS; k++) Py_XDECREF(cache[k]);
+    if (failed) return NULL;
+    return Py_BuildValue("(nnO)", i, line_no, declined ? Py_True : Py_False);
 }
 
 static PyMethodDef methods[] = {
@@ -1761,6 +2001,8 @@ static PyMethodDef methods[] = {
     {"check_envelope", py_check_envelope, METH_VARARGS, "The fields of an envelope that is plainly valid, or None."},
     {"scan_envelope", py_scan_envelope, METH_VARARGS,
      "The fields, canonical output text and payload hash of an envelope's JSON text when it is plainly valid, or None."},
+    {"scan_lines", py_scan_lines, METH_VARARGS,
+     "Bulk import's envelopes from a list of lines, until one is not the plain case (see the C source)."},
     {"string_column", py_string_column, METH_VARARGS,
      "string_column(rows, index) -> (validity, offsets, data, nulls): a str-or-None item as Arrow buffers."},
     {NULL, NULL, 0, NULL},
@@ -1777,6 +2019,7 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     if (PyDateTimeAPI == NULL) return NULL;
     for (int k = 0; k < NKEYS; k++)
         if ((key_objs[k] = PyUnicode_InternFromString(key_names[k])) == NULL) return NULL;
+    if ((str_default = PyUnicode_InternFromString("default")) == NULL) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
     Py_INCREF(&AccType);

@@ -21,6 +21,14 @@ def scan_envelope(raw: bytes | memoryview, max_tag: int, max_depth: int, max_arr
     agent_release, finish_reason, canonical output text, payload hash) of an envelope's JSON text
     that is plainly valid, or None: the reference path then decides."""
 
+def scan_lines(lines: list[bytes], start: int, line_no: int, id_prefix: str, envelope_type: type, now: datetime,
+               room: int, out: list[Any], origin: list[tuple[int, bytes]], max_event_bytes: int, max_tag: int,
+               max_depth: int, max_array: int, max_key: int, max_leaves: int, /) -> tuple[int, int, bool]:
+    """Bulk import's envelopes from ``lines[start:]`` (the line before numbered ``line_no``), each
+    line stripped, blank ones skipped: each plain one's envelope goes to ``out`` and its (number,
+    stripped bytes) to ``origin``, until ``room`` were added, the lines end or one is declined.
+    Returns (next index, number of the last line read, declined: ``lines[next]`` is the caller's)."""
+
 class Acc:
     def __init__(self, namer: Any, max_value_length: int, /) -> None: ...
     def add(self, output: dict[str, Any], group: int, /) -> None: ...
@@ -31,7 +39,8 @@ class Acc:
         """Short string values: slots (int64), offsets (int32, rows + 1) and UTF-8 data of an
         Arrow string column, counts (int64), packed native."""
     @overload
-    def rows(self, which: Literal[0, 1], /) -> tuple[list[int], list[Any], list[int]]: ...
+    def rows(self, which: Literal[0], /) -> tuple[list[int], list[str], list[int]]: ...
     @overload
-    def rows(self, which: Literal[2], /) -> tuple[bytes, bytes, bytes]:
-        """Number bins: slots (int64), representative values (float64), counts (int64), packed native."""
+    def rows(self, which: Literal[1, 2], /) -> tuple[bytes, bytes, bytes]:
+        """Array lengths (1): slots, lengths, counts (int64 each); number bins (2): slots (int64),
+        representative values (float64), counts (int64); packed native."""

@@ -35,6 +35,7 @@ from typing import IO, Any
 
 import orjson
 
+from ._speedups import scan_lines
 from .envelope import Envelope, Limits, parse_envelope
 from .errors import EnvelopeInvalid, FieldError, ImportInputError, QuarantineUnwritable, StoreError
 from .store import PreparedBatch, Store, WriteStatus
@@ -134,6 +135,14 @@ class _Lines:
         """(line number, line without its newline); a last line without one is a line too.
         A UTF-8 byte order mark before the first line is not part of it."""
         n = 0
+        for lines in self.chunks():
+            for line in lines:
+                n += 1
+                yield n, line
+
+    def chunks(self) -> Iterator[list[bytes]]:
+        """The lines, as ``__iter__`` gives them, a block's worth at a time (the lines that end in
+        a block), so that the import reads them with one call into C per block."""
         try:
             with self.path.open("rb") as f:
                 # Blocks, not lines: each read lets go of the GIL, and a thread waiting for it
@@ -157,11 +166,10 @@ class _Lines:
                     last = lines.pop()
                     if last:
                         unfinished.append(last)
-                    for line in lines:
-                        n += 1
-                        yield n, line
+                    if lines:
+                        yield lines
                 if unfinished:
-                    yield n + 1, b"".join(unfinished)
+                    yield [b"".join(unfinished)]
         except (OSError, EOFError, zlib.error) as exc:
             self.error = exc
 
@@ -297,35 +305,42 @@ def _import_one(path: Path, store: Store, limits: Limits, summary: ImportSummary
             worker.start()
             merger.start()
             reported = 0
-            for n, line in reader:
+            n = 0  # the number of the last line read
+            args = (limits.max_event_bytes, limits.max_tag_length, limits.max_depth, limits.max_array_length,
+                    limits.max_key_length, limits.max_leaves)
+            for lines in reader.chunks():
                 if progress is not None and reader.consumed - reported >= 1 << 20:
                     progress(reader.consumed - reported)  # per MiB, not per line: a call per line costs a few %
                     reported = reader.consumed
-                stripped = line.strip()
-                if not stripped:
-                    continue
-                try:
-                    parsed.append(parse_envelope(stripped, limits, now=now,
-                                                 default_id=partial(_line_id, prefix, n, stripped)))
-                    origin.append((n, stripped))
-                except EnvelopeInvalid as exc:
-                    rejected_here += 1
-                    summary.rejected += 1
-                    for code in {f.code for f in exc.fields}:
-                        summary.rejected_by_reason[code] += 1
-                    entry = _quarantine_line(path, n, exc.fields, stripped)
-                    with writing:
-                        quarantine.write(entry)
-                if len(parsed) >= _ADD_EVERY:
-                    batch.add_many(parsed)
-                    parsed = []
-                if len(batch) + len(parsed) >= batch_size:
-                    batch.add_many(parsed)
-                    parsed = []
-                    todo.put((batch.finish(), origin))
-                    batch, origin = store.batch_builder(), []
-                    if failure:
-                        break
+                i = 0
+                while i < len(lines) and not failure:
+                    # The plain lines in C, a block at a time (scan_lines: the reading loop, the scan,
+                    # the envelope); a line it declines goes the reference way, here.
+                    room = min(batch_size - len(batch), _ADD_EVERY) - len(parsed)
+                    i, n, declined = scan_lines(lines, i, n, prefix, Envelope, now, room, parsed, origin, *args)
+                    if declined:
+                        stripped = lines[i].strip()
+                        i += 1
+                        try:
+                            parsed.append(parse_envelope(stripped, limits, now=now,
+                                                         default_id=partial(_line_id, prefix, n, stripped)))
+                            origin.append((n, stripped))
+                        except EnvelopeInvalid as exc:
+                            rejected_here += 1
+                            summary.rejected += 1
+                            for code in {f.code for f in exc.fields}:
+                                summary.rejected_by_reason[code] += 1
+                            entry = _quarantine_line(path, n, exc.fields, stripped)
+                            with writing:
+                                quarantine.write(entry)
+                    if len(parsed) >= _ADD_EVERY or len(batch) + len(parsed) >= batch_size:
+                        batch.add_many(parsed)
+                        parsed = []
+                    if len(batch) >= batch_size:
+                        todo.put((batch.finish(), origin))
+                        batch, origin = store.batch_builder(), []
+                if failure:
+                    break
             if progress is not None and reader.consumed > reported:
                 progress(reader.consumed - reported)
             batch.add_many(parsed)

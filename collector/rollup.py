@@ -330,9 +330,11 @@ class RollupBatch:
             "slot": pa.Array.from_buffers(pa.int64(), vrows, [None, pa.py_buffer(vs)]),
             "value": pa.Array.from_buffers(pa.string(), vrows, [None, pa.py_buffer(voff), pa.py_buffer(vdata)]),
             "n": pa.Array.from_buffers(pa.int64(), vrows, [None, pa.py_buffer(vn)])})
-        als, al, an = acc.rows(1)
-        a = pa.table({"slot": pa.array(als, pa.int64()), "length": pa.array(al, pa.int64()),
-                      "n": pa.array(an, pa.int64())})
+        als, al, an = acc.rows(1)  # packed native arrays, as the numbers below
+        lrows = len(als) // 8
+        a = pa.table({"slot": pa.Array.from_buffers(pa.int64(), lrows, [None, pa.py_buffer(als)]),
+                      "length": pa.Array.from_buffers(pa.int64(), lrows, [None, pa.py_buffer(al)]),
+                      "n": pa.Array.from_buffers(pa.int64(), lrows, [None, pa.py_buffer(an)])})
         ns, nv, nn = acc.rows(2)  # packed native arrays, wrapped without a copy
         rows = len(ns) // 8
         numbers = pa.table({

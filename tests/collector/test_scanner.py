@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import Counter
 from datetime import UTC, datetime
 from typing import Any
 
@@ -222,3 +223,132 @@ def test_add_json_counts_what_add_counts(outputs: list[dict[str, Any]], how: int
         parsed.add(output, i % 2)
         text.add_json(_dumps(output, how).decode(), i % 2)
     assert (_state(text), text_names) == (_state(parsed), parsed_names)
+
+
+@PROPERTY
+@given(outputs=st.lists(st.dictionaries(_TEXT, _VALUES, max_size=5), min_size=1, max_size=6))
+def test_values_and_lengths_are_counted_as_a_python_walk_counts_them(outputs: list[dict[str, Any]]) -> None:
+    """The accumulator's own tables of short strings and array lengths, against a plain count."""
+    acc, names = _acc()
+    for output in outputs:
+        acc.add_json(orjson.dumps(output).decode(), 0)
+    want_values: Counter[tuple[int, str]] = Counter()
+    want_lengths: Counter[tuple[int, int]] = Counter()
+    paths = {(parent, key): i for i, (parent, key) in enumerate(names)}
+
+    def walk(v: Any, path: int) -> None:
+        if isinstance(v, str) and len(v) <= 5:
+            want_values[(path, v)] += 1
+        elif isinstance(v, list):
+            want_lengths[(path, len(v))] += 1
+            for x in v:
+                walk(x, paths[(path, None)])
+        elif isinstance(v, dict):
+            for k, x in v.items():
+                walk(x, paths[(path, k)])
+
+    for output in outputs:
+        walk(output, -1)
+    slot_path = {slot: row[1] for slot, row in enumerate(acc.counts())}
+    slots, keys, counts = acc.rows(0)
+    assert Counter({(slot_path[s], k): n for s, k, n in zip(slots, keys, counts, strict=True)}) == want_values
+    assert len(slots) == len(want_values)  # one row per (slot, value)
+    ls, lv, ln = (memoryview(b).cast("q").tolist() for b in acc.rows(1))
+    assert Counter({(slot_path[s], k): n for s, k, n in zip(ls, lv, ln, strict=True)}) == want_lengths
+    assert len(ls) == len(want_lengths)
+
+
+# --- scan_lines: bulk import's lines, a block at a time ---------------------------------------------
+
+_LINE_KINDS = st.sampled_from(["plain", "no id", "padded", "blank", "declined", "invalid", "big", "crlf"])
+
+
+@st.composite
+def _lines(draw: st.DrawFn) -> bytes:
+    kind = draw(_LINE_KINDS)
+    env = {"model": "m", "prompt_version": "p", "output": draw(st.dictionaries(_TEXT, _VALUES, max_size=3)),
+           "event_id": draw(st.sampled_from(["a", "b", "c"]))}
+    if kind == "no id" or kind == "crlf":
+        del env["event_id"]
+    if kind == "declined":  # an exponent: valid, read the reference way
+        env["output"] = {"x": 1e300}
+    raw = orjson.dumps(env)
+    if kind == "padded":
+        raw = b" \t" + json.dumps(env, indent=1).replace("\n", " ").encode() + b"\x0c "
+    elif kind == "blank":
+        raw = draw(st.sampled_from([b"", b"  ", b"\r", b"\t\x0b"]))
+    elif kind == "invalid":
+        raw = draw(st.sampled_from([b"{not json", b'{"model":"m"}', b"[]", raw[:-1]]))
+    elif kind == "big":
+        raw = orjson.dumps({**env, "output": {"x": "y" * 300}})
+    elif kind == "crlf":
+        raw += b"\r"
+    return raw
+
+
+def _per_line(lines: list[bytes], lim: Limits) -> list[tuple[int, Any]]:
+    """What the import read line by line makes of each line: (number, envelope or error codes)."""
+    from functools import partial
+
+    from collector.ingest import _line_id
+
+    out: list[tuple[int, Any]] = []
+    for n, line in enumerate(lines, 1):
+        stripped = line.strip()
+        if not stripped:
+            continue
+        try:
+            env = parse_envelope(stripped, lim, now=NOW, default_id=partial(_line_id, "f", n, stripped))
+            out.append((n, (env._replace(output=None), stripped)))
+        except EnvelopeInvalid as exc:
+            out.append((n, sorted(f.code for f in exc.fields)))
+    return out
+
+
+@PROPERTY
+@given(lines=st.lists(_lines(), max_size=12), rooms=st.lists(st.integers(1, 4), min_size=1, max_size=5))
+def test_scan_lines_makes_what_parse_envelope_makes_of_each_line(lines: list[bytes], rooms: list[int]) -> None:
+    """scan_lines stops where it is told (room) and at a line it declines; the caller reads that
+    line the reference way and goes on: together, the same envelopes (ids made up from the file,
+    the line number and its bytes included) and the same line numbers as a line-by-line read."""
+    from functools import partial
+
+    from collector.ingest import _line_id
+
+    lim = Limits(max_event_bytes=250)
+    got: list[tuple[int, Any]] = []
+    i = n = calls = 0
+    while i < len(lines):
+        out: list[Envelope] = []
+        origin: list[tuple[int, bytes]] = []
+        i, n, declined = _speedups.scan_lines(
+            lines, i, n, "f", Envelope, NOW, rooms[calls % len(rooms)], out, origin, lim.max_event_bytes,
+            lim.max_tag_length, lim.max_depth, lim.max_array_length, lim.max_key_length, lim.max_leaves)
+        calls += 1
+        assert len(out) == len(origin) <= rooms[(calls - 1) % len(rooms)]
+        got.extend((where, (env, raw)) for env, (where, raw) in zip(out, origin, strict=True))
+        if declined:
+            stripped = lines[i].strip()
+            i += 1
+            try:
+                env = parse_envelope(stripped, lim, now=NOW, default_id=partial(_line_id, "f", n, stripped))
+                got.append((n, (env._replace(output=None), stripped)))
+            except EnvelopeInvalid as exc:
+                got.append((n, sorted(f.code for f in exc.fields)))
+    assert got == _per_line(lines, lim)
+    assert all(type(v[0]) is Envelope for _, v in got if isinstance(v, tuple))
+
+
+def test_scan_lines_leaves_a_line_over_the_size_limit_to_the_reference() -> None:
+    line = orjson.dumps({"model": "m", "prompt_version": "p", "event_id": "a", "output": {"x": "y" * 50}})
+    for limit, declined in ((len(line), False), (len(line) - 1, True)):
+        lim = Limits(max_event_bytes=limit)
+        out: list[Envelope] = []
+        origin: list[tuple[int, bytes]] = []
+        answer = _speedups.scan_lines([b"", b"  " + line + b"\r"], 0, 7, "f", Envelope, NOW, 10, out, origin,
+                                      lim.max_event_bytes, lim.max_tag_length, lim.max_depth,
+                                      lim.max_array_length, lim.max_key_length, lim.max_leaves)
+        # the blank line is line 8, this one line 9; declined, lines[1] is the caller's to read
+        assert answer == ((1, 9, True) if declined else (2, 9, False))
+        assert origin == ([] if declined else [(9, line)])
+        assert [e.event_id for e in out] == ([] if declined else ["a"])
