@@ -1914,7 +1914,7 @@ static PyObject *str_default;
  * numbered line_no), each line stripped as bytes.strip() does, blank ones skipped, is read by
  * scan_core, and its Envelope (envelope_type, ts now when it has none, an event_id derived
  * from id_prefix, its number and its bytes when it has none: ingest._line_id) appended to
- * out, and (its number, its stripped bytes) to origin, until room envelopes were added, the
+ * out, and its number to origin, until room envelopes were added, the
  * lines end, or a line is not the plain case (or over max_event_bytes). Returns the index of
  * the next line to read and the number of the last line read; declined: that line (lines[next],
  * numbered line_no) is for the reference path, the caller's to answer before going on. */
@@ -1951,15 +1951,9 @@ static PyObject *py_scan_lines(PyObject *self, PyObject *args) {
         int r = b - a > max_bytes ? 0 : scan_core(p + a, b - a, &lim, cache, f);
         if (r < 0) { failed = 1; break; }
         if (r == 0) { declined = 1; break; }
-        PyObject *stripped = NULL, *env = NULL, *where = NULL;
-        if (a == 0 && b == PyBytes_GET_SIZE(line)) {
-            Py_INCREF(line);
-            stripped = line;
-        } else {
-            stripped = PyBytes_FromStringAndSize((const char *)p + a, b - a);
-        }
+        PyObject *env = NULL, *where = NULL;
         int generated = f[F_EVENT_ID] == NULL;
-        if (stripped != NULL && generated) {
+        if (generated) {
             b2_ctx h;
             char hex[16];
             b2_init(&h, 8);
@@ -1967,7 +1961,7 @@ static PyObject *py_scan_lines(PyObject *self, PyObject *args) {
             b2_final_hex(&h, 8, hex);
             f[F_EVENT_ID] = PyUnicode_FromFormat("%U:%zd:%.16s", prefix, line_no, hex);
         }
-        if (stripped != NULL && f[F_EVENT_ID] != NULL) env = tp->tp_alloc(tp, 16);
+        if (f[F_EVENT_ID] != NULL) env = tp->tp_alloc(tp, 16);
         if (env != NULL) {
             PyObject *items[16] = {
                 f[F_EVENT_ID], generated ? Py_True : Py_False, f[F_TS] ? f[F_TS] : now, f[F_MODEL],
@@ -1979,11 +1973,10 @@ static PyObject *py_scan_lines(PyObject *self, PyObject *args) {
                 Py_INCREF(v);
                 PyTuple_SET_ITEM(env, j, v);
             }
-            where = Py_BuildValue("(nO)", line_no, stripped);
+            where = PyLong_FromSsize_t(line_no);
         }
         for (int j = 0; j < NFIELDS; j++) Py_CLEAR(f[j]);
         if (where == NULL || PyList_Append(out, env) < 0 || PyList_Append(origin, where) < 0) failed = 1;
-        Py_XDECREF(stripped);
         Py_XDECREF(env);
         Py_XDECREF(where);
         if (failed) break;

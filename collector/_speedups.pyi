@@ -22,11 +22,11 @@ def scan_envelope(raw: bytes | memoryview, max_tag: int, max_depth: int, max_arr
     that is plainly valid, or None: the reference path then decides."""
 
 def scan_lines(lines: list[bytes], start: int, line_no: int, id_prefix: str, envelope_type: type, now: datetime,
-               room: int, out: list[Any], origin: list[tuple[int, bytes]], max_event_bytes: int, max_tag: int,
+               room: int, out: list[Any], origin: list[int], max_event_bytes: int, max_tag: int,
                max_depth: int, max_array: int, max_key: int, max_leaves: int, /) -> tuple[int, int, bool]:
     """Bulk import's envelopes from ``lines[start:]`` (the line before numbered ``line_no``), each
-    line stripped, blank ones skipped: each plain one's envelope goes to ``out`` and its (number,
-    stripped bytes) to ``origin``, until ``room`` were added, the lines end or one is declined.
+    line stripped, blank ones skipped: each plain one's envelope goes to ``out`` and its number to
+    ``origin``, until ``room`` were added, the lines end or one is declined.
     Returns (next index, number of the last line read, declined: ``lines[next]`` is the caller's)."""
 
 class Acc:

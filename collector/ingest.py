@@ -230,51 +230,48 @@ def _import_one(path: Path, store: Store, limits: Limits, summary: ImportSummary
     prefix = _file_key(path)
     # The reading thread validates and prepares (columns, rollup counts); this thread only
     # runs the transaction, during which DuckDB releases the GIL.
-    # Each batch travels with the line number and bytes of each envelope, so a line the
-    # store refuses (an event_id reused with another payload) is quarantined like the rest,
-    # as soon as its batch is stored (both threads write the quarantine, under one lock).
-    todo: queue.Queue[tuple[PreparedBatch, list[tuple[int, bytes]]] | None] = queue.Queue(maxsize=_QUEUED_BATCHES)
+    # Each batch travels with the line number of each envelope. A line the store refuses (an
+    # event_id reused with another payload) is quarantined like the rest, its text read again
+    # from the file once every batch is stored: keeping every line's bytes until its batch was
+    # stored held about 230 MB at the peak of a 1M-line import (bench/README.md).
+    todo: queue.Queue[tuple[PreparedBatch, list[int]] | None] = queue.Queue(maxsize=_QUEUED_BATCHES)
     failure: list[BaseException] = []
-    conflicts = [0]  # counted by this thread alone; added to the summary after the join
-    writing = threading.Lock()
+    conflicted: dict[int, str] = {}  # line number -> payload hash; this thread's until the join
 
     def store_batches() -> None:
         ended = False
 
-        def group(origins: list[list[tuple[int, bytes]]]) -> Iterator[PreparedBatch]:
+        def group(taken: list[tuple[PreparedBatch, list[int]]]) -> Iterator[PreparedBatch]:
             # A transaction's batches, each handed to the store as the reading thread prepares it
-            # (the lines of each go to ``origins``): storing one overlaps preparing the next.
+            # (and kept in ``taken`` with its line numbers): storing one overlaps preparing the next.
             nonlocal ended
-            while len(origins) < tx_batches:
+            while len(taken) < tx_batches:
                 if (item := todo.get()) is None:
                     ended = True
                     return
-                origins.append(item[1])
+                taken.append(item)
                 yield item[0]
 
         while not ended:
-            origins: list[list[tuple[int, bytes]]] = []
+            taken: list[tuple[PreparedBatch, list[int]]] = []
             if failure:
-                for _ in group(origins):  # the reading thread stops soon: let it go on to its end
+                for _ in group(taken):  # the reading thread stops soon: let it go on to its end
                     pass
                 continue
             try:
-                for results, origin in zip(store.write_batches(group(origins), merge=False), origins, strict=True):
-                    if len(results) != len(origin):
-                        raise RuntimeError(f"the store answered {len(results)} results for {len(origin)} lines")
+                for results, (batch, numbers) in zip(store.write_batches(group(taken), merge=False), taken,
+                                                     strict=True):
+                    if len(results) != len(numbers):
+                        raise RuntimeError(f"the store answered {len(results)} results for {len(numbers)} lines")
                     # Counted in C (this thread's Python takes the GIL from the reading thread, the
                     # import's busiest); only a batch with conflicts is walked result by result.
                     counts = Counter(map(_STATUS, results))
                     summary.accepted += counts[WriteStatus.accepted]
                     summary.duplicate += counts[WriteStatus.duplicate]
                     if counts[WriteStatus.conflict]:
-                        lines = [_quarantine_line(path, n, [FieldError(
-                                     "event_id", "already stored with a different payload", "conflict")], raw)
-                                 for r, (n, raw) in zip(results, origin, strict=True)
-                                 if r.status is WriteStatus.conflict]
-                        with writing:
-                            quarantine.writelines(lines)
-                        conflicts[0] += len(lines)
+                        conflicted.update((n, payload_hash) for r, n, payload_hash
+                                          in zip(results, numbers, batch.hashes, strict=True)
+                                          if r.status is WriteStatus.conflict)
                 if store.rollups_due:
                     merges.put(True)
             except BaseException as exc:  # handed to the reading thread, which re-raises
@@ -298,7 +295,7 @@ def _import_one(path: Path, store: Store, limits: Limits, summary: ImportSummary
     # are counted and let go then (see BatchBuilder).
     batch = store.batch_builder()
     parsed: list[Envelope] = []  # added to the batch _ADD_EVERY at a time
-    origin: list[tuple[int, bytes]] = []
+    origin: list[int] = []  # the line number of each envelope of the batch
     reader = _Lines(path)
     try:
         with quarantine:
@@ -324,15 +321,13 @@ def _import_one(path: Path, store: Store, limits: Limits, summary: ImportSummary
                         try:
                             parsed.append(parse_envelope(stripped, limits, now=now,
                                                          default_id=partial(_line_id, prefix, n, stripped)))
-                            origin.append((n, stripped))
+                            origin.append(n)
                         except EnvelopeInvalid as exc:
                             rejected_here += 1
                             summary.rejected += 1
                             for code in {f.code for f in exc.fields}:
                                 summary.rejected_by_reason[code] += 1
-                            entry = _quarantine_line(path, n, exc.fields, stripped)
-                            with writing:
-                                quarantine.write(entry)
+                            quarantine.write(_quarantine_line(path, n, exc.fields, stripped))
                     if len(parsed) >= _ADD_EVERY or len(batch) + len(parsed) >= batch_size:
                         batch.add_many(parsed)
                         parsed = []
@@ -349,10 +344,11 @@ def _import_one(path: Path, store: Store, limits: Limits, summary: ImportSummary
             todo.put(None)
             worker.join()
             merger.join()
-            rejected_here += conflicts[0]
-            summary.rejected += conflicts[0]
-            if conflicts[0]:
-                summary.rejected_by_reason["conflict"] += conflicts[0]
+            if conflicted and not failure:
+                rejected_here += len(conflicted)
+                summary.rejected += len(conflicted)
+                summary.rejected_by_reason["conflict"] += len(conflicted)
+                quarantine.writelines(_conflict_entries(path, conflicted, limits, now, prefix))
     finally:
         if worker.is_alive():
             todo.put(None)
@@ -370,6 +366,32 @@ def _import_one(path: Path, store: Store, limits: Limits, summary: ImportSummary
         qpath.unlink(missing_ok=True)
     if reader.error is not None:  # what was read before the fault is stored; a rerun adds the rest
         raise ImportInputError(path, reader.error)
+
+
+def _conflict_entries(path: Path, conflicted: dict[int, str], limits: Limits, now: datetime,
+                      prefix: str) -> Iterator[bytes]:
+    """The quarantine entries of the lines the store refused as conflicts ({line number: payload
+    hash}), their text read again from the file in one pass. A line that no longer reads as the
+    envelope imported (the file changed meanwhile) is still quarantined, its entry saying so."""
+    reason = FieldError("event_id", "already stored with a different payload", "conflict")
+    conflicted = dict(conflicted)  # what is left to find
+    last = max(conflicted)
+    for n, line in _Lines(path):
+        if (payload_hash := conflicted.pop(n, None)) is not None:
+            stripped = line.strip()
+            try:
+                same = parse_envelope(stripped, limits, now=now, default_id=partial(_line_id, prefix, n, stripped)
+                                      ).payload_hash == payload_hash
+            except EnvelopeInvalid:
+                same = False
+            yield _quarantine_line(path, n, [reason] if same else [reason, _CHANGED], stripped)
+        if n >= last:
+            break
+    for n in sorted(conflicted):  # the file is shorter now (or could not be read again)
+        yield _quarantine_line(path, n, [reason, _CHANGED], b"")
+
+
+_CHANGED = FieldError("", "the file changed during the import: this is not the text that was imported", "changed")
 
 
 def _quarantine_line(path: Path, n: int, fields: list[FieldError], raw: bytes) -> bytes:

@@ -10,6 +10,7 @@ import os
 import subprocess
 import zlib
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -340,3 +341,36 @@ def test_concatenated_gzip_members_a_bom_and_progress_in_file_bytes(tmp_path: Pa
     plain = tmp_path / "bom.jsonl"
     plain.write_bytes(b"\xef\xbb\xbf\xef\xbb\xbfx\n")  # only the first mark goes
     assert list(ingest_module._Lines(plain)) == [(1, b"\xef\xbb\xbfx")]
+
+
+def test_conflicts_found_in_several_batches_are_quarantined_with_their_lines(tmp_path: Path) -> None:
+    """In-process, two events a batch: the store finds the conflicts batch by batch; their lines
+    are read again from the file (gzip too) into the quarantine, after the line rejected on read."""
+    from collector import Limits, Store, import_files
+
+    envs = [make_envelope() for _ in range(4)]
+    reused = [json.dumps({**envs[i], "output": {"intent": f"other {i}"}}) for i in (0, 2)]
+    lines = [*map(json.dumps, envs), reused[0], "{not json", json.dumps(envs[1]), reused[1]]
+    for gz in (False, True):
+        src = tmp_path / ("in.jsonl.gz" if gz else "in.jsonl")
+        data = ("\n".join(lines) + "\n").encode()
+        src.write_bytes(gzip.compress(data) if gz else data)
+        with Store.open(tmp_path / f"db{gz}" / "x.duckdb") as store:
+            result = import_files([src], store, Limits(), batch_size=2, tx_batches=2)
+        assert result.as_dict() == summary(accepted=4, duplicate=1, rejected=3,
+                                            rejected_by_reason={"conflict": 2, "invalid_json": 1},
+                                            quarantine=[str(quarantine_path(tmp_path / f"db{gz}" / "x.duckdb", src))])
+        entries = [json.loads(x) for x in Path(result.quarantine[0]).read_text().splitlines()]
+        assert [(q["line"], q["raw"], [e["code"] for e in q["errors"]]) for q in entries] == [
+            (6, "{not json", ["invalid_json"]), (5, reused[0], ["conflict"]), (8, reused[1], ["conflict"])]
+
+
+def test_a_conflicting_line_the_file_no_longer_holds_as_imported_is_quarantined_as_it_is_now(
+        tmp_path: Path) -> None:
+    from collector.envelope import LIMITS
+    from collector.ingest import _conflict_entries
+
+    src = write_lines(tmp_path / "in.jsonl", [json.dumps(make_envelope(event_id="a")), "changed"])
+    entries = [json.loads(x) for x in _conflict_entries(src, {2: "h2", 5: "h5"}, LIMITS, datetime.now(UTC), "p")]
+    assert [(q["line"], q["raw"], [e["code"] for e in q["errors"]]) for q in entries] == [
+        (2, "changed", ["conflict", "changed"]), (5, "", ["conflict", "changed"])]
