@@ -1907,50 +1907,60 @@ static inline int ascii_space(unsigned char c) {  /* what bytes.strip() strips *
 
 static PyObject *str_default;
 
-/* scan_lines(lines, start, line_no, id_prefix, envelope_type, now, room, out, origin, max_event_bytes,
- *            max_tag, max_depth, max_array, max_key, max_leaves) -> (next, line_no, declined)
+/* scan_lines(text, pos, line_no, id_prefix, envelope_type, now, room, out, origin, max_event_bytes,
+ *            max_tag, max_depth, max_array, max_key, max_leaves) -> (next, line_no, start, end)
  *
- * Bulk import's envelopes a block of lines at a time: from lines[start] on (the line before it
- * numbered line_no), each line stripped as bytes.strip() does, blank ones skipped, is read by
- * scan_core, and its Envelope (envelope_type, ts now when it has none, an event_id derived
- * from id_prefix, its number and its bytes when it has none: ingest._line_id) appended to
- * out, and its number to origin, until room envelopes were added, the
- * lines end, or a line is not the plain case (or over max_event_bytes). Returns the index of
- * the next line to read and the number of the last line read; declined: that line (lines[next],
- * numbered line_no) is for the reference path, the caller's to answer before going on. */
+ * Bulk import's envelopes from a block of whole lines (bytes split at b"\n" only; the last may
+ * have no newline), from offset pos on (the line before it numbered line_no): each line,
+ * stripped as bytes.strip() does and skipped when blank, is read by scan_core, and its Envelope
+ * (envelope_type; ts now when it has none; an event_id made from id_prefix, its number and its
+ * bytes when it has none, as ingest._line_id does) appended to out and its number to origin,
+ * until room envelopes were added, the text ends, or a line is not the plain case (or is over
+ * max_event_bytes). Returns the offset of the next line, the number of the last line read, and
+ * [start, end) of that last line when it was declined (-1, -1 otherwise): the caller's to read
+ * the reference way before going on from next. No Python object is made for a line itself. */
 static PyObject *py_scan_lines(PyObject *self, PyObject *args) {
-    PyObject *lines, *prefix, *type, *now, *out, *origin;
-    Py_ssize_t start, line_no, room, max_bytes;
+    Py_buffer text;
+    PyObject *prefix, *type, *now, *out, *origin;
+    Py_ssize_t pos, line_no, room, max_bytes;
     scan_limits lim;
-    if (!PyArg_ParseTuple(args, "O!nnUOOnO!O!nnnnnn", &PyList_Type, &lines, &start, &line_no, &prefix, &type, &now,
-                          &room, &PyList_Type, &out, &PyList_Type, &origin, &max_bytes, &lim.max_tag,
-                          &lim.max_depth, &lim.max_array, &lim.max_key, &lim.max_leaves))
+    if (!PyArg_ParseTuple(args, "y*nnUOOnO!O!nnnnnn", &text, &pos, &line_no, &prefix, &type, &now, &room,
+                          &PyList_Type, &out, &PyList_Type, &origin, &max_bytes, &lim.max_tag, &lim.max_depth,
+                          &lim.max_array, &lim.max_key, &lim.max_leaves))
         return NULL;
     if (!PyType_Check(type) || !PyType_IsSubtype((PyTypeObject *)type, &PyTuple_Type)) {
+        PyBuffer_Release(&text);
         PyErr_SetString(PyExc_TypeError, "envelope_type must be a tuple type");
+        return NULL;
+    }
+    if (pos < 0 || pos > text.len) {
+        PyBuffer_Release(&text);
+        PyErr_SetString(PyExc_ValueError, "pos is outside the text");
         return NULL;
     }
     PyTypeObject *tp = (PyTypeObject *)type;
     PyObject *cache[NKEYS] = {0};
     PyObject *f[NFIELDS] = {0};
-    Py_ssize_t i = start, count = PyList_GET_SIZE(lines), added = 0;
-    int declined = 0, failed = 0;
-    for (; i < count && added < room; i++) {
-        PyObject *line = PyList_GET_ITEM(lines, i);
-        if (!PyBytes_CheckExact(line)) {
-            PyErr_SetString(PyExc_TypeError, "lines must be bytes");
-            failed = 1;
-            break;
-        }
+    const unsigned char *base = text.buf, *end = base + text.len;
+    Py_ssize_t added = 0, dstart = -1, dend = -1;
+    int failed = 0;
+    while (pos < text.len && added < room) {
+        const unsigned char *p = base + pos;
+        const unsigned char *nl = memchr(p, '\n', (size_t)(end - p));
+        Py_ssize_t a = 0, b = (nl ? nl : end) - p;
+        Py_ssize_t line_at = pos;
+        pos += b + (nl != NULL);
         line_no++;
-        const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(line);
-        Py_ssize_t a = 0, b = PyBytes_GET_SIZE(line);
         while (a < b && ascii_space(p[a])) a++;
         while (b > a && ascii_space(p[b - 1])) b--;
         if (a == b) continue;
         int r = b - a > max_bytes ? 0 : scan_core(p + a, b - a, &lim, cache, f);
         if (r < 0) { failed = 1; break; }
-        if (r == 0) { declined = 1; break; }
+        if (r == 0) {
+            dstart = line_at;
+            dend = line_at + (nl ? nl : end) - p;
+            break;
+        }
         PyObject *env = NULL, *where = NULL;
         int generated = f[F_EVENT_ID] == NULL;
         if (generated) {
@@ -1983,8 +1993,9 @@ static PyObject *py_scan_lines(PyObject *self, PyObject *args) {
         added++;
     }
     for (int k = 0; k < NKEYS; k++) Py_XDECREF(cache[k]);
+    PyBuffer_Release(&text);
     if (failed) return NULL;
-    return Py_BuildValue("(nnO)", i, line_no, declined ? Py_True : Py_False);
+    return Py_BuildValue("(nnnn)", pos, line_no, dstart, dend);
 }
 
 static PyMethodDef methods[] = {
@@ -1995,7 +2006,7 @@ static PyMethodDef methods[] = {
     {"scan_envelope", py_scan_envelope, METH_VARARGS,
      "The fields, canonical output text and payload hash of an envelope's JSON text when it is plainly valid, or None."},
     {"scan_lines", py_scan_lines, METH_VARARGS,
-     "Bulk import's envelopes from a list of lines, until one is not the plain case (see the C source)."},
+     "Bulk import's envelopes from a block of lines, until one is not the plain case (see the C source)."},
     {"string_column", py_string_column, METH_VARARGS,
      "string_column(rows, index) -> (validity, offsets, data, nulls): a str-or-None item as Arrow buffers."},
     {NULL, NULL, 0, NULL},

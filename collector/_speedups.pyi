@@ -21,13 +21,14 @@ def scan_envelope(raw: bytes | memoryview, max_tag: int, max_depth: int, max_arr
     agent_release, finish_reason, canonical output text, payload hash) of an envelope's JSON text
     that is plainly valid, or None: the reference path then decides."""
 
-def scan_lines(lines: list[bytes], start: int, line_no: int, id_prefix: str, envelope_type: type, now: datetime,
+def scan_lines(text: bytes | memoryview, pos: int, line_no: int, id_prefix: str, envelope_type: type, now: datetime,
                room: int, out: list[Any], origin: list[int], max_event_bytes: int, max_tag: int,
-               max_depth: int, max_array: int, max_key: int, max_leaves: int, /) -> tuple[int, int, bool]:
-    """Bulk import's envelopes from ``lines[start:]`` (the line before numbered ``line_no``), each
-    line stripped, blank ones skipped: each plain one's envelope goes to ``out`` and its number to
-    ``origin``, until ``room`` were added, the lines end or one is declined.
-    Returns (next index, number of the last line read, declined: ``lines[next]`` is the caller's)."""
+               max_depth: int, max_array: int, max_key: int, max_leaves: int, /) -> tuple[int, int, int, int]:
+    """Bulk import's envelopes from the lines of ``text`` (split at b"\\n") from offset ``pos`` on
+    (the line before numbered ``line_no``), each stripped, blank ones skipped: each plain one's
+    envelope goes to ``out`` and its number to ``origin``, until ``room`` were added, the text
+    ends or a line is declined. Returns (offset of the next line, number of the last line read,
+    start, end): ``text[start:end]`` is the declined line, the caller's to read (-1, -1: none)."""
 
 class Acc:
     def __init__(self, namer: Any, max_value_length: int, /) -> None: ...

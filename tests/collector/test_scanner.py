@@ -306,8 +306,10 @@ def _per_line(lines: list[bytes], lim: Limits) -> list[tuple[int, Any]]:
 
 
 @PROPERTY
-@given(lines=st.lists(_lines(), max_size=12), rooms=st.lists(st.integers(1, 4), min_size=1, max_size=5))
-def test_scan_lines_makes_what_parse_envelope_makes_of_each_line(lines: list[bytes], rooms: list[int]) -> None:
+@given(lines=st.lists(_lines(), max_size=12), rooms=st.lists(st.integers(1, 4), min_size=1, max_size=5),
+       newline_at_end=st.booleans())
+def test_scan_lines_makes_what_parse_envelope_makes_of_each_line(lines: list[bytes], rooms: list[int],
+                                                                  newline_at_end: bool) -> None:
     """scan_lines stops where it is told (room) and at a line it declines; the caller reads that
     line the reference way and goes on: together, the same envelopes (ids made up from the file,
     the line number and its bytes included) and the same line numbers as a line-by-line read."""
@@ -316,20 +318,22 @@ def test_scan_lines_makes_what_parse_envelope_makes_of_each_line(lines: list[byt
     from collector.ingest import _line_id
 
     lim = Limits(max_event_bytes=250)
+    text = b"\n".join(lines) + (b"\n" if newline_at_end and lines else b"")
     got: list[tuple[int, Any]] = []
-    i = n = calls = 0
-    while i < len(lines):
+    at = n = calls = 0
+    while at < len(text):
         out: list[Envelope] = []
         origin: list[int] = []
-        i, n, declined = _speedups.scan_lines(
-            lines, i, n, "f", Envelope, NOW, rooms[calls % len(rooms)], out, origin, lim.max_event_bytes,
-            lim.max_tag_length, lim.max_depth, lim.max_array_length, lim.max_key_length, lim.max_leaves)
+        room = rooms[calls % len(rooms)]
         calls += 1
-        assert len(out) == len(origin) <= rooms[(calls - 1) % len(rooms)]
+        at, n, start, end = _speedups.scan_lines(
+            memoryview(text), at, n, "f", Envelope, NOW, room, out, origin, lim.max_event_bytes,
+            lim.max_tag_length, lim.max_depth, lim.max_array_length, lim.max_key_length, lim.max_leaves)
+        assert len(out) == len(origin) <= room
         got.extend(zip(origin, out, strict=True))
-        if declined:
-            stripped = lines[i].strip()
-            i += 1
+        if start >= 0:
+            assert text[start:end] == lines[n - 1]  # the declined line, whole
+            stripped = text[start:end].strip()
             try:
                 env = parse_envelope(stripped, lim, now=NOW, default_id=partial(_line_id, "f", n, stripped))
                 got.append((n, env._replace(output=None)))
@@ -341,14 +345,15 @@ def test_scan_lines_makes_what_parse_envelope_makes_of_each_line(lines: list[byt
 
 def test_scan_lines_leaves_a_line_over_the_size_limit_to_the_reference() -> None:
     line = orjson.dumps({"model": "m", "prompt_version": "p", "event_id": "a", "output": {"x": "y" * 50}})
+    text = b"\n  " + line + b"\r\n"
     for limit, declined in ((len(line), False), (len(line) - 1, True)):
         lim = Limits(max_event_bytes=limit)
         out: list[Envelope] = []
         origin: list[int] = []
-        answer = _speedups.scan_lines([b"", b"  " + line + b"\r"], 0, 7, "f", Envelope, NOW, 10, out, origin,
+        answer = _speedups.scan_lines(text, 0, 7, "f", Envelope, NOW, 10, out, origin,
                                       lim.max_event_bytes, lim.max_tag_length, lim.max_depth,
                                       lim.max_array_length, lim.max_key_length, lim.max_leaves)
-        # the blank line is line 8, this one line 9; declined, lines[1] is the caller's to read
-        assert answer == ((1, 9, True) if declined else (2, 9, False))
+        # the blank line is line 8, this one line 9 (declined: text[1:-1] is the caller's to read)
+        assert answer == ((len(text), 9, 1, len(text) - 1) if declined else (len(text), 9, -1, -1))
         assert origin == ([] if declined else [9])
         assert [e.event_id for e in out] == ([] if declined else ["a"])
