@@ -1998,6 +1998,90 @@ static PyObject *py_scan_lines(PyObject *self, PyObject *args) {
     return Py_BuildValue("(nnnn)", pos, line_no, dstart, dend);
 }
 
+/* The time of a datetime since the epoch: exactly, in microseconds (*us) and truncated to
+ * whole seconds (*secs), for a UTC one (what the envelope rules make of every ts); through
+ * its timestamp() method otherwise (naive: local time), as round(dt.timestamp() * 1_000_000)
+ * and int(dt.timestamp()) compute them. -1 with an exception set. */
+static int ts_parts(PyObject *dt, int64_t *us, int64_t *secs) {
+    if (!PyDateTime_Check(dt)) {
+        PyErr_Format(PyExc_TypeError, "a timestamp must be a datetime, not %s", Py_TYPE(dt)->tp_name);
+        return -1;
+    }
+    if (PyDateTime_DATE_GET_TZINFO(dt) == PyDateTime_TimeZone_UTC) {
+        int64_t days = days_from_civil(PyDateTime_GET_YEAR(dt), PyDateTime_GET_MONTH(dt), PyDateTime_GET_DAY(dt));
+        *us = (days * 86400 + PyDateTime_DATE_GET_HOUR(dt) * 3600 + PyDateTime_DATE_GET_MINUTE(dt) * 60 +
+               PyDateTime_DATE_GET_SECOND(dt)) * 1000000 + PyDateTime_DATE_GET_MICROSECOND(dt);
+        *secs = *us / 1000000;  /* C division truncates toward zero, as int() does */
+        return 0;
+    }
+    PyObject *f = PyObject_CallMethod(dt, "timestamp", NULL);
+    if (f == NULL) return -1;
+    double d = PyFloat_AsDouble(f);
+    Py_DECREF(f);
+    if (d == -1.0 && PyErr_Occurred()) return -1;
+    *us = (int64_t)nearbyint(d * 1000000.0);  /* round half to even, as round() */
+    *secs = (int64_t)d;
+    return 0;
+}
+
+/* epoch_micros(rows, index) -> bytes: item `index` (a datetime) of every tuple in `rows` as
+ * microseconds since the epoch, packed int64 (an Arrow column's buffer). */
+static PyObject *py_epoch_micros(PyObject *self, PyObject *args) {
+    PyObject *rows;
+    Py_ssize_t index;
+    if (!PyArg_ParseTuple(args, "O!n", &PyList_Type, &rows, &index)) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(rows);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n * 8);
+    if (out == NULL) return NULL;
+    int64_t *p = (int64_t *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *row = PyList_GET_ITEM(rows, i);
+        if (!PyTuple_Check(row) || index < 0 || index >= PyTuple_GET_SIZE(row)) {
+            PyErr_Format(PyExc_TypeError, "row %zd is not a tuple with an item %zd", i, index);
+            Py_DECREF(out);
+            return NULL;
+        }
+        int64_t secs;
+        if (ts_parts(PyTuple_GET_ITEM(row, index), &p[i], &secs) < 0) {
+            Py_DECREF(out);
+            return NULL;
+        }
+    }
+    return out;
+}
+
+/* bucket_starts(tss, width) -> list of int: the start, in seconds since the epoch, of the
+ * width-second bucket of each datetime (e - e % width, e = int(ts.timestamp())). */
+static PyObject *py_bucket_starts(PyObject *self, PyObject *args) {
+    PyObject *seq;
+    long long width;
+    if (!PyArg_ParseTuple(args, "OL", &seq, &width)) return NULL;
+    if (width <= 0) { PyErr_SetString(PyExc_ValueError, "width must be positive"); return NULL; }
+    PyObject *fast = PySequence_Fast(seq, "tss must be a sequence");
+    if (fast == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    PyObject **items = PySequence_Fast_ITEMS(fast);
+    PyObject *out = PyList_New(n), *last = NULL;
+    long long last_start = 0;
+    for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
+        int64_t us, e;
+        if (ts_parts(items[i], &us, &e) < 0) { Py_CLEAR(out); break; }
+        long long start = e - (((e % width) + width) % width);  /* Python's floor modulo */
+        if (last == NULL || start != last_start) {  /* a run of one bucket shares one int */
+            PyObject *v = PyLong_FromLongLong(start);
+            if (v == NULL) { Py_CLEAR(out); break; }
+            Py_XDECREF(last);
+            last = v;
+            last_start = start;
+        }
+        Py_INCREF(last);
+        PyList_SET_ITEM(out, i, last);
+    }
+    Py_XDECREF(last);
+    Py_DECREF(fast);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"walk", py_walk, METH_VARARGS, "Count keys and leaves of a parsed output within limits, or None."},
     {"count_keys", py_count_keys, METH_O, "Count the object keys in JSON text (strings followed by a colon)."},
@@ -2007,6 +2091,10 @@ static PyMethodDef methods[] = {
      "The fields, canonical output text and payload hash of an envelope's JSON text when it is plainly valid, or None."},
     {"scan_lines", py_scan_lines, METH_VARARGS,
      "Bulk import's envelopes from a block of lines, until one is not the plain case (see the C source)."},
+    {"epoch_micros", py_epoch_micros, METH_VARARGS,
+     "epoch_micros(rows, index) -> bytes: item index (a datetime) of each row as int64 microseconds since the epoch."},
+    {"bucket_starts", py_bucket_starts, METH_VARARGS,
+     "bucket_starts(tss, width) -> list of int: e - e % width for e = int(ts.timestamp()) of each datetime."},
     {"string_column", py_string_column, METH_VARARGS,
      "string_column(rows, index) -> (validity, offsets, data, nulls): a str-or-None item as Arrow buffers."},
     {NULL, NULL, 0, NULL},

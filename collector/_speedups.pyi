@@ -1,5 +1,6 @@
 """Types of the C fast paths in _speedups.c."""
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Literal, overload
 
@@ -9,6 +10,11 @@ def item_spans(raw: bytes, /) -> list[tuple[int, int]] | None: ...
 def string_column(rows: list[Any], index: int, /) -> tuple[bytes | None, bytes, bytes, int]:
     """Item ``index`` (str or None) of every tuple in ``rows`` as an Arrow string column's buffers:
     validity bitmap (None without nulls), int32 offsets, UTF-8 data; and the null count."""
+def epoch_micros(rows: list[Any], index: int, /) -> bytes:
+    """Item ``index`` (a datetime) of every tuple in ``rows`` as microseconds since the epoch,
+    ``round(ts.timestamp() * 1_000_000)``, packed int64 (exact for a UTC datetime)."""
+def bucket_starts(tss: Sequence[datetime], width: int, /) -> list[int]:
+    """``e - e % width`` for ``e = int(ts.timestamp())`` of each datetime (exact for UTC ones)."""
 def check_envelope(obj: Any, max_tag: int, max_depth: int, max_array: int, max_key: int, max_leaves: int, /) -> tuple[
     str | None, datetime | None, str, str, str | None, str | None, str | None, str | None, str | None, str | None,
     str | None, dict[str, Any], int, int] | None: ...

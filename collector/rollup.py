@@ -50,7 +50,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401  (pa.compute)
 
-from ._speedups import Acc
+from ._speedups import Acc, bucket_starts
 from .flatten import items_path, join_key
 
 __all__ = ["ROLLUP_TABLES", "ContractCheck", "ContractStatus", "RollupConfig", "RollupBatch", "compact_rollups",
@@ -200,13 +200,11 @@ class RollupBatch:
         """
         if self._acc is None:
             raise RuntimeError("RollupBatch.add after tables(): the counts are already built")
-        bucket = self.bucket_seconds
-        epochs = [int(ts.timestamp()) for ts in tss]
         # An output answered by another model than the one requested (an alias) also counts
         # in the cohort of the model that answered: its group carries that model, and the
         # merge adds the group's counts to both cohorts (the output is walked once).
-        keys = [(c[0], c[1], c[2], s if s is not None and s != c[0] else None, e - e % bucket)
-                for c, s, e in zip(cohorts, served_models, epochs, strict=True)]
+        keys = [(c[0], c[1], c[2], s if s is not None and s != c[0] else None, b)
+                for c, s, b in zip(cohorts, served_models, bucket_starts(tss, self.bucket_seconds), strict=True)]
         groups = self._groups
         gids = [groups.setdefault(k, len(groups)) for k in keys]
         self._events.extend([0] * (len(groups) - len(self._events)))

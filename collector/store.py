@@ -37,7 +37,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ._speedups import string_column
+from ._speedups import epoch_micros, string_column
 from .envelope import Envelope
 from .errors import StoreError, StoreInvalidated, StoreLocked, StoreUnavailable, StoreVersionTooNew
 from .rollup import ContractStatus, RollupBatch, RollupConfig, compact_rollups, merge_rollups
@@ -330,13 +330,18 @@ class BatchBuilder:
                     order[cohort] = len(order)
                     self._cohorts[cohort] = firsts[cohort]
         self._keys.extend(map(order.__getitem__, cohorts))
-        for served, cohort, ts in zip(served_models, cohorts, tss, strict=True):
-            if served is not None and served != cohort[0]:
-                self._served.setdefault((served, cohort[1], cohort[2]), ts)
+        # distinct (served, requested) pairs first: most batches have no alias answered by another model
+        if any(s is not None and s != m for s, m in set(zip(served_models, models, strict=True))):
+            for served, cohort, ts in zip(served_models, cohorts, tss, strict=True):
+                if served is not None and served != cohort[0]:
+                    self._served.setdefault((served, cohort[1], cohort[2]), ts)
         # An envelope read by the C scanner has no parsed output: its text is counted as it is.
         self._rollups.add_many([text if output is None else output for text, output in zip(texts, outputs, strict=True)],
                                cohorts, tss, served_models, versions)
-        self._unique.extend(env[:_KEPT] for env in unique)
+        if outputs.count(None) == len(outputs):  # read by the C scanner: no parsed output to let go
+            self._unique.extend(unique)
+        else:
+            self._unique.extend(env[:_KEPT] for env in unique)
 
     def finish(self) -> PreparedBatch:
         """The prepared batch; nothing can be added after."""
@@ -391,8 +396,8 @@ def _arrow(rows: list[tuple[Any, ...]], cohort_keys: Sequence[int]) -> pa.Table:
     f = _F
     # Timestamps go over as integers: converting datetime objects is the slow part of
     # building the batch, and an int64 -> timestamp cast is free in Arrow.
-    its, igen = f["ts"], f["generated_id"]
-    ts = pa.array([round(r[its].timestamp() * 1_000_000) for r in rows], pa.int64())
+    ts = pa.Array.from_buffers(pa.int64(), len(rows), [None, pa.py_buffer(epoch_micros(rows, f["ts"]))])
+    igen = f["generated_id"]
     return pa.table({
         "event_id": col(f["event_id"]), "payload_hash": col(f["payload_hash"]),
         "generated_id": pa.array([r[igen] for r in rows], pa.bool_()),

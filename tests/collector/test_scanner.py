@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import orjson
@@ -357,3 +357,32 @@ def test_scan_lines_leaves_a_line_over_the_size_limit_to_the_reference() -> None
         assert answer == ((len(text), 9, 1, len(text) - 1) if declined else (len(text), 9, -1, -1))
         assert origin == ([] if declined else [9])
         assert [e.event_id for e in out] == ([] if declined else ["a"])
+
+
+# --- timestamps as columns -------------------------------------------------------------------------
+
+_ZONES = st.sampled_from([UTC, timezone(timedelta(hours=5, minutes=30)), timezone(timedelta(hours=-8)), None])
+
+
+@PROPERTY
+@given(tss=st.lists(st.datetimes(min_value=datetime(1000, 1, 2), max_value=datetime(9998, 12, 30), timezones=_ZONES),
+                    max_size=20),
+       width=st.sampled_from([1, 7, 60, 3600, 86400]))
+def test_timestamp_columns_are_what_python_computes(tss: list[datetime], width: int) -> None:
+    """epoch_micros and bucket_starts against Python: exact integers for UTC datetimes (every ts
+    the envelope rules make; a float timestamp() loses microseconds past 2255), the float
+    timestamp() for the others, as the Python they replace computed every one."""
+    def micros(ts: datetime) -> int:
+        if ts.tzinfo is UTC:
+            return (ts - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
+        return round(ts.timestamp() * 1_000_000)
+
+    def seconds(ts: datetime) -> int:
+        if ts.tzinfo is UTC:
+            us = micros(ts)
+            return us // 10**6 if us >= 0 else -(-us // 10**6)  # toward zero, as int()
+        return int(ts.timestamp())
+
+    rows = [(ts,) for ts in tss]
+    assert memoryview(_speedups.epoch_micros(rows, 0)).cast("q").tolist() == [micros(ts) for ts in tss]
+    assert _speedups.bucket_starts(tss, width) == [seconds(ts) - seconds(ts) % width for ts in tss]
