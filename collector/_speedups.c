@@ -1150,17 +1150,59 @@ static int jt_members(Acc *self, jtext *t, Py_ssize_t group, Py_ssize_t path) {
     }
 }
 
-static PyObject *acc_add_json(Acc *self, PyObject *args) {
-    const char *text;
-    Py_ssize_t len, group;
-    if (!PyArg_ParseTuple(args, "s#n", &text, &len, &group)) return NULL;
-    if (acc_group(self, group) < 0) return NULL;
+/* Count one output's JSON text in its group (the text as add_json takes it). */
+static int acc_count_text(Acc *self, const char *text, Py_ssize_t len, Py_ssize_t group) {
+    if (acc_group(self, group) < 0) return -1;
     jtext t = {(const unsigned char *)text, (const unsigned char *)text + len, NULL, 0};
     jt_ws(&t);
     int r;
     if (t.p >= t.end || *t.p != '{') r = jt_bad("an output is a JSON object");
     else { t.p++; r = jt_members(self, &t, group, -1); }
     PyMem_Free(t.tmp);
+    return r;
+}
+
+static PyObject *acc_add_json(Acc *self, PyObject *args) {
+    const char *text;
+    Py_ssize_t len, group;
+    if (!PyArg_ParseTuple(args, "s#n", &text, &len, &group)) return NULL;
+    if (acc_count_text(self, text, len, group) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* add_many(outputs, groups): add_json(text, group) or add(dict, group) of each pair, in order. */
+static PyObject *acc_add_many(Acc *self, PyObject *args) {
+    PyObject *outputs, *groups;
+    if (!PyArg_ParseTuple(args, "OO", &outputs, &groups)) return NULL;
+    PyObject *fo = PySequence_Fast(outputs, "outputs must be a sequence");
+    if (fo == NULL) return NULL;
+    PyObject *fg = PySequence_Fast(groups, "groups must be a sequence");
+    if (fg == NULL) { Py_DECREF(fo); return NULL; }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fo);
+    int r = 0;
+    if (PySequence_Fast_GET_SIZE(fg) != n) {
+        PyErr_SetString(PyExc_ValueError, "outputs and groups differ in length");
+        r = -1;
+    }
+    for (Py_ssize_t i = 0; r == 0 && i < n; i++) {
+        PyObject *o = PySequence_Fast_GET_ITEM(fo, i);
+        Py_ssize_t g = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(fg, i));
+        if (g == -1 && PyErr_Occurred()) { r = -1; break; }
+        if (PyUnicode_Check(o)) {
+            Py_ssize_t len;
+            const char *text = PyUnicode_AsUTF8AndSize(o, &len);
+            r = text == NULL ? -1 : acc_count_text(self, text, len, g);
+        } else if (PyDict_CheckExact(o)) {
+            Py_INCREF(o);  /* the namer is Python code: keep the output alive across it */
+            r = acc_group(self, g) < 0 ? -1 : acc_children(self, o, g, -1);
+            Py_DECREF(o);
+        } else {
+            PyErr_Format(PyExc_TypeError, "an output is a dict or its JSON text, not %s", Py_TYPE(o)->tp_name);
+            r = -1;
+        }
+    }
+    Py_DECREF(fo);
+    Py_DECREF(fg);
     if (r < 0) return NULL;
     Py_RETURN_NONE;
 }
@@ -1290,6 +1332,8 @@ static PyMethodDef acc_methods[] = {
     {"rows", (PyCFunction)acc_rows, METH_O,
      "rows(0|1|2) -> (slots, keys, counts) of values (0, lists), lengths (1, packed) or number bins (2, packed)."},
     {"add", (PyCFunction)acc_add, METH_VARARGS, "add(output: dict, group: int): count one output."},
+    {"add_many", (PyCFunction)acc_add_many, METH_VARARGS,
+     "add_many(outputs, groups): count each output (a dict, or its JSON text) in its group, in order."},
     {"add_json", (PyCFunction)acc_add_json, METH_VARARGS,
      "add_json(text, group): count one output given as JSON text, as add(json.loads(text), group)."},
     {"value_rows", (PyCFunction)acc_value_rows, METH_NOARGS,
@@ -2082,6 +2126,57 @@ static PyObject *py_bucket_starts(PyObject *self, PyObject *args) {
     return out;
 }
 
+/* group_ids(groups, cohorts, served_models, starts) -> list of int: the id of each output's
+ * rollup group in `groups` (a dict, grown with new ids 0, 1, ... as keys first appear): the
+ * key (model, prompt_version, contract, served_model unless absent or the model itself, start)
+ * of cohort (model, prompt_version, contract), served model and bucket start. */
+static PyObject *py_group_ids(PyObject *self, PyObject *args) {
+    PyObject *groups, *cohorts, *served, *starts;
+    if (!PyArg_ParseTuple(args, "O!OOO", &PyDict_Type, &groups, &cohorts, &served, &starts)) return NULL;
+    PyObject *fc = PySequence_Fast(cohorts, "cohorts must be a sequence");
+    PyObject *fs = fc ? PySequence_Fast(served, "served_models must be a sequence") : NULL;
+    PyObject *fb = fs ? PySequence_Fast(starts, "starts must be a sequence") : NULL;
+    PyObject *out = NULL;
+    if (fb == NULL) goto done;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fc);
+    if (PySequence_Fast_GET_SIZE(fs) != n || PySequence_Fast_GET_SIZE(fb) != n) {
+        PyErr_SetString(PyExc_ValueError, "cohorts, served_models and starts differ in length");
+        goto done;
+    }
+    if ((out = PyList_New(n)) == NULL) goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *c = PySequence_Fast_GET_ITEM(fc, i), *s = PySequence_Fast_GET_ITEM(fs, i);
+        if (!PyTuple_Check(c) || PyTuple_GET_SIZE(c) != 3) {
+            PyErr_SetString(PyExc_TypeError, "a cohort is a (model, prompt_version, contract) tuple");
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyObject *model = PyTuple_GET_ITEM(c, 0), *alias = Py_None;
+        if (s != Py_None && s != model) {
+            int same = PyObject_RichCompareBool(s, model, Py_EQ);
+            if (same < 0) { Py_CLEAR(out); goto done; }
+            if (!same) alias = s;
+        }
+        PyObject *key = PyTuple_Pack(5, model, PyTuple_GET_ITEM(c, 1), PyTuple_GET_ITEM(c, 2), alias,
+                                     PySequence_Fast_GET_ITEM(fb, i));
+        PyObject *id = key ? PyDict_GetItemWithError(groups, key) : NULL;
+        if (id != NULL) {
+            Py_INCREF(id);
+        } else if (key != NULL && !PyErr_Occurred()) {
+            id = PyLong_FromSsize_t(PyDict_GET_SIZE(groups));
+            if (id != NULL && PyDict_SetItem(groups, key, id) < 0) Py_CLEAR(id);
+        }
+        Py_XDECREF(key);
+        if (id == NULL) { Py_CLEAR(out); goto done; }
+        PyList_SET_ITEM(out, i, id);
+    }
+done:
+    Py_XDECREF(fc);
+    Py_XDECREF(fs);
+    Py_XDECREF(fb);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"walk", py_walk, METH_VARARGS, "Count keys and leaves of a parsed output within limits, or None."},
     {"count_keys", py_count_keys, METH_O, "Count the object keys in JSON text (strings followed by a colon)."},
@@ -2093,6 +2188,8 @@ static PyMethodDef methods[] = {
      "Bulk import's envelopes from a block of lines, until one is not the plain case (see the C source)."},
     {"epoch_micros", py_epoch_micros, METH_VARARGS,
      "epoch_micros(rows, index) -> bytes: item index (a datetime) of each row as int64 microseconds since the epoch."},
+    {"group_ids", py_group_ids, METH_VARARGS,
+     "group_ids(groups, cohorts, served_models, starts) -> list of int: each output's rollup group in groups."},
     {"bucket_starts", py_bucket_starts, METH_VARARGS,
      "bucket_starts(tss, width) -> list of int: e - e % width for e = int(ts.timestamp()) of each datetime."},
     {"string_column", py_string_column, METH_VARARGS,

@@ -15,6 +15,10 @@ def epoch_micros(rows: list[Any], index: int, /) -> bytes:
     ``round(ts.timestamp() * 1_000_000)``, packed int64 (exact for a UTC datetime)."""
 def bucket_starts(tss: Sequence[datetime], width: int, /) -> list[int]:
     """``e - e % width`` for ``e = int(ts.timestamp())`` of each datetime (exact for UTC ones)."""
+def group_ids(groups: dict[Any, int], cohorts: Sequence[tuple[str, str, str]], served_models: Sequence[str | None],
+              starts: Sequence[int], /) -> list[int]:
+    """The id in ``groups`` (grown as keys first appear) of each output's rollup group:
+    (model, prompt_version, contract, served model unless None or the model, bucket start)."""
 def check_envelope(obj: Any, max_tag: int, max_depth: int, max_array: int, max_key: int, max_leaves: int, /) -> tuple[
     str | None, datetime | None, str, str, str | None, str | None, str | None, str | None, str | None, str | None,
     str | None, dict[str, Any], int, int] | None: ...
@@ -39,6 +43,8 @@ def scan_lines(text: bytes | memoryview, pos: int, line_no: int, id_prefix: str,
 class Acc:
     def __init__(self, namer: Any, max_value_length: int, /) -> None: ...
     def add(self, output: dict[str, Any], group: int, /) -> None: ...
+    def add_many(self, outputs: Sequence[dict[str, Any] | str], groups: Sequence[int], /) -> None:
+        """``add`` or ``add_json`` of each (output, group), in order."""
     def add_json(self, text: str | bytes, group: int, /) -> None:
         """Count one output given as JSON text, as ``add(json.loads(text), group)`` would."""
     def counts(self) -> list[tuple[int, ...]]: ...

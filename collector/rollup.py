@@ -50,7 +50,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401  (pa.compute)
 
-from ._speedups import Acc, bucket_starts
+from ._speedups import Acc, bucket_starts, group_ids
 from .flatten import items_path, join_key
 
 __all__ = ["ROLLUP_TABLES", "ContractCheck", "ContractStatus", "RollupConfig", "RollupBatch", "compact_rollups",
@@ -201,30 +201,23 @@ class RollupBatch:
         if self._acc is None:
             raise RuntimeError("RollupBatch.add after tables(): the counts are already built")
         # An output answered by another model than the one requested (an alias) also counts
-        # in the cohort of the model that answered: its group carries that model, and the
-        # merge adds the group's counts to both cohorts (the output is walked once).
-        keys = [(c[0], c[1], c[2], s if s is not None and s != c[0] else None, b)
-                for c, s, b in zip(cohorts, served_models, bucket_starts(tss, self.bucket_seconds), strict=True)]
-        groups = self._groups
-        gids = [groups.setdefault(k, len(groups)) for k in keys]
-        self._events.extend([0] * (len(groups) - len(self._events)))
+        # in the cohort of the model that answered: its group, (model, prompt version, contract,
+        # that model or None, bucket start), carries it, and the merge adds the group's counts
+        # to both cohorts (the output is walked once).
+        starts = bucket_starts(tss, self.bucket_seconds)
+        gids = group_ids(self._groups, cohorts, served_models, starts)
+        self._events.extend([0] * (len(self._groups) - len(self._events)))
         for g, n in Counter(gids).items():
             self._events[g] += n
-        add, add_json = self._acc.add, self._acc.add_json
-        for output, g in zip(outputs, gids, strict=True):
-            if isinstance(output, str):
-                add_json(output, g)
-            else:
-                add(output, g)
+        self._acc.add_many(outputs, gids)
         served = self._served
         for (g, model), n in Counter(zip(gids, served_models, strict=True)).items():
             if model is not None:
                 served[(g, model)] = served.get((g, model), 0) + n
-        self._count_contracts(outputs, cohorts, contract_versions, keys, gids)
+        self._count_contracts(outputs, cohorts, contract_versions, starts, gids)
 
     def _count_contracts(self, outputs: Sequence[dict[str, Any] | str], cohorts: Sequence[tuple[str, str, str]],
-                         versions: Sequence[str | None], keys: list[tuple[str, str, str, str | None, int]],
-                         gids: list[int]) -> None:
+                         versions: Sequence[str | None], starts: list[int], gids: list[int]) -> None:
         """The contract status of each output (and the violations of those checked)."""
         checked: set[tuple[str, str]] = set()  # registered, or not asked yet: checked one by one
         if self._check is not None:
@@ -236,7 +229,7 @@ class RollupBatch:
                 tally[ck] = tally.get(ck, 0) + n
             return
         assert self._check is not None
-        for output, cohort, v, key, g in zip(outputs, cohorts, versions, keys, gids, strict=True):
+        for output, cohort, v, start, g in zip(outputs, cohorts, versions, starts, gids, strict=True):
             status: ContractStatus
             found: Sequence[tuple[str | None, str]] = ()
             if v is None:
@@ -244,7 +237,7 @@ class RollupBatch:
             elif (cohort[2], v) in self._unregistered:
                 status = ContractStatus.unregistered
             else:
-                status, found = self._check(cohort, v, key[-1], output)
+                status, found = self._check(cohort, v, start, output)
                 if status is ContractStatus.unregistered:
                     self._unregistered.add((cohort[2], v))
             ck = (g, v or "", status)

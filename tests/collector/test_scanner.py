@@ -386,3 +386,35 @@ def test_timestamp_columns_are_what_python_computes(tss: list[datetime], width: 
     rows = [(ts,) for ts in tss]
     assert memoryview(_speedups.epoch_micros(rows, 0)).cast("q").tolist() == [micros(ts) for ts in tss]
     assert _speedups.bucket_starts(tss, width) == [seconds(ts) - seconds(ts) % width for ts in tss]
+
+
+@PROPERTY
+@given(rows=st.lists(st.tuples(st.sampled_from(["m", "n"]), st.sampled_from(["p", "q"]),
+                               st.sampled_from([None, "m", "n", "o"]), st.sampled_from([0, 60, 120])), max_size=12))
+def test_group_ids_are_the_first_appearance_of_each_group_key(rows: list[tuple[str, str, str | None, int]]) -> None:
+    cohorts = [(m, p, "c") for m, p, _, _ in rows]
+    served = [None if s is None else "".join(s) for _, _, s, _ in rows]  # equal, not the same object
+    starts = [b for *_, b in rows]
+    want: dict[Any, int] = {"earlier": 0}
+    expected = [want.setdefault((c[0], c[1], c[2], s if s is not None and s != c[0] else None, b), len(want))
+                for c, s, b in zip(cohorts, served, starts, strict=True)]
+    groups: dict[Any, int] = {"earlier": 0}
+    assert _speedups.group_ids(groups, cohorts, served, starts) == expected
+    assert groups == want
+
+
+@PROPERTY
+@given(outputs=st.lists(st.dictionaries(_TEXT, _VALUES, max_size=4), min_size=1, max_size=5),
+       as_text=st.lists(st.booleans(), min_size=5, max_size=5))
+def test_acc_add_many_counts_as_add_and_add_json_one_at_a_time(outputs: list[dict[str, Any]],
+                                                               as_text: list[bool]) -> None:
+    given_ = [orjson.dumps(o).decode() if t else o for o, t in zip(outputs, as_text, strict=False)]
+    one, one_names = _acc()
+    for i, o in enumerate(given_):
+        if isinstance(o, str):
+            one.add_json(o, i % 2)
+        else:
+            one.add(o, i % 2)
+    many, many_names = _acc()
+    many.add_many(given_, [i % 2 for i in range(len(given_))])
+    assert (_state(many), many_names) == (_state(one), one_names)
