@@ -1002,6 +1002,30 @@ static int jt_number(jtext *t, int32_t *code, int *integer) {
         Py_DECREF(v);
         return r;
     }
+    {
+        /* A plain decimal of at most 15 significant digits: its digits as an integer divided
+         * by a power of ten, both exact doubles, is the correctly rounded value, the double
+         * PyOS_string_to_double makes of it (Clinger's fast path). */
+        static const double pow10[] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11,
+                                       1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+        const unsigned char *q = s + (*s == '-');
+        long long mant = 0;
+        int sig = 0, fracd = 0, dot = 0, ok = q < p;
+        for (; ok && q < p; q++) {
+            if (*q == '.') { if (dot) ok = 0; dot = 1; continue; }
+            if (*q < '0' || *q > '9') { ok = 0; break; }
+            if (mant || *q != '0') sig++;
+            mant = mant * 10 + (*q - '0');
+            fracd += dot;
+        }
+        if (ok && sig <= 15 && fracd <= 22) {
+            double d = (double)mant / pow10[fracd];
+            if (*s == '-') d = -d;
+            *integer = d == floor(d);
+            *code = nb_code_of_double(d);
+            return 0;
+        }
+    }
     if (jt_room(t, len + 1) < 0) return -1;
     memcpy(t->tmp, s, (size_t)len);
     t->tmp[len] = 0;
@@ -1013,6 +1037,34 @@ static int jt_number(jtext *t, int32_t *code, int *integer) {
 }
 
 static int jt_members(Acc *self, jtext *t, Py_ssize_t group, Py_ssize_t path);
+
+/* The first '"' or '\\' at or after p (end if none). */
+static inline const unsigned char *jt_quote_or_backslash(const unsigned char *p, const unsigned char *end) {
+#ifdef __SSE2__
+    const __m128i quote = _mm_set1_epi8('"'), backslash = _mm_set1_epi8('\\');
+    while (end - p >= 16) {
+        __m128i v = _mm_loadu_si128((const __m128i *)p);
+        int mask = _mm_movemask_epi8(_mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, backslash)));
+        if (mask) return p + __builtin_ctz((unsigned)mask);
+        p += 16;
+    }
+#endif
+    while (p < end && *p != '"' && *p != '\\') p++;
+    return p;
+}
+
+/* The code points of n bytes of valid UTF-8: the bytes that are not continuation bytes. */
+static inline Py_ssize_t utf8_chars(const unsigned char *p, Py_ssize_t n) {
+    Py_ssize_t cont = 0, i = 0;
+#ifdef __SSE2__
+    const __m128i lim = _mm_set1_epi8((char)0xC0);  /* signed: 0x80..0xBF are the bytes below -64 */
+    for (; i + 16 <= n; i += 16)
+        cont += __builtin_popcount((unsigned)_mm_movemask_epi8(
+            _mm_cmplt_epi8(_mm_loadu_si128((const __m128i *)(p + i)), lim)));
+#endif
+    for (; i < n; i++) cont += (p[i] & 0xC0) == 0x80;
+    return n - cont;
+}
 
 static int jt_value(Acc *self, jtext *t, Py_ssize_t group, Py_ssize_t path) {
     Py_ssize_t slot = slot_of(self, group, path);
@@ -1027,12 +1079,14 @@ static int jt_value(Acc *self, jtext *t, Py_ssize_t group, Py_ssize_t path) {
     if (ch == 'f') { c[C_BOOLEAN]++; t->p += 5; return 0; }
     if (ch == '"') {
         c[C_STRING]++;
-        /* a long string without escapes is counted without making it */
-        const unsigned char *q = t->p + 1;
-        Py_ssize_t n = 0;
-        while (q < t->end && *q != '"' && *q != '\\') n += (*q++ & 0xC0) != 0x80;
-        if (q < t->end && *q == '"' && n > self->max_value_length) {
+        /* without escapes (the usual case), the string is its bytes: a short one is counted
+         * from them, a long one only counted */
+        const unsigned char *a = t->p + 1, *q = jt_quote_or_backslash(a, t->end);
+        if (q < t->end && *q == '"') {
+            Py_ssize_t len = q - a;
             t->p = q + 1;
+            if (len <= self->max_value_length || utf8_chars(a, len) <= self->max_value_length)
+                return vt_bump(self, slot, (const char *)a, len);
             c[C_LONG]++;
             return 0;
         }

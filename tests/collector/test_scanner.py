@@ -418,3 +418,18 @@ def test_acc_add_many_counts_as_add_and_add_json_one_at_a_time(outputs: list[dic
     many, many_names = _acc()
     many.add_many(given_, [i % 2 for i in range(len(given_))])
     assert (_state(many), many_names) == (_state(one), one_names)
+
+
+@PROPERTY
+@given(literal=st.builds(lambda sign, whole, frac: sign + whole + frac, st.sampled_from(["", "-"]),
+                         st.sampled_from(["0", "1", "7", "123456789012345", "9007199254740993"]) |
+                         st.integers(0, 10**16).map(str),
+                         st.sampled_from([".0", ".5", ".05", ".1", ".333333333333333", ".1234567890123456789012",
+                                          ".0000000000000000000001"]) | st.integers(0, 10**22).map(lambda n: f".{n}")))
+def test_a_decimal_is_binned_from_text_as_from_its_float(literal: str) -> None:
+    """add_json reads short decimals without strtod: the same bin and kind as the parsed float."""
+    text, _ = _acc()
+    text.add_json('{"x": %s}' % literal, 0)
+    parsed, _ = _acc()
+    parsed.add({"x": float(literal)}, 0)
+    assert _state(text) == _state(parsed)
