@@ -286,6 +286,29 @@ def test_write_batch_accepts_then_reports_duplicates_without_storing_twice(
     assert store.query("SELECT served_model, n FROM served_models") == [("claude-sonnet-4-5-20250929", 5)]
 
 
+@pytest.mark.parametrize("scanned_per_id", [0, 10**9], ids=["in-lists", "join"])
+def test_stored_keys_are_found_by_either_lookup_with_their_hashes(
+        store: Store, envelope: MakeEnvelope, monkeypatch: pytest.MonkeyPatch, scanned_per_id: int) -> None:
+    """A probing write finds the stored keys among its ids the same way by IN lists (chunked)
+    as by a join, and then stores only the rest: the same results, counts and rows."""
+    import collector.store as store_module
+
+    monkeypatch.setattr(store_module, "_KEYS_SCANNED_PER_ID", scanned_per_id)
+    monkeypatch.setattr(store_module, "_PROBE_KEYS", 3)
+    stored = envs(envelope, 7, "s")
+    store.write_batch(stored)
+    other = parse(envelope(event_id="s-3", output={"priority": "other"}))
+    fresh = envs(envelope, 4, "f")
+    batch = [*stored[:3], fresh[0], other, *fresh[1:], stored[6], fresh[0]]
+    with store.transaction("probing") as con:
+        assert store._stored_hashes(con, list(dict.fromkeys(e.event_id for e in batch))) == {
+            e.event_id: e.payload_hash for e in [*stored[:4], stored[6]]}
+    assert statuses(store.write_batch(batch)) == [
+        ("s-0", D), ("s-1", D), ("s-2", D), ("f-0", A), ("s-3", C), ("f-1", A), ("f-2", A), ("f-3", A),
+        ("s-6", D), ("f-0", D)]
+    assert count_events(store) == 11
+
+
 def test_a_reused_key_with_another_payload_is_a_conflict_and_the_original_stays(
         store: Store, envelope: MakeEnvelope) -> None:
     first = parse(envelope(event_id="k", output={"priority": "high"}))
