@@ -860,6 +860,11 @@ class Store:
         return self._defer is not None and first is not None and (
             self._pending_events >= self._defer[0] or time.monotonic() - first >= self._defer[1])
 
+    @property
+    def pending_rollup_events(self) -> int:
+        """Events whose rollups wait to be merged (deferred rollups)."""
+        return self._pending_events
+
     def flush_rollups(self) -> int:
         """Merge deferred rollups now; returns the events they covered. Readers call this first."""
         if not self._pending:  # nothing waits: no need to queue behind a merge for the lock

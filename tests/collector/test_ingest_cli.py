@@ -374,3 +374,26 @@ def test_a_conflicting_line_the_file_no_longer_holds_as_imported_is_quarantined_
     entries = [json.loads(x) for x in _conflict_entries(src, {2: "h2", 5: "h5"}, LIMITS, datetime.now(UTC), "p")]
     assert [(q["line"], q["raw"], [e["code"] for e in q["errors"]]) for q in entries] == [
         (2, "changed", ["conflict", "changed"]), (5, "", ["conflict", "changed"])]
+
+
+def test_rollups_merged_by_the_storing_thread_when_merging_falls_behind_count_each_event_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no room for pending rollups, the storing thread merges after every transaction,
+    beside the merging thread: the same rollups as an import that leaves merging to it."""
+    from collector import Limits, Store, import_files
+    from collector import ingest as ingest_module
+    from collector.rollup import ROLLUP_TABLES
+
+    src = write_lines(tmp_path / "in.jsonl", [json.dumps(make_envelope(output={"i": i, "k": f"v{i % 3}"}))
+                                              for i in range(40)])
+    sums = []
+    for room in (ingest_module._PENDING_TRANSACTIONS, 0):
+        monkeypatch.setattr(ingest_module, "_PENDING_TRANSACTIONS", room)
+        with Store.open(tmp_path / f"db{room}" / "x.duckdb") as store:
+            assert import_files([src], store, Limits(), batch_size=3, tx_batches=2).accepted == 40
+            sums.append({table: store.query(  # both files number their cohorts alike
+                f"SELECT {', '.join(keys)}, {', '.join(f'sum({c})' for c in cols)} FROM {table} GROUP BY ALL ORDER BY ALL")
+                for table, (keys, cols) in ROLLUP_TABLES.items()})
+            assert store.query("SELECT sum(events) FROM cohort_buckets") == [(40,)]
+    assert sums[0] == sums[1]
+    assert sums[0]["value_rollups"]  # the values were counted at all
