@@ -29,10 +29,11 @@ import gc
 import hashlib
 import queue
 import sys
+import tempfile
 import threading
 import zlib
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
@@ -250,6 +251,13 @@ def _import_one(path: Path, store: Store, limits: Limits, summary: ImportSummary
         quarantine = qpath.open("wb")
     except OSError as exc:  # before any line is stored: a rejected line must have somewhere to go
         raise QuarantineUnwritable(qpath, path, exc) from exc
+    try:
+        # The store's conflicts, "line_number payload_hash" a line, in line order: spilled to a file,
+        # so that a file of conflicts (the same ids with new payloads) is imported in bounded memory.
+        conflicted = tempfile.TemporaryFile("w+", dir=qpath.parent)
+    except OSError as exc:
+        quarantine.close()
+        raise QuarantineUnwritable(qpath, path, exc) from exc
     rejected_here = 0
     prefix = _file_key(path)
     # The reading thread validates and prepares (columns, rollup counts); this thread only
@@ -260,7 +268,7 @@ def _import_one(path: Path, store: Store, limits: Limits, summary: ImportSummary
     # stored held about 230 MB at the peak of a 1M-line import (bench/README.md).
     todo: queue.Queue[tuple[PreparedBatch, list[int]] | None] = queue.Queue(maxsize=_QUEUED_BATCHES)
     failure: list[BaseException] = []
-    conflicted: dict[int, str] = {}  # line number -> payload hash; this thread's until the join
+    conflicts = [0]  # counted by the storing thread alone; added to the summary after the join
 
     def store_batches() -> None:
         ended = False
@@ -293,9 +301,11 @@ def _import_one(path: Path, store: Store, limits: Limits, summary: ImportSummary
                     summary.accepted += counts[WriteStatus.accepted]
                     summary.duplicate += counts[WriteStatus.duplicate]
                     if counts[WriteStatus.conflict]:
-                        conflicted.update((n, payload_hash) for r, n, payload_hash
-                                          in zip(results, numbers, batch.hashes, strict=True)
-                                          if r.status is WriteStatus.conflict)
+                        found = [f"{n} {payload_hash}\n" for r, n, payload_hash
+                                 in zip(results, numbers, batch.hashes, strict=True)
+                                 if r.status is WriteStatus.conflict]
+                        conflicted.writelines(found)
+                        conflicts[0] += len(found)
                 if store.rollups_due:
                     merges.put(True)
                 if store.pending_rollup_events > _PENDING_TRANSACTIONS * tx_batches * batch_size:
@@ -325,7 +335,7 @@ def _import_one(path: Path, store: Store, limits: Limits, summary: ImportSummary
     origin: list[int] = []  # the line number of each envelope of the batch
     reader = _Lines(path)
     try:
-        with quarantine:
+        with quarantine, conflicted:
             worker.start()
             merger.start()
             reported = 0
@@ -370,11 +380,13 @@ def _import_one(path: Path, store: Store, limits: Limits, summary: ImportSummary
             todo.put(None)
             worker.join()
             merger.join()
-            if conflicted and not failure:
-                rejected_here += len(conflicted)
-                summary.rejected += len(conflicted)
-                summary.rejected_by_reason["conflict"] += len(conflicted)
-                quarantine.writelines(_conflict_entries(path, conflicted, limits, now, prefix))
+            if conflicts[0] and not failure:
+                rejected_here += conflicts[0]
+                summary.rejected += conflicts[0]
+                summary.rejected_by_reason["conflict"] += conflicts[0]
+                conflicted.seek(0)
+                found = ((int(n), payload_hash) for n, payload_hash in map(str.split, conflicted))
+                quarantine.writelines(_conflict_entries(path, found, limits, now, prefix))
     finally:
         if worker.is_alive():
             todo.put(None)
@@ -394,27 +406,36 @@ def _import_one(path: Path, store: Store, limits: Limits, summary: ImportSummary
         raise ImportInputError(path, reader.error)
 
 
-def _conflict_entries(path: Path, conflicted: dict[int, str], limits: Limits, now: datetime,
+def _conflict_entries(path: Path, conflicted: Iterable[tuple[int, str]], limits: Limits, now: datetime,
                       prefix: str) -> Iterator[bytes]:
-    """The quarantine entries of the lines the store refused as conflicts ({line number: payload
-    hash}), their text read again from the file in one pass. A line that no longer reads as the
-    envelope imported (the file changed meanwhile) is still quarantined, its entry saying so."""
+    """The quarantine entries of the lines the store refused as conflicts ((line number, payload
+    hash) in line order, as batches are stored), their text read again from the file in one
+    pass. A line that no longer reads as the envelope imported (the file changed meanwhile) is
+    still quarantined, its entry saying so."""
     reason = FieldError("event_id", "already stored with a different payload", "conflict")
-    conflicted = dict(conflicted)  # what is left to find
-    last = max(conflicted)
+    wanted = iter(conflicted)
+    if (pending := next(wanted, None)) is None:
+        return
     for n, line in _Lines(path):
-        if (payload_hash := conflicted.pop(n, None)) is not None:
-            stripped = line.strip()
-            try:
-                same = parse_envelope(stripped, limits, now=now, default_id=partial(_line_id, prefix, n, stripped)
-                                      ).payload_hash == payload_hash
-            except EnvelopeInvalid:
-                same = False
-            yield _quarantine_line(path, n, [reason] if same else [reason, _CHANGED], stripped)
-        if n >= last:
-            break
-    for n in sorted(conflicted):  # the file is shorter now (or could not be read again)
-        yield _quarantine_line(path, n, [reason, _CHANGED], b"")
+        while pending is not None and pending[0] < n:  # out of line order: not read again
+            yield _quarantine_line(path, pending[0], [reason, _CHANGED], b"")
+            pending = next(wanted, None)
+        if pending is None:
+            return
+        if pending[0] > n:
+            continue
+        stripped = line.strip()
+        try:
+            same = parse_envelope(stripped, limits, now=now, default_id=partial(_line_id, prefix, n, stripped)
+                                  ).payload_hash == pending[1]
+        except EnvelopeInvalid:
+            same = False
+        yield _quarantine_line(path, n, [reason] if same else [reason, _CHANGED], stripped)
+        if (pending := next(wanted, None)) is None:
+            return
+    while pending is not None:  # the file is shorter now (or could not be read again)
+        yield _quarantine_line(path, pending[0], [reason, _CHANGED], b"")
+        pending = next(wanted, None)
 
 
 _CHANGED = FieldError("", "the file changed during the import: this is not the text that was imported", "changed")

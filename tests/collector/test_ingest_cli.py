@@ -367,13 +367,17 @@ def test_conflicts_found_in_several_batches_are_quarantined_with_their_lines(tmp
 
 def test_a_conflicting_line_the_file_no_longer_holds_as_imported_is_quarantined_as_it_is_now(
         tmp_path: Path) -> None:
-    from collector.envelope import LIMITS
+    from collector.envelope import LIMITS, parse_envelope
     from collector.ingest import _conflict_entries
 
-    src = write_lines(tmp_path / "in.jsonl", [json.dumps(make_envelope(event_id="a")), "changed"])
-    entries = [json.loads(x) for x in _conflict_entries(src, {2: "h2", 5: "h5"}, LIMITS, datetime.now(UTC), "p")]
+    first = make_envelope(event_id="a")
+    src = write_lines(tmp_path / "in.jsonl", [json.dumps(first), "changed", json.dumps(first)])
+    stored = parse_envelope(json.dumps(first).encode(), LIMITS).payload_hash
+    entries = [json.loads(x) for x in _conflict_entries(src, [(2, "h2"), (3, stored), (5, "h5")], LIMITS,
+                                                        datetime.now(UTC), "p")]
     assert [(q["line"], q["raw"], [e["code"] for e in q["errors"]]) for q in entries] == [
-        (2, "changed", ["conflict", "changed"]), (5, "", ["conflict", "changed"])]
+        (2, "changed", ["conflict", "changed"]), (3, json.dumps(first), ["conflict"]),
+        (5, "", ["conflict", "changed"])]
 
 
 def test_rollups_merged_by_the_storing_thread_when_merging_falls_behind_count_each_event_once(
