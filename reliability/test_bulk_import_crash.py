@@ -189,4 +189,4 @@ def test_bulk_import_killed_once_smoke(tmp_path: Path, report: dict[str, object]
 @pytest.mark.reliability
 def test_bulk_import_killed_at_random_offsets(tmp_path: Path, report: dict[str, object]) -> None:
     """Bulk import under crash: SIGKILL at random offsets, reruns add nothing twice"""
-    _scenario(tmp_path, report, lines=150_000, kills=6, seed=7, min_offset=0.1, max_offset=2.0)
+    _scenario(tmp_path, report, lines=150_000, kills=6, seed=7, min_offset=0.05, max_offset=1.0)
