@@ -837,11 +837,24 @@ static int acc_group(Acc *self, Py_ssize_t group) {
     return 0;
 }
 
+/* Count one parsed output (a dict, not a subclass: acc_children walks anything else as a list). */
+static int acc_count_dict(Acc *self, PyObject *output, Py_ssize_t group) {
+    if (!PyDict_CheckExact(output)) {
+        PyErr_Format(PyExc_TypeError, "an output is a dict or its JSON text, not %s", Py_TYPE(output)->tp_name);
+        return -1;
+    }
+    if (acc_group(self, group) < 0) return -1;
+    Py_INCREF(output);  /* the namer is Python code: keep the output alive across it */
+    int r = acc_children(self, output, group, -1);
+    Py_DECREF(output);
+    return r;
+}
+
 static PyObject *acc_add(Acc *self, PyObject *args) {
     PyObject *output;
     Py_ssize_t group;
-    if (!PyArg_ParseTuple(args, "O!n", &PyDict_Type, &output, &group)) return NULL;
-    if (acc_group(self, group) < 0 || acc_children(self, output, group, -1) < 0) return NULL;
+    if (!PyArg_ParseTuple(args, "On", &output, &group)) return NULL;
+    if (acc_count_dict(self, output, group) < 0) return NULL;
     Py_RETURN_NONE;
 }
 
@@ -1246,13 +1259,8 @@ static PyObject *acc_add_many(Acc *self, PyObject *args) {
             Py_ssize_t len;
             const char *text = PyUnicode_AsUTF8AndSize(o, &len);
             r = text == NULL ? -1 : acc_count_text(self, text, len, g);
-        } else if (PyDict_CheckExact(o)) {
-            Py_INCREF(o);  /* the namer is Python code: keep the output alive across it */
-            r = acc_group(self, g) < 0 ? -1 : acc_children(self, o, g, -1);
-            Py_DECREF(o);
         } else {
-            PyErr_Format(PyExc_TypeError, "an output is a dict or its JSON text, not %s", Py_TYPE(o)->tp_name);
-            r = -1;
+            r = acc_count_dict(self, o, g);
         }
     }
     Py_DECREF(fo);

@@ -384,20 +384,34 @@ def test_rollups_merged_by_the_storing_thread_when_merging_falls_behind_count_ea
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With no room for pending rollups, the storing thread merges after every transaction,
     beside the merging thread: the same rollups as an import that leaves merging to it."""
+    import threading
+
     from collector import Limits, Store, import_files
     from collector import ingest as ingest_module
     from collector.rollup import ROLLUP_TABLES
 
+    merged_by: list[str] = []  # the thread of each merge that found counts waiting
+    merge_pending = Store.merge_pending
+
+    def recording(store: Store) -> None:
+        if store.pending_rollup_events:
+            merged_by.append(threading.current_thread().name)
+        merge_pending(store)
+
+    monkeypatch.setattr(Store, "merge_pending", recording)
     src = write_lines(tmp_path / "in.jsonl", [json.dumps(make_envelope(output={"i": i, "k": f"v{i % 3}"}))
                                               for i in range(40)])
     sums = []
-    for room in (ingest_module._PENDING_TRANSACTIONS, 0):
+    for room in (10**6, 0):  # never, and after every transaction
         monkeypatch.setattr(ingest_module, "_PENDING_TRANSACTIONS", room)
+        merged_by.clear()
         with Store.open(tmp_path / f"db{room}" / "x.duckdb") as store:
             assert import_files([src], store, Limits(), batch_size=3, tx_batches=2).accepted == 40
             sums.append({table: store.query(  # both files number their cohorts alike
                 f"SELECT {', '.join(keys)}, {', '.join(f'sum({c})' for c in cols)} FROM {table} GROUP BY ALL ORDER BY ALL")
                 for table, (keys, cols) in ROLLUP_TABLES.items()})
             assert store.query("SELECT sum(events) FROM cohort_buckets") == [(40,)]
+        # with room to spare, only the merging thread merges; without, the storing thread does too
+        assert ("shapewatch-import" in merged_by) == (room == 0), merged_by
     assert sums[0] == sums[1]
     assert sums[0]["value_rollups"]  # the values were counted at all

@@ -433,3 +433,17 @@ def test_a_decimal_is_binned_from_text_as_from_its_float(literal: str) -> None:
     parsed, _ = _acc()
     parsed.add({"x": float(literal)}, 0)
     assert _state(text) == _state(parsed)
+
+
+def test_an_output_that_is_not_a_plain_dict_or_text_is_refused_by_name() -> None:
+    from collections import OrderedDict
+
+    import pytest
+
+    acc, _ = _acc()
+    for bad in (OrderedDict(a=1), [1], 3):
+        with pytest.raises(TypeError, match="an output is a dict or its JSON text"):
+            acc.add(bad, 0)
+        with pytest.raises(TypeError, match="an output is a dict or its JSON text"):
+            acc.add_many([bad], [0])
+    assert acc.counts() == []  # nothing counted half-way
