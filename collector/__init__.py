@@ -32,6 +32,7 @@ _WHERE = {
     "Client": "sdk", "parse_retry_after": "sdk",
     "Settings": "settings", "load_settings": "settings", "settings_help": "settings",
     "Scope": "settings", "TokenEntry": "settings", "parse_token": "settings",
+    "tag_problem": "tags",
     "SCHEMA_VERSION": "store", "Schema": "store", "Store": "store", "WriteResult": "store", "WriteStatus": "store",
     "Writer": "writer",
     # contracts: reading, fingerprints, the registry and validation; diffs
@@ -123,6 +124,7 @@ __all__ = [
     "StoreLocked",
     "StoreUnavailable",
     "StoreVersionTooNew",
+    "tag_problem",
     "TokenEntry",
     "TokenGuard",
     "Tool",
@@ -227,4 +229,5 @@ if TYPE_CHECKING:
     from .sdk import Client, parse_retry_after
     from .settings import Scope, Settings, TokenEntry, load_settings, parse_token, settings_help
     from .store import SCHEMA_VERSION, Schema, Store, WriteResult, WriteStatus
+    from .tags import tag_problem
     from .writer import Writer
