@@ -37,9 +37,15 @@ from .alerts import AlertBook, AlertState
 from .config import AnalyzerConfig, Severity
 from .errors import AlertNotFound
 
-__all__ = ["acknowledge", "activate", "alert", "alerts", "cohort_fields", "cohorts", "events", "field_series", "freeze", "silences",
+__all__ = ["COHORTS_WINDOW", "MAX_SERIES_POINTS", "acknowledge", "activate", "alert", "alerts", "cohort_fields", "cohorts", "events", "field_series", "freeze", "silences",
            "import_document",
            "inherit", "list_all", "retire", "show", "silence", "served_model_changes"]
+
+
+#: The traffic window of ``cohorts`` when none is given.
+COHORTS_WINDOW = timedelta(days=7)
+#: The most steps of a field's series: each step is a window profile read on its own.
+MAX_SERIES_POINTS = 500
 
 
 def _iso(t: datetime | None) -> str | None:
@@ -163,7 +169,7 @@ def silences(store: Store, *, active: bool = True) -> list[dict[str, Any]]:
 def cohorts(store: Store, *, since: datetime | None = None, until: datetime | None = None) -> list[dict[str, Any]]:
     """Every cohort with its traffic in the window, baseline, unpinned marker, alerts and served models."""
     until = until or datetime.now(UTC)
-    since = since or until - timedelta(days=7)
+    since = since or until - COHORTS_WINDOW
     store.flush_rollups()
     traffic = {int(cid): int(n) for cid, n in store.query(
         "SELECT cohort_id, sum(events) FROM cohort_buckets WHERE bucket >= ? AND bucket < ? GROUP BY ALL",
@@ -246,8 +252,8 @@ def field_series(store: Store, config: AnalyzerConfig, cohort_id: int, path: str
     levels, for charts against it. Each step is a window profile (a sum of buckets)."""
     from .rules import enum_like
 
-    if not 1 <= points <= 500:
-        raise BaselineError("points must be between 1 and 500")
+    if not 1 <= points <= MAX_SERIES_POINTS:
+        raise BaselineError(f"points must be between 1 and {MAX_SERIES_POINTS}")
     cohort_rows = store.query("SELECT model, prompt_version, contract FROM cohorts WHERE cohort_id = ?", [cohort_id])
     if not cohort_rows:
         raise LookupError(f"no cohort {cohort_id}")

@@ -5,20 +5,25 @@ Each route is a thin shell over ``admin.py`` (the code the CLI runs with
 the shared JSON shape: unknown ids 404, refused freezes and a contract
 version registered with other content 409, requests that are well formed but
 cannot be done (an empty window, a tampered document, an invalid schema) 422,
-malformed ones 400.
+malformed ones 400. A parameter out of its range (a duration, a time, a window
+longer than its route reads, too many ids) is refused with 422 naming it in
+``fields`` before anything is read, and so are FastAPI's own validation errors:
+``{"path": "since", "reason": ...}``, the parameter's name without its location.
 
 Baselines have no PUT, PATCH or DELETE: a frozen baseline never changes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from datetime import UTC, datetime
+from collections.abc import Callable, Coroutine
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
 import orjson
 from fastapi import APIRouter, Body, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
+from fastapi.routing import APIRoute
 from pydantic import AwareDatetime, BaseModel, Field
 
 from baselines import BaselineError, BaselineNotFound, BaselineRefused, BaselineTampered, Cohort
@@ -26,6 +31,7 @@ from collector import (
     ContractConflict,
     ContractError,
     ContractNotFound,
+    FieldError,
     ShapewatchError,
     Store,
     error_body,
@@ -35,29 +41,68 @@ from collector import (
 
 from . import admin
 from .analyzer import Analyzer
-from .config import AlertKind, AnalyzerConfig, parse_duration
-from .errors import AlertError, AlertNotFound, ConfigInvalid
+from .config import (
+    MAX_REVIEW_PERIOD,
+    MAX_SILENCE,
+    MAX_WINDOW,
+    AlertKind,
+    AnalyzerConfig,
+    check_window,
+    parse_duration,
+    parse_time,
+)
+from .errors import AlertError, AlertNotFound, ConfigInvalid, ParameterInvalid
 
 __all__ = ["AnalysisApi", "install_analysis_error_handlers"]
 
 
-# Query times: ISO 8601 with a zone (a number is no time), years 1971-9998 (arithmetic on a
-# window must not overflow).
-_ISO = r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}(:\d{2}(\.\d{1,9})?)?([Zz]|[+-]\d{2}:?\d{2})$"
-When = Annotated[str | None, Query(pattern=_ISO, description="ISO 8601 time with a zone, e.g. 2026-11-29T12:00:00Z")]
+When = Annotated[str | None, Query(description="ISO 8601 time with a zone, e.g. 2026-11-29T12:00:00Z, from "
+                                              "1971-01-01 up to 2200-01-01")]
+#: The most event ids one ``/v1/events`` request looks up, and the longest one (the envelope's limit).
+MAX_EVENT_IDS = 100
+MAX_EVENT_ID_LENGTH = 128
 
 
 def _when(text: str | None, name: str) -> datetime | None:
-    """A query time, or None; a time that is not one (or out of range) is refused with 422."""
+    """A query time, or None; one that is not a time with a zone in the range taken is refused (422)."""
     if text is None:
         return None
     try:
-        t = datetime.fromisoformat(text[:-1] + "+00:00" if text[-1:] in "Zz" else text)
-    except ValueError:
-        raise AlertError(f"{name}: {text!r} is not an ISO 8601 time with a zone") from None
-    if t.tzinfo is None or not 1971 <= t.astimezone(UTC).year <= 9998:
-        raise AlertError(f"{name}: {text!r} must have a zone and a year between 1971 and 9998")
-    return t.astimezone(UTC)
+        return parse_time(text, key=name)
+    except ConfigInvalid as exc:
+        raise ParameterInvalid.of(exc) from None
+
+
+def _window(since_text: str | None, until_text: str | None, *, now: datetime,
+            length: timedelta) -> tuple[datetime, datetime]:
+    """The window a read route scans: ``until`` (default now) back to ``since`` (default ``length``
+    before it), refused (422) when it ends before it begins or is longer than ``MAX_WINDOW``."""
+    until = _when(until_text, "until") or now
+    since = _when(since_text, "since") or until - length
+    if until_text is None and since >= until:
+        raise ParameterInvalid("since", f"{since_text!r} is not before now ({until.isoformat()}); give an until")
+    try:
+        check_window(since, until, maximum=MAX_WINDOW)
+    except ConfigInvalid as exc:
+        raise ParameterInvalid.of(exc) from None
+    return since, until
+
+
+def _duration(text: str, name: str, maximum: timedelta) -> timedelta:
+    try:
+        return parse_duration(text, key=name, maximum=maximum)
+    except ConfigInvalid as exc:
+        raise ParameterInvalid.of(exc) from None
+
+
+def _event_ids(ids: list[str]) -> list[str]:
+    if not 1 <= len(ids) <= MAX_EVENT_IDS:
+        raise ParameterInvalid("ids", f"{len(ids)} ids given; give between 1 and {MAX_EVENT_IDS}")
+    for i, event_id in enumerate(ids):
+        if not 1 <= len(event_id) <= MAX_EVENT_ID_LENGTH:
+            raise ParameterInvalid("ids", f"id {i} is {len(event_id)} characters long; an event id has 1 to "
+                                          f"{MAX_EVENT_ID_LENGTH}")
+    return ids
 
 
 def _json(body: Any, status: int = 200) -> Response:
@@ -66,8 +111,7 @@ def _json(body: Any, status: int = 200) -> Response:
 
 _STATUS: list[tuple[type[Exception], int]] = [
     (BaselineNotFound, 404), (AlertNotFound, 404), (ContractNotFound, 404), (BaselineRefused, 409),
-    (ContractConflict, 409), (BaselineTampered, 422), (BaselineError, 422), (AlertError, 422), (ConfigInvalid, 422),
-    (ContractError, 422)]
+    (ContractConflict, 409), (BaselineTampered, 422), (BaselineError, 422), (AlertError, 422), (ContractError, 422)]
 
 
 def install_analysis_error_handlers(app: FastAPI) -> None:
@@ -76,6 +120,42 @@ def install_analysis_error_handlers(app: FastAPI) -> None:
         def handler(_: Request, exc: Exception, status: int = status) -> Response:
             return _json(error_body(status, str(exc)), status)
         app.add_exception_handler(cls, handler)
+
+    # A parameter out of range, and a value a configuration parser refused (the review's period
+    # when it reaches build_review): 422 naming it.
+    def parameter(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ParameterInvalid | ConfigInvalid)
+        name, reason = (exc.name, exc.reason) if isinstance(exc, ParameterInvalid) else (exc.key, exc.problem)
+        return _json(error_body(422, str(exc), [FieldError(name, reason)]), 422)
+    app.add_exception_handler(ParameterInvalid, parameter)
+    app.add_exception_handler(ConfigInvalid, parameter)
+
+
+def _parameter_path(loc: tuple[Any, ...]) -> str:
+    """``("query", "since")`` -> ``since``: a parameter is named as the client wrote it. The
+    location stays when nothing follows it or a position does (``body.12``: the body is not JSON)."""
+    parts = [str(p) for p in loc]
+    return ".".join(parts[1:] if len(loc) > 1 and isinstance(loc[1], str) else parts)
+
+
+class _NamedParameterRoute(APIRoute):
+    """Answers FastAPI's own validation errors of the analysis routes with the parameter's name as
+    ``path``, as the routes' own range checks do (the app-wide handler keeps the location,
+    ``query.since``, for the collector's routes). Mixed in before the token guard's route class,
+    so the token is still checked before the request is validated."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def named(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except RequestValidationError as exc:
+                fields = [FieldError(_parameter_path(tuple(e.get("loc", ()))), str(e.get("msg", "invalid")))
+                          for e in exc.errors()]
+                return _json(error_body(422, "request is invalid", fields), 422)
+
+        return named
 
 
 class FreezeRequest(BaseModel):
@@ -140,7 +220,8 @@ class AnalysisApi:
     def router(self, tokens: tuple[str, ...]) -> APIRouter:
         store, config = self.store, self.config
         guard = require_token(tokens, "read", writes="admin")  # GETs read, every other method is admin
-        r = APIRouter(route_class=guard.route_class,
+        route_class = type("AnalysisRoute", (_NamedParameterRoute, guard.route_class), {})
+        r = APIRouter(route_class=route_class,
                       responses={**guard.responses, **error_responses(400, 404, 409, 422)})
 
         @r.get("/v1/alerts", summary="Alerts, page first")
@@ -162,13 +243,10 @@ class AnalysisApi:
         @r.post("/v1/silences", summary="Silence matching alerts for a while (they still resolve)",
                 status_code=201)
         def post_silence(body: SilenceRequest) -> Response:
-            try:
-                duration = parse_duration(body.duration, key="duration")
-            except ConfigInvalid as exc:
-                raise AlertError(str(exc)) from exc
+            duration = _duration(body.duration, "duration", MAX_SILENCE)
             if body.kind is not None and body.kind not in {k.value for k in AlertKind}:
-                raise AlertError(f"kind: {body.kind!r} is not an alert kind; one of "
-                                 + ", ".join(k.value for k in AlertKind))
+                raise ParameterInvalid("kind", f"{body.kind!r} is not an alert kind; one of "
+                                       + ", ".join(k.value for k in AlertKind))
             return _json(admin.silence(store, duration=duration, author=body.author, reason=body.reason,
                                        fingerprint=body.fingerprint, model=body.model,
                                        prompt_version=body.prompt_version, contract=body.contract,
@@ -180,31 +258,32 @@ class AnalysisApi:
 
         @r.get("/v1/cohorts", summary="Cohorts with traffic, baselines, alerts and served models")
         def get_cohorts(since: When = None, until: When = None) -> Response:
-            return _json(admin.cohorts(store, since=_when(since, "since"), until=_when(until, "until")))
+            start, end = _window(since, until, now=self.clock(), length=admin.COHORTS_WINDOW)
+            return _json(admin.cohorts(store, since=start, until=end))
 
         @r.get("/v1/cohorts/{cohort_id}/fields", summary="A cohort's window profile, field by field")
         def get_fields(cohort_id: int, since: When = None, until: When = None) -> Response:
-            end = _when(until, "until") or self.clock()
+            start, end = _window(since, until, now=self.clock(), length=config.window)
             try:
-                return _json(admin.cohort_fields(store, cohort_id, since=_when(since, "since") or end - config.window,
-                                                 until=end))
+                return _json(admin.cohort_fields(store, cohort_id, since=start, until=end))
             except LookupError as exc:
                 return _json(error_body(404, str(exc)), 404)
 
         @r.get("/v1/cohorts/{cohort_id}/series", summary="One field over time against the baseline (charts)")
         def get_series(cohort_id: int, field: str, since: When = None, until: When = None,
-                       points: int = Query(24, ge=1, le=500)) -> Response:
-            end = _when(until, "until") or self.clock()
+                       points: int = Query(24, ge=1, le=admin.MAX_SERIES_POINTS,
+                                           description="steps of the window, each read as a window profile")
+                       ) -> Response:
+            start, end = _window(since, until, now=self.clock(), length=config.window)
             try:
-                return _json(admin.field_series(store, config, cohort_id, field,
-                                                since=_when(since, "since") or end - config.window, until=end,
+                return _json(admin.field_series(store, config, cohort_id, field, since=start, until=end,
                                                 points=points))
             except LookupError as exc:
                 return _json(error_body(404, str(exc)), 404)
 
         @r.get("/v1/events", summary="Stored outputs by event id (an alert's samples)")
-        def get_events(ids: Annotated[list[str], Query(description="event ids, up to 100")]) -> Response:
-            return _json(admin.events(store, ids))
+        def get_events(ids: Annotated[list[str], Query(description=f"event ids, 1 to {MAX_EVENT_IDS}")]) -> Response:
+            return _json(admin.events(store, _event_ids(ids)))
 
         @r.get("/v1/served-model-changes", summary="Served models that changed behind a requested model id")
         def get_served() -> Response:
@@ -249,13 +328,13 @@ class AnalysisApi:
 
         @r.get("/v1/review", summary="The weekly review report (json, markdown or html)",
                responses={200: {"content": {"application/json": {}, "text/markdown": {}, "text/html": {}}}})
-        def get_review(since: str = Query("7d", description="the review period, e.g. 7d"),
+        def get_review(since: str = Query("7d", description="the review period, e.g. 7d, at most "
+                                                        f"{MAX_REVIEW_PERIOD.days}d"),
                        format: str = Query("json", pattern="^(json|markdown|html)$")) -> Response:
             from .review import build_review, render_html, render_markdown
-            try:
-                period = parse_duration(since, key="since")
-            except ConfigInvalid as exc:
-                raise AlertError(str(exc)) from exc
+
+            # Refused before the review reads anything: its cost grows with the period.
+            period = _duration(since, "since", MAX_REVIEW_PERIOD)
             review = build_review(store, config, now=self.clock(), period=period,
                                   max_baseline_age=config.max_baseline_age)
             if format == "markdown":

@@ -24,21 +24,50 @@ and a wrong key or value is refused at start-up with a message naming the key.
 >>> cfg = load_config(Path("shapewatch.toml"))            # doctest: +SKIP
 >>> cfg.rules_for("intake", "customer.tier").tolerance    # doctest: +SKIP
 0.15
+
+Durations and times given to the HTTP routes, the CLI and this file are read by
+``parse_duration`` and ``parse_time`` here, each with the bound of its use
+(``MAX_WINDOW``, ``MAX_REVIEW_PERIOD``, ``MAX_SILENCE``, ``EARLIEST_TIME`` ..
+``LATEST_TIME``; the README's "Limits" lists them): a value outside it is
+refused naming the parameter, before anything is read, so no parameter makes a
+request's cost or its date arithmetic unbounded.
 """
 
 from __future__ import annotations
 
+import math
+import re
 import tomllib
 from dataclasses import dataclass, field, fields, replace
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from .errors import ConfigInvalid
 
-__all__ = ["AlertKind", "AnalyzerConfig", "ConfigInvalid", "EnumMode", "FieldRules", "Severity", "load_config", "parse_config",
-           "parse_duration"]
+__all__ = ["EARLIEST_TIME", "LATEST_TIME", "MAX_BASELINE_AGE", "MAX_REVIEW_PERIOD", "MAX_SILENCE", "MAX_WINDOW",
+           "MIN_DURATION", "AlertKind", "AnalyzerConfig", "ConfigInvalid", "EnumMode", "FieldRules", "Severity",
+           "load_config", "parse_config", "parse_duration", "parse_time", "check_window"]
+
+#: The shortest duration anything takes: a window, a silence or a period under a second is a typo.
+MIN_DURATION = timedelta(seconds=1)
+#: The longest window read at once (``analyze --window``, ``[analyzer] window`` and ``interval``,
+#: ``/v1/cohorts``, a cohort's ``fields`` and ``series``): a window is summed from one-minute
+#: rollup buckets, so its cost grows with its length; 400 days covers a year against the last.
+MAX_WINDOW = timedelta(days=400)
+#: The longest review period (``/v1/review?since=``, ``review --since``): the review looks for a
+#: candidate window day by day through the period, once per cohort (10000 days took 18 s of CPU).
+MAX_REVIEW_PERIOD = timedelta(days=90)
+#: The longest silence: a longer one is a retired baseline or an ignored field, said in the config.
+MAX_SILENCE = timedelta(days=90)
+#: The oldest ``[analyzer] max_baseline_age`` (ten years).
+MAX_BASELINE_AGE = timedelta(days=3650)
+#: Times given to the routes and the CLI (``since``, ``until``, ``--at``) lie in
+#: [EARLIEST_TIME, LATEST_TIME): the years observations are stored for, far from the ends of
+#: ``datetime``, so a window computed from them never overflows.
+EARLIEST_TIME = datetime(1971, 1, 1, tzinfo=UTC)
+LATEST_TIME = datetime(2200, 1, 1, tzinfo=UTC)
 
 
 class AlertKind(str, Enum):
@@ -131,19 +160,86 @@ _ANALYZER_KEYS = {"window", "interval", "max_baseline_age", "confirm_evaluations
                   "samples_per_alert"}
 
 
-def parse_duration(text: str, *, key: str = "duration") -> timedelta:
-    """``90s``, ``15m``, ``24h``, ``7d`` -> timedelta."""
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+# A plain decimal and a unit: no sign, exponent, underscore, nan or inf (float() takes them all).
+_DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)([smhdw])")
+
+
+def _shown(text: str) -> str:
+    """``text`` quoted for a message, cut short: a refused value is echoed, never a megabyte of it."""
+    return repr(text if len(text) <= 40 else text[:40] + "...")
+
+
+def _duration_text(d: timedelta) -> str:
+    seconds = int(d.total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def parse_duration(text: str, *, key: str = "duration", maximum: timedelta = MAX_WINDOW) -> timedelta:
+    """``90s``, ``15m``, ``1.5h``, ``7d``, ``2w`` -> timedelta, between ``MIN_DURATION`` and ``maximum``.
+
+    >>> parse_duration("1.5h")
+    datetime.timedelta(seconds=5400)
+    >>> parse_duration("nanh", key="duration")
+    Traceback (most recent call last):
+    ...
+    analysis.errors.ConfigInvalid: duration: 'nanh' is not a duration; write e.g. 90s, 15m, 24h or 7d
+    >>> parse_duration("100d", key="since", maximum=timedelta(days=90))
+    Traceback (most recent call last):
+    ...
+    analysis.errors.ConfigInvalid: since: '100d' is longer than the limit of 90d
+    """
+    m = _DURATION.fullmatch(text.strip()) if isinstance(text, str) else None
+    if m is None:
+        raise ConfigInvalid(key, f"{_shown(str(text))} is not a duration; write e.g. 90s, 15m, 24h or 7d")
+    # Decided on the float before a timedelta is made (a huge one overflows it; this is at worst inf).
+    seconds = float(m[1]) * _UNITS[m[2]]
+    if seconds < MIN_DURATION.total_seconds():
+        raise ConfigInvalid(key, f"{_shown(text)} is shorter than {_duration_text(MIN_DURATION)}")
+    if seconds > maximum.total_seconds():
+        raise ConfigInvalid(key, f"{_shown(text)} is longer than the limit of {_duration_text(maximum)}")
+    return timedelta(seconds=seconds)
+
+
+def _iso(t: datetime) -> str:
+    return t.isoformat().replace("+00:00", "Z")
+
+
+def parse_time(text: str, *, key: str) -> datetime:
+    """An ISO 8601 time with a zone, in UTC, in [EARLIEST_TIME, LATEST_TIME).
+
+    >>> parse_time("2026-11-29T12:00:00+01:00", key="until")
+    datetime.datetime(2026, 11, 29, 11, 0, tzinfo=datetime.timezone.utc)
+    """
     t = text.strip()
     try:
-        if not t or t[-1] not in units:
-            raise ValueError
-        n = float(t[:-1])
-        if n <= 0:
-            raise ValueError
+        when = datetime.fromisoformat(t[:-1] + "+00:00" if t[-1:] in ("Z", "z") else t)
     except ValueError:
-        raise ConfigInvalid(key, f"{text!r} is not a duration; write e.g. 90s, 15m, 24h or 7d") from None
-    return timedelta(seconds=n * units[t[-1]])
+        raise ConfigInvalid(key, f"{_shown(text)} is not an ISO 8601 time; write e.g. 2026-11-29T12:00:00Z") from None
+    if when.tzinfo is None:
+        raise ConfigInvalid(key, f"{_shown(text)} has no time zone; add Z or an offset such as +02:00")
+    try:
+        when = when.astimezone(UTC)  # year 1 at +05:00 is before the first datetime
+    except OverflowError:
+        when = EARLIEST_TIME - timedelta(days=1) if when.year < 2000 else LATEST_TIME
+    if not EARLIEST_TIME <= when < LATEST_TIME:
+        raise ConfigInvalid(key, f"{_shown(text)} is outside the times taken, {_iso(EARLIEST_TIME)} to "
+                                 f"{_iso(LATEST_TIME)}")
+    return when
+
+
+def check_window(since: datetime, until: datetime, *, maximum: timedelta = MAX_WINDOW, since_key: str = "since",
+                 until_key: str = "until") -> None:
+    """Refuse a window that ends before it begins (naming ``until_key``) or is longer than
+    ``maximum`` (naming ``since_key``: the start is what reaches back too far)."""
+    if until <= since:
+        raise ConfigInvalid(until_key, f"{_iso(until)} is not after {since_key} {_iso(since)}")
+    if until - since > maximum:
+        raise ConfigInvalid(since_key, f"the window {_iso(since)} .. {_iso(until)} is longer than the limit of "
+                                       f"{_duration_text(maximum)}")
 
 
 def _rules(base: FieldRules, table: Any, where: str, *, allow_fields: bool = False) -> FieldRules:
@@ -187,7 +283,9 @@ def _rules(base: FieldRules, table: Any, where: str, *, allow_fields: bool = Fal
             if isinstance(value, bool) or not isinstance(value, (int, float)) or (want is int and
                                                                                   not isinstance(value, int)):
                 raise ConfigInvalid(k, f"must be a{'n integer' if want is int else ' number'}, not {value!r}")
-            if value < 0 or (key in ("alpha", "tolerance", "violation_tolerance", "hysteresis") and value > 1):
+            # TOML has nan and inf: neither is a threshold (every comparison with nan is false).
+            if not math.isfinite(value) or value < 0 or (
+                    key in ("alpha", "tolerance", "violation_tolerance", "hysteresis") and value > 1):
                 raise ConfigInvalid(k, f"{value!r} is out of range")
             changes[key] = want(value)
     rules = replace(base, **changes)
@@ -226,7 +324,8 @@ def parse_config(data: dict[str, Any], *, source: str = "config") -> AnalyzerCon
         if key in ("window", "interval", "max_baseline_age"):
             if not isinstance(value, str):
                 raise ConfigInvalid(f"analyzer.{key}", 'must be a duration string such as "24h"')
-            extra[key] = parse_duration(value, key=f"analyzer.{key}")
+            extra[key] = parse_duration(value, key=f"analyzer.{key}",
+                                        maximum=MAX_BASELINE_AGE if key == "max_baseline_age" else MAX_WINDOW)
         elif key == "hysteresis":
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
                 raise ConfigInvalid("analyzer.hysteresis", "must be a number in (0, 1]")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collector import ShapewatchError
 
-__all__ = ["AlertError", "AlertNotFound", "ConfigInvalid", "NotifyConfigInvalid"]
+__all__ = ["AlertError", "AlertNotFound", "ConfigInvalid", "NotifyConfigInvalid", "ParameterInvalid"]
 
 
 class NotifyConfigInvalid(ShapewatchError, ValueError):
@@ -30,7 +30,27 @@ class ConfigInvalid(ShapewatchError, ValueError):
 
     def __init__(self, key: str, problem: str) -> None:
         self.key = key
+        self.problem = problem
         super().__init__(f"{key}: {problem}")
+
+
+class ParameterInvalid(ShapewatchError, ValueError):
+    """A parameter of a request or a command is malformed or out of its range; the HTTP API
+    answers 422 naming it (``fields``: ``[{"path": name, "reason": reason}]``).
+
+    >>> str(ParameterInvalid("since", "'10000d' is longer than the limit of 90d"))
+    "since: '10000d' is longer than the limit of 90d"
+    """
+
+    def __init__(self, name: str, reason: str) -> None:
+        self.name = name
+        self.reason = reason
+        super().__init__(f"{name}: {reason}")
+
+    @classmethod
+    def of(cls, exc: ConfigInvalid) -> ParameterInvalid:
+        """The same refusal of a value read by the configuration's parsers (``parse_duration``)."""
+        return cls(exc.key, exc.problem)
 
 
 class AlertError(ShapewatchError, ValueError):

@@ -464,7 +464,7 @@ def test_alert_filters(judged: Judged, query: dict[str, str], expected: list[tup
 @pytest.mark.parametrize("query", [{"severity": "critical"}, {"state": "closed"}])
 def test_an_unknown_filter_value_is_a_422_in_the_error_shape(judged: Judged, query: dict[str, str]) -> None:
     err = assert_error(judged.c.get("/v1/alerts", params=query), 422, "request is invalid")
-    assert [f["path"] for f in err["fields"]] == [f"query.{next(iter(query))}"]
+    assert [f["path"] for f in err["fields"]] == [next(iter(query))]  # the parameter's name, as sent
 
 
 def test_acknowledge_and_silence(client: TestClient) -> None:
