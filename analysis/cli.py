@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -251,10 +251,20 @@ def ingest(ctx: click.Context, files: tuple[Path, ...], db_path: str | None, fmt
 
 # --- shared options ------------------------------------------------------------------------
 
-def _when(text: str | None, option: str) -> datetime | None:
-    """An ISO 8601 time with a zone (``2026-11-29T12:00:00Z``), or None."""
+def _when(text: str | None, option: str, *, ranged: bool = True) -> datetime | None:
+    """An ISO 8601 time with a zone (``2026-11-29T12:00:00Z``), or None; with ``ranged`` in the
+    times taken (``EARLIEST_TIME`` .. ``LATEST_TIME``). Without it only parsed, for the freeze,
+    whose window the baselines package judges."""
+    from .config import parse_time
+    from .errors import ConfigInvalid
+
     if text is None:
         return None
+    if ranged:
+        try:
+            return parse_time(text, key=option)
+        except ConfigInvalid as exc:
+            raise click.BadParameter(exc.problem, param_hint=option) from None
     try:
         t = datetime.fromisoformat(text.replace("Z", "+00:00") if text.endswith("Z") else text)
     except ValueError:
@@ -263,7 +273,33 @@ def _when(text: str | None, option: str) -> datetime | None:
     if t.tzinfo is None:
         raise click.BadParameter(f"{text!r} has no time zone; add Z or an offset such as +02:00",
                                  param_hint=option)
-    return t.astimezone(UTC)
+    try:
+        return t.astimezone(UTC)
+    except OverflowError:  # year 1 at +05:00 is before the first datetime
+        raise click.BadParameter(f"{text!r} is outside the times a datetime holds", param_hint=option) from None
+
+
+def _duration(text: str, option: str, maximum: timedelta) -> timedelta:
+    """A duration (``24h``) between 1s and ``maximum``, refused as a usage error naming ``option``."""
+    from .config import parse_duration
+    from .errors import ConfigInvalid
+
+    try:
+        return parse_duration(text, key=option, maximum=maximum)
+    except ConfigInvalid as exc:
+        raise click.BadParameter(exc.problem, param_hint=option) from None
+
+
+class _FiniteFloatRange(click.FloatRange):
+    """``click.FloatRange`` that also refuses nan and inf (nan passes every comparison of its bounds)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        import math
+
+        rv = super().convert(value, param, ctx)
+        if not math.isfinite(rv):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return rv
 
 
 _format_option = click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
@@ -309,7 +345,8 @@ def _alert_table(alerts: list[dict[str, Any]]) -> None:
 @click.option("--once", is_flag=True, required=True, help="Run one evaluation and exit (the service runs them on a "
               "schedule).")
 @click.option("--at", "at_text", help="Evaluate the window ending at this time (ISO 8601 with a zone; default now).")
-@click.option("--window", "window_text", help="Window length, e.g. 24h (default from the configuration: 24h).")
+@click.option("--window", "window_text", help="Window length, e.g. 24h, at most 400d (default from the configuration: "
+              "24h).")
 @_format_option
 @click.pass_context
 def analyze(ctx: click.Context, db_path: str | None, once: bool, at_text: str | None, window_text: str | None,
@@ -319,16 +356,12 @@ def analyze(ctx: click.Context, db_path: str | None, once: bool, at_text: str | 
     Exit 0 with no alert firing, 1 with any firing, 2 on a usage or input error.
     """
     from .analyzer import analyze_once
-    from .config import parse_duration
-    from .errors import ConfigInvalid
+    from .config import MAX_WINDOW
     from .store_access import open_store
 
     at = _when(at_text, "--at") or datetime.now(UTC)
     config = _analyzer_config(ctx)
-    try:
-        window = parse_duration(window_text, key="--window") if window_text else config.window
-    except ConfigInvalid as exc:
-        raise click.BadParameter(str(exc), param_hint="--window") from None
+    window = _duration(window_text, "--window", MAX_WINDOW) if window_text is not None else config.window
     settings = _settings(ctx, db_path=db_path)
     if not settings.db_path.exists():
         _fail(ShapewatchError(f"database {settings.db_path} does not exist (check --db)"))
@@ -405,7 +438,7 @@ def freeze(ctx: click.Context, model: str, prompt_version: str, contract: str, s
            note: str, force: str | None, no_activate: bool, db_path: str | None, url: str | None,
            token: str | None, fmt: str) -> None:
     """Freeze a cohort's window as a baseline and make it active; prints its id."""
-    since, until = _when(since_text, "--since"), _when(until_text, "--until")
+    since, until = _when(since_text, "--since", ranged=False), _when(until_text, "--until", ranged=False)
     assert since is not None and until is not None
     with _backend(ctx, db_path, url, token) as b:
         result = b.freeze(model=model, prompt_version=prompt_version, contract=contract, since=since, until=until,
@@ -539,7 +572,7 @@ def import_(ctx: click.Context, paths: tuple[Path, ...], db_path: str | None, ur
 
 
 @cli.command()
-@click.option("--since", default="7d", show_default=True, help="The review period, e.g. 7d.")
+@click.option("--since", default="7d", show_default=True, help="The review period, e.g. 7d, at most 90d.")
 @click.option("--format", "fmt", type=click.Choice(["markdown", "html", "json"]), default="markdown",
               show_default=True, help="Report format.")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False, path_type=Path),
@@ -549,9 +582,11 @@ def import_(ctx: click.Context, paths: tuple[Path, ...], db_path: str | None, ur
 def review(ctx: click.Context, since: str, fmt: str, out_path: Path | None, db_path: str | None, url: str | None,
            token: str | None) -> None:
     """The weekly baseline review report: baselines, alerts, field tables, candidate windows."""
+    from .config import MAX_REVIEW_PERIOD
     from .errors import ConfigInvalid
     from .review import render_html, render_markdown
 
+    _duration(since, "--since", MAX_REVIEW_PERIOD)  # before the review reads anything: its cost grows with it
     try:
         with _backend(ctx, db_path, url, token) as b:
             report = b.review(since)
@@ -570,11 +605,12 @@ def review(ctx: click.Context, since: str, fmt: str, out_path: Path | None, db_p
 @click.option("--url", envvar="SHAPEWATCH_URL", default="http://127.0.0.1:8000", show_default=True,
               help="The service to send to (SHAPEWATCH_URL).")
 @_token_option
-@click.option("--rate", type=click.FloatRange(min=0.1, max=100_000), default=20.0, show_default=True,
+@click.option("--rate", type=_FiniteFloatRange(min=0.1, max=100_000), default=20.0, show_default=True,
               help="Events per second.")
 @click.option("--drift/--no-drift", default=False, show_default=True,
               help="Make the sample cohorts that drift in the sample workspace drift now.")
-@click.option("--duration", type=click.FloatRange(min=0.1), help="Seconds to run (default: until Ctrl-C).")
+@click.option("--duration", type=_FiniteFloatRange(min=0.1, max=30 * 86400),
+              help="Seconds to run, at most 30 days (default: until Ctrl-C).")
 def demo_traffic(url: str, token: str | None, rate: float, drift: bool, duration: float | None) -> None:
     """Stream realistic synthetic traffic of the sample cohorts to a running service, for trying it live."""
     from .sample import SampleError, stream_demo_traffic

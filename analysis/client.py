@@ -101,17 +101,18 @@ class LocalBackend:
         return admin.acknowledge(self.store, fingerprint, by=by)
 
     def silence(self, *, duration: str, author: str, reason: str, **match: str | None) -> dict[str, Any]:
-        from .config import parse_duration
-        return admin.silence(self.store, duration=parse_duration(duration, key="--duration"), author=author,
-                             reason=reason, **match)
+        from .config import MAX_SILENCE, parse_duration
+        return admin.silence(self.store, duration=parse_duration(duration, key="--duration", maximum=MAX_SILENCE),
+                             author=author, reason=reason, **match)
 
     def cohorts(self) -> list[dict[str, Any]]:
         return admin.cohorts(self.store)
 
     def review(self, since: str) -> dict[str, Any]:
-        from .config import parse_duration
+        from .config import MAX_REVIEW_PERIOD, parse_duration
         from .review import build_review
-        return build_review(self.store, self.config, period=parse_duration(since, key="--since"),
+        return build_review(self.store, self.config,
+                            period=parse_duration(since, key="--since", maximum=MAX_REVIEW_PERIOD),
                             max_baseline_age=self.config.max_baseline_age)
 
 
