@@ -4,17 +4,24 @@ from __future__ import annotations
 
 from .baseline import (
     BASELINES_SCHEMA,
+    EARLIEST,
+    LATEST,
+    MAX_DOCUMENT_BYTES,
+    NAME_MAX,
     Activation,
     ActivationAction,
     Baseline,
     BaselineListing,
     Cohort,
+    ExportReport,
     Resolved,
     activate_baseline,
     activation_history,
     active_baseline,
     baseline_from_document,
+    document_problems,
     export_baselines,
+    export_documents,
     export_path,
     freeze_baseline,
     get_baseline,
@@ -23,16 +30,27 @@ from .baseline import (
     inherit_baseline,
     is_unpinned,
     list_baselines,
+    read_document,
     resolve_baseline,
     retire_baseline,
     write_document,
 )
-from .errors import BaselineError, BaselineNotFound, BaselineRefused, BaselineTampered
+from .errors import (
+    BaselineError,
+    BaselineExportIncomplete,
+    BaselineInvalid,
+    BaselineNotFound,
+    BaselineRefused,
+    BaselineTampered,
+    BaselineUnreadable,
+)
 
 __all__ = [
-    "BASELINES_SCHEMA", "Activation", "ActivationAction", "Baseline", "BaselineError", "BaselineListing",
-    "BaselineNotFound", "BaselineRefused", "BaselineTampered", "Cohort", "Resolved", "activate_baseline",
-    "activation_history", "active_baseline", "baseline_from_document", "export_baselines", "export_path", "freeze_baseline",
-    "get_baseline", "import_baseline", "import_document", "inherit_baseline", "is_unpinned", "list_baselines", "resolve_baseline",
+    "BASELINES_SCHEMA", "EARLIEST", "LATEST", "MAX_DOCUMENT_BYTES", "NAME_MAX", "Activation", "ActivationAction",
+    "Baseline", "BaselineError", "BaselineExportIncomplete", "BaselineInvalid", "BaselineListing", "BaselineNotFound",
+    "BaselineRefused", "BaselineTampered", "BaselineUnreadable", "Cohort", "ExportReport", "Resolved",
+    "activate_baseline", "activation_history", "active_baseline", "baseline_from_document", "document_problems",
+    "export_baselines", "export_documents", "export_path", "freeze_baseline", "get_baseline", "import_baseline",
+    "import_document", "inherit_baseline", "is_unpinned", "list_baselines", "read_document", "resolve_baseline",
     "retire_baseline", "write_document",
 ]

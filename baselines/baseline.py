@@ -23,8 +23,11 @@ Cohort(model='m', prompt_version='p1', contract='c')
 from __future__ import annotations
 
 import hashlib
+import math
+import os
 import re
-from collections.abc import Sequence
+import stat
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import Enum
@@ -33,16 +36,37 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from collector import FieldProfile, Schema, Store, read_profile, served_aliases
+from collector import (
+    FieldError,
+    FieldProfile,
+    JsonType,
+    Limits,
+    Schema,
+    Store,
+    read_profile,
+    served_aliases,
+    tag_problem,
+)
 
-from .errors import BaselineError, BaselineNotFound, BaselineRefused, BaselineTampered
+from .errors import (
+    BaselineError,
+    BaselineExportIncomplete,
+    BaselineInvalid,
+    BaselineNotFound,
+    BaselineRefused,
+    BaselineTampered,
+    BaselineUnreadable,
+)
 
-__all__ = ["BASELINES_SCHEMA", "Activation", "ActivationAction", "Baseline", "BaselineListing", "Cohort", "Resolved",
-           "activate_baseline", "activation_history", "active_baseline", "baseline_from_document",
-           "export_baselines", "export_path", "freeze_baseline", "get_baseline", "import_baseline", "import_document", "inherit_baseline",
-           "is_unpinned", "list_baselines", "resolve_baseline", "retire_baseline", "write_document"]
+__all__ = ["BASELINES_SCHEMA", "EARLIEST", "LATEST", "MAX_DOCUMENT_BYTES", "NAME_MAX", "Activation", "ActivationAction",
+           "Baseline", "BaselineListing", "Cohort", "ExportReport", "Resolved",
+           "activate_baseline", "activation_history", "active_baseline", "baseline_from_document", "document_problems",
+           "export_baselines", "export_documents", "export_path", "freeze_baseline", "get_baseline", "import_baseline", "import_document", "inherit_baseline",
+           "is_unpinned", "list_baselines", "read_document", "resolve_baseline", "retire_baseline", "write_document"]
 
 FORMAT = 1
+#: ingest's default ``max_tag_length``: what an imported document's names are held to
+DEFAULT_TAG_LENGTH = Limits().max_tag_length
 
 BASELINES_SCHEMA = Schema("baselines", ("""
 CREATE TABLE baselines (
@@ -150,31 +174,257 @@ def _hash(content: dict[str, Any]) -> str:
     return hashlib.sha256(_canonical(content)).hexdigest()
 
 
-def baseline_from_document(doc: dict[str, Any], *, where: str = "baseline") -> Baseline:
-    """Read a document back, refusing one whose content does not match its hash."""
-    try:
-        if doc.get("format") != FORMAT:
-            raise BaselineError(f"{where}: unknown baseline format {doc.get('format')!r} (expected {FORMAT})")
-        cohort = Cohort(**doc["cohort"])
-        b = Baseline(
-            baseline_id=str(doc["baseline_id"]), hash=str(doc["hash"]), cohort=cohort,
-            since=datetime.fromisoformat(doc["window"]["since"]), until=datetime.fromisoformat(doc["window"]["until"]),
-            samples=int(doc["samples"]), served_models={str(k): int(v) for k, v in doc["served_models"].items()},
-            contract_versions={str(k): int(v) for k, v in doc["contract_versions"].items()},
-            author=str(doc["author"]), note=str(doc["note"]), created_at=datetime.fromisoformat(doc["created_at"]),
-            forced=doc.get("forced"),
-            fields={str(p): FieldProfile.from_json(f) for p, f in doc["fields"].items()},
-            checked=int(doc.get("contract_checks", {}).get("checked", 0)),
-            violations={str(p): {str(k): int(n) for k, n in by.items()}
-                        for p, by in doc.get("contract_checks", {}).get("violations", {}).items()})
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        if isinstance(exc, BaselineError):
-            raise
-        raise BaselineError(f"{where}: not a baseline document ({type(exc).__name__}: {exc})") from exc
+def baseline_from_document(doc: dict[str, Any], *, where: str = "baseline",
+                           max_tag_length: int | None = DEFAULT_TAG_LENGTH) -> Baseline:
+    """Read a document back, refusing one that breaks the baseline schema or whose content does not match its hash.
+
+    The schema is checked field by field first (``BaselineInvalid`` names every failing field):
+    a hash proves only that nobody edited the document after it was hashed, and anyone can
+    recompute one, so a value of the wrong type or out of range must be refused on its own.
+    ``max_tag_length`` is the tag limit of the ingest that produced the cohort (None: not checked).
+    """
+    if not isinstance(doc, dict):
+        raise BaselineError(f"{where}: not a baseline document (a JSON object is expected)")
+    if doc.get("format") != FORMAT:
+        raise BaselineError(f"{where}: unknown baseline format {doc.get('format')!r} (expected {FORMAT})")
+    problems = document_problems(doc, max_tag_length=max_tag_length)
+    if problems:
+        raise BaselineInvalid(where, problems)
+    # Past the schema check every conversion below is of a value of the right type and range.
+    checks = doc.get("contract_checks", {})
+    b = Baseline(
+        baseline_id=doc["baseline_id"], hash=doc["hash"], cohort=Cohort(**doc["cohort"]),
+        since=_time(doc["window"]["since"]), until=_time(doc["window"]["until"]), samples=doc["samples"],
+        served_models=dict(doc["served_models"]), contract_versions=dict(doc["contract_versions"]),
+        author=doc["author"], note=doc["note"], created_at=_time(doc["created_at"]), forced=doc["forced"],
+        fields={p: FieldProfile.from_json(f) for p, f in doc["fields"].items()},
+        checked=checks.get("checked", 0),
+        violations={p: dict(by) for p, by in checks.get("violations", {}).items()})
     actual = _hash(_content(b))
     if actual != b.hash or b.baseline_id != actual[:16]:
         raise BaselineTampered(where, b.hash, actual)
     return b
+
+
+# --- the document schema --------------------------------------------------------------------
+
+#: Times of a baseline (its window, its creation) lie in [EARLIEST, LATEST): the window arithmetic
+#: of freezing and evaluating stays inside the years a datetime can hold.
+EARLIEST = datetime(1971, 1, 1, tzinfo=UTC)
+LATEST = datetime(9999, 1, 1, tzinfo=UTC)
+_MAX_COUNT = 2**63 - 1  # BIGINT: what the store and the rules can count
+_JSON_TYPES = frozenset(t.value for t in JsonType)
+_TOP = {"format": True, "cohort": True, "window": True, "samples": True, "served_models": True,
+        "contract_versions": True, "author": True, "note": True, "forced": True, "fields": True,
+        "contract_checks": False, "baseline_id": True, "hash": True, "created_at": True}  # name -> required
+_FIELD = {"path": True, "scope": True, "units": True, "present": True, "types": True, "long_strings": True,
+          "values": True, "values_overflow": True, "array_lengths": False, "numbers": False}
+_HEX = re.compile(r"[0-9a-f]+")
+MAX_PROBLEMS = 50  # problems of one document listed in full; the rest are counted
+
+
+def _time(text: str) -> datetime:
+    return datetime.fromisoformat(text).astimezone(UTC)
+
+
+def _pointer(*parts: str) -> str:
+    # JSON Pointer (RFC 6901): '~' and '/' inside a key are escaped so the path stays unambiguous;
+    # a key longer than 80 characters is cut (marked '...') so that a refusal stays small.
+    return "".join("/" + (p if len(p) <= 80 else p[:80] + "...").replace("~", "~0").replace("/", "~1")
+                   for p in parts)
+
+
+def _jtype(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, int):
+        return "integer"
+    return {float: "number", str: "string", list: "array", dict: "object"}.get(type(v), type(v).__name__)
+
+
+class _Checker:
+    """Collects every problem of one document, each at its path."""
+
+    def __init__(self, max_tag_length: int | None) -> None:
+        self.max_tag_length = max_tag_length
+        self.problems: list[FieldError] = []
+        self.unlisted = 0
+
+    def bad(self, path: str, reason: str, code: str = "invalid_value") -> None:
+        self.add(FieldError(path, reason, code))
+
+    def add(self, problem: FieldError) -> None:
+        # A document of 100,000 broken fields is refused with a reply of bounded size.
+        if len(self.problems) < MAX_PROBLEMS:
+            self.problems.append(problem)
+        else:
+            self.unlisted += 1
+
+    def keys(self, obj: Any, path: str, spec: dict[str, bool]) -> bool:
+        """An object with the required keys and no others; False (reported) when it is not one."""
+        if not isinstance(obj, dict):
+            self.bad(path or "/", f"must be an object, got {_jtype(obj)}", "wrong_type")
+            return False
+        for k, required in spec.items():
+            if required and k not in obj:
+                self.bad(f"{path}{_pointer(k)}", "is required", "missing")
+        for k in obj:
+            if k not in spec:
+                self.bad(f"{path}{_pointer(str(k))}", "is not a field of a baseline document", "unknown_field")
+        return True
+
+    def count(self, v: Any, path: str) -> None:
+        if type(v) is not int:
+            self.bad(path, f"must be an integer, got {_jtype(v)}", "wrong_type")
+        elif not 0 <= v <= _MAX_COUNT:
+            self.bad(path, f"must be between 0 and {_MAX_COUNT}, got {v}", "too_large" if v > 0 else "invalid_value")
+
+    def string(self, v: Any, path: str, *, nullable: bool = False) -> None:
+        if not (type(v) is str or (nullable and v is None)):
+            self.bad(path, f"must be a string{' or null' if nullable else ''}, got {_jtype(v)}", "wrong_type")
+        elif v is not None and "\x00" in v:
+            self.bad(path, "must not contain NUL characters")
+
+    def tag(self, v: Any, path: str) -> None:
+        problem = tag_problem(v, path=path, max_length=self.max_tag_length or _MAX_COUNT)
+        if problem is not None:
+            self.add(problem)
+
+    def version(self, v: Any, path: str) -> None:
+        if v != "":  # '' counts the outputs that named no contract version
+            self.tag(v, path)
+
+    def time(self, v: Any, path: str) -> datetime | None:
+        if type(v) is not str:
+            self.bad(path, f"must be an ISO 8601 time with a zone, got {_jtype(v)}", "wrong_type")
+            return None
+        try:
+            t = datetime.fromisoformat(v)
+        except ValueError:
+            self.bad(path, f"{v[:40]!r} is not an ISO 8601 time", "invalid_timestamp")
+            return None
+        if t.tzinfo is None:
+            self.bad(path, f"{v[:40]!r} has no time zone", "invalid_timestamp")
+            return None
+        try:
+            t = t.astimezone(UTC)
+        except OverflowError:
+            t = LATEST  # a zone offset pushed it past the representable years: out of range below
+        if not EARLIEST <= t < LATEST:
+            self.bad(path, f"{v[:40]!r} is out of range: baseline times lie in {_iso(EARLIEST)} .. {_iso(LATEST)}",
+                     "invalid_timestamp")
+            return None
+        return t
+
+    def counts(self, obj: Any, path: str, key: Callable[[str, str], None] | None = None) -> None:
+        """An object of name -> count; ``key`` checks each name."""
+        if not isinstance(obj, dict):
+            self.bad(path, f"must be an object, got {_jtype(obj)}", "wrong_type")
+            return
+        for k, v in obj.items():
+            at = f"{path}{_pointer(k)}"
+            if key is not None:
+                key(k, at)
+            self.count(v, at)
+
+    def field(self, f: Any, path: str, name: str) -> None:
+        if not self.keys(f, path, _FIELD):
+            return
+        if "path" in f:
+            if f["path"] != name:
+                self.bad(f"{path}/path", f"must be the field's own key {name[:80]!r}")
+        if "scope" in f:
+            self.string(f["scope"], f"{path}/scope", nullable=True)
+        for k in ("units", "present", "long_strings", "values_overflow"):
+            if k in f:
+                self.count(f[k], f"{path}/{k}")
+        if "types" in f:
+            self.counts(f["types"], f"{path}/types", self._json_type)
+        if "values" in f:
+            self.counts(f["values"], f"{path}/values")
+        if "array_lengths" in f:
+            self.counts(f["array_lengths"], f"{path}/array_lengths", self._length)
+        if "numbers" in f:
+            self.counts(f["numbers"], f"{path}/numbers", self._number)
+
+    def _json_type(self, k: str, path: str) -> None:
+        if k not in _JSON_TYPES:
+            self.bad(path, f"is not a JSON type (one of {', '.join(sorted(_JSON_TYPES))})")
+
+    def _length(self, k: str, path: str) -> None:
+        if not (k.isascii() and k.isdigit() and len(k) <= 18):
+            self.bad(path, "an array length must be written as a non-negative integer")
+
+    def _number(self, k: str, path: str) -> None:
+        try:
+            ok = math.isfinite(float(k))
+        except ValueError:
+            ok = False
+        if not ok or len(k) > 40:
+            self.bad(path, "a number bin must be written as a finite number")
+
+
+def document_problems(doc: Any, *, max_tag_length: int | None = DEFAULT_TAG_LENGTH) -> list[FieldError]:
+    """Every way ``doc`` breaks the baseline document schema, each at its path (empty: it follows it).
+
+    Types, ranges (counts are integers from 0; times lie in ``EARLIEST`` .. ``LATEST``), the window's
+    order, and the tag rule ingest enforces for the cohort, served model and contract version names
+    (``collector.tag_problem``; ``max_tag_length`` None checks all of it but the length).
+    """
+    c = _Checker(max_tag_length)
+    if not c.keys(doc, "", _TOP):
+        return c.problems
+    if doc.get("format") != FORMAT:
+        c.bad("/format", f"must be {FORMAT}, got {doc.get('format')!r}")
+    if c.keys(doc.get("cohort", {}), "/cohort", {k: True for k in Cohort._fields}):
+        for k in Cohort._fields:
+            if k in doc["cohort"]:
+                c.tag(doc["cohort"][k], f"/cohort/{k}")
+    window = doc.get("window", {})
+    if c.keys(window, "/window", {"since": True, "until": True}):
+        since = c.time(window["since"], "/window/since") if "since" in window else None
+        until = c.time(window["until"], "/window/until") if "until" in window else None
+        if since is not None and until is not None and until <= since:
+            c.bad("/window/until", f"must be after /window/since ({window['since']}), got {window['until']}")
+    if "created_at" in doc:
+        c.time(doc["created_at"], "/created_at")
+    if "samples" in doc:
+        c.count(doc["samples"], "/samples")
+    if "served_models" in doc:
+        c.counts(doc["served_models"], "/served_models", c.tag)
+    if "contract_versions" in doc:
+        c.counts(doc["contract_versions"], "/contract_versions", c.version)
+    for k in ("author", "note"):
+        if k in doc:
+            c.string(doc[k], f"/{k}")
+    if "forced" in doc:
+        c.string(doc["forced"], "/forced", nullable=True)
+    for k, size in (("baseline_id", 16), ("hash", 64)):
+        v = doc.get(k)
+        if k in doc and not (type(v) is str and len(v) == size and _HEX.fullmatch(v)):
+            c.bad(f"/{k}", f"must be {size} lowercase hexadecimal digits, got {_jtype(v)} {str(v)[:80]!r}")
+    fields = doc.get("fields", {})
+    if not isinstance(fields, dict):
+        c.bad("/fields", f"must be an object, got {_jtype(fields)}", "wrong_type")
+    else:
+        for name, f in fields.items():
+            c.field(f, _pointer("fields", name), name)
+    if "contract_checks" in doc:
+        checks = doc["contract_checks"]
+        if c.keys(checks, "/contract_checks", {"checked": True, "violations": True}):
+            if "checked" in checks:
+                c.count(checks["checked"], "/contract_checks/checked")
+            violations = checks.get("violations", {})
+            if not isinstance(violations, dict):
+                c.bad("/contract_checks/violations", f"must be an object, got {_jtype(violations)}", "wrong_type")
+            else:
+                for p, by in violations.items():
+                    c.counts(by, _pointer("contract_checks", "violations", p))
+    if c.unlisted:
+        c.problems.append(FieldError("/", f"and {c.unlisted} more problems, not listed"))
+    return c.problems
 
 
 # --- freezing -------------------------------------------------------------------------------
@@ -189,6 +439,13 @@ def freeze_baseline(store: Store, cohort: Cohort, since: datetime, until: dateti
     ``force`` gives a reason, which is recorded in the baseline. Freezing the
     same content again returns the existing baseline.
     """
+    for name, t in (("since", since), ("until", until)):
+        # Bucket arithmetic on a time near the end of year 9999 overflows; refuse it by name.
+        if t.tzinfo is None:
+            raise BaselineError(f"{name} {t.isoformat()} has no time zone")
+        if not EARLIEST <= t < LATEST:
+            raise BaselineError(f"{name} {t.isoformat()} is out of range: a baseline window lies in "
+                                f"{_iso(EARLIEST)} .. {_iso(LATEST)}")
     if until <= since:
         raise BaselineError(f"the window is empty: --since {_iso(since)} is not before --until {_iso(until)}")
     if not note.strip():
@@ -267,7 +524,9 @@ def _verified(text: str, *, where: str = "stored baseline") -> Baseline:
     # so a document edited in the file is verified (and refused) again.
     b = _VERIFIED.get(text)
     if b is None:
-        b = baseline_from_document(orjson.loads(text), where=where)
+        # Stored documents were frozen from what ingest accepted, under whatever tag limit was
+        # configured then: every rule but that length holds them.
+        b = baseline_from_document(orjson.loads(text), where=where, max_tag_length=None)
         if len(_VERIFIED) >= 256:
             _VERIFIED.pop(next(iter(_VERIFIED)))
         _VERIFIED[text] = b
@@ -434,28 +693,85 @@ def retire_baseline(store: Store, cohort: Cohort, *, author: str, note: str = ""
 # --- export and import ----------------------------------------------------------------------
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+#: NAME_MAX of Linux and macOS file systems: no path part may be longer, in bytes.
+NAME_MAX = 255
+#: The largest file ``read_document`` reads (an export of a cohort with thousands of fields is
+#: a few MiB); a larger one is refused unread.
+MAX_DOCUMENT_BYTES = 16 * 1024 * 1024
+_SUFFIX = 24  # hex digits of SHA-256 that keep shortened names apart
 
 
 def _component(s: str) -> str:
     # Model ids and versions become directory names: anything outside a safe set is
     # percent-escaped, so "a/b" or ".." can never leave the export directory.
     out = _UNSAFE.sub(lambda m: "".join(f"%{b:02X}" for b in m.group().encode()), s)
-    return out if out not in ("", ".", "..") else out.replace(".", "%2E") or "%00"
+    out = out if out not in ("", ".", "..") else out.replace(".", "%2E") or "%00"
+    if len(out) <= NAME_MAX:  # ASCII only: characters are bytes
+        return out
+    # Too long for a directory name: a readable prefix and a hash of the whole id. '~' never
+    # appears in an escaped name (it is escaped itself), so a shortened name never equals
+    # the name of another id that fits; two shortened names differ by their hash.
+    prefix = out[:NAME_MAX - 1 - _SUFFIX]
+    prefix = prefix[:prefix.rfind("%")] if "%" in prefix[-2:] else prefix  # no half escape
+    return f"{prefix}~{hashlib.sha256(s.encode()).hexdigest()[:_SUFFIX]}"
 
 
 def export_path(out_dir: Path, b: Baseline) -> Path:
+    """Where ``b`` is exported under ``out_dir``: ``<model>/<prompt_version>/<contract>/<date>-<id>.json``.
+
+    Each part is escaped to a safe file name; one longer than ``NAME_MAX`` bytes is shortened
+    to a readable prefix and a hash suffix, the same every time.
+    """
     return (out_dir / _component(b.cohort.model) / _component(b.cohort.prompt_version)
             / _component(b.cohort.contract) / f"{b.until.astimezone(UTC):%Y-%m-%d}-{b.baseline_id}.json")
 
 
+@dataclass(frozen=True)
+class ExportReport:
+    """What an export wrote, and what it could not write (path and reason), in listing order.
+
+    >>> report = export_documents(out_dir, baselines)             # doctest: +SKIP
+    >>> report.ok, len(report.written), report.failed              # doctest: +SKIP
+    (True, 6, ())
+    """
+
+    written: tuple[Path, ...]
+    failed: tuple[tuple[Path, str], ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+    def to_json(self) -> dict[str, Any]:
+        return {"written": [str(p) for p in self.written],
+                "failed": [{"path": str(p), "reason": why} for p, why in self.failed]}
+
+
+def export_documents(out_dir: Path, baselines: Sequence[Baseline]) -> ExportReport:
+    """Write each baseline under ``out_dir`` (``export_path``); one that cannot be written is
+    reported with its reason and the others are still written."""
+    written: list[Path] = []
+    failed: list[tuple[Path, str]] = []
+    for b in baselines:
+        path = export_path(out_dir, b)
+        try:
+            write_document(path, b)
+        except OSError as exc:
+            failed.append((path, exc.strerror or str(exc)))
+        else:
+            written.append(path)
+    return ExportReport(tuple(written), tuple(failed))
+
+
 def export_baselines(store: Store, out_dir: Path, cohort: Cohort | None = None) -> list[Path]:
-    """Write every baseline as a canonical JSON file (sorted keys, two-space indent); returns the paths."""
-    written = []
-    for listing in list_baselines(store, cohort):
-        path = export_path(out_dir, listing.baseline)
-        write_document(path, listing.baseline)
-        written.append(path)
-    return written
+    """Write every baseline as a canonical JSON file (sorted keys, two-space indent); returns the paths.
+
+    Raises ``BaselineExportIncomplete`` after writing every other baseline when some could not be written.
+    """
+    report = export_documents(out_dir, [listing.baseline for listing in list_baselines(store, cohort)])
+    if not report.ok:
+        raise BaselineExportIncomplete(report.written, report.failed)
+    return list(report.written)
 
 
 def write_document(path: Path, b: Baseline) -> None:
@@ -464,25 +780,65 @@ def write_document(path: Path, b: Baseline) -> None:
     path.write_bytes(orjson.dumps(b.document(), option=orjson.OPT_SORT_KEYS | orjson.OPT_INDENT_2) + b"\n")
 
 
-def import_baseline(store: Store, path: Path) -> tuple[Baseline, bool]:
-    """Import one exported file; returns (baseline, whether it was new). The same file twice is a no-op."""
+_KINDS = [(stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")]
+
+
+def _not_regular(mode: int) -> str | None:
+    if stat.S_ISREG(mode):
+        return None
+    kind = next((what for test, what in _KINDS if test(mode)), "not a regular file")
+    return f"is {kind}, not a regular file; only exported baseline files are imported"
+
+
+def read_document(path: Path, *, max_bytes: int = MAX_DOCUMENT_BYTES) -> Any:
+    """The JSON of one exported baseline file; ``BaselineUnreadable`` for anything but a regular
+    file of at most ``max_bytes`` (a FIFO would block, a device read forever), ``BaselineError``
+    for a file that is not JSON."""
     try:
-        doc = orjson.loads(path.read_bytes())
+        # O_NONBLOCK: opening a FIFO must not wait for a writer. The type is judged on the
+        # opened descriptor (fstat), so a path swapped between a check and the open cannot pass.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError as exc:
-        raise BaselineError(f"{path}: cannot read ({exc.strerror})") from exc
+        raise BaselineUnreadable(path, f"cannot open ({exc.strerror})") from exc
+    try:
+        st = os.fstat(fd)
+        why = _not_regular(st.st_mode)
+        if why is not None:
+            raise BaselineUnreadable(path, why)
+        if st.st_size > max_bytes:
+            raise BaselineUnreadable(path, f"is {st.st_size} bytes; the limit is {max_bytes}")
+        chunks, size = [], 0
+        while chunk := os.read(fd, min(1 << 20, max_bytes + 1 - size)):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > max_bytes:  # grew while being read
+                raise BaselineUnreadable(path, f"is more than {max_bytes} bytes; the limit is {max_bytes}")
+    except OSError as exc:
+        raise BaselineUnreadable(path, f"cannot read ({exc.strerror})") from exc
+    finally:
+        os.close(fd)
+    try:
+        return orjson.loads(b"".join(chunks))
     except orjson.JSONDecodeError as exc:
         raise BaselineError(f"{path}: not JSON ({exc})") from exc
-    return import_document(store, doc, where=str(path))
 
 
-def import_document(store: Store, doc: Any, *, where: str = "baseline document") -> tuple[Baseline, bool]:
+def import_baseline(store: Store, path: Path, *, max_bytes: int = MAX_DOCUMENT_BYTES,
+                    max_tag_length: int = DEFAULT_TAG_LENGTH) -> tuple[Baseline, bool]:
+    """Import one exported file; returns (baseline, whether it was new). The same file twice is a no-op."""
+    return import_document(store, read_document(path, max_bytes=max_bytes), where=str(path),
+                           max_tag_length=max_tag_length)
+
+
+def import_document(store: Store, doc: Any, *, where: str = "baseline document",
+                    max_tag_length: int = DEFAULT_TAG_LENGTH) -> tuple[Baseline, bool]:
     """Store an exported document as it is; returns (baseline, whether it was new).
 
-    Refused when its content does not match its hash; a no-op when already stored.
+    Refused when it breaks the document schema (``BaselineInvalid``, every failing field named)
+    or its content does not match its hash; a no-op when already stored.
     """
-    if not isinstance(doc, dict):
-        raise BaselineError(f"{where}: not a baseline document (a JSON object is expected)")
-    b = baseline_from_document(doc, where=where)
+    b = baseline_from_document(doc, where=where, max_tag_length=max_tag_length)
     with store.transaction("importing a baseline") as con:
         new = _insert(con, b)
     return b, new

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
-from collector import ShapewatchError
+from collector import FieldError, ShapewatchError
 
-__all__ = ["BaselineError", "BaselineNotFound", "BaselineRefused", "BaselineTampered"]
+__all__ = ["BaselineError", "BaselineExportIncomplete", "BaselineInvalid", "BaselineNotFound", "BaselineRefused",
+           "BaselineTampered", "BaselineUnreadable"]
 
 
 class BaselineError(ShapewatchError):
@@ -33,3 +35,38 @@ class BaselineTampered(BaselineError, ValueError):
     def __init__(self, where: str, stated: str, actual: str) -> None:
         super().__init__(f"{where}: the baseline's hash says {stated[:16]}... but its content hashes to "
                          f"{actual[:16]}...; the file was edited after export and is refused")
+
+
+class BaselineInvalid(BaselineError, ValueError):
+    """A baseline document that does not follow the baseline schema; ``fields`` names each failing field.
+
+    Paths point inside the document (``/fields/priority/present``, JSON Pointer escaping).
+    """
+
+    #: at most this many fields are named in the message (``fields`` keeps them all)
+    SHOWN = 10
+
+    def __init__(self, where: str, fields: Sequence[FieldError]) -> None:
+        self.where = where
+        self.fields = list(fields)
+        shown = "; ".join(f"{f.path}: {f.reason}" for f in self.fields[:self.SHOWN])
+        more = len(self.fields) - self.SHOWN
+        super().__init__(f"{where}: not a valid baseline document: {shown}"
+                         + (f" (and {more} more)" if more > 0 else ""))
+
+
+class BaselineUnreadable(BaselineError):
+    """A file given to import that is not read: not a regular file, too large, or unreadable."""
+
+    def __init__(self, path: Path | str, reason: str) -> None:
+        self.path, self.reason = str(path), reason
+        super().__init__(f"{path}: {reason}")
+
+
+class BaselineExportIncomplete(BaselineError):
+    """Some baselines of an export could not be written; the others were."""
+
+    def __init__(self, written: Sequence[Path], failed: Sequence[tuple[Path, str]]) -> None:
+        self.written, self.failed = list(written), list(failed)
+        super().__init__(f"{len(self.failed)} of {len(self.written) + len(self.failed)} baselines not written: "
+                         + "; ".join(f"{p}: {why}" for p, why in self.failed))
