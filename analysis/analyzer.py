@@ -9,6 +9,12 @@ attaches sample event ids to new alerts, records served-model changes and the
 run itself, and enqueues pager notices in the same transaction. A failed run
 is logged, recorded and counted, never raised into the scheduler.
 
+A cohort that cannot be judged (its baseline unreadable, a rule raising on it)
+fails alone: it is logged, named in the run's recorded error and counted
+(``shapewatch_analyzer_cohort_failures_total``), its alerts keep their state,
+and every other cohort is judged. A run in which no cohort could be judged is
+a failed run.
+
 ``analyze_once`` is the offline form (``shapewatch analyze --once``): it
 replays the evaluations that lead up to ``at`` (as many as a page alert needs
 to be confirmed) with the states in memory, writing nothing.
@@ -32,7 +38,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from baselines import Activation, Cohort, activation_history, is_unpinned, resolve_baseline
+from baselines import Activation, Cohort, Resolved, activation_history, is_unpinned, resolve_baseline
 from collector import (
     Profile,
     Store,
@@ -71,6 +77,9 @@ class CohortReport:
     # The contract versions live: the window's (version -> outputs tagged with it), the
     # baseline's, and versions first seen inside the window ("started when v4 went out").
     contracts: dict[str, Any] = field(default_factory=dict)
+    # Why this cohort could not be judged (its baseline unreadable, a rule raising): it is left
+    # out of this evaluation, its alerts keep their state, and every other cohort is judged.
+    error: str | None = None
 
     @property
     def unpinned(self) -> bool:
@@ -78,6 +87,8 @@ class CohortReport:
 
     @property
     def compared_with(self) -> str:
+        if self.error is not None:
+            return f"not judged: {self.error}"
         if self.mirror_of is not None:
             return f"the same outputs as {self.mirror_of} (the only model behind that alias): judged there"
         if self.baseline_id is None or self.baseline_cohort is None:
@@ -90,7 +101,7 @@ class CohortReport:
                 f"({self.baseline_cohort.model}), inherited: {why}")
 
     def judged(self) -> Judged | None:
-        if self.baseline_id is None:
+        if self.baseline_id is None or self.error is not None:
             return None
         return Judged(self.cohort, self.checks, frozenset(i.field for i in self.insufficient), self.baseline_id,
                       self.compared_with, self.contracts)
@@ -100,7 +111,7 @@ class CohortReport:
                 "served_models": self.served_models, "baseline_id": self.baseline_id,
                 "compared_with": self.compared_with,
                 "mirror_of": self.mirror_of._asdict() if self.mirror_of is not None else None,
-                "contracts": self.contracts,
+                "contracts": self.contracts, "error": self.error,
                 "insufficient": [{"field": i.field, "baseline_samples": i.baseline_samples,
                                   "current_samples": i.current_samples, "needed": i.needed}
                                  for i in self.insufficient]}
@@ -120,6 +131,30 @@ class Evaluation:
     def breaches(self) -> int:
         return sum(1 for c in self.cohorts for k in c.checks if k.breach)
 
+    @property
+    def failed(self) -> list[CohortReport]:
+        """The cohorts that could not be judged."""
+        return [c for c in self.cohorts if c.error is not None]
+
+    @property
+    def error(self) -> str | None:
+        """The failed cohorts and why, for the run's record (None when every cohort was judged)."""
+        failed = self.failed
+        if not failed:
+            return None
+        shown = "; ".join(f"cohort {c.cohort}: {c.error}" for c in failed[:_FAILURES_SHOWN])
+        more = f"; and {len(failed) - _FAILURES_SHOWN} more" if len(failed) > _FAILURES_SHOWN else ""
+        return f"{len(failed)} of {len(self.cohorts)} cohorts not judged: {shown}{more}"
+
+    @property
+    def judged_nothing(self) -> bool:
+        """Every cohort with a baseline to be judged against failed: the evaluation did not do its job."""
+        return bool(self.failed) and all(c.error is not None for c in self.cohorts if c.baseline_id is not None
+                                         or c.error is not None)
+
+
+_FAILURES_SHOWN = 20  # failed cohorts named in a run's error; the rest are counted
+
 
 def evaluate(store: Store, config: AnalyzerConfig, at: datetime, *,
              window: timedelta | None = None) -> Evaluation:
@@ -131,26 +166,25 @@ def evaluate(store: Store, config: AnalyzerConfig, at: datetime, *,
         "SELECT model, prompt_version, contract, first_seen FROM cohorts")}
     aliases = served_aliases(store)
     in_window = {Cohort(p.model, p.prompt_version, p.contract): p for p in profiles}
-    pending: list[tuple[Profile, Cohort, Any, list[Check], list[Insufficient], Cohort | None]] = []
+    pending: list[tuple[Profile, Cohort, Any, list[Check], list[Insufficient], Cohort | None, str | None]] = []
     for profile in profiles:
         cohort = Cohort(profile.model, profile.prompt_version, profile.contract)
-        resolved = resolve_baseline(store, cohort, current=current, first_seen=first_seen, aliases=aliases)
         mirror = _mirrored(profile, aliases.get(cohort, []), in_window)
-        checks: list[Check] = []
-        short: list[Insufficient] = []
-        if resolved is not None and mirror is None:
-            b = resolved.baseline
-            rules_for = _rules_for(config, cohort.contract, _declared_enums(store, profile))
-            checks, short = compare_profiles(b.fields, b.samples, profile.fields, profile.events, rules_for)
-            v_checks, v_short = compare_violations(b.violations, b.checked, profile.violations, profile.checked,
-                                                   rules_for)
-            checks, short = checks + v_checks, short + v_short
-        pending.append((profile, cohort, resolved, checks, short, mirror))
+        try:
+            resolved, checks, short = _judge_cohort(store, config, profile, cohort, mirror, current, first_seen,
+                                                    aliases)
+        except Exception as exc:
+            # One cohort's broken baseline (or a rule raising on it) must not blind the others:
+            # logged with its cause, recorded in the run, counted by the analyzer.
+            log.exception("evaluating cohort %s failed", cohort)
+            pending.append((profile, cohort, None, [], [], mirror, f"{type(exc).__name__}: {exc}"[:500]))
+            continue
+        pending.append((profile, cohort, resolved, checks, short, mirror, None))
     # Significance is judged over every test of the evaluation at once.
-    adjusted = iter(adjust_p_values([c for *_, checks, _, _ in pending for c in checks]))
+    adjusted = iter(adjust_p_values([c for *_, checks, _, _, _ in pending for c in checks]))
     reports = []
     changes = contract_changes(store, None, since, at)
-    for profile, cohort, resolved, checks, short, mirror in pending:
+    for profile, cohort, resolved, checks, short, mirror, error in pending:
         mine = [next(adjusted) for _ in checks]
         contracts = {
             "window": {v: sum(by.values()) for v, by in sorted(profile.contract_checks.items()) if v},
@@ -164,8 +198,23 @@ def evaluate(store: Store, config: AnalyzerConfig, at: datetime, *,
             resolved.baseline.baseline_id if resolved else None, resolved.how if resolved else None,
             resolved.baseline.cohort if resolved else None, mine, short,
             {p: round(f.presence_rate, 6) for p, f in profile.fields.items() if f.scope is None}, mirror,
-            contracts))
+            contracts, error))
     return Evaluation(at, since, reports)
+
+
+def _judge_cohort(store: Store, config: AnalyzerConfig, profile: Profile, cohort: Cohort, mirror: Cohort | None,
+                  current: dict[Cohort, Activation], first_seen: dict[Cohort, datetime],
+                  aliases: dict[tuple[str, str, str], list[tuple[str, str, str]]]
+                  ) -> tuple[Resolved | None, list[Check], list[Insufficient]]:
+    """The baseline one cohort is compared against, and the checks of the comparison."""
+    resolved = resolve_baseline(store, cohort, current=current, first_seen=first_seen, aliases=aliases)
+    if resolved is None or mirror is not None:
+        return resolved, [], []
+    b = resolved.baseline
+    rules_for = _rules_for(config, cohort.contract, _declared_enums(store, profile))
+    checks, short = compare_profiles(b.fields, b.samples, profile.fields, profile.events, rules_for)
+    v_checks, v_short = compare_violations(b.violations, b.checked, profile.violations, profile.checked, rules_for)
+    return resolved, checks + v_checks, short + v_short
 
 
 def _mirrored(profile: Profile, aliases: list[tuple[str, str, str]], in_window: dict[Cohort, Profile]) -> Cohort | None:
@@ -341,6 +390,10 @@ class Analyzer:
                             registry=registry)
         for result in ("ok", "failed"):
             self.runs.labels(result)
+        self.cohort_failures = Counter(
+            "shapewatch_analyzer_cohort_failures_total",
+            "Cohorts an evaluation could not judge (an unreadable baseline, a rule raising); the run's "
+            "recorded error names them", registry=registry)
         self.last_success = Gauge("shapewatch_analyzer_last_success_timestamp_seconds",
                                   "Unix time of the last successful evaluation (0: none yet)", registry=registry)
         registry.register(_AlertGauges(self))
@@ -362,6 +415,11 @@ class Analyzer:
         t0 = time.perf_counter()
         try:
             evaluation = evaluate(self.store, self.config, at)
+            self.cohort_failures.inc(len(evaluation.failed))
+            if evaluation.judged_nothing:
+                # Some cohorts judged is a run that did its job (the others are named in its
+                # error); none judged is a failed run, whatever the cause.
+                return self._failed(started, at, time.perf_counter() - t0, evaluation.error or "", evaluation)
             judged = [j for r in evaluation.cohorts if (j := r.judged())]
             changed, moves = step(self.book.open_alerts(), judged, self.config, at)
             changed = _with_samples(self.store, evaluation, changed, self.config.samples_per_alert)
@@ -372,22 +430,27 @@ class Analyzer:
                 self._served_model_changes(con, evaluation)
                 if self.enqueue is not None:
                     self.enqueue(con, moves, at)
-                self._record(con, started, at, True, None, duration, evaluation)
+                self._record(con, started, at, True, evaluation.error, duration, evaluation)
         except Exception as exc:  # a scheduled job never raises into the scheduler
-            duration = time.perf_counter() - t0
             log.exception("analyzer run at %s failed", at.isoformat())
-            self.runs.labels("failed").inc()
-            try:
-                with self.store.transaction("recording a failed evaluation") as con:
-                    self._record(con, started, at, False, f"{type(exc).__name__}: {exc}", duration, None)
-            except Exception:
-                log.exception("could not record the failed analyzer run")
-            return RunResult(False, at, duration, None, [], f"{type(exc).__name__}: {exc}")
+            return self._failed(started, at, time.perf_counter() - t0, f"{type(exc).__name__}: {exc}", None)
         self.duration.observe(duration)
         self.runs.labels("ok").inc()
         self.last_success.set(time.time())
         self.last = evaluation
         return RunResult(True, at, duration, evaluation, moves)
+
+    def _failed(self, started: datetime, at: datetime, duration: float, error: str,
+                evaluation: Evaluation | None) -> RunResult:
+        if evaluation is not None:
+            log.error("analyzer run at %s failed: %s", at.isoformat(), error)
+        self.runs.labels("failed").inc()
+        try:
+            with self.store.transaction("recording a failed evaluation") as con:
+                self._record(con, started, at, False, error, duration, evaluation)
+        except Exception:
+            log.exception("could not record the failed analyzer run")
+        return RunResult(False, at, duration, evaluation, [], error)
 
     def _record(self, con: Any, started: datetime, at: datetime, ok: bool, error: str | None, duration: float,
                 evaluation: Evaluation | None) -> None:

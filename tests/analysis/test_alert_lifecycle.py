@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from prometheus_client import CollectorRegistry
 from synth import write_outputs
@@ -30,7 +31,7 @@ from analysis.alerts import (
     fingerprint,
     step,
 )
-from analysis.analyzer import Analyzer, RunResult
+from analysis.analyzer import Analyzer
 from analysis.config import DEFAULT_SEVERITY, AlertKind, AnalyzerConfig, FieldRules, Severity
 from analysis.rules import Check
 from baselines import BASELINES_SCHEMA, Cohort, freeze_baseline
@@ -389,15 +390,21 @@ def test_a_failing_run_is_recorded_counted_and_does_not_raise(store: Store,
     az = Analyzer(store, broken, registry=registry, clock=lambda: hour(1))
     with caplog.at_level(logging.ERROR, logger="analysis.analyzer"):
         result = az.run(hour(1))
-    error = "TypeError: '<' not supported between instances of 'int' and 'NoneType'"
-    assert replace(result, duration_seconds=0.0) == RunResult(False, hour(1), 0.0, None, [], error)
-    assert store.query("SELECT evaluated_at, ok, error, cohorts, checks, breaches, report FROM analyzer_runs") == [
-        (hour(1), False, error, 0, 0, 0, None)]
+    # The rule raises for the only cohort: no cohort judged is a failed run, naming the cohort.
+    cause = "TypeError: '<' not supported between instances of 'int' and 'NoneType'"
+    error = f"1 of 1 cohorts not judged: cohort {MODEL} / intake-v3 / intake: {cause}"
+    assert (result.ok, result.at, result.transitions, result.error) == (False, hour(1), [], error)
+    assert result.evaluation is not None and [c.error for c in result.evaluation.cohorts] == [cause]
+    (row,) = store.query("SELECT evaluated_at, ok, error, cohorts, checks, breaches, report FROM analyzer_runs")
+    assert row[:6] == (hour(1), False, error, 1, 0, 0)
+    assert [c["error"] for c in orjson.loads(row[6])["cohorts"]] == [cause]
     assert registry.get_sample_value("shapewatch_analyzer_runs_total", {"result": "failed"}) == 1
     assert registry.get_sample_value("shapewatch_analyzer_runs_total", {"result": "ok"}) == 0
+    assert registry.get_sample_value("shapewatch_analyzer_cohort_failures_total") == 1
     assert registry.get_sample_value("shapewatch_analyzer_last_success_timestamp_seconds") == 0
     assert [(r.levelname, r.getMessage(), r.exc_info is not None) for r in caplog.records] == [
-        ("ERROR", f"analyzer run at {hour(1).isoformat()} failed", True)]
+        ("ERROR", f"evaluating cohort {MODEL} / intake-v3 / intake failed", True),
+        ("ERROR", f"analyzer run at {hour(1).isoformat()} failed: {error}", False)]
     assert AlertBook(store).alerts() == []
 
 
