@@ -6,9 +6,12 @@ the same way; the CLI and the service turn them into a clear message.
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from collector import ShapewatchError
 
-__all__ = ["AlertError", "AlertNotFound", "ConfigInvalid", "NotifyConfigInvalid", "ParameterInvalid"]
+__all__ = ["AlertError", "AlertNotFound", "ConfigInvalid", "NotifyConfigInvalid", "ParameterInvalid",
+           "ReviewPeriodTooLong"]
 
 
 class NotifyConfigInvalid(ShapewatchError, ValueError):
@@ -51,6 +54,23 @@ class ParameterInvalid(ShapewatchError, ValueError):
     def of(cls, exc: ConfigInvalid) -> ParameterInvalid:
         """The same refusal of a value read by the configuration's parsers (``parse_duration``)."""
         return cls(exc.key, exc.problem)
+
+
+class ReviewPeriodTooLong(ConfigInvalid):
+    """The review period (``since`` of ``/v1/review``, ``review --since``) is not positive or longer
+    than the review's limit; the HTTP API answers 422 naming ``since``, the CLI names ``--since``.
+
+    >>> str(ReviewPeriodTooLong(timedelta(days=10000), timedelta(days=90)))
+    'since: a review period of 10000 days is longer than the limit of 90 days; review a shorter period'
+    """
+
+    def __init__(self, period: timedelta, limit: timedelta) -> None:
+        self.period = period
+        self.limit = limit
+        days = period.total_seconds() / 86400
+        problem = (f"a review period of {days:g} days is longer than the limit of {limit.days} days; review a "
+                   "shorter period" if days > 0 else f"a review period must be positive, not {period}")
+        super().__init__("since", problem)
 
 
 class AlertError(ShapewatchError, ValueError):

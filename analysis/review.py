@@ -13,6 +13,13 @@ and ``render_html`` only format them. The HTML has small inline SVG charts
 (daily events, presence against the baseline) and no script, so it renders
 anywhere, including a mail client.
 
+Every stored value (tags, notes, authors, field paths, enum values) is data in
+both formats: the Markdown escapes each one (``_md``, or a code span ``_code``)
+so no value makes a link, an image, HTML or a table cell, and the HTML escapes
+each one. A cohort whose baseline or data cannot be reviewed is listed under
+``errors`` with the reason, and every other cohort is still reviewed. The period
+is at most ``MAX_REVIEW_PERIOD``: the review walks it day by day per cohort.
+
 >>> review = build_review(store, config, now=now, period=timedelta(days=7))    # doctest: +SKIP
 >>> print(render_markdown(review))                                           # doctest: +SKIP
 """
@@ -20,24 +27,31 @@ anywhere, including a mail client.
 from __future__ import annotations
 
 import html
+import logging
+import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from baselines import Activation, Cohort, activation_history, is_unpinned, resolve_baseline
+from baselines import Activation, Cohort, Resolved, activation_history, is_unpinned, resolve_baseline
 from collector import (
     FieldProfile,
     Profile,
     Store,
+    StoreError,
     contract_changes,
     read_profile,
 )
 
-from .config import AnalyzerConfig
+from .config import MAX_REVIEW_PERIOD, AnalyzerConfig
+from .errors import ReviewPeriodTooLong
 from .rules import adjust_p_values, compare_profiles, enum_like
 
-__all__ = ["build_review", "render_html", "render_markdown"]
+__all__ = ["MAX_REVIEW_PERIOD", "build_review", "render_html", "render_markdown"]
+
+logger = logging.getLogger(__name__)
 
 _MAX_FIELDS = 40  # rows per cohort table: the fields with the largest presence moves first
+_MAX_ERROR = 500  # characters of a failed cohort's reason: a message may quote a stored value
 
 
 def _iso(t: datetime | None) -> str | None:
@@ -125,10 +139,15 @@ def _candidate(store: Store, cohort_id: int, cohort: Cohort, since: datetime, un
            WHERE model = ? AND prompt_version = ? AND contract = ? AND severity = 'page'""",
         [until, *cohort])]
     day = until.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=1)
+    first = since.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=1)
+    # One grouped read for the whole period; the loop below walks at most MAX_REVIEW_PERIOD + 2 days.
+    per_day = {str(d): int(n) for d, n in store.query(
+        """SELECT strftime(date_trunc('day', bucket AT TIME ZONE 'UTC'), '%Y-%m-%d'), sum(events)::BIGINT
+           FROM cohort_buckets WHERE cohort_id = ? AND bucket >= ? AND bucket < ? GROUP BY 1""",
+        [cohort_id, first, day + timedelta(days=1)])}
     while day >= since - timedelta(days=1):
         end = day + timedelta(days=1)
-        n = store.query("SELECT coalesce(sum(events), 0)::BIGINT FROM cohort_buckets WHERE cohort_id = ? AND "
-                        "bucket >= ? AND bucket < ?", [cohort_id, day, end])[0][0]
+        n = per_day.get(f"{day:%Y-%m-%d}", 0)
         clean = not any(start < end and stop >= day for start, stop in pages)
         if n >= min_samples and clean:
             return {"since": _iso(day), "until": _iso(end), "samples": int(n)}
@@ -148,10 +167,54 @@ def _differences(store: Store, cohort_id: int, candidate: dict[str, Any], baseli
             for c in adjust_p_values(checks) if c.breach]
 
 
+def _review_cohort(store: Store, config: AnalyzerConfig, cid: int, cohort: Cohort, events: int,
+                   resolved: Resolved | None, since: datetime, until: datetime, max_baseline_age: timedelta
+                   ) -> dict[str, Any]:
+    """One cohort's entry of the review (its baseline, alerts, field table and candidate)."""
+    profile = read_profile(store, cid, since, until)
+    entry: dict[str, Any] = {
+        "cohort": cohort._asdict(), "events": events, "unpinned": is_unpinned(cohort.model),
+        "served_models": dict(sorted(profile.served_models.items(), key=lambda kv: -kv[1])),
+        "daily_events": _daily_events(store, cid, since, until),
+        "alerts": _alerts(store, cohort, since, until),
+        "candidate": _candidate(store, cid, cohort, since, until, config.defaults.min_samples, config.window),
+        "baseline": None, "fields": [],
+        "contracts": _contracts(store, cid, cohort.contract, profile, since, until)}
+    if entry["candidate"] is not None and resolved is not None:
+        entry["candidate"]["differs"] = _differences(store, cid, entry["candidate"], resolved.baseline,
+                                                     config, cohort.contract)
+    if resolved is not None:
+        b = resolved.baseline
+        age = until - b.created_at
+        entry["baseline"] = {"baseline_id": b.baseline_id, "how": resolved.how, "cohort": b.cohort._asdict(),
+                             "created_at": _iso(b.created_at), "age_days": round(age.total_seconds() / 86400, 1),
+                             "author": b.author, "note": b.note, "samples": b.samples,
+                             "window": {"since": _iso(b.since), "until": _iso(b.until)},
+                             "stale": age > max_baseline_age}
+        paths = sorted(set(b.fields) | set(profile.fields))
+        rows = [_field_row(path, b.fields.get(path), profile.fields.get(path), config, cohort.contract,
+                           entry["contracts"]) for path in paths if not config.rules_for(cohort.contract, path).ignore]
+
+        def move(r: dict[str, Any]) -> float:
+            bp, cp = r["presence"]
+            return float(abs((cp or 0.0) - (bp or 0.0))) + (1.0 if r["status"] or r["new_values"] else 0.0)
+
+        entry["fields"] = sorted(rows, key=lambda r: (-move(r), r["field"]))[:_MAX_FIELDS]
+    return entry
+
+
 def build_review(store: Store, config: AnalyzerConfig, *, now: datetime | None = None,
                  period: timedelta = timedelta(days=7), max_baseline_age: timedelta = timedelta(days=30)
                  ) -> dict[str, Any]:
-    """Every fact the weekly review needs, as one JSON-ready value."""
+    """Every fact the weekly review needs, as one JSON-ready value.
+
+    ``period`` longer than ``MAX_REVIEW_PERIOD`` (or not positive) is refused with
+    ``ReviewPeriodTooLong`` before anything is read. A cohort that cannot be reviewed (a
+    baseline that does not load, data that does not add up) is listed under ``errors`` with the
+    reason; the others are reviewed as usual. A failing store is not one cohort's fault: it raises.
+    """
+    if not timedelta(0) < period <= MAX_REVIEW_PERIOD:
+        raise ReviewPeriodTooLong(period, MAX_REVIEW_PERIOD)
     until = now or datetime.now(UTC)
     since = until - period
     store.flush_rollups()
@@ -165,55 +228,38 @@ def build_review(store: Store, config: AnalyzerConfig, *, now: datetime | None =
     # reviewed through its alias, whose entry lists the models that answered: the baseline
     # decisions are the alias's, unless one was made for the served cohort itself.
     requested = {int(r[0]) for r in store.query("SELECT DISTINCT cohort_id FROM events")}
-    cohorts, without, stale = [], [], []
+    cohorts: list[dict[str, Any]] = []
+    without: list[dict[str, Any]] = []
+    stale: list[dict[str, Any]] = []
+    errors: list[dict[str, Any]] = []
     for cid, m, p, c in store.query("SELECT cohort_id, model, prompt_version, contract FROM cohorts "
                                     "ORDER BY model, prompt_version, contract"):
         cohort = Cohort(str(m), str(p), str(c))
         if int(cid) not in requested and cohort not in current:
             continue
         events = traffic.get(int(cid), 0)
-        resolved = resolve_baseline(store, cohort, current=current, first_seen=first_seen)
-        if not events and resolved is None:
+        try:
+            resolved = resolve_baseline(store, cohort, current=current, first_seen=first_seen)
+            if not events and resolved is None:
+                continue
+            entry = _review_cohort(store, config, int(cid), cohort, events, resolved, since, until,
+                                   max_baseline_age)
+        except StoreError:
+            raise
+        except Exception as exc:  # one cohort's broken baseline or data must not blind the review of the rest
+            logger.exception("review: cohort %s / %s / %s failed", *cohort)
+            errors.append({"cohort": cohort._asdict(), "events": events,
+                           "error": f"{type(exc).__name__}: {exc}"[:_MAX_ERROR]})
             continue
-        profile = read_profile(store, int(cid), since, until)
-        entry: dict[str, Any] = {
-            "cohort": cohort._asdict(), "events": events, "unpinned": is_unpinned(cohort.model),
-            "served_models": dict(sorted(profile.served_models.items(), key=lambda kv: -kv[1])),
-            "daily_events": _daily_events(store, int(cid), since, until),
-            "alerts": _alerts(store, cohort, since, until),
-            "candidate": _candidate(store, int(cid), cohort, since, until, config.defaults.min_samples,
-                                    config.window),
-            "baseline": None, "fields": [],
-            "contracts": _contracts(store, int(cid), cohort.contract, profile, since, until)}
-        if entry["candidate"] is not None and resolved is not None:
-            entry["candidate"]["differs"] = _differences(store, int(cid), entry["candidate"], resolved.baseline,
-                                                         config, cohort.contract)
-        if resolved is None:
-            without.append({"cohort": cohort._asdict(), "events": events})
-        else:
-            b = resolved.baseline
-            age = until - b.created_at
-            entry["baseline"] = {"baseline_id": b.baseline_id, "how": resolved.how, "cohort": b.cohort._asdict(),
-                                 "created_at": _iso(b.created_at), "age_days": round(age.total_seconds() / 86400, 1),
-                                 "author": b.author, "note": b.note, "samples": b.samples,
-                                 "window": {"since": _iso(b.since), "until": _iso(b.until)},
-                                 "stale": age > max_baseline_age}
-            if resolved.how == "own" and age > max_baseline_age:
-                stale.append({"cohort": cohort._asdict(), "baseline_id": b.baseline_id,
-                              "age_days": entry["baseline"]["age_days"]})
-            paths = sorted(set(b.fields) | set(profile.fields))
-            rows = [_field_row(path, b.fields.get(path), profile.fields.get(path), config, cohort.contract,
-                               entry["contracts"]) for path in paths if not config.rules_for(cohort.contract, path).ignore]
-
-            def move(r: dict[str, Any]) -> float:
-                bp, cp = r["presence"]
-                return float(abs((cp or 0.0) - (bp or 0.0))) + (1.0 if r["status"] or r["new_values"] else 0.0)
-
-            entry["fields"] = sorted(rows, key=lambda r: (-move(r), r["field"]))[:_MAX_FIELDS]
         cohorts.append(entry)
+        b = entry["baseline"]
+        if b is None:
+            without.append({"cohort": cohort._asdict(), "events": events})
+        elif b["how"] == "own" and b["stale"]:
+            stale.append({"cohort": cohort._asdict(), "baseline_id": b["baseline_id"], "age_days": b["age_days"]})
     return {"generated_at": _iso(until), "since": _iso(since), "until": _iso(until),
             "max_baseline_age_days": round(max_baseline_age.total_seconds() / 86400, 1),
-            "cohorts": cohorts, "without_baseline": without, "stale_baselines": stale}
+            "cohorts": cohorts, "without_baseline": without, "stale_baselines": stale, "errors": errors}
 
 
 # --- markdown -------------------------------------------------------------------------------
@@ -230,74 +276,121 @@ def _arr(a: list[int | None] | None) -> str:
     return "-" if a is None else "/".join("-" if x is None else str(x) for x in a)
 
 
+# Control characters shown as their Unicode control pictures (U+2400 + code, U+2421 for DEL): a
+# newline in a stored value can then start no line, block or table row of the report.
+_CONTROL_PICTURES = {**{c: 0x2400 + c for c in range(0x20)}, 0x7F: 0x2421}
+_PUNCTUATION = re.compile(r"([!-/:-@\[-`{-~])")  # every ASCII punctuation character: each may be escaped
+_INERT = re.compile(r"[0-9TZ.:+ -]*")  # numbers and ISO times, printed as they are (values never begin a line)
+
+
+def _md(value: Any) -> str:
+    r"""``value`` as Markdown text that renders as exactly its characters: every ASCII punctuation
+    character backslash-escaped (CommonMark allows it for all of them), control characters as
+    their pictures. No link, image, HTML, emphasis, heading or table cell can come out of it.
+    Numbers and times (digits, ``.:+-``, ``T``, ``Z`` and spaces) stay as they are, readable.
+
+    >>> _md("![x](http://h/x.png) | <b>")
+    '\\!\\[x\\]\\(http\\:\\/\\/h\\/x\\.png\\) \\| \\<b\\>'
+    """
+    text = str(value)
+    if _INERT.fullmatch(text):  # a count, a rate or a time: nothing in it can form Markdown mid-line
+        return text
+    return _PUNCTUATION.sub(r"\\\1", text.translate(_CONTROL_PICTURES))
+
+
+def _code(value: Any, *, cell: bool = False) -> str:
+    """``value`` as a Markdown code span, which renders its characters as they are (no escape
+    applies inside one): fenced by more backticks than its longest run of them. In a table cell
+    (``cell``) a value with a pipe is escaped text instead, since a pipe ends a cell even inside
+    code and renderers disagree on an escaped one there."""
+    text = str(value).translate(_CONTROL_PICTURES)
+    if not text or (cell and "|" in text):
+        return _md(text) or "-"
+    fence = "`" * (max((len(run) for run in re.findall("`+", text)), default=0) + 1)
+    pad = " " if text[0] == "`" or text[-1] == "`" or (text[0] == text[-1] == " " and text.strip()) else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
 def _cohort_name(c: dict[str, str]) -> str:
     return f"{c['model']} / {c['prompt_version']} / {c['contract']}"
 
 
-def _md_cell(s: str) -> str:
-    return s.replace("|", "\\|").replace("\n", " ")
+def _md_cohort(c: dict[str, Any]) -> str:
+    return " / ".join(_code(c[k]) for k in ("model", "prompt_version", "contract"))
+
+
+def _md_counts(counts: dict[str, Any]) -> str:
+    return ", ".join(f"{_code(k)} ({_md(n)})" for k, n in counts.items())
 
 
 def render_markdown(review: dict[str, Any]) -> str:
+    """The review as Markdown; every stored value is escaped text or a code span, every table row
+    has its five cells whatever the values hold."""
     out = ["# shapewatch weekly review", "",
-           f"Period {review['since']} .. {review['until']} (generated {review['generated_at']}).", ""]
+           f"Period {_md(review['since'])} .. {_md(review['until'])} (generated {_md(review['generated_at'])}).", ""]
     for entry in review["cohorts"]:
         c = entry["cohort"]
-        out += [f"## {_md_cell(_cohort_name(c))}", ""]
-        out.append(f"- events in the period: {entry['events']}")
+        out += [f"## {_md_cohort(c)}", ""]
+        out.append(f"- events in the period: {_md(entry['events'])}")
         if entry["unpinned"]:
-            served = ", ".join(f"{m} ({n})" for m, n in entry["served_models"].items()) or "none recorded"
-            out.append(f"- **unpinned model alias**: `{c['model']}` has no dated version; served models: {served}")
+            served = _md_counts(entry["served_models"]) or "none recorded"
+            out.append(f"- **unpinned model alias**: {_code(c['model'])} has no dated version; served models: {served}")
         elif entry["served_models"]:
-            out.append("- served models: " + ", ".join(f"{m} ({n})" for m, n in entry["served_models"].items()))
+            out.append("- served models: " + _md_counts(entry["served_models"]))
         k = entry["contracts"]
         if k["window"]:
-            out.append("- contract versions: " + ", ".join(f"{_md_cell(v)} ({n})" for v, n in k["window"].items())
-                       + (f"; registered version {_md_cell(k['live'])} checked {k['checked']} outputs" if k["live"]
-                          else "; none registered")
-                       + "".join(f"; **{_md_cell(c['version'])} went out {c['first_seen']}**" for c in k["changes"]))
+            out.append("- contract versions: " + _md_counts(k["window"])
+                       + (f"; registered version {_code(k['live'])} checked {_md(k['checked'])} outputs"
+                          if k["live"] else "; none registered")
+                       + "".join(f"; **{_code(ch['version'])} went out {_md(ch['first_seen'])}**"
+                                 for ch in k["changes"]))
             if k["violations"]:
                 out.append("- outputs breaking the contract: " + ", ".join(
-                    f"`{_md_cell(p)}` {n} ({_pct(n / k['checked'])})" for p, n in k["violations"].items()))
+                    f"{_code(p)} {_md(n)} ({_pct(n / k['checked'])})" for p, n in k["violations"].items()))
         b = entry["baseline"]
         if b is None:
             out.append("- **no baseline**: this cohort is not judged")
         else:
             inherited = "" if b["how"] == "own" else \
-                f" (inherited from {_cohort_name(b['cohort'])}, {b['how'].replace('_', ' ')})"
-            out.append(f"- baseline `{b['baseline_id']}`{inherited}: frozen {b['created_at']} "
-                       f"({b['age_days']} days ago) by {b['author']}: {_md_cell(b['note'])}"
+                f" (inherited from {_md_cohort(b['cohort'])}, {_md(str(b['how']).replace('_', ' '))})"
+            out.append(f"- baseline {_code(b['baseline_id'])}{inherited}: frozen {_md(b['created_at'])} "
+                       f"({_md(b['age_days'])} days ago) by {_md(b['author'])}: {_md(b['note'])}"
                        + (" **(older than the configured age)**" if b["stale"] else ""))
         for what in ("fired", "acknowledged", "resolved"):
             items = entry["alerts"][what]
-            text = "; ".join(f"{a['severity']} {a['kind']} on `{a['field']}`"
-                             + (f" = {a['value']!r}" if a.get("value") else "") for a in items[:10])
-            out.append(f"- alerts {what}: {len(items)}" + (f" ({_md_cell(text)})" if items else ""))
+            text = "; ".join(f"{_md(a['severity'])} {_md(a['kind'])} on {_code(a['field'])}"
+                             + (f" = {_code(a['value'])}" if a.get("value") else "") for a in items[:10])
+            out.append(f"- alerts {what}: {len(items)}" + (f" ({text})" if items else ""))
         cand = entry["candidate"]
-        out.append(f"- suggested candidate window: {cand['since']} .. {cand['until']} ({cand['samples']} samples)"
+        out.append(f"- suggested candidate window: {_md(cand['since'])} .. {_md(cand['until'])} "
+                   f"({_md(cand['samples'])} samples)"
                    if cand else "- suggested candidate window: none (no clean day with enough samples)")
         if cand and cand.get("differs"):
             out.append("  - freezing it would accept these changes against the current baseline: "
-                       + _md_cell("; ".join(cand["differs"][:10])))
+                       + _md("; ".join(cand["differs"][:10])))
         elif cand and "differs" in cand:
             out.append("  - it matches the current baseline (no rule would fire)")
         if entry["fields"]:
             out += ["", "| field | presence (baseline -> week) | types (baseline -> week) | new enum values "
                         "| array p50/p90/p99 (baseline -> week) |", "|---|---|---|---|---|"]
             for r in entry["fields"]:
-                mark = "".join(f" ({m})" for m in (r["status"], r["declared"] and f"{r['declared']} in the contract")
+                mark = "".join(f" ({_md(m)})" for m in (r["status"], r["declared"] and f"{r['declared']} in the contract")
                                if m)
-                out.append(f"| `{_md_cell(r['field'])}`{mark} | {_pct(r['presence'][0])} -> {_pct(r['presence'][1])} "
-                           f"| {_type_text(r['types'][0])} -> {_type_text(r['types'][1])} "
-                           f"| {_md_cell(', '.join(r['new_values'])) or '-'} "
+                out.append(f"| {_code(r['field'], cell=True)}{mark} | {_pct(r['presence'][0])} -> "
+                           f"{_pct(r['presence'][1])} | {_md(_type_text(r['types'][0]))} -> "
+                           f"{_md(_type_text(r['types'][1]))} "
+                           f"| {', '.join(_md(v) for v in r['new_values']) or '-'} "
                            f"| {_arr(r['arrays'][0])} -> {_arr(r['arrays'][1])} |")
         out.append("")
     out += ["## Cohorts without a baseline", ""]
-    out += [f"- {_md_cell(_cohort_name(w['cohort']))}: {w['events']} events" for w in review["without_baseline"]] \
+    out += [f"- {_md_cohort(w['cohort'])}: {_md(w['events'])} events" for w in review["without_baseline"]] \
         or ["- none"]
-    out += ["", f"## Baselines older than {review['max_baseline_age_days']} days", ""]
-    out += [f"- {_md_cell(_cohort_name(s['cohort']))}: `{s['baseline_id']}`, {s['age_days']} days"
+    out += ["", f"## Baselines older than {_md(review['max_baseline_age_days'])} days", ""]
+    out += [f"- {_md_cohort(s['cohort'])}: {_code(s['baseline_id'])}, {_md(s['age_days'])} days"
             for s in review["stale_baselines"]] or ["- none"]
+    if review.get("errors"):
+        out += ["", "## Cohorts that could not be reviewed", ""]
+        out += [f"- {_md_cohort(e['cohort'])}: {_md(e['error'])}" for e in review["errors"]]
     return "\n".join(out) + "\n"
 
 
@@ -342,26 +435,26 @@ def render_html(review: dict[str, Any]) -> str:
         c = entry["cohort"]
         parts.append(f"<section class=\"cohort\"><h2>{_e(_cohort_name(c))}"
                      + (' <span class="tag">unpinned alias</span>' if entry["unpinned"] else "") + "</h2>")
-        parts.append(f"<p>{entry['events']} events {_spark([n for _, n in entry['daily_events']])}</p>")
+        parts.append(f"<p>{_e(entry['events'])} events {_spark([int(n) for _, n in entry['daily_events']])}</p>")
         if entry["served_models"]:
-            parts.append("<p>served models: " + ", ".join(f"<code>{_e(m)}</code> ({n})"
+            parts.append("<p>served models: " + ", ".join(f"<code>{_e(m)}</code> ({_e(n)})"
                                                           for m, n in entry["served_models"].items()) + "</p>")
         k = entry["contracts"]
         if k["window"]:
-            parts.append("<p>contract versions: " + ", ".join(f"<code>{_e(v)}</code> ({n})"
+            parts.append("<p>contract versions: " + ", ".join(f"<code>{_e(v)}</code> ({_e(n)})"
                                                                for v, n in k["window"].items())
-                         + (f"; registered <code>{_e(k['live'])}</code> checked {k['checked']} outputs"
+                         + (f"; registered <code>{_e(k['live'])}</code> checked {_e(k['checked'])} outputs"
                             if k["live"] else "; none registered")
                          + "".join(f'; <span class="tag">{_e(c["version"])} went out {_e(c["first_seen"])}</span>'
                                    for c in k["changes"])
-                         + ("; breaking it: " + ", ".join(f"<code>{_e(p)}</code> {n}" for p, n in k["violations"].items())
+                         + ("; breaking it: " + ", ".join(f"<code>{_e(p)}</code> {_e(n)}" for p, n in k["violations"].items())
                             if k["violations"] else "") + "</p>")
         b = entry["baseline"]
         if b is None:
             parts.append("<p><strong>no baseline</strong>: this cohort is not judged</p>")
         else:
             inherited = "" if b["how"] == "own" else f" (inherited from {_e(_cohort_name(b['cohort']))})"
-            parts.append(f"<p>baseline <code>{_e(b['baseline_id'])}</code>{inherited}, {b['age_days']} days old, "
+            parts.append(f"<p>baseline <code>{_e(b['baseline_id'])}</code>{inherited}, {_e(b['age_days'])} days old, "
                          f"by {_e(b['author'])}: {_e(b['note'])}"
                          + (' <span class="tag">older than the configured age</span>' if b["stale"] else "") + "</p>")
         parts.append("<ul>")
@@ -372,7 +465,7 @@ def render_html(review: dict[str, Any]) -> str:
                 for a in items[:10]) + "</li>")
         cand = entry["candidate"]
         parts.append(f"<li>suggested candidate window: {_e(cand['since'])} .. {_e(cand['until'])} "
-                     f"({cand['samples']} samples)" + (
+                     f"({_e(cand['samples'])} samples)" + (
                          "; freezing it would accept: " + _e("; ".join(cand["differs"][:10]))
                          if cand.get("differs") else "") + "</li>" if cand else
                      "<li>suggested candidate window: none</li>")
@@ -391,10 +484,15 @@ def render_html(review: dict[str, Any]) -> str:
             parts.append("</table>")
         parts.append("</section>")
     parts.append("<h2>Cohorts without a baseline</h2><ul>")
-    parts += [f"<li>{_e(_cohort_name(w['cohort']))}: {w['events']} events</li>" for w in review["without_baseline"]] \
+    parts += [f"<li>{_e(_cohort_name(w['cohort']))}: {_e(w['events'])} events</li>" for w in review["without_baseline"]] \
         or ["<li>none</li>"]
-    parts.append(f"</ul><h2>Baselines older than {review['max_baseline_age_days']} days</h2><ul>")
-    parts += [f"<li>{_e(_cohort_name(s['cohort']))}: <code>{_e(s['baseline_id'])}</code>, {s['age_days']} days</li>"
+    parts.append(f"</ul><h2>Baselines older than {_e(review['max_baseline_age_days'])} days</h2><ul>")
+    parts += [f"<li>{_e(_cohort_name(s['cohort']))}: <code>{_e(s['baseline_id'])}</code>, {_e(s['age_days'])} days</li>"
               for s in review["stale_baselines"]] or ["<li>none</li>"]
-    parts.append("</ul></body></html>")
+    parts.append("</ul>")
+    if review.get("errors"):
+        parts.append("<h2>Cohorts that could not be reviewed</h2><ul>")
+        parts += [f"<li>{_e(_cohort_name(e['cohort']))}: {_e(e['error'])}</li>" for e in review["errors"]]
+        parts.append("</ul>")
+    parts.append("</body></html>")
     return "\n".join(parts) + "\n"
