@@ -26,10 +26,11 @@ from fastapi.responses import Response
 from fastapi.routing import APIRoute
 from pydantic import AwareDatetime, BaseModel, Field
 
-from baselines import BaselineError, BaselineNotFound, BaselineRefused, BaselineTampered, Cohort
+from baselines import BaselineError, BaselineInvalid, BaselineNotFound, BaselineRefused, BaselineTampered, Cohort
 from collector import (
     ContractConflict,
     ContractError,
+    ContractInvalid,
     ContractNotFound,
     FieldError,
     ShapewatchError,
@@ -118,7 +119,8 @@ def install_analysis_error_handlers(app: FastAPI) -> None:
     """Baseline and alert errors answer in the shared error shape."""
     for cls, status in _STATUS:
         def handler(_: Request, exc: Exception, status: int = status) -> Response:
-            return _json(error_body(status, str(exc)), status)
+            fields = exc.fields if isinstance(exc, BaselineInvalid) else _contract_fields(exc)  # each one named
+            return _json(error_body(status, str(exc), fields), status)
         app.add_exception_handler(cls, handler)
 
     # A parameter out of range, and a value a configuration parser refused (the review's period
@@ -129,6 +131,14 @@ def install_analysis_error_handlers(app: FastAPI) -> None:
         return _json(error_body(422, str(exc), [FieldError(name, reason)]), 422)
     app.add_exception_handler(ParameterInvalid, parameter)
     app.add_exception_handler(ConfigInvalid, parameter)
+
+
+def _contract_fields(exc: Exception) -> list[FieldError] | None:
+    """A refused contract names what was wrong: its name, its version, or its document."""
+    if not isinstance(exc, ContractInvalid):
+        return None
+    path = {"the contract name": "contract", "the contract version": "version"}.get(exc.where, "document")
+    return [FieldError(path, exc.problem if path != "document" else str(exc))]
 
 
 def _parameter_path(loc: tuple[Any, ...]) -> str:

@@ -30,6 +30,7 @@ from collector import (
     CollectorMetrics,
     Settings,
     Store,
+    UncheckedOutputs,
     Writer,
     install_error_handlers,
     limits_from_settings,
@@ -99,6 +100,7 @@ def create_app(settings: Settings, *, store: Store | None = None, config: Analyz
     # Events commit alone (a 2xx waits only for them); rollups follow (rollup_merge_seconds).
     store.defer_rollups(max_events=settings.rollup_merge_events, max_seconds=settings.rollup_merge_seconds)
     metrics = CollectorMetrics(registry)
+    registry.register(UncheckedOutputs(store.unchecked_counts))
     writer = Writer(store, max_events=settings.batch_max_events, max_wait=settings.batch_max_wait_ms / 1000,
                     max_queued=settings.writer_queue_events, on_batch=metrics.observe_batch)
     api = CollectorApi(store, writer, metrics, limits_from_settings(settings),

@@ -23,4 +23,6 @@ def open_store(settings: Settings, *, read_only: bool = False, bulk: bool = Fals
         bucket_seconds=settings.bucket_seconds, read_only=read_only, schemas=SCHEMAS,
         rollup=RollupConfig(enum_value_max_length=settings.enum_value_max_length,
                             enum_values_per_path=settings.enum_values_per_path, max_depth=settings.max_depth,
-                            contract_checks_per_bucket=settings.contract_checks_per_bucket))
+                            contract_checks_per_bucket=settings.contract_checks_per_bucket,
+                            contract_check_ms=settings.contract_check_ms,
+                            contract_check_budget_ms=settings.contract_check_budget_ms))

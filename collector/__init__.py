@@ -25,7 +25,7 @@ _WHERE = {
     "StoreUnavailable": "errors", "StoreVersionTooNew": "errors",
     "JsonType": "flatten", "Observation": "flatten", "flatten_output": "flatten",
     "ImportSummary": "ingest", "import_files": "ingest", "quarantine_path": "ingest",
-    "CollectorMetrics": "metrics",
+    "CollectorMetrics": "metrics", "UncheckedOutputs": "metrics",
     "FieldProfile": "profile", "Profile": "profile", "read_profile": "profile", "read_profiles": "profile",
     "served_aliases": "profile", "contract_changes": "profile",
     "RollupConfig": "rollup", "compact_rollups": "rollup",
@@ -59,6 +59,7 @@ __all__ = [
     "Client",
     "CollectorApi",
     "CollectorMetrics",
+    "UncheckedOutputs",
     "compact_rollups",
     "Contract",
     "contract_changes",
@@ -223,7 +224,7 @@ if TYPE_CHECKING:
     )
     from .flatten import JsonType, Observation, flatten_output
     from .ingest import ImportSummary, import_files, quarantine_path
-    from .metrics import CollectorMetrics
+    from .metrics import CollectorMetrics, UncheckedOutputs
     from .profile import FieldProfile, Profile, contract_changes, read_profile, read_profiles, served_aliases
     from .rollup import RollupConfig, compact_rollups
     from .sdk import Client, parse_retry_after

@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import re
 import threading
 import time
 from collections import OrderedDict
@@ -78,6 +77,7 @@ from .errors import (
 )
 from .flatten import items_path, join_key
 from .rollup import ContractStatus
+from .schema_check import bounded_validator, prepare_schema, search
 from .store import Store
 
 log = logging.getLogger(__name__)
@@ -518,9 +518,7 @@ class ContractValidator:
     def __init__(self, contract: Contract, *, where: str = "the contract") -> None:
         self.contract = contract
         self.where = where
-        checker = Draft202012Validator.FORMAT_CHECKER
-        self._validators = {t.name: Draft202012Validator(_without_false(t.schema), format_checker=checker)
-                            for t in contract.tools}
+        self._validators = {t.name: bounded_validator(_without_false(t.schema)) for t in contract.tools}
         self._fast = {t.name: _fast_validator(t.schema) for t in contract.tools}
         self._facts: dict[str | None, SchemaFacts] = {}
 
@@ -561,6 +559,10 @@ _NOT_DRAFT7 = frozenset({"prefixItems", "unevaluatedItems", "unevaluatedProperti
                          "minContains", "maxContains", "$vocabulary", "$anchor", "$id"})
 
 
+# Keywords fastjsonschema runs with Python's backtracking ``re`` (schema_check.py runs them on RE2).
+_PYTHON_RE = frozenset({"pattern", "patternProperties"})
+
+
 def _draft7_compatible(node: Any) -> bool:
     if isinstance(node, list):
         return all(_draft7_compatible(x) for x in node)
@@ -569,6 +571,9 @@ def _draft7_compatible(node: Any) -> bool:
     if _NOT_DRAFT7 & node.keys() or isinstance(node.get("items"), list) or (
             "$ref" in node and node.keys() - ANNOTATION_KEYWORDS - {"$ref"}):
         return False  # (a $ref's siblings apply in 2020-12, not in draft 7; annotations never do)
+    if _PYTHON_RE & node.keys() or node.get("format") == "regex" or (
+            isinstance(node.get("$ref"), str) and not node["$ref"].startswith("#")):
+        return False  # fastjsonschema would run the pattern on Python's re, or fetch the reference
     return all(_draft7_compatible(v) for v in node.values())
 
 
@@ -647,10 +652,7 @@ def _violations_of(error: Any) -> Iterator[Violation]:
 
 
 def _matches(pattern: str, key: str) -> bool:
-    try:
-        return re.search(pattern, key) is not None
-    except re.error:  # an ECMA-262 pattern Python cannot compile: jsonschema reported it already
-        return False
+    return search(pattern, key)
 
 
 class ValidatorCache:
@@ -802,6 +804,9 @@ def register_contract(store: Store, contract: str, version: str, document: Contr
     _check_name("the contract name", contract)
     _check_name("the contract version", version)
     definition = document if isinstance(document, Contract) else contract_from_document(document)
+    for t in definition.tools:  # what the bounded engine cannot check is refused now, not met at ingest
+        prepare_schema(t.schema, where=f"contract {contract!r} version {version!r}"
+                                       f"{'' if t.name is None else f': tool {t.name!r}'}")
     content = definition.content_hash
     with store.transaction(f"registering contract {contract!r} version {version!r}") as con:
         row = con.execute("SELECT content_hash FROM contract_versions WHERE contract = ? AND version = ?",

@@ -14,10 +14,13 @@ under 500 series whatever the traffic (reliability/test_metric_cardinality.py).
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
-__all__ = ["CollectorMetrics", "CollectorRegistry"]
+__all__ = ["CollectorMetrics", "CollectorRegistry", "UncheckedOutputs"]
 
 _OTHER = "other"
 
@@ -77,3 +80,26 @@ class CollectorMetrics:
     def observe_batch(self, events: int, seconds: float) -> None:
         self.batch_events.observe(events)
         self.commit_seconds.observe(seconds)
+
+
+class UncheckedOutputs(Collector):
+    """Outputs of registered contract versions counted ``unchecked``, by reason (slow: one check
+    over its time limit; budget: a version's checks over their time per merge; other: beyond the
+    bucket's quota, or a check that raised), read from the store at scrape time.
+
+    >>> registry.register(UncheckedOutputs(store.unchecked_counts))   # doctest: +SKIP
+    """
+
+    REASONS = ("slow", "budget", "other")
+
+    def __init__(self, read: Callable[[], Mapping[str, int]]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        counts = dict(self._read())
+        family = CounterMetricFamily("shapewatch_contract_unchecked_outputs",
+                                     "Outputs of registered contract versions not checked, by reason.",
+                                     labels=["reason"])
+        for reason in self.REASONS:
+            family.add_metric([reason], counts.get(reason, 0))
+        yield family

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -63,7 +64,7 @@ class ContractStatus(str, Enum):
     valid = "valid"
     invalid = "invalid"  # breaks the registered schema: its violations are counted per path
     unregistered = "unregistered"  # tagged with a version nobody registered: counted, never refused
-    unchecked = "unchecked"  # registered, beyond the bucket's quota of checks (RollupConfig)
+    unchecked = "unchecked"  # registered, not checked: beyond the quota or the time budget (RollupConfig)
     untagged = "untagged"  # no contract_version: nothing to check against
 
 
@@ -84,6 +85,13 @@ class RollupConfig:
     # checked on a sample: the share of violations is estimated from it; the rest counts as
     # unchecked.
     contract_checks_per_bucket: int = 500
+    # A check runs after its output was acknowledged, on the thread that merges rollups. Patterns
+    # run in linear time (schema_check.py), so no check should come near these; they bound what
+    # one contract version's outputs can cost that thread whatever they hold: one output's check
+    # (beyond it, the output counts as unchecked) and one version's checks per merge (beyond
+    # it, the version's remaining outputs of that merge count as unchecked).
+    contract_check_ms: float = 50.0
+    contract_check_budget_ms: float = 1000.0
 
 
 _FIELD_COLS = ["present", "n_null", "n_boolean", "n_integer", "n_number", "n_string", "n_array",
@@ -163,10 +171,21 @@ class RollupBatch:
     >>> batch.merge_into(con)                                    # doctest: +SKIP
     """
 
-    def __init__(self, cfg: RollupConfig, *, bucket_seconds: int, check: ContractCheck | None = None) -> None:
+    def __init__(self, cfg: RollupConfig, *, bucket_seconds: int, check: ContractCheck | None = None,
+                 registered: Callable[[str, str], bool] | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         self.cfg = cfg
+        self._clock = clock  # times the contract checks (run_checks)
         self.bucket_seconds = bucket_seconds
         self._check = check
+        self._registered = registered
+        # Outputs of registered contract versions, checked by ``run_checks`` (group, version,
+        # cohort, bucket start, output): never while the batch is prepared, so that no check,
+        # however slow, holds up the commit and the answer of the requests in it.
+        self._to_check: list[tuple[int, str, tuple[str, str, str], int, dict[str, Any] | str]] = []
+        #: outputs counted unchecked by run_checks, by reason: slow, budget, other (beyond the
+        #: bucket's quota of checks, or a check that raised)
+        self.unchecked: Counter[str] = Counter()
         self._contracts: dict[tuple[int, str, ContractStatus], int] = {}  # (group, version, status) -> outputs
         self._violations: dict[tuple[int, str, str | None, str], int] = {}  # (group, version, path, keyword)
         # (contract, version) found unregistered in this batch: not asked again for every output
@@ -228,22 +247,67 @@ class RollupBatch:
                 ck = (g, v or "", ContractStatus.untagged if v is None else ContractStatus.unregistered)
                 tally[ck] = tally.get(ck, 0) + n
             return
-        assert self._check is not None
+        registered = self._registered
         for output, cohort, v, start, g in zip(outputs, cohorts, versions, starts, gids, strict=True):
             status: ContractStatus
-            found: Sequence[tuple[str | None, str]] = ()
             if v is None:
                 status = ContractStatus.untagged
             elif (cohort[2], v) in self._unregistered:
                 status = ContractStatus.unregistered
+            elif registered is not None and not registered(cohort[2], v):
+                self._unregistered.add((cohort[2], v))
+                status = ContractStatus.unregistered
             else:
-                status, found = self._check(cohort, v, start, output)
-                if status is ContractStatus.unregistered:
-                    self._unregistered.add((cohort[2], v))
+                self._to_check.append((g, v, cohort, start, output))
+                continue
             ck = (g, v or "", status)
             tally[ck] = tally.get(ck, 0) + 1
+
+    @property
+    def checks_pending(self) -> int:
+        """Outputs waiting for ``run_checks``."""
+        return len(self._to_check)
+
+    def run_checks(self, spent: dict[tuple[str, str], float] | None = None) -> None:
+        """Check the outputs of registered contract versions added so far, and count what was found.
+
+        Runs where the batch's counts are merged (the store calls it before its merge
+        transaction; ``contract_tables`` calls it in any case), after the batch's events were
+        committed and answered. Each check is timed: an output whose check took longer than
+        ``cfg.contract_check_ms`` is counted ``unchecked`` (reason ``slow``), and once the checks
+        of one contract version have taken ``cfg.contract_check_budget_ms`` in this call (or in
+        the calls sharing ``spent``: one merge), its remaining outputs are counted ``unchecked``
+        (reason ``budget``) without being checked.
+        """
+        todo, self._to_check = self._to_check, []
+        if not todo:
+            return
+        assert self._check is not None
+        spent = {} if spent is None else spent
+        per_output = self.cfg.contract_check_ms / 1000
+        budget = self.cfg.contract_check_budget_ms / 1000
+        tally = self._contracts
+        clock = self._clock
+        for g, v, cohort, start, output in todo:
+            key = (cohort[2], v)
+            found: Sequence[tuple[str | None, str]] = ()
+            if spent.get(key, 0.0) >= budget:
+                status = ContractStatus.unchecked
+                self.unchecked["budget"] += 1
+            else:
+                t0 = clock()
+                status, found = self._check(cohort, v, start, output)
+                took = clock() - t0
+                spent[key] = spent.get(key, 0.0) + took
+                if took > per_output and status in (ContractStatus.valid, ContractStatus.invalid):
+                    status, found = ContractStatus.unchecked, ()
+                    self.unchecked["slow"] += 1
+                elif status is ContractStatus.unchecked:
+                    self.unchecked["other"] += 1  # beyond the bucket's quota, or the check raised (logged)
+            ck = (g, v, status)
+            tally[ck] = tally.get(ck, 0) + 1
             for path, keyword in found:
-                vk = (g, v or "", path, keyword)
+                vk = (g, v, path, keyword)
                 self._violations[vk] = self._violations.get(vk, 0) + 1
 
     @property
@@ -273,6 +337,7 @@ class RollupBatch:
 
     def contract_tables(self) -> tuple[pa.Table, pa.Table]:
         """Contract checks (g, contract_version, status, n) and violations (g, contract_version, path, keyword, n)."""
+        self.run_checks()
         c = pa.table({
             "g": pa.array([k[0] for k in self._contracts], pa.int64()),
             "contract_version": pa.array([k[1] for k in self._contracts], pa.string()),

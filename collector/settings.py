@@ -143,6 +143,13 @@ class Settings:
     contract_checks_per_bucket: int = _s(
         500, "Outputs checked against their registered contract version per cohort, version and time bucket; "
         "the rest are counted as unchecked (0: check every output).", min=0)
+    contract_check_ms: float = _s(
+        50.0, "Longest one output's contract check may take: beyond it the output counts as unchecked "
+        "(reason slow). Checks run after the output was acknowledged, never on the request's path.",
+        min=0.1, max=10_000.0)
+    contract_check_budget_ms: float = _s(
+        1000.0, "Time the contract checks of one contract version may take per rollup merge: the version's "
+        "remaining outputs of that merge count as unchecked (reason budget).", min=1.0, max=600_000.0)
     bucket_seconds: int = _s(60, "Width of a rollup time bucket in seconds.", min=1, max=86_400)
     dedup_ttl_days: float = _s(
         7.0, "How long an event_id is remembered for deduplication: a copy sent later is stored again. "

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -566,6 +567,9 @@ class Store:
         # in memory: a restart checks a little more, never less.
         self._checks_done: dict[tuple[tuple[str, str, str], str, int], int] = {}
         self._checks_lock = threading.Lock()
+        #: outputs of registered contract versions counted unchecked since start, by reason
+        #: (RollupBatch.unchecked); guarded by _checks_lock
+        self.contract_unchecked: Counter[str] = Counter()
 
     # --- opening --------------------------------------------------------------------------
 
@@ -801,7 +805,27 @@ class Store:
     def _rollup_batch(self) -> RollupBatch:
         # Every batch of counts checks outputs against their contract version: ingest, a
         # partial insert and the recovery at open count the same way.
-        return RollupBatch(self.rollup, bucket_seconds=self.bucket_seconds, check=self._check_contract)
+        return RollupBatch(self.rollup, bucket_seconds=self.bucket_seconds, check=self._check_contract,
+                           registered=self._contract_registered)
+
+    def unchecked_counts(self) -> dict[str, int]:
+        """Outputs of registered contract versions counted unchecked since start, by reason."""
+        with self._checks_lock:
+            return dict(self.contract_unchecked)
+
+    def _contract_registered(self, contract: str, version: str) -> bool:
+        return self.contract_validators.get(contract, version) is not None
+
+    def _run_checks(self, batches: Sequence[RollupBatch]) -> None:
+        # Contract checks of committed (and answered) events, before the merge's transaction
+        # opens: however long they take, no transaction and no request waits on them.
+        spent: dict[tuple[str, str], float] = {}
+        for batch in batches:
+            batch.run_checks(spent)
+            if batch.unchecked:
+                with self._checks_lock:
+                    self.contract_unchecked.update(batch.unchecked)
+                batch.unchecked.clear()
 
     def _check_contract(self, cohort: tuple[str, str, str], version: str, bucket: int,
                         output: dict[str, Any] | str) -> tuple[ContractStatus, Sequence[tuple[str | None, str]]]:
@@ -884,6 +908,7 @@ class Store:
                 self._merge_con = self._con.cursor()
             except duckdb.Error as exc:
                 raise self._failed("merging rollups", exc) from exc
+        self._run_checks([batch for batch, _, _ in taken])
         # On failure the counts stay pending; the events are stored either way.
         with self._transaction("merging rollups", self._merge_con) as con:
             merge_rollups(con, [batch for batch, _, _ in taken], self.rollup)
