@@ -360,7 +360,7 @@ class RunResult:
     duration_seconds: float
     evaluation: Evaluation | None
     transitions: list[Transition]
-    error: str | None = None
+    error: str | None = None  # why it failed; for a run that did its job, the cohorts it could not judge
 
 
 Enqueue = Callable[[Any, Sequence[Transition], datetime], None]
@@ -438,7 +438,7 @@ class Analyzer:
         self.runs.labels("ok").inc()
         self.last_success.set(time.time())
         self.last = evaluation
-        return RunResult(True, at, duration, evaluation, moves)
+        return RunResult(True, at, duration, evaluation, moves, evaluation.error)
 
     def _failed(self, started: datetime, at: datetime, duration: float, error: str,
                 evaluation: Evaluation | None) -> RunResult:

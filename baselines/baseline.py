@@ -378,12 +378,13 @@ def document_problems(doc: Any, *, max_tag_length: int | None = DEFAULT_TAG_LENG
         return c.problems
     if doc.get("format") != FORMAT:
         c.bad("/format", f"must be {FORMAT}, got {doc.get('format')!r}")
-    if c.keys(doc.get("cohort", {}), "/cohort", {k: True for k in Cohort._fields}):
+    # A missing part is reported once (as required), not again for each of its own fields.
+    if "cohort" in doc and c.keys(doc["cohort"], "/cohort", {k: True for k in Cohort._fields}):
         for k in Cohort._fields:
             if k in doc["cohort"]:
                 c.tag(doc["cohort"][k], f"/cohort/{k}")
-    window = doc.get("window", {})
-    if c.keys(window, "/window", {"since": True, "until": True}):
+    window = doc.get("window")
+    if "window" in doc and c.keys(window, "/window", {"since": True, "until": True}):
         since = c.time(window["since"], "/window/since") if "since" in window else None
         until = c.time(window["until"], "/window/until") if "until" in window else None
         if since is not None and until is not None and until <= since:
@@ -821,7 +822,7 @@ def read_document(path: Path, *, max_bytes: int = MAX_DOCUMENT_BYTES) -> Any:
     try:
         return orjson.loads(b"".join(chunks))
     except orjson.JSONDecodeError as exc:
-        raise BaselineError(f"{path}: not JSON ({exc})") from exc
+        raise BaselineError(f"{path}: cannot read a JSON document ({exc})") from exc
 
 
 def import_baseline(store: Store, path: Path, *, max_bytes: int = MAX_DOCUMENT_BYTES,

@@ -287,8 +287,10 @@ def test_a_failed_evaluation_is_recorded_and_counted(tmp_path: Path) -> None:
         r = c.post("/v1/analyzer/run")
         assert r.status_code >= 400 or r.json()["ok"] is False
         (run,) = c.get("/v1/analyzer/runs").json()
-        assert (run["ok"], run["cohorts"], run["checks"], run["breaches"]) == (False, 0, 0, 0)
-        assert run["error"].startswith(f"BaselineTampered: stored baseline {bid}: the baseline's hash says ")
+        # The only cohort could not be judged: a failed run, naming the cohort and why.
+        assert (run["ok"], run["cohorts"], run["checks"], run["breaches"]) == (False, 1, 0, 0)
+        assert run["error"].startswith(f"1 of 1 cohorts not judged: cohort {MODEL} / {PROMPT} / {CONTRACT}: "
+                                       f"BaselineTampered: stored baseline {bid}: the baseline's hash says ")
         text = c.get("/metrics").text
         assert metric(text, "shapewatch_analyzer_runs_total") == {(("result", "ok"),): 0.0,
                                                                   (("result", "failed"),): 1.0}
