@@ -537,38 +537,67 @@ def inherit(ctx: click.Context, model: str, prompt_version: str, contract: str, 
 @baseline.command()
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Directory to write DIR/<model>/<prompt_version>/<contract>/<date>-<id>.json into.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True,
+              help="table: each written path, failures on standard error; json: {written, failed}.")
 @_backend_options
 @click.pass_context
-def export(ctx: click.Context, out_dir: Path, db_path: str | None, url: str | None, token: str | None) -> None:
-    """Write every baseline as a canonical JSON file, for review in a pull request."""
-    from baselines import baseline_from_document, export_path, write_document
+def export(ctx: click.Context, out_dir: Path, fmt: str, db_path: str | None, url: str | None,
+           token: str | None) -> None:
+    """Write every baseline as a canonical JSON file, for review in a pull request.
+
+    A path part longer than 255 bytes (a very long model id) is shortened to a readable prefix
+    and a hash suffix, the same on every export. A file that cannot be written is reported with
+    its reason and the others are still written: exit 1 when any failed.
+    """
+    from baselines import baseline_from_document, export_documents
 
     with _backend(ctx, db_path, url, token) as b:
         ids = [item["baseline_id"] for item in b.list_baselines()]
         docs = [b.show(i) for i in ids]
-    for doc in docs:
-        base = baseline_from_document(doc)
-        path = export_path(out_dir, base)
-        write_document(path, base)
-        click.echo(str(path))
+    # Stored documents, verified again: a --url answer is not trusted blindly. Their tags passed
+    # the ingest limit configured on the service, which may be above the default.
+    report = export_documents(out_dir, [baseline_from_document(doc, where=f"baseline {i}", max_tag_length=None)
+                                        for i, doc in zip(ids, docs, strict=True)])
+    if fmt == "json":
+        click.echo(orjson.dumps(report.to_json()).decode())
+    else:
+        for path in report.written:
+            click.echo(str(path))
+        for path, why in report.failed:
+            click.echo(f"error: {path}: {why}", err=True)
+        if report.failed:
+            click.echo(f"wrote {len(report.written)} of {len(ids)} baselines; {len(report.failed)} failed", err=True)
+    sys.exit(0 if report.ok else 1)
 
 
 @baseline.command("import")
-@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
 @_backend_options
 @click.pass_context
 def import_(ctx: click.Context, paths: tuple[Path, ...], db_path: str | None, url: str | None,
             token: str | None) -> None:
-    """Import exported baseline files; a file already imported is a no-op, a tampered one is refused."""
+    """Import exported baseline files; a file already imported is a no-op, a tampered one is refused.
+
+    Only regular files of at most 16 MiB are read (a FIFO, a device, a directory or a link to
+    one is refused unread). Each refused file is named with its reason on standard error and
+    the others are still imported: exit 2 when any was refused.
+    """
+    from baselines import read_document
+
+    refused = 0
     with _backend(ctx, db_path, url, token, create=True) as b:
         for path in paths:
             try:
-                doc = orjson.loads(path.read_bytes())
-            except (OSError, orjson.JSONDecodeError) as exc:
-                _fail(ShapewatchError(f"{path}: cannot read a JSON document ({exc})"))
-            result = b.import_document(doc, str(path))
+                result = b.import_document(read_document(path), str(path))
+            except ShapewatchError as exc:
+                refused += 1
+                click.echo(f"error: {exc}", err=True)
+                continue
             click.echo(f"{path}: {'imported' if result['imported'] else 'already present'} "
                        f"({result['baseline_id']})")
+    if refused and len(paths) > 1:
+        click.echo(f"refused {refused} of {len(paths)} files", err=True)
+    sys.exit(2 if refused else 0)
 
 
 @cli.command()
