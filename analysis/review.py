@@ -14,7 +14,7 @@ and ``render_html`` only format them. The HTML has small inline SVG charts
 anywhere, including a mail client.
 
 Every stored value (tags, notes, authors, field paths, enum values) is data in
-both formats: the Markdown escapes each one (``_md``, or a code span ``_code``)
+both formats: the Markdown escapes each one (``_md``; a plain identifier as a code span, ``_code``)
 so no value makes a link, an image, HTML or a table cell, and the HTML escapes
 each one. A cohort whose baseline or data cannot be reviewed is listed under
 ``errors`` with the reason, and every other cohort is still reviewed. The period
@@ -280,6 +280,7 @@ def _arr(a: list[int | None] | None) -> str:
 # newline in a stored value can then start no line, block or table row of the report.
 _CONTROL_PICTURES = {**{c: 0x2400 + c for c in range(0x20)}, 0x7F: 0x2421}
 _PUNCTUATION = re.compile(r"([!-/:-@\[-`{-~])")  # every ASCII punctuation character: each may be escaped
+_IDENTIFIER = re.compile(r"[\w.-]+(?: [\w.-]+)*")
 _INERT = re.compile(r"[0-9TZ.:+ -]*")  # numbers and ISO times, printed as they are (values never begin a line)
 
 
@@ -298,17 +299,11 @@ def _md(value: Any) -> str:
     return _PUNCTUATION.sub(r"\\\1", text.translate(_CONTROL_PICTURES))
 
 
-def _code(value: Any, *, cell: bool = False) -> str:
-    """``value`` as a Markdown code span, which renders its characters as they are (no escape
-    applies inside one): fenced by more backticks than its longest run of them. In a table cell
-    (``cell``) a value with a pipe is escaped text instead, since a pipe ends a cell even inside
-    code and renderers disagree on an escaped one there."""
-    text = str(value).translate(_CONTROL_PICTURES)
-    if not text or (cell and "|" in text):
-        return _md(text) or "-"
-    fence = "`" * (max((len(run) for run in re.findall("`+", text)), default=0) + 1)
-    pad = " " if text[0] == "`" or text[-1] == "`" or (text[0] == text[-1] == " " and text.strip()) else ""
-    return f"{fence}{pad}{text}{pad}{fence}"
+def _code(value: Any) -> str:
+    """``value`` as a code span when it is a plain identifier (letters, digits, ``_.-`` and single
+    spaces, nothing a code span or a table cell could take differently), else as ``_md`` text."""
+    text = str(value)
+    return f"`{text}`" if _IDENTIFIER.fullmatch(text) else (_md(text) or "-")
 
 
 def _cohort_name(c: dict[str, str]) -> str:
@@ -376,7 +371,7 @@ def render_markdown(review: dict[str, Any]) -> str:
             for r in entry["fields"]:
                 mark = "".join(f" ({_md(m)})" for m in (r["status"], r["declared"] and f"{r['declared']} in the contract")
                                if m)
-                out.append(f"| {_code(r['field'], cell=True)}{mark} | {_pct(r['presence'][0])} -> "
+                out.append(f"| {_code(r['field'])}{mark} | {_pct(r['presence'][0])} -> "
                            f"{_pct(r['presence'][1])} | {_md(_type_text(r['types'][0]))} -> "
                            f"{_md(_type_text(r['types'][1]))} "
                            f"| {', '.join(_md(v) for v in r['new_values']) or '-'} "
