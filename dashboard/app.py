@@ -47,10 +47,10 @@ page = st.navigation(pages)
 with st.sidebar:
     try:
         settings = ui.session().settings
-        st.caption(f"Service: {settings.url}" + (" (with a token)" if settings.token else ""))
+        st.caption(f"Service: {ui.literal(settings.url)}" + (" (with a token)" if settings.token else ""))
         default_author = settings.author
     except ValueError as exc:  # SettingsInvalid: the page says so in full
-        st.caption(str(exc))
+        st.caption(ui.literal(exc))
         default_author = ""
     if st.user.get("is_logged_in"):
         default_author = str(st.user.get("email") or st.user.get("name") or default_author)

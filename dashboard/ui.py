@@ -6,6 +6,14 @@ answers from another one; every write clears the cache. A failed read never
 reaches the page as a traceback: ``run_page`` and ``guard`` turn a
 ``DashboardError`` into ``st.error`` with what to do about it.
 
+Streamlit reads Markdown in ``st.markdown``, captions, titles, alerts, metric,
+expander, tab, button and link labels and ``help`` tooltips, so a value that
+came from the service (a model id, a field path, an enum value, a note, an
+author, an error message) is put there only through ``literal``: escaped text,
+or a code span, that renders as exactly its characters and never as a link, an
+image or HTML. Tables (``st.dataframe``), ``st.json``, ``st.text``, select box
+options and chart tooltips show text as it is.
+
 >>> def render(s: Session) -> None:                  # doctest: +SKIP
 ...     st.dataframe(s.read("/v1/cohorts"))
 >>> run_page(render)                                 # doctest: +SKIP
@@ -15,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,13 +36,41 @@ import streamlit as st
 from .client import ApiClient, AuthRejected, DashboardError, ServiceUnreachable
 from .settings import DashboardSettings, SettingsInvalid, load_settings
 
-__all__ = ["APP_PATH", "READ_TTL", "Session", "after_write", "ago", "cohort_label", "relative", "guard", "run_page",
-           "session", "show_error", "show_flash"]
+__all__ = ["APP_PATH", "READ_TTL", "Session", "after_write", "ago", "cohort_label", "literal", "relative", "guard",
+           "run_page", "session", "show_error", "show_flash"]
 
 APP_PATH = Path(__file__).resolve().parent / "app.py"
 READ_TTL = 10  # seconds: fresh enough at 3 a.m., cheap enough for a room of reviewers
 
 P = ParamSpec("P")
+
+# Control characters shown as their Unicode control pictures (U+2400 + code, U+2421 for DEL): a
+# newline in a value can then start no line or block of the Markdown around it.
+_CONTROL_PICTURES = {**{c: 0x2400 + c for c in range(0x20)}, 0x7F: 0x2421}
+# Every ASCII punctuation character: CommonMark lets each be backslash-escaped, and between them
+# they open every construct there is (links, images, HTML, emphasis, code, tables, headings,
+# lists, entities) and Streamlit's own (``:red[...]`` directives, ``:icon:`` shortcodes, ``$`` LaTeX).
+_PUNCTUATION = re.compile(r"([!-/:-@\[-`{-~])")
+_IDENTIFIER = re.compile(r"[\w.-]+(?: [\w.-]+)*")  # shown as a code span: nothing in it is Markdown there
+
+
+def literal(value: Any, *, code: bool = False) -> str:
+    r"""``value`` as Markdown that Streamlit renders as exactly its characters.
+
+    Every ASCII punctuation character is backslash-escaped and control characters show as their
+    pictures (a newline as ␊). With ``code``, a plain identifier (letters, digits, ``_.-`` and
+    single spaces) becomes a code span instead; anything else stays escaped text, so no stored
+    value reaches the page as raw Markdown, even inside a code span.
+
+    >>> print(literal("![x](http://h/x.png)"))
+    \!\[x\]\(http\:\/\/h\/x\.png\)
+    >>> print(literal("customer.tier", code=True), literal("a`b", code=True))
+    `customer.tier` a\`b
+    """
+    text = str(value)
+    if code and _IDENTIFIER.fullmatch(text):
+        return f"`{text}`"
+    return _PUNCTUATION.sub(r"\\\1", text.translate(_CONTROL_PICTURES))
 
 
 @st.cache_data(ttl=READ_TTL, show_spinner=False, max_entries=1000)
@@ -83,12 +120,13 @@ def session() -> Session:
 
 
 def show_error(exc: Exception) -> None:
+    # The message may quote the service's answer, which may quote a stored value.
     if isinstance(exc, ServiceUnreachable):
-        st.error(f"**The service is not reachable.** {exc}", icon=":material/cloud_off:")
+        st.error(f"**The service is not reachable.** {literal(exc)}", icon=":material/cloud_off:")
     elif isinstance(exc, AuthRejected):
-        st.error(f"**Not authorised.** {exc}", icon=":material/lock:")
+        st.error(f"**Not authorised.** {literal(exc)}", icon=":material/lock:")
     else:
-        st.error(str(exc), icon=":material/error:")
+        st.error(literal(exc), icon=":material/error:")
 
 
 def run_page(render: Callable[[Session], None]) -> None:
@@ -96,7 +134,7 @@ def run_page(render: Callable[[Session], None]) -> None:
     try:
         s = session()
     except SettingsInvalid as exc:
-        st.error(f"**The dashboard is misconfigured.** {exc}")
+        st.error(f"**The dashboard is misconfigured.** {literal(exc)}")
         return
     try:
         render(s)
@@ -118,7 +156,9 @@ def guard(fn: Callable[P, None]) -> Callable[P, None]:
 
 
 def after_write(message: str) -> NoReturn:
-    """A write succeeded: forget cached reads, say so on the next run, and rerun now."""
+    """A write succeeded: forget cached reads, say so on the next run, and rerun now.
+
+    ``message`` is Markdown: values in it go through ``literal``."""
     st.cache_data.clear()
     st.session_state["_flash"] = message
     st.rerun()

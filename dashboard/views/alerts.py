@@ -60,7 +60,7 @@ def _actions(s: ui.Session, a: dict[str, Any]) -> None:
                 st.warning("Write your name in the sidebar first: acknowledgements are signed.")
             else:
                 s.api.acknowledge(fp, author=s.author)
-                ui.after_write(f"Acknowledged {a['kind']} on {a['field']} as {s.author}.")
+                ui.after_write(f"Acknowledged {ui.literal(a['kind'])} on {ui.literal(a['field'])} as {ui.literal(s.author)}.")
     with right, st.expander("Silence this alert"):
         with st.form(f"silence-{fp}", border=False):
             duration = st.text_input("For how long", value="2h", help="e.g. 30m, 2h, 3d", key=f"silence-for-{fp}")
@@ -72,26 +72,27 @@ def _actions(s: ui.Session, a: dict[str, Any]) -> None:
             else:
                 done = s.api.silence(duration=duration.strip(), author=s.author, reason=reason.strip(),
                                      fingerprint=fp)
-                ui.after_write(f"Silenced {a['kind']} on {a['field']} until {done['ends_at']}.")
+                ui.after_write(f"Silenced {ui.literal(a['kind'])} on {ui.literal(a['field'])} until {ui.literal(done['ends_at'])}.")
 
 
 def _alert_card(s: ui.Session, a: dict[str, Any], cohort_ids: dict[tuple[str, str, str], int],
                 events: dict[str, dict[str, Any]]) -> None:
     c = a["cohort"]
-    value = f" = `{a['value']}`" if a.get("value") else ""
+    value = f" = {ui.literal(a['value'], code=True)}" if a.get("value") else ""
     with st.container(border=True):
-        st.markdown(f"**:{'red' if a['severity'] == 'page' else 'orange'}[{a['severity'].upper()}]** "
-                    f"`{a['field']}` · **{a['kind']}**{value} · {a['state']} · {ui.cohort_label(c)}")
-        st.markdown(f"{a['detail']}")
-        when = (f"first seen {ui.ago(a['first_seen'])} · last seen {ui.ago(a['last_seen'])}"
-                + (f" · fired {ui.ago(a['fired_at'])}" if a.get("fired_at") else "")
-                + (f" · resolved {ui.ago(a['resolved_at'])}" if a.get("resolved_at") else ""))
+        st.markdown(f"**:{'red' if a['severity'] == 'page' else 'orange'}[{ui.literal(str(a['severity']).upper())}]** "
+                    f"{ui.literal(a['field'], code=True)} · **{ui.literal(a['kind'])}**{value} · {ui.literal(a['state'])} · "
+                    f"{ui.literal(ui.cohort_label(c))}")
+        st.markdown(ui.literal(a["detail"]))
+        when = (f"first seen {ui.literal(ui.ago(a['first_seen']))} · last seen {ui.literal(ui.ago(a['last_seen']))}"
+                + (f" · fired {ui.literal(ui.ago(a['fired_at']))}" if a.get("fired_at") else "")
+                + (f" · resolved {ui.literal(ui.ago(a['resolved_at']))}" if a.get("resolved_at") else ""))
         st.caption(when)
         notes = []
         if a.get("acknowledged_by"):
-            notes.append(f"acknowledged by **{a['acknowledged_by']}** {ui.ago(a.get('acknowledged_at'))}")
+            notes.append(f"acknowledged by **{ui.literal(a['acknowledged_by'])}** {ui.literal(ui.ago(a.get('acknowledged_at')))}")
         if a.get("silenced_until"):
-            notes.append(f"silenced until {ui.ago(a['silenced_until'])}")
+            notes.append(f"silenced until {ui.literal(ui.ago(a['silenced_until']))}")
         if notes:
             st.markdown(" · ".join(notes))
         left, right = st.columns([3, 2])
@@ -101,18 +102,18 @@ def _alert_card(s: ui.Session, a: dict[str, Any], cohort_ids: dict[tuple[str, st
             p, q = a.get("p_value"), a.get("q_value")
             st.markdown(
                 f"p-value {'-' if p is None else f'{p:.2g}'} (adjusted {'-' if q is None else f'{q:.2g}'})  \n"
-                f"effect {a.get('effect')} over threshold {a.get('threshold')}  \n"
-                f"compared with {a.get('compared_with') or '-'}  \n"
+                f"effect {ui.literal(a.get('effect'))} over threshold {ui.literal(a.get('threshold'))}  \n"
+                f"compared with {ui.literal(a.get('compared_with') or '-')}  \n"
                 + contract_line(a.get("contracts") or {}) +
-                f"fingerprint `{a['fingerprint']}`, episode {a.get('episode')}")
+                f"fingerprint {ui.literal(a['fingerprint'], code=True)}, episode {ui.literal(a.get('episode'))}")
             cid = cohort_ids.get(_cohort_key(c))
             if cid is not None:
-                st.page_link("views/field.py", label=f"Charts of {a['field']}", icon=":material/show_chart:",
+                st.page_link("views/field.py", label=f"Charts of {ui.literal(a['field'])}", icon=":material/show_chart:",
                              query_params={"cohort": str(cid), "field": a["field"]})
         samples = [events[i] for i in a.get("samples") or [] if i in events]
         with st.expander(f"Sample outputs ({len(samples)})"):
             for e in samples:
-                st.caption(f"{e['event_id']} · {e['ts']} · served by {e.get('served_model') or '-'}")
+                st.caption(f"{ui.literal(e['event_id'])} · {ui.literal(e['ts'])} · served by {ui.literal(e.get('served_model') or '-')}")
                 st.json(e["output"], expanded=True)
         if a["state"] != "resolved":
             _actions(s, a)
@@ -125,7 +126,7 @@ def _alert_list(s: ui.Session, filters: dict[str, str | None]) -> None:
     cohort_ids = {_cohort_key(c["cohort"]): int(c["cohort_id"]) for c in s.read("/v1/cohorts")}
     ids = sorted({i for a in alerts for i in (a.get("samples") or [])})[:100]
     events = {e["event_id"]: e for e in s.read("/v1/events", ids=ids)} if ids else {}
-    st.caption(f"{len(alerts)} alert(s) · refreshed {ui.ago(pd.Timestamp.now(tz='UTC').isoformat())} "
+    st.caption(f"{len(alerts)} alert(s) · refreshed {ui.literal(ui.ago(pd.Timestamp.now(tz='UTC').isoformat()))} "
                f"every {s.settings.refresh_seconds:g} s")
     if not alerts:
         st.info("No alert matches. Nothing is drifting away from its baseline, or nothing is judged yet "
@@ -156,11 +157,11 @@ def contract_line(k: dict[str, Any]) -> str:
     """The contract versions behind an alert, in words (empty without any)."""
     if not k.get("window"):
         return ""
-    text = "contract " + ", ".join(f"{v} ({n} outputs)" for v, n in k["window"].items())
+    text = "contract " + ", ".join(f"{ui.literal(v)} ({ui.literal(n)} outputs)" for v, n in k["window"].items())
     if k.get("baseline"):
-        text += "; baseline on " + ", ".join(str(v) for v in k["baseline"])
+        text += "; baseline on " + ", ".join(ui.literal(v) for v in k["baseline"])
     for c in k.get("changes") or []:
-        text += f"; **{c['version']} went out {ui.ago(c['first_seen'])}**"
+        text += f"; **{ui.literal(c['version'])} went out {ui.literal(ui.ago(c['first_seen']))}**"
     return text + "  \n"
 
 

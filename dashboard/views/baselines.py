@@ -55,12 +55,13 @@ def _confirm(s: ui.Session) -> None:
         return
     with st.container(border=True):
         if pending["action"] == "freeze":
-            st.warning(f"Freeze **{pending['label']}** over {pending['since']} .. {pending['until']} as a new "
+            st.warning(f"Freeze **{ui.literal(pending['label'])}** over {ui.literal(pending['since'])} .. "
+                       f"{ui.literal(pending['until'])} as a new "
                        f"baseline{' and make it active' if pending['activate'] else ''}? A frozen baseline never "
-                       f"changes. Note: \u201c{pending['note']}\u201d")
+                       f"changes. Note: \u201c{ui.literal(pending['note'])}\u201d")
         else:
-            st.warning(f"Make baseline **{pending['baseline_id']}** the active one of **{pending['label']}**? "
-                       f"Note: \u201c{pending['note']}\u201d")
+            st.warning(f"Make baseline **{ui.literal(pending['baseline_id'])}** the active one of "
+                       f"**{ui.literal(pending['label'])}**? Note: \u201c{ui.literal(pending['note'])}\u201d")
         yes, no = st.columns(2)
         confirmed = yes.button("Confirm", type="primary", key="baselines-confirm")
         cancelled = no.button("Cancel", key="baselines-cancel")
@@ -76,13 +77,13 @@ def _confirm(s: ui.Session) -> None:
             done = s.api.freeze(model=c["model"], prompt_version=c["prompt_version"], contract=c["contract"],
                                 since=pending["since"], until=pending["until"], note=pending["note"],
                                 author=s.author, activate=pending["activate"], force=pending["force"] or None)
-            message = (f"Froze baseline {done['baseline_id']} ({done['samples']} samples)"
+            message = (f"Froze baseline {ui.literal(done['baseline_id'])} ({ui.literal(done['samples'])} samples)"
                        + (", now active." if done.get("active") else ", not active."))
         else:
             done = s.api.activate(pending["baseline_id"], author=s.author, note=pending["note"])
-            message = f"Baseline {done['baseline_id']} is now active."
+            message = f"Baseline {ui.literal(done['baseline_id'])} is now active."
     except RequestRefused as exc:
-        st.error(f"Not done. {exc.message}")
+        st.error(f"Not done. {ui.literal(exc.message)}")
         return
     ui.after_write(message)
 
@@ -117,12 +118,14 @@ def _compare_and_freeze(s: ui.Session, cohorts: list[dict[str, Any]], baselines:
         bid = st.selectbox("Compare with baseline", ids, index=default, format_func=lambda i: choices[i],
                            key="baselines-compare")
         doc = s.read(f"/v1/baselines/{bid}")
-        st.caption(f"Baseline {bid}: {doc['samples']} samples over {doc['window']['since']} .. "
-                   f"{doc['window']['until']}, by {doc['author']}: {doc['note']}  \n"
-                   f"Candidate window: {window['events']} events.")
+        st.caption(f"Baseline {ui.literal(bid)}: {ui.literal(doc['samples'])} samples over "
+                   f"{ui.literal(doc['window']['since'])} .. {ui.literal(doc['window']['until'])}, by "
+                   f"{ui.literal(doc['author'])}: {ui.literal(doc['note'])}  \n"
+                   f"Candidate window: {ui.literal(window['events'])} events.")
         rows = baseline_window_rows(doc["fields"], window["fields"])
     else:
-        st.caption(f"This cohort has no baseline to compare with. Candidate window: {window['events']} events.")
+        st.caption("This cohort has no baseline to compare with. Candidate window: "
+                   f"{ui.literal(window['events'])} events.")
         rows = baseline_window_rows({}, window["fields"])
     if rows:
         st.dataframe(pd.DataFrame(rows), hide_index=True)
@@ -164,6 +167,8 @@ def _compare_and_freeze(s: ui.Session, cohorts: list[dict[str, Any]], baselines:
 def _review(s: ui.Session) -> None:
     period = st.selectbox("Review period", ["7d", "14d", "30d"], key="review-period")
     html = s.text("/v1/review", format="html", since=period)
+    # The service's Markdown report escapes every stored value itself (analysis.review), so it is
+    # rendered as Markdown here: its headings, lists and tables are the report's own.
     st.download_button("Download the report (HTML)", html, file_name=f"shapewatch-review-{period}.html",
                        mime="text/html", icon=":material/download:")
     st.markdown(s.text("/v1/review", format="markdown", since=period))

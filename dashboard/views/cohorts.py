@@ -58,7 +58,7 @@ def render(s: ui.Session) -> None:
     cols[3].metric("Page alerts firing", sum((c.get("alerts_firing") or {}).get("page", 0) for c in cohorts))
     st.dataframe(pd.DataFrame(cohort_rows(cohorts)), hide_index=True)
     if unpinned:
-        st.caption(f"{UNPINNED}: " + ", ".join(sorted({c['cohort']['model'] for c in unpinned}))
+        st.caption(f"{UNPINNED}: " + ", ".join(ui.literal(m) for m in sorted({c['cohort']['model'] for c in unpinned}))
                    + " has no dated snapshot; the provider can change the model behind it. "
                    "Pin a dated version, or watch the served models below.")
     st.subheader("Open a field")

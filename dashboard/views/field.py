@@ -80,13 +80,15 @@ def render(s: ui.Session) -> None:
         st.warning("This cohort has no baseline: the charts show the period alone. Freeze one on "
                    "Baselines and review.")
     elif not base.get("present"):
-        st.warning(f"`{field}` is not in the baseline ({base['baseline_id']}): every value of it is new.")
+        st.warning(f"{ui.literal(field, code=True)} is not in the baseline ({ui.literal(base['baseline_id'])}): "
+                   "every value of it is new.")
     else:
-        st.caption(f"Compared with baseline {base['baseline_id']} ({base['how'].replace('_', ' ')}).")
+        st.caption(f"Compared with baseline {ui.literal(base['baseline_id'])} "
+                   f"({ui.literal(str(base['how']).replace('_', ' '))}).")
     field_alerts = [a for a in open_alerts if a["field"] == field]
     for a in field_alerts:
-        st.markdown(f"**:{'red' if a['severity'] == 'page' else 'orange'}[{a['severity'].upper()}]** "
-                    f"{a['kind']}: {a['detail']}")
+        st.markdown(f"**:{'red' if a['severity'] == 'page' else 'orange'}[{ui.literal(str(a['severity']).upper())}]** "
+                    f"{ui.literal(a['kind'])}: {ui.literal(a['detail'])}")
 
     st.subheader("Presence")
     # The field's configured tolerance (the series route carries it); the default before it did.
@@ -99,7 +101,7 @@ def render(s: ui.Session) -> None:
     st.subheader("Type shares")
     st.altair_chart(charts.type_chart(doc))
     if base and base.get("types"):
-        st.caption("Baseline: " + ", ".join(f"{t} {100 * v:.1f}%" for t, v in base["types"].items()))
+        st.caption("Baseline: " + ", ".join(f"{ui.literal(t)} {100 * v:.1f}%" for t, v in base["types"].items()))
 
     values = charts.values_table(doc)
     if len(values):
@@ -107,7 +109,7 @@ def render(s: ui.Session) -> None:
         new = values[values["new"]]
         if len(new):
             st.markdown(f"**{len(new)} value(s) the baseline never had:** "
-                        + ", ".join(f"`{v}`" for v in new["value"].head(10)))
+                        + ", ".join(ui.literal(v, code=True) for v in new["value"].head(10)))
         st.altair_chart(charts.values_chart(values))
         st.dataframe(values, hide_index=True)
         if any(item.get("unknown_share") is not None for item in doc["series"]):
@@ -119,24 +121,27 @@ def render(s: ui.Session) -> None:
         st.altair_chart(charts.violation_chart(doc))
         st.caption("Share of the outputs checked against their registered contract version that break it here.")
     for change in doc.get("contract_changes") or []:
-        st.caption(f"Contract version {change['version']} went out at {ui.ago(change['at'])} (marked on the charts).")
+        st.caption(f"Contract version {ui.literal(change['version'])} went out at {ui.literal(ui.ago(change['at']))} "
+                   "(marked on the charts).")
 
     if any(item.get("array") for item in doc["series"]) or (base and base.get("array")):
         st.subheader("Array size")
         st.altair_chart(charts.array_chart(doc))
         if base and base.get("array"):
             b = base["array"]
-            st.caption(f"Baseline p50/p90/p99: {b['p50']}/{b['p90']}/{b['p99']} items (dashed).")
+            st.caption(f"Baseline p50/p90/p99: {ui.literal(b['p50'])}/{ui.literal(b['p90'])}/{ui.literal(b['p99'])} "
+                       "items (dashed).")
 
     ids_ = sorted({i for a in field_alerts for i in (a.get("samples") or [])})[:100]
     if ids_:
         st.subheader("Sample outputs that show the change")
         for e in s.read("/v1/events", ids=ids_)[:6]:
-            with st.expander(f"{e['event_id']} · {e['ts']}"):
+            with st.expander(f"{ui.literal(e['event_id'])} · {ui.literal(e['ts'])}"):
                 st.json(e["output"], expanded=True)
 
     st.subheader("Every field of the cohort")
-    st.caption(f"{fields['events']} events from {fields['since']} to {fields['until']}.")
+    st.caption(f"{ui.literal(fields['events'])} events from {ui.literal(fields['since'])} to "
+               f"{ui.literal(fields['until'])}.")
     st.dataframe(_field_table(fields), hide_index=True)
 
 

@@ -72,14 +72,16 @@ def _analyzer(s: ui.Session) -> None:
     last = runs[0]
     failures = [r for r in runs if not r["ok"]]
     cols = st.columns(4)
-    cols[0].metric("Last run", ui.relative(last["started_at"]), help=ui.ago(last["started_at"]))
+    cols[0].metric("Last run", ui.literal(ui.relative(last["started_at"])), help=ui.literal(ui.ago(last["started_at"])))
     cols[1].metric("Result", "ok" if last["ok"] else "FAILED")
-    cols[2].metric("Cohorts / checks / breaches", f"{last['cohorts']} / {last['checks']} / {last['breaches']}")
+    cols[2].metric("Cohorts / checks / breaches",
+                   " / ".join(ui.literal(last[k]) for k in ("cohorts", "checks", "breaches")))
     cols[3].metric("Failures in the last runs", len(failures))
     if not last["ok"]:
-        st.error(f"The last evaluation failed: {last['error']}")
+        st.error(f"The last evaluation failed: {ui.literal(last['error'])}")
     elif failures:
-        st.warning(f"{len(failures)} of the last {len(runs)} evaluations failed; the latest: {failures[0]['error']}")
+        st.warning(f"{len(failures)} of the last {len(runs)} evaluations failed; the latest: "
+                   f"{ui.literal(failures[0]['error'])}")
     st.dataframe(pd.DataFrame([{"run": r["run_id"], "started": r["started_at"], "ok": r["ok"],
                                 "seconds": r["duration_seconds"], "cohorts": r["cohorts"], "checks": r["checks"],
                                 "breaches": r["breaches"], "error": r["error"] or ""} for r in runs]),

@@ -10,6 +10,7 @@ another (each changes a different alert), and the freeze gets one of its own.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -77,8 +78,13 @@ def api(url: str) -> httpx.Client:
     return httpx.Client(base_url=url, timeout=30)
 
 
+def visible(body: str) -> str:
+    """A Markdown body's text as the reader sees it: values come backslash-escaped (``ui.literal``)."""
+    return re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", body)
+
+
 def markdown(at: AppTest) -> list[str]:
-    return [m.value for m in at.markdown]
+    return [visible(m.value) for m in at.markdown]
 
 
 def by_field_kind(url: str) -> dict[tuple[str, str], dict[str, Any]]:
@@ -105,7 +111,7 @@ def test_alerts_page_shows_page_alerts_first_with_their_diff(sample_url: str, mo
     assert any(f"compared with baseline {drop['baseline_id']}" in m and f"`{drop['fingerprint']}`" in m
                for m in markdown(at))
     # Links to the field's charts, and the alert's sample outputs.
-    links = {ln.proto.label: ln.proto.query_string for ln in at.get("page_link")}
+    links = {visible(ln.proto.label): ln.proto.query_string for ln in at.get("page_link")}
     cohort_id = next(c["cohort_id"] for c in api(sample_url).get("/v1/cohorts").json() if c["cohort"] == INTAKE)
     assert links["Charts of customer.tier"] == f"cohort={cohort_id}&field=customer.tier"
     assert len(at.json) == 6 * 3  # three sample outputs per alert
@@ -137,7 +143,7 @@ def test_acknowledge_from_the_page(writable_url: str, monkeypatch: pytest.Monkey
     acked = api(writable_url).get(f"/v1/alerts/{drop['fingerprint']}").json()
     assert acked["acknowledged_by"] == "ana"
     assert acked["state"] == "firing"  # acknowledging changes who is told, never the state
-    assert [s.value for s in at.success] == ["Acknowledged presence_drop on customer.tier as ana."]
+    assert [visible(s.value) for s in at.success] == ["Acknowledged presence_drop on customer.tier as ana."]
     assert any(m.startswith("acknowledged by **ana**") for m in markdown(at))
     assert at.button(key=f"ack-{drop['fingerprint']}").disabled
 
@@ -158,7 +164,7 @@ def test_silence_from_the_page(writable_url: str, monkeypatch: pytest.MonkeyPatc
     assert not at.exception, [e.value for e in at.exception]
     until = datetime.fromisoformat(api(writable_url).get(f"/v1/alerts/{fp}").json()["silenced_until"])
     assert before + timedelta(hours=3) <= until <= datetime.now(UTC) + timedelta(hours=3)
-    assert [s.value for s in at.success][0].startswith("Silenced new_enum_value on priority until ")
+    assert [visible(s.value) for s in at.success][0].startswith("Silenced new_enum_value on priority until ")
     # Only that alert: the other alerts of the cohort are not silenced.
     assert {k for k, a in by_field_kind(writable_url).items() if a["silenced_until"]} == {("priority", "new_enum_value")}
 
@@ -278,7 +284,7 @@ def test_freezing_asks_for_confirmation_first(fresh_url: str, monkeypatch: pytes
     assert not at.exception, [e.value for e in at.exception]
     # Asked, not done.
     assert api(fresh_url).get("/v1/baselines").json() == before
-    assert any(w.value.startswith(f"Freeze **{' / '.join(INTAKE.values())}** over {since} .. {until}")
+    assert any(visible(w.value).startswith(f"Freeze **{' / '.join(INTAKE.values())}** over {since} .. {until}")
                for w in at.warning)
     at.button(key="baselines-cancel").click().run()
     assert api(fresh_url).get("/v1/baselines").json() == before
@@ -291,7 +297,7 @@ def test_freezing_asks_for_confirmation_first(fresh_url: str, monkeypatch: pytes
     (new,) = [b for b in after if b["baseline_id"] not in {x["baseline_id"] for x in before}]
     assert (new["cohort"], new["window"], new["author"], new["note"], new["samples"], new["active"]) == (
         INTAKE, {"since": since, "until": until}, "ana", "week 48: calm period after the v3 rollout", 480, True)
-    assert [s.value for s in at.success] == [f"Froze baseline {new['baseline_id']} (480 samples), now active."]
+    assert [visible(s.value) for s in at.success] == [f"Froze baseline {new['baseline_id']} (480 samples), now active."]
 
 
 def test_a_refused_freeze_shows_the_services_objection(writable_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -304,7 +310,7 @@ def test_a_refused_freeze_shows_the_services_objection(writable_url: str, monkey
     at.button(key="FormSubmitter:freeze-form-Freeze…").click().run()
     at.button(key="baselines-confirm").click().run()
     assert not at.exception, [e.value for e in at.exception]
-    (err,) = [e.value for e in at.error]
+    (err,) = [visible(e.value) for e in at.error]
     assert err.startswith("Not done. baseline not frozen: the window holds 1 unresolved page alert(s): "
                           "presence_drop on customer.tier")
     assert len(api(writable_url).get("/v1/baselines").json()) == 3
@@ -334,7 +340,7 @@ def test_baselines_page_lists_compares_and_renders_the_review(sample_url: str,
 def test_ingestion_page_shows_counts_and_the_analyzers_runs(sample_url: str,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     at = open_page(sample_url, "views/ingestion.py", monkeypatch=monkeypatch)
-    metrics = {m.label: m.value for m in at.metric}
+    metrics = {m.label: visible(m.value) for m in at.metric}
     assert (metrics["Accepted"], metrics["Duplicates"], metrics["Rejected"]) == ("4,730", "0", "0")
     assert metrics["Result"] == "ok"
     assert metrics["Cohorts / checks / breaches"].startswith("5 / ")  # the cohorts with traffic in the 24-hour window
@@ -353,7 +359,7 @@ def test_every_page_says_clearly_when_the_service_is_down(page: str, monkeypatch
     at = open_page(url, page, query={"cohort": "1", "field": "x"} if page == "views/field.py" else None,
                    monkeypatch=monkeypatch)
     assert not at.exception
-    (err,) = [e.value for e in at.error]
+    (err,) = [visible(e.value) for e in at.error]
     assert err.startswith(f"**The service is not reachable.** Cannot reach the shapewatch service at {url}")
     assert "SHAPEWATCH_URL" in err
 
@@ -368,7 +374,7 @@ def guarded_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def test_a_wrong_token_shows_the_auth_message(guarded_url: str, page: str, monkeypatch: pytest.MonkeyPatch) -> None:
     at = open_page(guarded_url, page, token="wrong", monkeypatch=monkeypatch)
     assert not at.exception
-    (err,) = [e.value for e in at.error]
+    (err,) = [visible(e.value) for e in at.error]
     assert err.startswith(f"**Not authorised.** The service at {guarded_url} refused the dashboard's token (401")
     assert "SHAPEWATCH_TOKEN" in err
 

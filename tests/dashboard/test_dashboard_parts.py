@@ -222,5 +222,5 @@ def test_a_contract_version_going_out_is_marked_on_every_time_chart() -> None:
     assert "layer" not in plain
     assert contract_line({"window": {"3": 10, "4": 5}, "baseline": {"3": 100},
                           "changes": [{"version": "4", "first_seen": None}]}) == (
-        "contract 3 (10 outputs), 4 (5 outputs); baseline on 3; **4 went out -**  \n")
+        "contract 3 (10 outputs), 4 (5 outputs); baseline on 3; **4 went out \\-**  \n")  # values escaped
     assert contract_line({}) == ""
