@@ -997,13 +997,14 @@ class Client:
             payload = orjson.loads(response.content)
             results = payload.get("results")
             rejections: list[tuple[str, str]] = []
+            # The totals count every event; ``results`` lists the rejected ones only up to a cap.
+            counts = {
+                key: int(payload[key])
+                for key in ("accepted", "duplicate", "rejected")
+            }
             if isinstance(results, list):
-                counts = {"accepted": 0, "duplicate": 0, "rejected": 0}
                 for result in results:
-                    status = result.get("status")
-                    if status in counts:
-                        counts[status] += 1
-                    if status == "rejected":
+                    if result.get("status") == "rejected":
                         event_id = result.get("event_id")
                         index = result.get("index")
                         if event_id is None and isinstance(index, int):
@@ -1016,11 +1017,6 @@ class Client:
                             for e in result.get("errors") or []
                         )
                         rejections.append((str(event_id), errors))
-            else:
-                counts = {
-                    key: int(payload[key])
-                    for key in ("accepted", "duplicate", "rejected")
-                }
             return _Reply(
                 "done",
                 accepted=counts["accepted"],

@@ -259,7 +259,8 @@ def test_array_answers_per_event_and_a_resend_stores_nothing(http: httpx.Client)
         {"index": 0, "event_id": a["event_id"], "status": "accepted"},
         {"index": 1, "event_id": b["event_id"], "status": "accepted"},
         {"index": 2, "event_id": c["event_id"], "status": "rejected",
-         "errors": [{"path": "model", "reason": "is required"}]}]}
+         "errors": [{"path": "model", "reason": "is required"}]}],
+        "rejected_by_reason": {"missing": 1}, "rejections_omitted": 0}
     assert r.json() == expected
     assert events_stored(http) == before + 2
 
@@ -277,7 +278,8 @@ def test_array_answers_per_event_and_a_resend_stores_nothing(http: httpx.Client)
     assert r.json() == {"accepted": 0, "duplicate": 0, "rejected": 1, "results": [
         {"index": 0, "event_id": a["event_id"], "status": "rejected",
          "errors": [{"path": "event_id", "reason": "already stored with a different payload; "
-                     "an event_id names one event and must not be reused"}]}]}
+                     "an event_id names one event and must not be reused"}]}],
+        "rejected_by_reason": {"conflict": 1}, "rejections_omitted": 0}
     assert events_stored(http) == before + 2
 
 
@@ -493,7 +495,8 @@ def test_provider_tool_calls_are_stored_with_the_tool_name_as_contract(service: 
         ids = [f"{rid}:call_9VfJ2kQwZr4XmT1bN8yLh3Ds", f"{rid}:call_2hQmC7pRt5YwE0sKa9ZvUx6G"]
         assert reply == {"accepted": 2, "duplicate": 0, "rejected": 0, "outcomes": [], "results": [
             {"index": 0, "event_id": ids[0], "status": "accepted"},
-            {"index": 1, "event_id": ids[1], "status": "accepted"}]}
+            {"index": 1, "event_id": ids[1], "status": "accepted"}], "rejected_by_reason": {},
+            "rejections_omitted": 0}
         # the same response posted again derives the same ids
         again = _provider_post(c, "openai", "openai_chat_tool_calls.json", prompt_version="p1").json()
         assert [x["status"] for x in again["results"]] == ["duplicate", "duplicate"]
