@@ -71,7 +71,8 @@ def search(pattern: str, text: str) -> bool:
 
 def _refuse_retrieval(uri: str) -> Resource[Any]:
     # Every reference that is not inside the document ends here: nothing is fetched.
-    raise NoSuchResource(ref=uri)
+    # (an attrs class: mypy does not see its fields as arguments)
+    raise NoSuchResource(ref=uri)  # type: ignore[call-arg]
 
 
 def _registry(schema: Any) -> Registry[Any]:
@@ -204,12 +205,12 @@ def _format_checker() -> FormatChecker:
     checker = FormatChecker()
     checker.checkers = dict(Draft202012Validator.FORMAT_CHECKER.checkers)
 
-    @checker.checks("regex", raises=re2.error)
     def is_regex(instance: object) -> bool:
         if isinstance(instance, str):
             compile_pattern(instance)
         return True
 
+    checker.checks("regex", raises=re2.error)(is_regex)
     return checker
 
 
