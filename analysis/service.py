@@ -26,12 +26,15 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from collector import (
+    BodyLimits,
+    BodyPolicy,
     CollectorApi,
     CollectorMetrics,
     Settings,
     Store,
     UncheckedOutputs,
     Writer,
+    guarded_protocol,
     install_error_handlers,
     limits_from_settings,
     require_token,
@@ -144,6 +147,7 @@ def create_app(settings: Settings, *, store: Store | None = None, config: Analyz
 
     app = FastAPI(title="shapewatch", version="0.1.0", lifespan=lifespan,
                   description="Schema-drift monitor for language-model structured outputs.")
+    app.add_middleware(BodyPolicy, limits=BodyLimits.from_settings(settings))  # every route's body
     install_error_handlers(app)
     install_analysis_error_handlers(app)
     app.include_router(api.router(settings.tokens))
@@ -228,8 +232,12 @@ def run(settings: Settings, config: AnalyzerConfig | None = None) -> None:
     rather than answer 503 forever; a restart recovers the file.
     """
     app = create_app(settings, config=config)
-    server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
-                                           access_log=False))
+    server = uvicorn.Server(uvicorn.Config(
+        app, host=settings.host, port=settings.port, log_level="warning", access_log=False,
+        # The connection's own limits (http_policy.py): a request head within the header
+        # timeout and at most 16 KiB, idle keep-alive closed, at most max_connections held.
+        http=guarded_protocol(settings.header_timeout_seconds, settings.max_connections),
+        timeout_keep_alive=settings.keep_alive_seconds, h11_max_incomplete_event_size=16 * 1024))
     store: Store = app.state.store
     store.on_invalidated = lambda _: setattr(server, "should_exit", True)  # a graceful stop, as on SIGTERM
     logging.getLogger("asyncio").addFilter(RepeatedLogLimit("socket.accept() out of system resource"))

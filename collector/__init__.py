@@ -26,6 +26,8 @@ _WHERE = {
     "JsonType": "flatten", "Observation": "flatten", "flatten_output": "flatten",
     "ImportSummary": "ingest", "import_files": "ingest", "quarantine_path": "ingest",
     "CollectorMetrics": "metrics", "UncheckedOutputs": "metrics",
+    "BodyLimits": "http_policy", "BodyPolicy": "http_policy", "BodyRefused": "http_policy",
+    "guarded_protocol": "http_policy",
     "FieldProfile": "profile", "Profile": "profile", "read_profile": "profile", "read_profiles": "profile",
     "served_aliases": "profile", "contract_changes": "profile",
     "RollupConfig": "rollup", "compact_rollups": "rollup",
@@ -60,6 +62,10 @@ __all__ = [
     "CollectorApi",
     "CollectorMetrics",
     "UncheckedOutputs",
+    "BodyLimits",
+    "BodyPolicy",
+    "BodyRefused",
+    "guarded_protocol",
     "compact_rollups",
     "Contract",
     "contract_changes",
@@ -223,6 +229,7 @@ if TYPE_CHECKING:
         StoreVersionTooNew,
     )
     from .flatten import JsonType, Observation, flatten_output
+    from .http_policy import BodyLimits, BodyPolicy, BodyRefused, guarded_protocol
     from .ingest import ImportSummary, import_files, quarantine_path
     from .metrics import CollectorMetrics, UncheckedOutputs
     from .profile import FieldProfile, Profile, contract_changes, read_profile, read_profiles, served_aliases

@@ -53,12 +53,6 @@ _JSON_TYPES = ("application/json",)
 _NDJSON_TYPES = ("application/x-ndjson", "application/jsonl", "application/x-jsonlines", "application/ndjson")
 # The longest event_id the provider route takes: 128 (the envelope's limit) less ":<position>".
 _PROVIDER_EVENT_ID = 120
-# Request bodies held at once, in max_body_bytes: beyond, 503 with Retry-After.
-_BODIES_PER_SERVICE = 8
-# A body's bytes must keep coming: 408 after this long without any, or when the whole body
-# has not arrived this long after the request began (a slow drip holds a connection too).
-_BODY_IDLE_S = 30.0
-_BODY_TOTAL_S = 300.0
 #: Rejected events a reply lists in full (index, event_id, errors); the rest are counted in
 #: ``rejected_by_reason`` only. A 12 MB array of 150,000 invalid envelopes was answered with
 #: 164 MB, and six at once took the service from 0.3 to 8.1 GB.
@@ -159,7 +153,8 @@ def install_error_handlers(app: FastAPI) -> None:
             # Starlette names only the methods of the first route matching the path; a path
             # served by several routes (GET and POST /v1/baselines) allows all of theirs.
             headers["Allow"] = ", ".join(sorted(_allowed_methods(request))) or headers.get("Allow", "")
-        return _json(exc.status_code, error_body(exc.status_code, str(exc.detail)), headers)
+        return _json(exc.status_code, error_body(exc.status_code, str(exc.detail), getattr(exc, "fields", None)),
+                     headers)
 
     async def validation_error(_: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)
@@ -305,61 +300,16 @@ class CollectorApi:
         # More events than the writer's whole queue can never be taken (BatchTooLarge, 413):
         # refuse them before validating each one, whatever they hold.
         self.max_request_events = max_request_events or writer._max_queued
-        # Bytes of request bodies held now, by requests reading or handling them (on the event
-        # loop only: no lock). Each body is bounded by max_body_bytes, their sum by this: 150
-        # clients each sending 16 MB took the service from 260 MB to 2.6 GB of RSS.
-        self.max_bodies_bytes = _BODIES_PER_SERVICE * max_body_bytes
-        self._bodies_bytes = 0
 
     @asynccontextmanager
     async def _body(self, request: Request) -> AsyncIterator[bytes]:
-        """The request's body, counted against max_bodies_bytes until the request is done."""
-        held = [0]
+        """The request's body, read already by ``http_policy.BodyPolicy`` (its size, timeouts and
+        the bodies held at once are that policy's, the same for every route)."""
         try:
-            yield await self._read_body(request, held)
-        finally:
-            self._bodies_bytes -= held[0]
-
-    def _hold(self, n: int, held: list[int]) -> None:
-        if self._bodies_bytes + n > self.max_bodies_bytes:
-            raise ApiError(503, f"the service is receiving {self._bodies_bytes} bytes of request bodies, "
-                           f"its limit ({self.max_bodies_bytes}); retry shortly",
-                           [FieldError("body", "too many bodies at once", "busy")], {"Retry-After": "1"})
-        self._bodies_bytes += n
-        held[0] += n
-
-    async def _read_body(self, request: Request, held: list[int]) -> bytes:
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
-            raise ApiError(413, f"body is {declared} bytes; the limit is {self.max_body_bytes}",
-                           [FieldError("body", "too large", "body_too_large")])
-        chunks: list[bytes] = []
-        size = 0
-        stream = request.stream().__aiter__()
-        deadline = time.monotonic() + _BODY_TOTAL_S
-        try:
-            while True:
-                # A client that stops sending (or drips a byte at a time) must not hold a
-                # connection and its bytes for ever: 408 after a pause, or past the deadline.
-                wait = min(_BODY_IDLE_S, deadline - time.monotonic())
-                try:
-                    chunk = await asyncio.wait_for(stream.__anext__(), max(wait, 0.001))
-                except StopAsyncIteration:
-                    break
-                except TimeoutError:
-                    raise ApiError(408, f"the body did not arrive in time (no data for {_BODY_IDLE_S:.0f} s, "
-                                   f"or not all of it within {_BODY_TOTAL_S:.0f} s)",
-                                   [FieldError("body", "too slow", "body_timeout")]) from None
-                size += len(chunk)
-                if size > self.max_body_bytes:  # no or false Content-Length: stop reading at the limit
-                    raise ApiError(413, f"body exceeds the limit of {self.max_body_bytes} bytes",
-                                   [FieldError("body", "too large", "body_too_large")])
-                self._hold(len(chunk), held)
-                chunks.append(chunk)
+            yield await request.body()
         except ClientDisconnect:  # nobody to answer, nothing stored: not an error of the service
             raise ApiError(400, "the client closed the connection before sending the whole body",
                            [FieldError("body", "incomplete", "incomplete_body")]) from None
-        return b"".join(chunks)
 
     def _content_kind(self, request: Request) -> bool:
         """True for NDJSON, False for JSON; 415 otherwise (also for a charset other than UTF-8:

@@ -127,7 +127,30 @@ class Settings:
         "256MB", "Write-ahead log size at which DuckDB checkpoints (writes the log into the file). A "
         "checkpoint costs more as the file grows: at DuckDB's own 16MB they took a third of the write time "
         "(bench/README.md). A larger log takes longer to replay after a crash.")
-    max_body_bytes: int = _s(16 * 1024 * 1024, "Largest HTTP request body accepted (413 above).", min=1024)
+    max_body_bytes: int = _s(
+        16 * 1024 * 1024, "Largest HTTP request body an ingest route (/v1/outputs, /v1/provider/*, /v1/traces) "
+        "accepts (413 above).", min=1024)
+    max_document_bytes: int = _s(
+        16 * 1024 * 1024, "Largest HTTP request body of the routes that take a document "
+        "(POST /v1/baselines/import, POST /v1/contracts); 413 above.", min=1024)
+    max_admin_body_bytes: int = _s(
+        64 * 1024, "Largest HTTP request body of every other route (silences, acks, freezes, ...); 413 above.",
+        min=1024)
+    body_idle_seconds: float = _s(
+        30.0, "A request body that sends no byte for this long is answered 408, on every route.",
+        min=0.01, max=3600.0)
+    body_total_seconds: float = _s(
+        300.0, "A request body not whole this long after the request began is answered 408.",
+        min=0.01, max=86_400.0)
+    header_timeout_seconds: float = _s(
+        10.0, "A connection that has not sent a whole request head this long after opening (or after its "
+        "first byte following a keep-alive pause) is closed.", min=0.01, max=3600.0)
+    keep_alive_seconds: int = _s(
+        5, "An idle keep-alive connection is closed after this many seconds.", min=1, max=3600)
+    max_connections: int = _s(
+        1000, "Most connections the service holds; a new one beyond closes the oldest connection still "
+        "waiting for its request head, or gets 503 with Retry-After when every connection is busy.",
+        min=2, max=1_000_000)
     max_event_bytes: int = _s(1024 * 1024, "Largest single envelope (one JSONL line) accepted.", min=256)
     max_depth: int = _s(32, "Deepest nesting of objects and arrays inside an output.", min=1, max=512)
     max_array_length: int = _s(10_000, "Longest array inside an output.", min=1)

@@ -804,8 +804,8 @@ def test_a_body_that_stops_arriving_gets_408(tmp_path: Path, monkeypatch: pytest
     from analysis.service import create_app
     from collector import load_settings
 
-    monkeypatch.setattr("collector.api._BODY_IDLE_S", 0.2)
-    app = create_app(load_settings({"db_path": str(tmp_path / "slow.duckdb")}, env={}), analyze=False)
+    app = create_app(load_settings({"db_path": str(tmp_path / "slow.duckdb"), "body_idle_seconds": 0.2}, env={}),
+                     analyze=False)
     try:
         sent = asyncio.run(_asgi_post(app, [{"type": "http.request", "body": b"[", "more_body": True}]))
     finally:
@@ -818,8 +818,9 @@ def test_bodies_held_at_once_are_bounded_and_given_back(tmp_path: Path, monkeypa
     from analysis.service import create_app
     from collector import load_settings
 
-    monkeypatch.setattr("collector.api._BODIES_PER_SERVICE", 1)
-    settings = load_settings({"db_path": str(tmp_path / "busy.duckdb"), "max_body_bytes": 2048}, env={})
+    monkeypatch.setattr("collector.http_policy._BODIES_HELD", 1)
+    settings = load_settings({"db_path": str(tmp_path / "busy.duckdb"), "max_body_bytes": 2048,
+                              "max_document_bytes": 2048, "max_admin_body_bytes": 2048}, env={})
     app = create_app(settings, analyze=False)
 
     async def scenario() -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
