@@ -17,8 +17,8 @@ Before that, the connection itself (``guarded_protocol``, uvicorn's h11 protocol
 additions): a connection must deliver a request's headers within ``header_timeout_seconds``
 of opening (or of its first byte after a keep-alive pause), and the service holds at most
 ``max_connections``: a new one beyond the cap closes the oldest connection still waiting for
-its headers, or, when every connection is busy with a request, is answered 503 with
-``Retry-After`` and closed. Uvicorn's own limits cover the rest: ``timeout_keep_alive`` for
+its headers among those of the client address holding the most connections, or, when every
+connection is busy with a request, is answered 503 with ``Retry-After`` and closed. Uvicorn's own limits cover the rest: ``timeout_keep_alive`` for
 idle keep-alive connections, ``h11_max_incomplete_event_size`` for the request head.
 
 >>> app = BodyPolicy(app, BodyLimits.from_settings(settings))                 # doctest: +SKIP
@@ -175,41 +175,90 @@ _BUSY_RESPONSE = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: applicatio
                   b"connection: close\r\ncontent-length: " + str(len(_BUSY)).encode() + b"\r\n\r\n" + _BUSY)
 
 
+class _Holders:
+    """Connections held, per client address, with the address holding the most found in O(1): the
+    one a new connection beyond the cap takes a connection from (a flood from one address pushes
+    out its own connections, not another client's)."""
+
+    def __init__(self) -> None:
+        self.count: dict[str, int] = {}
+        self.by_count: dict[int, dict[str, None]] = {}
+        self.most = 0
+        # per address, its connections waiting for a request head, oldest first
+        self.waiting: dict[str, OrderedDict[Any, None]] = {}
+
+    def add(self, who: str) -> None:
+        n = self.count.get(who, 0)
+        self._move(who, n, n + 1)
+
+    def remove(self, who: str) -> None:
+        n = self.count.get(who, 0)
+        if n:
+            self._move(who, n, n - 1)
+
+    def _move(self, who: str, old: int, new: int) -> None:
+        if old:
+            bucket = self.by_count[old]
+            bucket.pop(who, None)
+            if not bucket:
+                del self.by_count[old]
+        if new:
+            self.count[who] = new
+            self.by_count.setdefault(new, {})[who] = None
+        else:
+            self.count.pop(who, None)
+            self.waiting.pop(who, None)
+        if new > self.most:
+            self.most = new
+        while self.most and self.most not in self.by_count:
+            self.most -= 1
+
+    def victim(self, exclude: Any) -> Any:
+        """The oldest waiting connection of the address holding the most connections (else of the
+        next ones), other than ``exclude``; None when every connection is busy with a request."""
+        for n in range(self.most, 0, -1):
+            for who in self.by_count.get(n, ()):
+                for conn in self.waiting.get(who, ()):
+                    if conn is not exclude:
+                        return conn
+        return None
+
+
 def guarded_protocol(header_timeout: float, max_connections: int) -> type[H11Protocol]:
     """Uvicorn's h11 protocol with a header timeout and a connection cap (module docstring).
 
-    Each call makes a class with its own bookkeeping (one per server)."""
-    # Connections waiting for a request's headers, oldest first: the ones a new connection
-    # may push out when the service holds max_connections.
-    waiting: OrderedDict[GuardedH11Protocol, None] = OrderedDict()
+    Beyond the cap, the connection pushed out is the oldest one still waiting for its request head
+    among those of the client address that holds the most connections. Each call makes a class
+    with its own bookkeeping (one per server)."""
+    holders = _Holders()
 
     class GuardedH11Protocol(H11Protocol):
         _header_timer: asyncio.TimerHandle | None = None
+        _who: str | None = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
-            if len(self.connections) > max_connections and not self._make_room():
-                transport.write(_BUSY_RESPONSE)
-                transport.close()
-                return
+            self._who = self.client[0] if self.client else ""
+            holders.add(self._who)
+            if len(self.connections) > max_connections:
+                victim = holders.victim(self)
+                if victim is None:
+                    transport.write(_BUSY_RESPONSE)
+                    transport.close()
+                    return
+                victim._expire()
             self._await_headers()
 
-        def _make_room(self) -> bool:
-            # The oldest connection that has not sent a whole request head goes: a client that
-            # is sending a request, or waiting for its answer, keeps its connection.
-            for old in waiting:
-                if old is not self:
-                    old._expire()
-                    return True
-            return False
-
         def _await_headers(self) -> None:
-            waiting[self] = None
+            assert self._who is not None
+            holders.waiting.setdefault(self._who, OrderedDict())[self] = None
             if self._header_timer is None:
                 self._header_timer = self.loop.call_later(header_timeout, self._expire)
 
         def _headers_done(self) -> None:
-            waiting.pop(self, None)
+            waiting = holders.waiting.get(self._who or "")
+            if waiting is not None:
+                waiting.pop(self, None)
             if self._header_timer is not None:
                 self._header_timer.cancel()
                 self._header_timer = None
@@ -230,11 +279,15 @@ def guarded_protocol(header_timeout: float, max_connections: int) -> type[H11Pro
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
-            if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
-                waiting[self] = None  # idle keep-alive: uvicorn's own timer closes it; evictable meanwhile
+            if not self.transport.is_closing() and self.conn.their_state is h11.IDLE and self._who is not None:
+                # idle keep-alive: uvicorn's own timer closes it; it may be pushed out meanwhile
+                holders.waiting.setdefault(self._who, OrderedDict())[self] = None
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._headers_done()
+            if self._who is not None:
+                holders.remove(self._who)
+                self._who = None
             super().connection_lost(exc)
 
     return GuardedH11Protocol

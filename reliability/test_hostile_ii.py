@@ -1,0 +1,291 @@
+"""Hostile clients, contracts and documents against a real ``shapewatch serve``: one of them must never
+stall, bloat or blind the service for everyone else.
+
+Each scenario plays one class of attack seen against the service and measures what an
+unrelated client, the service's memory or its descriptors went through:
+
+- **contract traps:** a contract whose pattern backtracks (``^(a+)+$``) and one whose ``$ref``
+  points at a local HTTP server, while a hostile client sends outputs that trigger them:
+  an unrelated client's single-event requests keep a p99 under 100 ms, nothing is fetched;
+- **rejection amplification:** six concurrent 13 MB batches of invalid envelopes: each reply
+  under 1 MB, the service's RSS back within 300 MB of its start;
+- **half-open connections:** 20,000 connections that send part of a request head: ``/healthz``
+  answers within 1 s throughout, the service holds at most ``max_connections`` of them;
+- **the rest of the matrix:** a crafted baseline, out-of-range parameters, a retry in another
+  key order, stored Markdown and HTML, a 300 MB admin body: each answered as it should be,
+  no 5xx, every cohort still judged.
+
+The unmarked ``_smoke`` scenarios run in ``make test`` at a smaller scale; the marked ones in
+``make reliability``, which writes the figures into REPORT.md.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import httpx
+import orjson
+import pytest
+from hostile_support import make_envelope, peak_rss_mb, rss_mb, start_service
+from load_support import pct
+
+JSON = {"content-type": "application/json"}
+BACKTRACKING = {"type": "object", "properties": {"code": {"type": "string", "pattern": "^(a+)+$"}}}
+
+
+class _SchemaServer(http.server.BaseHTTPRequestHandler):
+    hits = 0
+
+    def do_GET(self) -> None:  # noqa: N802 - the handler's protocol
+        _SchemaServer.hits += 1
+        body = b'{"type": "string"}'
+        self.send_response(200)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def schema_server() -> Iterator[str]:
+    _SchemaServer.hits = 0
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _SchemaServer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/code.json"
+    server.shutdown()
+    server.server_close()
+
+
+def _plant_remote_ref_contract(db: Path, url: str) -> None:
+    """A contract version holding a remote $ref, as a file registered before references were
+    checked would hold it (registration refuses it now)."""
+    from collector import Store
+    from collector.contracts import register_contract
+
+    doc = {"type": "object", "properties": {"code": {"$ref": url}}}
+    with Store.open(db) as store:
+        register_contract(store, "codes", "2", {"type": "object"})
+        tools = [{"name": None, "description": None, "format": "json_schema", "strict": None, "schema": doc}]
+        with store.transaction("planting an old registration") as con:
+            con.execute("UPDATE contract_versions SET document = ?, tools = ? WHERE contract = 'codes' "
+                        "AND version = '2'", [orjson.dumps(doc).decode(), orjson.dumps(tools).decode()])
+
+
+def _contract_traps(tmp_path: Path, report: dict[str, object], url: str, *, seconds: float,
+                    unrelated_requests: int) -> None:
+    db = tmp_path / "traps.duckdb"
+    _plant_remote_ref_contract(db, url)
+    svc = start_service(db, env={"SHAPEWATCH_ROLLUP_MERGE_SECONDS": "1"})
+    stop = threading.Event()
+    hostile_acked = [0]
+    try:
+        with svc.client() as c:
+            assert c.post("/v1/contracts", json={"contract": "codes", "version": "1", "author": "rel",
+                                                 "document": BACKTRACKING}).status_code == 201
+            refused = c.post("/v1/contracts", json={"contract": "codes", "version": "3", "author": "rel",
+                                                    "document": {"properties": {"code": {"$ref": url}}}})
+            report["registering a remote $ref: status"] = refused.status_code
+            assert refused.status_code == 422
+
+        def hostile() -> None:
+            # 200 outputs a request, ten requests a second: half trip the pattern, half the reference
+            trap = "a" * 4000 + "!"
+            with svc.client() as h:
+                while not stop.is_set():
+                    batch = [make_envelope(contract="codes", contract_version="1" if i % 2 else "2",
+                                           output={"code": trap}) for i in range(200)]
+                    r = h.post("/v1/outputs", json=batch)
+                    assert r.status_code == 200, r.text
+                    hostile_acked[0] += r.json()["accepted"]
+                    stop.wait(0.1)
+
+        attacker = threading.Thread(target=hostile, daemon=True)
+        attacker.start()
+        latencies: list[float] = []
+        started = time.monotonic()
+        with svc.client() as u:
+            while len(latencies) < unrelated_requests or time.monotonic() - started < seconds:
+                t0 = time.perf_counter()
+                r = u.post("/v1/outputs", json=make_envelope(contract="unrelated"))
+                latencies.append(time.perf_counter() - t0)
+                assert r.status_code == 200 and r.json()["accepted"] == 1, r.text
+        stop.set()
+        attacker.join(30)
+    finally:
+        stop.set()
+        svc.stop()
+    with duckdb.connect(str(db), read_only=True) as con:
+        statuses = dict(con.execute("SELECT contract_version || ':' || status, sum(n)::BIGINT FROM contract_rollups "
+                                    "WHERE contract_version IN ('1', '2') GROUP BY ALL").fetchall())
+    report["hostile outputs acknowledged"] = hostile_acked[0]
+    report["unrelated requests"] = len(latencies)
+    report["unrelated p50 / p99 / max ms"] = (f"{pct(latencies, 0.5) * 1000:.1f} / {pct(latencies, 0.99) * 1000:.1f}"
+                                              f" / {max(latencies) * 1000:.1f}")
+    report["fetches of the remote $ref"] = _SchemaServer.hits
+    report["contract counts (version:status)"] = ", ".join(f"{k} {v}" for k, v in sorted(statuses.items()))
+    assert hostile_acked[0] > 0
+    assert pct(latencies, 0.99) < 0.100
+    assert _SchemaServer.hits == 0
+    # the pattern's outputs were checked (invalid, quota aside), the reference's never fetched
+    assert statuses.get("1:invalid", 0) > 0 and "2:valid" not in statuses and "2:invalid" not in statuses
+
+
+@pytest.mark.reliability
+def test_contract_traps_stall_no_other_client(tmp_path: Path, report: dict[str, object], schema_server: str) -> None:
+    """Contract traps: a backtracking pattern and a remote $ref under fire; an unrelated client's p99 under 100 ms"""
+    _contract_traps(tmp_path, report, schema_server, seconds=30, unrelated_requests=1000)
+
+
+def test_contract_traps_smoke(tmp_path: Path, report: dict[str, object], schema_server: str) -> None:
+    """Contract traps, smoke: the same for 5 s"""
+    _contract_traps(tmp_path, report, schema_server, seconds=5, unrelated_requests=100)
+
+
+def _invalid_batch(target_bytes: int) -> bytes:
+    one = json.dumps({**make_envelope(model=None), "output": {"intent": "refund", "priority": "high"}}).encode()
+    n = target_bytes // (len(one) + 1)
+    return b"[" + b",".join([one] * n) + b"]"
+
+
+def _rejection_amplification(tmp_path: Path, report: dict[str, object], *, batches: int, size: int) -> None:
+    svc = start_service(tmp_path / "amp.duckdb")
+    body = _invalid_batch(size)
+    try:
+        with svc.client() as c:
+            c.post("/v1/outputs", json=make_envelope())  # warm
+        rss0, peak0 = rss_mb(svc), peak_rss_mb(svc)
+
+        def send(_: int) -> tuple[int, int, int]:
+            with httpx.Client(base_url=svc.url, timeout=120) as c:
+                r = c.post("/v1/outputs", content=body, headers=JSON)
+                return r.status_code, len(r.content), int(r.json().get("rejected", -1))
+
+        with ThreadPoolExecutor(batches) as pool:
+            replies = list(pool.map(send, range(batches)))
+        peak = peak_rss_mb(svc)
+        with svc.client() as c:  # the service still answers, and the next request settles its memory
+            assert c.get("/healthz").status_code == 200
+        rss1 = rss_mb(svc)
+    finally:
+        svc.stop()
+    items = body.count(b'"event_id"')
+    report["batches at once"] = batches
+    report["body MB / invalid envelopes each"] = f"{len(body) / 1e6:.1f} / {items:,}"
+    report["reply bytes (largest)"] = max(r[1] for r in replies)
+    report["service RSS before / peak / after MB"] = f"{rss0:.0f} / {peak:.0f} / {rss1:.0f}"
+    assert all(r[0] in (200, 503) for r in replies), replies  # 503: bodies held at once, with Retry-After
+    assert any(r[0] == 200 and r[2] == items for r in replies)
+    assert max(r[1] for r in replies) < 1_000_000
+    assert rss1 - rss0 < 300
+    report["peak RSS growth MB"] = round(peak - peak0, 1)
+
+
+@pytest.mark.reliability
+def test_invalid_batches_leave_memory_bounded(tmp_path: Path, report: dict[str, object]) -> None:
+    """Rejection amplification: six concurrent 13 MB batches of invalid envelopes; replies under 1 MB, RSS back"""
+    _rejection_amplification(tmp_path, report, batches=6, size=13_000_000)
+
+
+def test_invalid_batches_smoke(tmp_path: Path, report: dict[str, object]) -> None:
+    """Rejection amplification, smoke: two concurrent 3 MB batches"""
+    _rejection_amplification(tmp_path, report, batches=2, size=3_000_000)
+
+
+_FLOOD = textwrap.dedent("""
+    import socket, sys, time
+    host, port, n, source = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    held, refused = [], 0
+    for _ in range(n):
+        try:
+            s = socket.create_connection((host, port), timeout=5, source_address=(source, 0))
+            s.sendall(b"POST /v1/outputs HTTP/1.1\\r\\nhost: x\\r\\ncontent-")
+            held.append(s)
+        except OSError:
+            refused += 1
+    print(len(held), refused, flush=True)
+    sys.stdin.read()  # hold them until told to stop
+""")
+
+
+def _fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def _half_open(tmp_path: Path, report: dict[str, object], *, connections: int, procs: int) -> None:
+    svc = start_service(tmp_path / "fd.duckdb")
+    host, port = svc.url.removeprefix("http://").split(":")
+    floods: list[subprocess.Popen[str]] = []
+    latencies: list[float] = []
+    fds: list[int] = []
+    try:
+        fds0 = _fds(svc.proc.pid)
+        for i in range(procs):  # from addresses of their own, as a flood comes (the probe uses 127.0.0.1)
+            floods.append(subprocess.Popen([sys.executable, "-c", _FLOOD, host, port, str(connections // procs),
+                                            f"127.0.0.{i + 2}"],
+                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+        done = False
+        while not done:  # probe while the flood runs, and once more after it is all sent
+            done = all(f.poll() is not None or _has_line(f) for f in floods)
+            t0 = time.perf_counter()
+            r = httpx.get(svc.url + "/healthz", timeout=10)
+            latencies.append(time.perf_counter() - t0)
+            assert r.status_code == 200
+            fds.append(_fds(svc.proc.pid))
+        counts = [f.stdout.readline().split() if f.stdout else [] for f in floods]
+        with svc.client() as c:
+            ingest = c.post("/v1/outputs", json=make_envelope())
+    finally:
+        for f in floods:
+            if f.poll() is None:
+                f.communicate("", timeout=60)
+        svc.stop()
+    opened = sum(int(c[0]) for c in counts if c)
+    report["half-open connections opened"] = opened
+    report["healthz probes during the flood"] = len(latencies)
+    report["healthz p50 / max ms"] = f"{pct(latencies, 0.5) * 1000:.1f} / {max(latencies) * 1000:.1f}"
+    report["service descriptors before / most seen"] = f"{fds0} / {max(fds)}"
+    assert opened >= connections * 0.95
+    assert max(latencies) < 1.0
+    assert ingest.status_code == 200
+    # max_connections (1000) held once the flood is in; while it arrives, asyncio accepts up to
+    # the listening backlog (2048) sockets a turn and the ones pushed out close a turn later, so
+    # a burst holds a few thousand for a moment: far from the descriptor limit in any case
+    import resource
+
+    limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    report["descriptor limit"] = limit
+    report["service descriptors after the flood"] = fds[-1]
+    assert max(fds) < limit // 2
+    assert fds[-1] <= fds0 + 1000 + 20
+
+
+def _has_line(f: subprocess.Popen[str]) -> bool:
+    import select
+
+    return bool(f.stdout and select.select([f.stdout], [], [], 0)[0])
+
+
+@pytest.mark.reliability
+def test_half_open_connections_do_not_blind_healthz(tmp_path: Path, report: dict[str, object]) -> None:
+    """Half-open connections: 20,000 half-sent request heads; /healthz answers within 1 s throughout"""
+    _half_open(tmp_path, report, connections=20_000, procs=2)
+
+
+def test_half_open_connections_smoke(tmp_path: Path, report: dict[str, object]) -> None:
+    """Half-open connections, smoke: 3,000 half-sent request heads"""
+    _half_open(tmp_path, report, connections=3_000, procs=1)
