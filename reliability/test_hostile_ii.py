@@ -24,6 +24,7 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -289,3 +290,137 @@ def test_half_open_connections_do_not_blind_healthz(tmp_path: Path, report: dict
 def test_half_open_connections_smoke(tmp_path: Path, report: dict[str, object]) -> None:
     """Half-open connections, smoke: 3,000 half-sent request heads"""
     _half_open(tmp_path, report, connections=3_000, procs=1)
+
+
+def _raw(url: str, head: bytes, timeout: float = 10) -> tuple[int, bytes]:
+    """Send ``head`` (and whatever body it starts) on a socket of its own; the status and body answered."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=timeout) as s:
+        s.sendall(head)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        head_part, _, body = data.partition(b"\r\n\r\n")
+        status = int(head_part.split()[1]) if head_part else 0
+        length = next((int(line.split(b":")[1]) for line in head_part.split(b"\r\n")
+                       if line.lower().startswith(b"content-length:")), 0)
+        while len(body) < length:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            body += chunk
+        return status, body
+
+
+def _rehashed(doc: dict[str, Any]) -> dict[str, Any]:
+    """A baseline document with its hash and id recomputed over its content, as anyone can."""
+    import hashlib
+
+    content = {k: v for k, v in doc.items() if k not in ("baseline_id", "hash", "created_at")}
+    digest = hashlib.sha256(orjson.dumps(content, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    return {**doc, "hash": digest, "baseline_id": digest[:16]}
+
+
+def _spoil(doc: Any) -> bool:
+    """Make the first field count found a string ("present": "lots"); True when one was found."""
+    if isinstance(doc, dict):
+        if "present" in doc and isinstance(doc["present"], int):
+            doc["present"] = "lots"
+            return True
+        return any(_spoil(v) for v in doc.values())
+    if isinstance(doc, list):
+        return any(_spoil(v) for v in doc)
+    return False
+
+
+def test_hostile_matrix(tmp_path: Path, report: dict[str, object]) -> None:
+    """Hostile matrix II: a crafted baseline, out-of-range and costly parameters, a re-serialized retry, stored
+    Markdown, huge and stalled admin bodies; each answered as it should, no 5xx, every cohort judged"""
+    from datetime import UTC, datetime, timedelta
+
+    svc = start_service(tmp_path / "matrix.duckdb", env={"SHAPEWATCH_BODY_IDLE_SECONDS": "1"})
+    got: dict[str, int] = {}
+    want: dict[str, int] = {}
+    slowest = 0.0
+    try:
+        with svc.client() as c:
+            now = datetime.now(UTC).replace(microsecond=0)
+            since, until = now - timedelta(hours=3), now - timedelta(hours=1)
+            for cohort in ("a", "b"):
+                envs = [make_envelope(model=f"m-{cohort}", contract="intake", ts=(since + timedelta(seconds=20 * i))
+                                      .isoformat(), output={"priority": ("low", "high")[i % 2], "note": "x"})
+                        for i in range(300)]
+                assert c.post("/v1/outputs", json=envs).json()["accepted"] == 300
+                r = c.post("/v1/baselines", json={"model": f"m-{cohort}", "prompt_version": "intake-v3",
+                                                  "contract": "intake", "since": since.isoformat(),
+                                                  "until": until.isoformat(), "note": "reference", "author": "rel"})
+                assert r.status_code == 201, r.text
+                baseline_id = r.json()["baseline_id"]
+            doc = c.get(f"/v1/baselines/{baseline_id}").json()
+            doc = doc.get("document", doc)
+            assert _spoil(doc)
+
+            def check(name: str, status: int, call: Any) -> httpx.Response:
+                nonlocal slowest
+                t0 = time.perf_counter()
+                r = call()
+                slowest = max(slowest, time.perf_counter() - t0)
+                got[name], want[name] = r.status_code, status
+                return r
+
+            crafted = check("baseline with \"present\": \"lots\", hash recomputed", 422,
+                            lambda: c.post("/v1/baselines/import", json=_rehashed(doc)))
+            report["crafted baseline refused, naming"] = crafted.json()["error"]["fields"][0]["path"]
+            for since_text in ("nand", "infd", "1e308d", "99999999999d", "10000d", "100000d"):
+                check(f"review since={since_text}", 422, lambda s=since_text: c.get("/v1/review", params={"since": s}))
+            check("silence duration nanh", 422, lambda: c.post("/v1/silences", json={
+                "duration": "nanh", "author": "rel", "reason": "x", "contract": "intake"}))
+            check("cohorts until before since", 422, lambda: c.get("/v1/cohorts", params={
+                "since": now.isoformat(), "until": since.isoformat()}))
+            for year in ("0001", "9999"):
+                check(f"ts in year {year}", 422, lambda y=year: c.post("/v1/outputs", json=make_envelope(
+                    ts=f"{y}-06-01T00:00:00Z")))
+            first = make_envelope(output={"a": 1, "b": {"c": [1, {"d": 2, "e": 3}]}})
+            check("first send", 200, lambda: c.post("/v1/outputs", json=first))
+            retry = {**first, "output": {"b": {"c": [1, {"e": 3, "d": 2}]}, "a": 1}}
+            r = check("retry, keys in another order", 200, lambda: c.post("/v1/outputs", json=retry))
+            report["retry in another key order answered"] = r.json()["results"][0]["status"]
+            assert r.json()["duplicate"] == 1
+            reused = {**first, "output": {"a": 2, "b": {"c": [1, {"d": 2, "e": 3}]}}}
+            check("same id, another value", 422, lambda: c.post("/v1/outputs", json=reused))
+            marked = [make_envelope(model="m-a", contract="intake", output={
+                "priority": v, "note": v}) for v in ("![x](http://127.0.0.1:9/x.png)", "<script>alert(1)</script>",
+                                                     "[link](http://127.0.0.1:9/)", "a|b\nc")]
+            assert c.post("/v1/outputs", json=marked).json()["accepted"] == 4
+            review = check("review as Markdown", 200, lambda: c.get("/v1/review", params={"format": "markdown"}))
+            # an escaped character (a backslash before it) is text in Markdown, not markup
+            unescaped = [m.group(0) for m in re.finditer(r"(?<!\\)(<script|!\[|\]\(http)", review.text)]
+            report["unescaped <script, ![ or ](http in the Markdown review"] = len(unescaped)
+            assert unescaped == [] and "alert\\(1\\)" in review.text
+            run = check("analyzer run", 200, lambda: c.post("/v1/analyzer/run"))
+            report["analyzer run: ok, cohorts judged"] = f"{run.json().get('ok')}, {run.json().get('cohorts')}"
+            assert run.json().get("ok") is True
+            rss0 = rss_mb(svc)
+        for path in ("/v1/baselines/import", "/v1/silences"):
+            t0 = time.perf_counter()
+            status, _ = _raw(svc.url, f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                                      f"content-length: 300000000\r\n\r\n{{".encode())
+            slowest = max(slowest, time.perf_counter() - t0)
+            got[f"300 MB body to {path}"], want[f"300 MB body to {path}"] = status, 413
+            status, _ = _raw(svc.url, f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                                      f"content-length: 100\r\n\r\n{{\"dur".encode())
+            got[f"stalled body to {path}"], want[f"stalled body to {path}"] = status, 408
+        report["service RSS growth after the 300 MB bodies MB"] = round(rss_mb(svc) - rss0, 1)
+    finally:
+        svc.stop()
+    report["requests tried"] = len(got)
+    for name, status in got.items():
+        report[name] = status
+    report["slowest answer (the stalled bodies aside) ms"] = round(slowest * 1000, 1)
+    assert got == want
+    assert slowest < 5.0
+    log = svc.log.read_text()
+    assert "Traceback" not in log, log[-3000:]
