@@ -216,9 +216,27 @@ static void civil_from_days(int64_t z, int *y, int *m, int *d) {
     *y = (int)(yoe + era * 400 + (*m <= 2));
 }
 
-/* The UTC datetime of an RFC 3339 timestamp, or NULL without an exception when the text
- * is in any other form (datetime.fromisoformat, the reference, then decides). */
-static PyObject *parse_ts(PyObject *v) {
+/* The accepted range of ts, [ts_min_us, ts_end_us) in microseconds since the epoch: set by
+ * set_ts_range from envelope.py, which defines it. Until then it is empty, so every ts is
+ * declined (the reference then decides): forgetting to set it costs speed, never a wrong answer. */
+static int64_t ts_min_us = 0, ts_end_us = 0;
+
+static PyObject *py_set_ts_range(PyObject *self, PyObject *args) {
+    long long lo, hi;
+    if (!PyArg_ParseTuple(args, "LL", &lo, &hi)) return NULL;
+    if (lo < 0) {  /* scan_core writes ts_us for the payload hash as an unsigned number */
+        PyErr_SetString(PyExc_ValueError, "the range of ts must start at or after the epoch");
+        return NULL;
+    }
+    ts_min_us = lo;
+    ts_end_us = hi;
+    Py_RETURN_NONE;
+}
+
+/* The UTC datetime of an RFC 3339 timestamp, and its microseconds since the epoch in *epoch_us
+ * (when not NULL), or NULL without an exception when the text is in any other form or names a
+ * time outside the accepted range (datetime.fromisoformat, the reference, then decides). */
+static PyObject *parse_ts(PyObject *v, int64_t *epoch_us) {
     static const int dim[] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
     if (!PyUnicode_CheckExact(v) || !PyUnicode_IS_ASCII(v)) return NULL;
     Py_ssize_t n = PyUnicode_GET_LENGTH(v);
@@ -251,6 +269,9 @@ static PyObject *parse_ts(PyObject *v) {
         return NULL;
     }
     int64_t secs = days_from_civil(y, mo, d) * 86400 + h * 3600 + mi * 60 + se - (int64_t)off * 60;
+    int64_t at_us = secs * 1000000 + us;
+    if (at_us < ts_min_us || at_us >= ts_end_us) return NULL;
+    if (epoch_us != NULL) *epoch_us = at_us;
     int64_t days = secs >= 0 ? secs / 86400 : -((-secs + 86399) / 86400);
     int64_t rest = secs - days * 86400;
     int uy, um, ud;
@@ -316,7 +337,7 @@ static PyObject *py_check_envelope(PyObject *self, PyObject *args) {
     if (walk_value(output, 1, &st) < 0) Py_RETURN_NONE;
     PyObject *ts = NULL;
     if (val[K_TS] != NULL) {
-        ts = parse_ts(val[K_TS]);
+        ts = parse_ts(val[K_TS], NULL);
         if (ts == NULL) {
             if (PyErr_Occurred()) return NULL;
             Py_RETURN_NONE;
@@ -1486,7 +1507,8 @@ fail:
  *
  * It reads the text itself instead of orjson's objects, checks the same rules as
  * check_envelope and walk, writes the output's canonical text (what orjson.dumps makes of
- * the parsed output) and hashes it with the tags, as envelope._finish does. It answers
+ * the parsed output) and hashes it, its keys put in order when they were not, with the tags,
+ * as envelope._finish does. It answers
  * only for text where all of that is plainly so, and None for anything else: unknown or
  * repeated fields, attributes, escapes other than \" \\ \b \f \n \r \t (none at all in the
  * tags), numbers whose canonical form it cannot tell without formatting a double (an
@@ -1593,6 +1615,14 @@ static void b2_final_hex(b2_ctx *ctx, size_t outlen, char *hex) {
 typedef struct {
     const unsigned char *p, *end;
     int ws;  /* white space was skipped inside the output: its canonical text must be compacted */
+    int unsorted;  /* an object's keys were not in order: w differs from the canonical text */
+    /* The output's text as written with the keys of every object in order (what orjson.dumps
+     * makes of it with OPT_SORT_KEYS: the payload hash covers that, so that a retry whose keys
+     * come in another order is the same payload), at w[0..wo), written as it is read: the
+     * members of an object whose keys are out of order are moved into order through tmp. Both
+     * have room for the output's text. */
+    char *w, *tmp;
+    Py_ssize_t wo;
     Py_ssize_t max_depth, max_array, max_key, max_leaves, leaves;
 } scan_t;
 
@@ -1613,6 +1643,36 @@ static inline int sc_ws(scan_t *s) {
     const unsigned char *p0 = s->p;
     while (s->p < s->end && (*s->p == ' ' || *s->p == '\t' || *s->p == '\n' || *s->p == '\r')) s->p++;
     return s->p != p0;
+}
+
+/* The character an escape the scanner allows (\" \\ \b \f \n \r \t) stands for. */
+static inline unsigned char sc_unescape(unsigned char e) {
+    switch (e) {
+    case 'b': return '\b';
+    case 'f': return '\f';
+    case 'n': return '\n';
+    case 'r': return '\r';
+    case 't': return '\t';
+    default: return e;
+    }
+}
+
+/* Two keys as sc_string spans them (quotes included; only the escapes it allows) compared by
+ * what they stand for, byte by byte: UTF-8 in byte order is code point order, the order of
+ * Python's sorted() and of orjson's OPT_SORT_KEYS. */
+static inline int sc_key_cmp(const unsigned char *a, Py_ssize_t an, const unsigned char *b, Py_ssize_t bn) {
+    unsigned char fa = a[1], fb = b[1];  /* keys mostly differ in their first byte: decided here */
+    if (fa != fb && fa != '\\' && fb != '\\' && fa != '"' && fb != '"') return fa < fb ? -1 : 1;
+    const unsigned char *ae = a + an - 1, *be = b + bn - 1;
+    a++;
+    b++;
+    while (a < ae && b < be) {
+        unsigned char ca = *a++, cb = *b++;
+        if (ca == '\\') ca = sc_unescape(*a++);
+        if (cb == '\\') cb = sc_unescape(*b++);
+        if (ca != cb) return ca < cb ? -1 : 1;
+    }
+    return (a < ae) - (b < be);
 }
 
 /* The string at s->p (its opening quote): [*start, *stop) spans it with its quotes, *chars
@@ -1721,19 +1781,47 @@ static int sc_number(scan_t *s) {
 
 static int sc_value(scan_t *s, Py_ssize_t depth);
 
+/* n bytes to w[wo..], wo moved on: most tokens are short, and a call to memcpy for each cost
+ * more than the copy (measured); fixed-size copies of the first and last bytes compile to moves. */
+static inline void sc_put(scan_t *s, const void *src, Py_ssize_t n) {
+    char *d = s->w + s->wo;
+    const char *c = src;
+    if (n >= 8 && n <= 16) {
+        uint64_t x, y;
+        memcpy(&x, c, 8);
+        memcpy(&y, c + n - 8, 8);
+        memcpy(d, &x, 8);
+        memcpy(d + n - 8, &y, 8);
+    } else if (n >= 4 && n < 8) {
+        uint32_t x, y;
+        memcpy(&x, c, 4);
+        memcpy(&y, c + n - 4, 4);
+        memcpy(d, &x, 4);
+        memcpy(d + n - 4, &y, 4);
+    } else if (n < 4) {
+        for (Py_ssize_t i = 0; i < n; i++) d[i] = c[i];
+    } else {
+        memcpy(d, c, (size_t)n);
+    }
+    s->wo += n;
+}
+
 /* The object or array at s->p, at `depth` (the output itself is 1), as walk() checks it. */
 static int sc_container(scan_t *s, Py_ssize_t depth) {
     if (depth > s->max_depth) return SC_NO;
     int r;
+    char *w = s->w;
     if (*s->p == '{') {
         /* keys of this object, to refuse a repeated one (raw spans: with only the escapes
-         * allowed, equal text is an equal key) */
+         * allowed, equal text is an equal key); at[i], len[i]: where member i is in s->w */
         const unsigned char *ks[64];
-        Py_ssize_t kl[64];
-        int nk = 0;
+        Py_ssize_t kl[64], at[64], len[64];
+        int nk = 0, in_order = 1;
         s->p++;
+        w[s->wo++] = '{';
         if (sc_ws(s)) s->ws = 1;
-        if (s->p < s->end && *s->p == '}') { s->p++; return 0; }
+        if (s->p < s->end && *s->p == '}') { s->p++; w[s->wo++] = '}'; return 0; }
+        Py_ssize_t region = s->wo;
         for (;;) {
             if (sc_ws(s)) s->ws = 1;
             if (s->p >= s->end || *s->p != '"') return SC_NO;
@@ -1743,52 +1831,90 @@ static int sc_container(scan_t *s, Py_ssize_t depth) {
             if (chars > s->max_key || nk == 64) return SC_NO;
             for (int i = 0; i < nk; i++)
                 if (kl[i] == b - a && memcmp(ks[i], a, (size_t)(b - a)) == 0) return SC_NO;
+            if (nk && in_order && sc_key_cmp(ks[nk - 1], kl[nk - 1], a, b - a) > 0) in_order = 0;
             ks[nk] = a;
-            kl[nk++] = b - a;
+            kl[nk] = b - a;
+            at[nk] = s->wo;
+            sc_put(s, a, b - a);
+            w[s->wo++] = ':';
             if (sc_ws(s)) s->ws = 1;
             if (s->p >= s->end || *s->p != ':') return SC_NO;
             s->p++;
             if ((r = sc_value(s, depth)) < 0) return r;
+            len[nk] = s->wo - at[nk];
+            nk++;
             if (sc_ws(s)) s->ws = 1;
-            if (s->p < s->end && *s->p == ',') { s->p++; continue; }
+            if (s->p < s->end && *s->p == ',') { s->p++; w[s->wo++] = ','; continue; }
             if (s->p < s->end && *s->p == '}') { s->p++; break; }
             return SC_NO;
         }
+        if (!in_order) {  /* the members written, moved into the order of their keys */
+            int idx[64];
+            for (int i = 0; i < nk; i++) {  /* insertion sort: a few keys */
+                int j = i;
+                while (j > 0 && sc_key_cmp(ks[idx[j - 1]], kl[idx[j - 1]], ks[i], kl[i]) > 0) {
+                    idx[j] = idx[j - 1];
+                    j--;
+                }
+                idx[j] = i;
+            }
+            memcpy(s->tmp, w + region, (size_t)(s->wo - region));
+            Py_ssize_t o = region;
+            for (int i = 0; i < nk; i++) {
+                if (i) w[o++] = ',';
+                memcpy(w + o, s->tmp + (at[idx[i]] - region), (size_t)len[idx[i]]);
+                o += len[idx[i]];
+            }
+            s->unsorted = 1;
+        }
+        w[s->wo++] = '}';
     } else {
         Py_ssize_t n = 0;
         s->p++;
+        w[s->wo++] = '[';
         if (sc_ws(s)) s->ws = 1;
-        if (s->p < s->end && *s->p == ']') { s->p++; return 0; }
+        if (s->p < s->end && *s->p == ']') { s->p++; w[s->wo++] = ']'; return 0; }
         for (;;) {
             if (++n > s->max_array) return SC_NO;
             if ((r = sc_value(s, depth)) < 0) return r;
             if (sc_ws(s)) s->ws = 1;
-            if (s->p < s->end && *s->p == ',') { s->p++; continue; }
+            if (s->p < s->end && *s->p == ',') { s->p++; w[s->wo++] = ','; continue; }
             if (s->p < s->end && *s->p == ']') { s->p++; break; }
             return SC_NO;
         }
+        w[s->wo++] = ']';
     }
     return s->leaves > s->max_leaves ? SC_NO : 0;
 }
 
-/* A member's value or an item, inside a container at `depth`. */
+/* A member's value or an item, inside a container at `depth`; a scalar is written as it is. */
 static int sc_value(scan_t *s, Py_ssize_t depth) {
     if (sc_ws(s)) s->ws = 1;
     if (s->p >= s->end) return SC_NO;
+    const unsigned char *start = s->p;
     unsigned char c = *s->p;
     if (c == '{' || c == '[') return sc_container(s, depth + 1);
     s->leaves++;
+    int r = SC_NO;
+    Py_ssize_t left = s->end - s->p;
     if (c == '"') {
         const unsigned char *a, *b;
         Py_ssize_t chars;
-        return sc_string(s, &a, &b, &chars, 1);
+        r = sc_string(s, &a, &b, &chars, 1);
+    } else if (c == '-' || (c >= '0' && c <= '9')) {
+        r = sc_number(s);
+    } else if (c == 't' && left >= 4 && memcmp(s->p, "true", 4) == 0) {
+        s->p += 4;
+        r = 0;
+    } else if (c == 'f' && left >= 5 && memcmp(s->p, "false", 5) == 0) {
+        s->p += 5;
+        r = 0;
+    } else if (c == 'n' && left >= 4 && memcmp(s->p, "null", 4) == 0) {
+        s->p += 4;
+        r = 0;
     }
-    if (c == '-' || (c >= '0' && c <= '9')) return sc_number(s);
-    Py_ssize_t left = s->end - s->p;
-    if (c == 't' && left >= 4 && memcmp(s->p, "true", 4) == 0) { s->p += 4; return 0; }
-    if (c == 'f' && left >= 5 && memcmp(s->p, "false", 5) == 0) { s->p += 5; return 0; }
-    if (c == 'n' && left >= 4 && memcmp(s->p, "null", 4) == 0) { s->p += 4; return 0; }
-    return SC_NO;
+    if (r == 0) sc_put(s, start, s->p - start);
+    return r;
 }
 
 /* The canonical text of a scanned output that had white space: the same without it (outside
@@ -1848,7 +1974,7 @@ static int scan_core(const unsigned char *buf, Py_ssize_t len, const scan_limits
                      PyObject **f) {
     scan_t s = {0};
     const unsigned char *out_start = NULL, *out_end = NULL;
-    char *compact = NULL;
+    char *compact = NULL, *sorted = NULL, wbuf[8192];
     s.max_depth = lim->max_depth;
     s.max_array = lim->max_array;
     s.max_key = lim->max_key;
@@ -1888,6 +2014,15 @@ static int scan_core(const unsigned char *buf, Py_ssize_t len, const scan_limits
         if (k == K_OUTPUT) {
             if (*s.p != '{') goto done;
             out_start = s.p;
+            Py_ssize_t room = s.end - s.p;  /* the output's text is no longer than what is left */
+            if (2 * room <= (Py_ssize_t)sizeof wbuf) {
+                s.w = wbuf;
+            } else if ((s.w = sorted = PyMem_Malloc(2 * (size_t)room)) == NULL) {
+                PyErr_NoMemory();
+                r = SC_ERR;
+                goto done;
+            }
+            s.tmp = s.w + room;
             if ((r = sc_container(&s, 1)) < 0) goto done;
             out_end = s.p;
         } else if (*s.p == '"') {
@@ -1913,19 +2048,24 @@ static int scan_core(const unsigned char *buf, Py_ssize_t len, const scan_limits
         if (val[k] == NULL) { r = SC_ERR; goto done; }
     }
     if (!plain_fields(val, lim->max_tag)) goto done;
-    if (val[K_TS] != NULL && (ts = parse_ts(val[K_TS])) == NULL) {
+    int64_t ts_us = 0;
+    if (val[K_TS] != NULL && (ts = parse_ts(val[K_TS], &ts_us)) == NULL) {
         if (PyErr_Occurred()) r = SC_ERR;
         goto done;
     }
     {
-        /* the payload hash: the output's text, then the tags as orjson.dumps writes the list
-         * [model, prompt_version, contract or "default", ts as given, source, attributes,
-         *  served_model, contract_version, run_id, agent_release, finish_reason] */
+        /* the payload hash: the output's text with its keys in order, then the tags as
+         * orjson.dumps writes the list [model, prompt_version, contract or "default", ts in
+         * microseconds since the epoch or null, source, attributes, served_model,
+         * contract_version, run_id, agent_release, finish_reason] (envelope._finish) */
         static const int order[] = {K_MODEL, K_PROMPT_VERSION, K_CONTRACT, K_TS, K_SOURCE, K_ATTRIBUTES,
                                     K_SERVED_MODEL, K_CONTRACT_VERSION, K_RUN_ID, K_AGENT_RELEASE, K_FINISH_REASON};
         const char *text_at = (const char *)out_start;
         Py_ssize_t text_len = out_end - out_start;
-        if (s.ws) {  /* written with white space: the canonical text is the same without it */
+        if (s.ws && !s.unsorted) {  /* written with white space: the canonical text is the same without it */
+            text_at = s.w;
+            text_len = s.wo;
+        } else if (s.ws) {  /* and its keys out of order too: w is not the text as sent */
             if ((compact = PyMem_Malloc((size_t)text_len)) == NULL) { PyErr_NoMemory(); r = SC_ERR; goto done; }
             text_len = sc_compact(out_start, text_len, compact);
             text_at = compact;
@@ -1933,11 +2073,17 @@ static int scan_core(const unsigned char *buf, Py_ssize_t len, const scan_limits
         b2_ctx h;
         char hex[32];
         b2_init(&h, 16);
-        b2_update(&h, text_at, (size_t)text_len);
+        b2_update(&h, s.w, (size_t)s.wo);  /* the keys in order; the text is stored as sent */
         for (size_t j = 0; j < sizeof order / sizeof order[0]; j++) {
             int k = order[j];
             b2_update(&h, j ? "," : "[", 1);
-            if (span[k][0] != NULL) {
+            if (k == K_TS && span[k][0] != NULL) {  /* ts_us is positive: in the accepted range */
+                char num[24];
+                int nn = 24;
+                uint64_t v = (uint64_t)ts_us;
+                do { num[--nn] = (char)('0' + v % 10); v /= 10; } while (v);
+                b2_update(&h, num + nn, (size_t)(24 - nn));
+            } else if (span[k][0] != NULL) {
                 b2_update(&h, "\"", 1);
                 b2_update(&h, span[k][0], (size_t)(span[k][1] - span[k][0]));
                 b2_update(&h, "\"", 1);
@@ -1977,6 +2123,7 @@ done:
     for (int k = 0; k < NKEYS; k++) Py_XDECREF(val[k]);
     Py_XDECREF(ts);
     PyMem_Free(compact);
+    PyMem_Free(sorted);
     if (done_ok) return 1;
     return r == SC_ERR ? -1 : 0;
 }
@@ -2244,6 +2391,8 @@ static PyMethodDef methods[] = {
     {"count_keys", py_count_keys, METH_O, "Count the object keys in JSON text (strings followed by a colon)."},
     {"item_spans", py_item_spans, METH_O, "The [start, end) offsets of each item of a JSON array, or None."},
     {"check_envelope", py_check_envelope, METH_VARARGS, "The fields of an envelope that is plainly valid, or None."},
+    {"set_ts_range", py_set_ts_range, METH_VARARGS,
+     "set_ts_range(min_us, end_us): the accepted ts, [min_us, end_us) in microseconds since the epoch."},
     {"scan_envelope", py_scan_envelope, METH_VARARGS,
      "The fields, canonical output text and payload hash of an envelope's JSON text when it is plainly valid, or None."},
     {"scan_lines", py_scan_lines, METH_VARARGS,

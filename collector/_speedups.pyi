@@ -19,6 +19,9 @@ def group_ids(groups: dict[Any, int], cohorts: Sequence[tuple[str, str, str]], s
               starts: Sequence[int], /) -> list[int]:
     """The id in ``groups`` (grown as keys first appear) of each output's rollup group:
     (model, prompt_version, contract, served model unless None or the model, bucket start)."""
+def set_ts_range(min_us: int, end_us: int, /) -> None:
+    """The ts the C paths accept: [min_us, end_us) in microseconds since the epoch (empty until
+    set, so every ts is declined and the reference path decides)."""
 def check_envelope(obj: Any, max_tag: int, max_depth: int, max_array: int, max_key: int, max_leaves: int, /) -> tuple[
     str | None, datetime | None, str, str, str | None, str | None, str | None, str | None, str | None, str | None,
     str | None, dict[str, Any], int, int] | None: ...
@@ -29,7 +32,8 @@ def scan_envelope(raw: bytes | memoryview, max_tag: int, max_depth: int, max_arr
     str | None, str, str] | None:
     """(event_id, ts, model, prompt_version, contract, served_model, contract_version, source, run_id,
     agent_release, finish_reason, canonical output text, payload hash) of an envelope's JSON text
-    that is plainly valid, or None: the reference path then decides."""
+    that is plainly valid, or None: the reference path then decides. The text is the output as
+    sent, compacted; the hash covers it with its keys in order (envelope._finish)."""
 
 def scan_lines(text: bytes | memoryview, pos: int, line_no: int, id_prefix: str, envelope_type: type, now: datetime,
                room: int, out: list[Any], origin: list[int], max_event_bytes: int, max_tag: int,

@@ -36,7 +36,7 @@ import re
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple, NoReturn
 
 import orjson
@@ -57,6 +57,9 @@ __all__ = [
     "limits_from_settings",
     "loads_marking",
     "envelope_json_schema",
+    "payload_hash",
+    "TS_MIN",
+    "TS_END",
 ]
 
 SOURCES = frozenset({"production", "probe", "shadow"})
@@ -64,6 +67,20 @@ _TAGS = ("served_model", "contract_version", "run_id", "agent_release", "finish_
 _KNOWN = frozenset(
     {"event_id", "ts", "model", "prompt_version", "contract", "output", "source", "attributes", *_TAGS})
 _MAX_SAFE_INT = 2**64  # orjson parses up to u64; beyond that it silently yields a float
+#: The times ``ts`` may name, from TS_MIN up to, not including, TS_END: a ts in year 1 or 9999
+#: was stored and then could not be read back.
+TS_MIN = datetime(1971, 1, 1, tzinfo=UTC)
+TS_END = datetime(2200, 1, 1, tzinfo=UTC)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def _epoch_us(t: datetime) -> int:
+    return (t - _EPOCH) // _MICROSECOND
+
+
+# The C paths accept the same range (one definition: this one); until told, they accept none.
+_speedups.set_ts_range(_epoch_us(TS_MIN), _epoch_us(TS_END))
 
 
 @dataclass(frozen=True)
@@ -121,7 +138,7 @@ def envelope_json_schema(lim: Limits) -> dict[str, Any]:
     """The envelope as a JSON Schema (the OpenAPI document publishes it).
 
     It states what a schema can: types, lengths, counts and the closed sets. The rest
-    (a time zone on ``ts``, nesting, leaves and 64-bit integers inside ``output``, an id
+    (a time zone on ``ts`` and its range, nesting, leaves and 64-bit integers inside ``output``, an id
     reused with another payload) is checked by ``validate_envelope`` and answered 422.
     """
     tag = {"type": "string", "minLength": 1, "maxLength": lim.max_tag_length,
@@ -133,7 +150,8 @@ def envelope_json_schema(lim: Limits) -> dict[str, Any]:
             "event_id": {"type": ["string", "null"], "minLength": 1, "maxLength": 128, "pattern": "\\S",
                          "description": "the idempotency key: created once per event, before any retry"},
             "ts": {"type": ["string", "null"], "format": "date-time",
-                   "description": "ISO 8601 with a zone; default: receipt"},
+                   "description": f"ISO 8601 with a zone, naming a time from {TS_MIN:%Y-%m-%dT%H:%M:%SZ} up to, "
+                                  f"not including, {TS_END:%Y-%m-%dT%H:%M:%SZ}; default: receipt"},
             "model": tag, "prompt_version": tag, "contract": {**optional, "default": "default"},
             **{t: optional for t in _TAGS},
             "source": {"enum": [*sorted(SOURCES), None]},
@@ -339,11 +357,14 @@ def _parse_ts(v: Any, errors: list[FieldError], now: datetime) -> datetime:
         errors.append(FieldError("ts", f"{v[:40]!r} has no time zone; add 'Z' or an offset like +00:00", code="invalid_timestamp"))
         return now
     try:
-        return ts.astimezone(UTC)
+        utc: datetime | None = ts.astimezone(UTC)
     except OverflowError:
-        errors.append(FieldError("ts", f"{v[:40]!r} is outside the range of representable times",
-                                 code="invalid_timestamp"))
+        utc = None
+    if utc is None or not TS_MIN <= utc < TS_END:
+        errors.append(FieldError("ts", f"{v[:40]!r} is outside the accepted range: from {TS_MIN:%Y-%m-%dT%H:%M:%SZ} "
+                                 f"up to, not including, {TS_END:%Y-%m-%dT%H:%M:%SZ}", code="invalid_timestamp"))
         return now
+    return utc
 
 
 def validate_envelope(
@@ -368,7 +389,7 @@ def validate_envelope(
         if event_id is None:
             event_id = (default_id() if callable(default_id) else default_id) or uuid.uuid4().hex
         return _finish(lim, event_id, generated, ts or now or datetime.now(UTC), model, prompt_version,
-                       contract or "default", obj.get("ts"), source, None, output,
+                       contract or "default", ts, source, None, output,
                        (served_model, contract_version, run_id, agent_release, finish_reason))
     return _validate_slowly(obj, lim, keys_seen=keys_seen, now=now, default_id=default_id)
 
@@ -461,32 +482,50 @@ def _validate_slowly(
         raise exc
     assert isinstance(event_id, str) and model and prompt_version
     assert isinstance(output, dict)
-    return _finish(lim, event_id, generated, ts, model, prompt_version, contract, obj.get("ts"), source,
-                   attributes_json, output, (tags["served_model"], tags["contract_version"], tags["run_id"],
-                                             tags["agent_release"], tags["finish_reason"]))
+    return _finish(lim, event_id, generated, ts, model, prompt_version, contract,
+                   None if obj.get("ts") is None else ts, source, attributes_json, output,
+                   (tags["served_model"], tags["contract_version"], tags["run_id"], tags["agent_release"],
+                    tags["finish_reason"]))
 
 
 def _finish(lim: Limits, event_id: str, generated: bool, ts: datetime, model: str, prompt_version: str, contract: str,
-            ts_given: Any, source: str | None, attributes_json: str | None, output: dict[str, Any],
+            ts_given: datetime | None, source: str | None, attributes_json: str | None, output: dict[str, Any],
             tags: tuple[str | None, str | None, str | None, str | None, str | None]) -> Envelope:
     """The envelope of validated fields: the output's text and the payload hash."""
     try:
         output_bytes = orjson.dumps(output)
-        tag_bytes = orjson.dumps([model, prompt_version, contract, ts_given, source, attributes_json, *tags])
+        sorted_bytes = orjson.dumps(output, option=orjson.OPT_SORT_KEYS)
     except orjson.JSONEncodeError as err:  # only from a Python-built dict: a lone surrogate
         _refuse(FieldError("output", f"holds text that is not valid Unicode ({err})", "invalid_value"),
                 None if generated else event_id)
     if len(output_bytes) > lim.max_event_bytes:  # an output built by a provider adapter has no line either
         _refuse(FieldError("output", f"is {len(output_bytes)} bytes; the limit for one envelope is "
                            f"{lim.max_event_bytes}", "too_large"), None if generated else event_id)
-    # The payload hash tells a retry (same payload) from a reused key (different payload).
-    # It covers what the client sent, formatting aside; a defaulted ts is not part of it.
-    h = hashlib.blake2b(output_bytes, digest_size=16)
-    h.update(tag_bytes)
     served_model, contract_version, run_id, agent_release, finish_reason = tags
-    return Envelope(event_id, generated, ts, model, prompt_version, contract, output_bytes.decode(), h.hexdigest(),
+    return Envelope(event_id, generated, ts, model, prompt_version, contract, output_bytes.decode(),
+                    payload_hash(sorted_bytes, model, prompt_version, contract,
+                                 None if ts_given is None else _epoch_us(ts_given), source, attributes_json, tags),
                     served_model, contract_version, source, run_id, agent_release, finish_reason, attributes_json,
                     output)
+
+
+def payload_hash(sorted_output: bytes, model: str, prompt_version: str, contract: str, ts_us: int | None,
+                 source: str | None, attributes_json: str | None,
+                 tags: tuple[str | None, str | None, str | None, str | None, str | None]) -> str:
+    """The payload identity: what tells a retry (same payload) from a reused ``event_id``.
+
+    It covers what the client sent, formatting aside: the output as canonical JSON with the keys
+    of every object in order (``sorted_output``, what ``orjson.dumps(output,
+    option=OPT_SORT_KEYS)`` writes: a client or proxy that re-serializes a retry must not turn
+    it into a conflict), then the tags, ``ts`` as the instant it names (microseconds since the
+    epoch; None when it was left out, so a defaulted ts is not part of it) and the attributes
+    as sorted JSON text. Only what the store keeps, so stored identities can be computed again
+    (``store`` migrates them with this). ``tags``: served_model, contract_version, run_id,
+    agent_release, finish_reason. The C scanner computes the same (tests hold the two together).
+    """
+    h = hashlib.blake2b(sorted_output, digest_size=16)
+    h.update(orjson.dumps([model, prompt_version, contract, ts_us, source, attributes_json, *tags]))
+    return h.hexdigest()
 
 
 def _refuse(error: FieldError, event_id: str | None) -> NoReturn:

@@ -21,6 +21,7 @@ far they go (see ``defer_rollups``).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
@@ -40,6 +41,7 @@ import pyarrow.compute as pc
 
 from ._speedups import epoch_micros, string_column
 from .envelope import Envelope
+from .envelope import payload_hash as _payload_hash
 from .errors import StoreError, StoreInvalidated, StoreLocked, StoreUnavailable, StoreVersionTooNew
 from .rollup import ContractStatus, RollupBatch, RollupConfig, compact_rollups, merge_rollups
 from .settings import size_bytes
@@ -182,10 +184,55 @@ DROP TABLE events;
 ALTER TABLE events_unkeyed RENAME TO events;
 """ + _COHORT_EVENTS  # the view again, as _V5 made it
 
-# Each entry turns version i into version i + 1; never edit a released one, append.
+_REHASH_ROWS = 50_000  # events read and updated at a time by _v8_rehash_payloads
+
+
+def _v8_rehash_payloads(con: duckdb.DuckDBPyConnection) -> None:
+    """Version 8: the payload identity becomes key-order independent (``envelope.payload_hash``:
+    the output with the keys of every object in order, ``ts`` as the instant it names), so a
+    retry that a client or proxy re-serialized is a duplicate, not a conflict. Every stored
+    event's hash, and its key's, is computed again from the stored output (kept as sent) and tags.
+
+    Before, the hash covered ``ts`` as written, which is not stored: the stored time is. Whether
+    ``ts`` was given at all is read from the old hash itself: only an event sent without one
+    has the old hash of its fields with ``ts`` null. Events are read in chunks on a cursor of
+    their own and updated in this transaction: memory stays bounded, and a crash leaves the
+    file at version 7, to be migrated again.
+    """
+    reader = con.cursor()
+    try:
+        rows = reader.execute(
+            """SELECT e.rowid, e.payload_hash, e.output, c.model, c.prompt_version, c.contract, epoch_us(e.ts),
+                      e.source, e.attributes, e.served_model, e.contract_version, e.run_id, e.agent_release,
+                      e.finish_reason
+               FROM events e JOIN cohorts c USING (cohort_id)""").to_arrow_reader(_REHASH_ROWS)
+        for chunk in rows:
+            rowids, hashes = [], []
+            for (rowid, old, output, model, prompt_version, contract, ts_us, source, attributes,
+                 *tags) in zip(*(chunk.column(i).to_pylist() for i in range(chunk.num_columns)), strict=True):
+                tail = orjson.dumps([model, prompt_version, contract, None, source, attributes, *tags])
+                ts_given = hashlib.blake2b(output.encode() + tail, digest_size=16).hexdigest() != old
+                sorted_output = orjson.dumps(orjson.loads(output), option=orjson.OPT_SORT_KEYS)
+                rowids.append(rowid)
+                hashes.append(_payload_hash(sorted_output, model, prompt_version, contract,
+                                           ts_us if ts_given else None, source, attributes, tuple(tags)))
+            con.register("_rehashed", pa.table({"rid": pa.array(rowids, pa.int64()), "h": hashes}))
+            con.execute("UPDATE events SET payload_hash = r.h FROM _rehashed r WHERE events.rowid = r.rid")
+            con.unregister("_rehashed")
+    finally:
+        reader.close()
+    # A key was inserted with its event, at the same received_at (an id whose key expired may
+    # have an older event too); a key whose event was purged keeps its hash.
+    con.execute("""UPDATE event_keys SET payload_hash = e.payload_hash FROM events e
+                   WHERE e.id_key = event_keys.id_key AND e.received_at = event_keys.received_at""")
+
+
+# Each entry turns version i into version i + 1; never edit a released one, append. An entry
+# is SQL, or a function run in the step's transaction when SQL cannot say it.
 # "{bucket}" stands for the store's bucket width in seconds. Buckets are always on the
 # Unix-epoch grid (epoch - epoch % width), the same grid the rollups use.
-MIGRATIONS: list[str] = [_V1, _V2, _V3, _V4, _V5, _V6, _V7]
+MIGRATIONS: list[str | Callable[[duckdb.DuckDBPyConnection], None]] = [
+    _V1, _V2, _V3, _V4, _V5, _V6, _V7, _v8_rehash_payloads]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -674,7 +721,11 @@ class Store:
         for version in range(found, SCHEMA_VERSION):
             log.info("migrating %s from schema version %d to %d", self.path, version, version + 1)
             with self._transaction(f"migrating to schema version {version + 1}") as con:
-                con.execute(MIGRATIONS[version].replace("{bucket}", str(int(self.bucket_seconds))))
+                step = MIGRATIONS[version]
+                if callable(step):
+                    step(con)
+                else:
+                    con.execute(step.replace("{bucket}", str(int(self.bucket_seconds))))
                 con.execute("INSERT INTO meta VALUES ('schema_version', ?) "
                             "ON CONFLICT DO UPDATE SET value = excluded.value", [str(version + 1)])
 

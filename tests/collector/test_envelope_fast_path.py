@@ -73,8 +73,8 @@ def test_generated_envelopes_take_the_fast_path_and_equal_the_reference() -> Non
     "2026-11-28T00:00:00.12Z", "2026-11-28T00:00:00.123Z", "2026-11-28T00:00:00.1234Z",
     "2026-11-28T00:00:00.12345Z", "2026-11-28T00:00:00+00:00", "2026-11-28T00:30:00+05:30",
     "2026-11-28T00:30:00-05:30", "2026-01-01T00:10:00+23:59", "2026-12-31T23:50:00-23:59",
-    "2024-02-29T12:00:00Z", "2000-02-29T12:00:00Z", "1970-01-01T00:00:00Z", "1969-12-31T23:59:59.5Z",
-    "1000-01-01T12:00:00Z", "9998-12-31T12:00:00Z",
+    "2024-02-29T12:00:00Z", "2000-02-29T12:00:00Z", "1971-01-01T00:00:00Z", "1970-12-31T23:30:00-00:30",
+    "2199-12-31T23:59:59.999999Z", "2200-01-01T00:29:00+00:30",
 ])
 def test_timestamps_the_fast_path_reads_equal_the_reference(ts: str) -> None:
     assert _agree({**make_envelope(1), "ts": ts})
@@ -87,6 +87,9 @@ def test_timestamps_the_fast_path_reads_equal_the_reference(ts: str) -> None:
     "2026-11-28T00:60:00Z", "2026-11-28T00:00:60Z", "2023-02-29T00:00:00Z", "2100-02-29T00:00:00Z",
     "2026-04-31T00:00:00Z", "2026-13-01T00:00:00Z", "2026-00-10T00:00:00Z", "2026-11-00T00:00:00Z",
     "2026-11-28T00:00:00+24:00", "2026-11-28T00:00:00.Z", "0001-01-01T00:00:00Z", "9999-12-31T23:59:59Z",
+    # outside the accepted range (1971 up to 2200): refused by the reference, naming ts
+    "1970-01-01T00:00:00Z", "1969-12-31T23:59:59.5Z", "1000-01-01T12:00:00Z", "9998-12-31T12:00:00Z",
+    "1970-12-31T23:59:59.999999Z", "1971-01-01T00:29:59+00:30", "2200-01-01T00:00:00Z", "2199-12-31T23:59:59-00:01",
     "2026-11-28T00:00:00ZZ", "2026-11-28T00:00:00.000Z ", "２０２６-11-28T00:00:00Z", "2026-W48-6T00:00:00Z",
     "20261128T000000Z", "", "Z", 17, 1.5, True, ["2026-11-28T00:00:00Z"], {"t": 1},
 ])
@@ -171,9 +174,11 @@ def test_random_envelopes_agree_with_the_reference(env: dict[str, Any]) -> None:
 
 
 def test_the_payload_hash_is_the_one_stored_before_the_fast_path() -> None:
-    """Retries of events stored by an earlier release must still match their payload hash."""
+    """Retries of events stored before must still match their payload hash. Since schema version
+    8 it is the hash of the canonical payload (keys in order, ts as an instant), and stored ones
+    migrate to it (test_payload_identity.py; before: 8cc4c804ea715f3bf2087b8a48076c17)."""
     line = orjson.dumps({"event_id": "e-1", "ts": "2026-11-28T10:00:00.5+02:00", "model": "m",
                          "prompt_version": "p", "contract": "c", "output": {"a": [1, "x", None], "b": 0.25}})
     env = validate_envelope(orjson.loads(line), LIMITS)
-    assert env.payload_hash == "8cc4c804ea715f3bf2087b8a48076c17"
+    assert env.payload_hash == "b4563d377d07ae878f4cac377db6e894"
     assert env.ts == datetime(2026, 11, 28, 8, 0, 0, 500_000, tzinfo=UTC)

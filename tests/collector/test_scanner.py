@@ -12,6 +12,7 @@ import hashlib
 import json
 from collections import Counter
 from datetime import UTC, datetime, timedelta, timezone
+from functools import partial
 from typing import Any
 
 import orjson
@@ -71,16 +72,19 @@ def test_plain_envelopes_take_the_scanner_and_get_the_reference_envelope() -> No
                 assert agrees(raw), raw
 
 
-def test_the_payload_hash_is_blake2b_of_the_canonical_output_then_the_tags() -> None:
-    env = make_envelope(output={"z": "x" * 300, "a": [1.5, 2]}, ts="2026-11-29T12:00:00+02:00", contract=None)
+def test_the_payload_hash_is_blake2b_of_the_sorted_output_then_the_tags() -> None:
+    env = make_envelope(output={"z": "x" * 300, "a": [1.5, {"y": 1, "b": 2}]}, ts="2026-11-29T12:00:00+02:00",
+                        contract=None)
     fast = scan(json.dumps(env, indent=1).encode())
     assert fast is not None
     output_json, payload_hash = fast[-2], fast[-1]
-    assert output_json == orjson.dumps(env["output"]).decode()
-    tags = orjson.dumps([env["model"], env["prompt_version"], "default", env["ts"], env["source"], None,
+    assert output_json == '{"z":"' + "x" * 300 + '","a":[1.5,{"y":1,"b":2}]}'  # stored as sent, compacted
+    ts_us = int(datetime(2026, 11, 29, 10, tzinfo=UTC).timestamp()) * 1_000_000
+    tags = orjson.dumps([env["model"], env["prompt_version"], "default", ts_us, env["source"], None,
                          env["served_model"], env["contract_version"], env.get("run_id"), env.get("agent_release"),
                          env.get("finish_reason")])
-    assert payload_hash == hashlib.blake2b(output_json.encode() + tags, digest_size=16).hexdigest()
+    sorted_text = b'{"a":[1.5,{"b":2,"y":1}],"z":"' + b"x" * 300 + b'"}'
+    assert payload_hash == hashlib.blake2b(sorted_text + tags, digest_size=16).hexdigest()
 
 
 def test_what_the_scanner_declines_still_goes_the_reference_way() -> None:
@@ -162,6 +166,53 @@ def _dumps(env: dict[str, Any], how: int) -> bytes:
 @given(env=_envelopes(), how=st.integers(0, 3), lim=st.none() | _LIMITS)
 def test_the_scanner_answers_what_the_reference_answers(env: dict[str, Any], how: int, lim: Limits | None) -> None:
     agrees(_dumps(env, how), lim or LIMITS)
+
+
+def _shuffled(v: Any, draw: st.DrawFn) -> Any:
+    """``v`` with the keys of every object in an order drawn at random."""
+    if isinstance(v, dict):
+        keys = draw(st.permutations(list(v)))
+        return {k: _shuffled(v[k], draw) for k in keys}
+    if isinstance(v, list):
+        return [_shuffled(x, draw) for x in v]
+    return v
+
+
+@PROPERTY
+@given(env=_envelopes(), how=st.integers(0, 3), data=st.data())
+def test_a_payload_in_another_key_order_has_the_same_hash_on_both_paths(env: dict[str, Any], how: int,
+                                                                        data: st.DataObject) -> None:
+    """A retry that a client or proxy re-serialized: each object's keys in another order, the
+    output stored as sent, the payload hash the same, whichever path read either text."""
+    again = {**env, "output": _shuffled(env["output"], data.draw)}
+    again = dict(data.draw(st.permutations(list(again.items()))))  # the envelope's own fields too
+    first, second = _dumps(env, how), _dumps(again, how)
+    answered = agrees(first), agrees(second)
+    ref_first, ref_second = reference(first), reference(second)
+    if ref_first is None:  # refused: both are (the same fields, the same faults)
+        assert ref_second is None
+        return
+    assert ref_second is not None
+    assert ref_second.payload_hash == ref_first.payload_hash
+    assert ref_second.output_json == orjson.dumps(again["output"]).decode()
+    if all(answered):  # agrees() held each scanned envelope to its reference one
+        fast_first, fast_second = scan(first), scan(second)
+        assert fast_first is not None and fast_second is not None
+        assert fast_first[-1] == fast_second[-1] == ref_first.payload_hash
+
+
+def test_keys_are_put_in_order_by_code_point_at_every_level() -> None:
+    """What orjson's OPT_SORT_KEYS does with escaped keys and non-ASCII ones (the C compares
+    what an escape stands for, and UTF-8 bytes, whose order is code point order)."""
+    output = {"😀": 1, "\uffff": {"b": [{"z": 0, "a": 1}], "a": None}, "b": 3, 'a"': 4, "a": 5, "a\n": 6, "é": 7,
+              "a\\": 8, "a\t": {"": 0, " ": 1}}
+    shuffles = [output, dict(reversed(output.items())), dict(sorted(output.items()))]
+    hashes = set()
+    for out in shuffles:
+        raw = orjson.dumps(make_envelope(output=out))
+        assert agrees(raw), raw
+        hashes.add(parse_envelope(raw, LIMITS, now=NOW).payload_hash)
+    assert len(hashes) == 1
 
 
 _LITERALS = st.builds(
@@ -357,6 +408,62 @@ def test_scan_lines_leaves_a_line_over_the_size_limit_to_the_reference() -> None
         assert answer == ((len(text), 9, 1, len(text) - 1) if declined else (len(text), 9, -1, -1))
         assert origin == ([] if declined else [9])
         assert [e.event_id for e in out] == ([] if declined else ["a"])
+
+
+# --- the range of ts -------------------------------------------------------------------------------
+
+_TS_EDGES = [  # (ts as sent, accepted)
+    ("1970-12-31T23:59:59Z", False), ("1970-12-31T23:59:59.999999Z", False), ("1971-01-01T00:00:00Z", True),
+    ("2199-12-31T23:59:59.999999Z", True), ("2200-01-01T00:00:00Z", False), ("2200-01-01T00:00:00.000001Z", False),
+    ("1971-01-01T00:59:59+01:00", False), ("1970-12-31T23:00:00-01:00", True), ("1971-01-01T00:30:00+00:30", True),
+    ("2199-12-31T23:30:00-00:30", False), ("2200-01-01T00:30:00+00:31", True), ("2199-12-31T23:59:59.999999-00:01", False),
+    ("0001-01-01T00:00:00Z", False), ("9999-12-31T23:59:59Z", False), ("1000-01-01T00:00:00Z", False),
+    ("9998-12-31T23:59:59-23:59", False), ("2026-11-29t12:00:00z", True)]
+
+
+def test_ts_at_the_edges_of_the_range_is_accepted_or_refused_the_same_way_on_every_path() -> None:
+    for ts, accepted in _TS_EDGES:
+        env = make_envelope(ts=ts)
+        raw = orjson.dumps(env)
+        agrees(raw)  # the scanner declines (or agrees with) what is out of range
+        assert (scan(raw) is not None) <= accepted, ts
+        fast = _speedups.check_envelope(env, LIMITS.max_tag_length, LIMITS.max_depth, LIMITS.max_array_length,
+                                        LIMITS.max_key_length, LIMITS.max_leaves)
+        assert (fast is not None) <= accepted, ts
+        for read in (partial(parse_envelope, raw, LIMITS, now=NOW), partial(envelope.validate_envelope, env, LIMITS)):
+            if accepted:
+                assert read().ts == datetime.fromisoformat(ts.upper()).astimezone(UTC)
+                continue
+            try:
+                read()
+            except EnvelopeInvalid as exc:
+                assert [(f.path, f.code, f.reason) for f in exc.fields] == [
+                    ("ts", "invalid_timestamp", f"{ts!r} is outside the accepted range: from 1971-01-01T00:00:00Z "
+                     "up to, not including, 2200-01-01T00:00:00Z")]
+            else:
+                raise AssertionError(f"{ts} was accepted")
+
+
+_NEAR_EDGES = st.sampled_from([datetime(1971, 1, 1, tzinfo=UTC), datetime(2200, 1, 1, tzinfo=UTC)]).flatmap(
+    lambda edge: st.integers(-90_000_000_000, 90_000_000_000).map(lambda us: edge + timedelta(microseconds=us)))
+
+
+@PROPERTY
+@given(at=_NEAR_EDGES, offset=st.integers(-(24 * 60 - 1), 24 * 60 - 1), fraction=st.sampled_from([0, 3, 6]))
+def test_ts_near_either_edge_in_any_offset_is_judged_by_the_instant_it_names(at: datetime, offset: int,
+                                                                             fraction: int) -> None:
+    zone = timezone(timedelta(minutes=offset))
+    local = at.astimezone(zone)
+    if fraction < 6:  # fewer digits: the instant named is the truncated one
+        local = local.replace(microsecond=local.microsecond // 10 ** (6 - fraction) * 10 ** (6 - fraction))
+    text = local.isoformat(timespec={0: "seconds", 3: "milliseconds", 6: "microseconds"}[fraction])
+    raw = orjson.dumps(make_envelope(ts=text))
+    named = local.astimezone(UTC)
+    inside = datetime(1971, 1, 1, tzinfo=UTC) <= named < datetime(2200, 1, 1, tzinfo=UTC)
+    agrees(raw)
+    ref = reference(raw)
+    assert (ref is not None) == inside, text
+    assert ref is None or ref.ts == named
 
 
 # --- timestamps as columns -------------------------------------------------------------------------

@@ -188,12 +188,14 @@ def test_an_older_file_is_migrated_keeping_its_rows(db_path: Path, envelope: Mak
         assert store.query("SELECT cohort_id, model FROM cohorts ORDER BY 1") == [
             (1, "m-old"), (3, "claude-sonnet-4-5-20250929")]
         assert store.healthcheck() == {"schema_version": SCHEMA_VERSION, "events": 6}
-        # the keys moved to event_keys (version 7), with their payload hashes and receipt times;
+        # the keys moved to event_keys (version 7), with their receipt times and payload hashes,
+        # which version 8 computed again from the stored events (test_payload_identity.py);
         # events kept every row and column, and no longer carries the index
-        assert store.query("SELECT id_key = md5_number('old-' || right(payload_hash, 1)), payload_hash, "
-                           "epoch(received_at)::BIGINT FROM event_keys WHERE payload_hash LIKE 'hash-%' "
-                           "ORDER BY payload_hash") == [
-            (True, f"hash-old-{i}", T1200 + 300) for i in range(1, 6)]
+        assert store.query("SELECT k.id_key = md5_number(e.event_id), e.event_id, k.payload_hash = e.payload_hash, "
+                           "e.payload_hash LIKE 'hash-%', epoch(k.received_at)::BIGINT "
+                           "FROM event_keys k JOIN events e USING (id_key) WHERE e.event_id LIKE 'old-%' "
+                           "ORDER BY e.event_id") == [
+            (True, f"old-{i}", True, False, T1200 + 300) for i in range(1, 6)]
         assert store.query("SELECT constraint_type FROM duckdb_constraints() WHERE table_name = 'events' "
                            "AND constraint_type <> 'NOT NULL'") == []
         # the view over events was made again (no cohort of snap-a or snap-b: each event once)
