@@ -158,7 +158,9 @@ def test_contract_traps_smoke(tmp_path: Path, report: dict[str, object], schema_
 
 
 def _invalid_batch(target_bytes: int) -> bytes:
-    one = json.dumps({**make_envelope(model=None), "output": {"intent": "refund", "priority": "high"}}).encode()
+    # small envelopes (87 bytes), each missing its model: the most rejections a body can carry
+    one = json.dumps({"prompt_version": "intake-v3", "contract": "intake",
+                      "output": {"intent": "refund", "priority": "high"}}).encode()
     n = target_bytes // (len(one) + 1)
     return b"[" + b",".join([one] * n) + b"]"
 
@@ -184,7 +186,7 @@ def _rejection_amplification(tmp_path: Path, report: dict[str, object], *, batch
         rss1 = rss_mb(svc)
     finally:
         svc.stop()
-    items = body.count(b'"event_id"')
+    items = body.count(b'"prompt_version"')
     report["batches at once"] = batches
     report["body MB / invalid envelopes each"] = f"{len(body) / 1e6:.1f} / {items:,}"
     report["reply bytes (largest)"] = max(r[1] for r in replies)
