@@ -625,7 +625,7 @@ static int vt_bump(Acc *self, Py_ssize_t slot, const char *p, Py_ssize_t len) {
     if (t->icap) {
         for (uint32_t j; (j = t->idx[i]) != 0; i = (i + 1) & mask) {
             vt_entry *e = &t->e[j - 1];
-            if (e->hash == h && e->len == len && memcmp(self->arena + e->off, p, (size_t)len) == 0) {
+            if (e->hash == h && e->len == len && (len == 0 || memcmp(self->arena + e->off, p, (size_t)len) == 0)) {
                 e->n++;
                 return 0;
             }
@@ -643,7 +643,7 @@ static int vt_bump(Acc *self, Py_ssize_t slot, const char *p, Py_ssize_t len) {
         self->arena = a;
         self->arena_cap = cap;
     }
-    memcpy(self->arena + self->arena_len, p, (size_t)len);
+    if (len) memcpy(self->arena + self->arena_len, p, (size_t)len);  /* "" first: no arena yet (NULL) */
     if (t->n == t->cap) {
         uint32_t cap = t->cap ? t->cap * 2 : 4;
         vt_entry *e = PyMem_Realloc(t->e, sizeof(vt_entry) * cap);
@@ -1362,7 +1362,7 @@ static PyObject *acc_value_rows(Acc *self, PyObject *Py_UNUSED(ignored)) {
         struct vt_table *t = &self->vals[s];
         for (uint32_t j = 0; j < t->n; j++) {
             vt_entry *e = &t->e[j];
-            memcpy(pd + at, self->arena + e->off, (size_t)e->len);
+            if (e->len) memcpy(pd + at, self->arena + e->off, (size_t)e->len);  /* arena NULL if only "" */
             at += e->len;
             ps[row] = s;
             pn[row] = e->n;
