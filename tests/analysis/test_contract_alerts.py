@@ -155,5 +155,5 @@ def test_the_alert_cohort_review_and_charts_say_which_contract_was_live_and_when
     declared = {r["field"]: r["declared"] for r in entry["fields"]}
     assert declared["intent"] == "required" and declared["customer"] is None
     text = render_markdown(review)
-    assert f"**4 went out {start.isoformat().replace('+00:00', 'Z')}**" in text
+    assert f"**`4` went out {start.isoformat().replace('+00:00', 'Z')}**" in text
     assert f"- outputs breaking the contract: `language` {missing}" in text
