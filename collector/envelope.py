@@ -704,7 +704,9 @@ def parse_body(raw: bytes, lim: Limits, *, ndjson: bool, now: datetime | None = 
                 raise big
             results.append(validate_envelope(obj, lim, keys_seen=counter, now=now))
         except EnvelopeInvalid as exc:
-            results.append(exc)
+            # kept without its traceback: that held the raising frames, and the item with them,
+            # for as long as the answer is built (a batch of invalid items is most of a body)
+            results.append(exc.with_traceback(None))
     if _may_hide_something(raw, counter[0], bool(counter[1])):
         try:
             exact: list[Any] | None = _exact_loads(raw)
@@ -722,7 +724,7 @@ def parse_body(raw: bytes, lim: Limits, *, ndjson: bool, now: datetime | None = 
                     start, end = spans[i]
                     validate_envelope(_exact_loads(raw[start:end]), lim, now=now)
             except EnvelopeInvalid as exc:
-                results[i] = exc
+                results[i] = exc.with_traceback(None)
     yield from results
 
 
