@@ -7,6 +7,8 @@ acknowledgement (where rollups are merged), a time limit per output and per cont
 from __future__ import annotations
 
 import http.server
+import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -19,7 +21,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from harness import ROOT, make_envelope, start_service
+from harness import ROOT, SHAPEWATCH, make_envelope, start_service
 
 from collector import RollupConfig, Store
 from collector.contracts import ContractInvalid, ContractValidator, contract_from_document, register_contract
@@ -228,3 +230,22 @@ def test_a_hostile_pattern_contract_through_the_service_stalls_nobody(tmp_path: 
                        "GROUP BY ALL") == [("invalid", 300)]
         assert s.query("SELECT path, keyword, sum(n)::INT FROM violation_rollups GROUP BY ALL") == [
             ("code", "pattern", 300)]
+
+
+@pytest.mark.parametrize(("schema", "problem"), [
+    ({"type": "object", "properties": {"tier": {"$ref": "http://127.0.0.1:9/tier.json"}}},
+     "the reference 'http://127.0.0.1:9/tier.json' at /properties/tier/$ref does not resolve inside the document; "
+     "references to other documents (http, file, ...) are never fetched: inline the schema under $defs and refer "
+     "to it as #/$defs/..."),
+    ({"type": "object", "properties": {"code": {"pattern": "^(?=x)"}}},
+     "the pattern '^(?=x)' at /properties/code/pattern cannot be checked in linear time (invalid perl operator: "
+     "(?=); patterns run on RE2, which has no backreferences or lookaround"),
+])
+def test_the_cli_refuses_what_the_bounded_engine_cannot_check(tmp_path: Path, schema: Any, problem: str) -> None:
+    path = tmp_path / "contract.json"
+    path.write_text(json.dumps(schema))
+    db = tmp_path / "cli.duckdb"
+    done = subprocess.run([*SHAPEWATCH, "contract", "register", "--contract", "codes", "--version", "1", str(path),
+                           "--db", str(db)], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "SHAPEWATCH_AUTHOR": "ana"})
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", f"error: contract 'codes' version '1': {problem}\n")
