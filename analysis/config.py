@@ -52,6 +52,8 @@ __all__ = ["EARLIEST_TIME", "LATEST_TIME", "MAX_BASELINE_AGE", "MAX_REVIEW_PERIO
 
 #: The shortest duration anything takes: a window, a silence or a period under a second is a typo.
 MIN_DURATION = timedelta(seconds=1)
+#: The shortest analyzer interval: evaluations may run back to back (one at a time, never overlapping).
+MIN_INTERVAL = timedelta(milliseconds=1)
 #: The longest window read at once (``analyze --window``, ``[analyzer] window`` and ``interval``,
 #: ``/v1/cohorts``, a cohort's ``fields`` and ``series``): a window is summed from one-minute
 #: rollup buckets, so its cost grows with its length; 400 days covers a year against the last.
@@ -171,6 +173,8 @@ def _shown(text: str) -> str:
 
 
 def _duration_text(d: timedelta) -> str:
+    if d.total_seconds() != int(d.total_seconds()):
+        return f"{d.total_seconds():g}s"
     seconds = int(d.total_seconds())
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds % size == 0:
@@ -178,8 +182,9 @@ def _duration_text(d: timedelta) -> str:
     return f"{seconds}s"
 
 
-def parse_duration(text: str, *, key: str = "duration", maximum: timedelta = MAX_WINDOW) -> timedelta:
-    """``90s``, ``15m``, ``1.5h``, ``7d``, ``2w`` -> timedelta, between ``MIN_DURATION`` and ``maximum``.
+def parse_duration(text: str, *, key: str = "duration", maximum: timedelta = MAX_WINDOW,
+                   minimum: timedelta = MIN_DURATION) -> timedelta:
+    """``90s``, ``15m``, ``1.5h``, ``7d``, ``2w`` -> timedelta, between ``minimum`` and ``maximum``.
 
     >>> parse_duration("1.5h")
     datetime.timedelta(seconds=5400)
@@ -197,8 +202,8 @@ def parse_duration(text: str, *, key: str = "duration", maximum: timedelta = MAX
         raise ConfigInvalid(key, f"{_shown(str(text))} is not a duration; write e.g. 90s, 15m, 24h or 7d")
     # Decided on the float before a timedelta is made (a huge one overflows it; this is at worst inf).
     seconds = float(m[1]) * _UNITS[m[2]]
-    if seconds < MIN_DURATION.total_seconds():
-        raise ConfigInvalid(key, f"{_shown(text)} is shorter than {_duration_text(MIN_DURATION)}")
+    if seconds < minimum.total_seconds():
+        raise ConfigInvalid(key, f"{_shown(text)} is shorter than {_duration_text(minimum)}")
     if seconds > maximum.total_seconds():
         raise ConfigInvalid(key, f"{_shown(text)} is longer than the limit of {_duration_text(maximum)}")
     return timedelta(seconds=seconds)
@@ -324,8 +329,10 @@ def parse_config(data: dict[str, Any], *, source: str = "config") -> AnalyzerCon
         if key in ("window", "interval", "max_baseline_age"):
             if not isinstance(value, str):
                 raise ConfigInvalid(f"analyzer.{key}", 'must be a duration string such as "24h"')
+            # An interval may be under a second (the scheduler's own tests run evaluations back to back).
             extra[key] = parse_duration(value, key=f"analyzer.{key}",
-                                        maximum=MAX_BASELINE_AGE if key == "max_baseline_age" else MAX_WINDOW)
+                                        maximum=MAX_BASELINE_AGE if key == "max_baseline_age" else MAX_WINDOW,
+                                        minimum=MIN_INTERVAL if key == "interval" else MIN_DURATION)
         elif key == "hysteresis":
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
                 raise ConfigInvalid("analyzer.hysteresis", "must be a number in (0, 1]")

@@ -21,7 +21,6 @@ The unmarked ``_smoke`` scenarios run in ``make test`` at a smaller scale; the m
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import re
@@ -40,6 +39,7 @@ import duckdb
 import httpx
 import orjson
 import pytest
+from harness import SchemaServer
 from hostile_support import make_envelope, peak_rss_mb, rss_mb, start_service
 from load_support import pct
 
@@ -47,29 +47,10 @@ JSON = {"content-type": "application/json"}
 BACKTRACKING = {"type": "object", "properties": {"code": {"type": "string", "pattern": "^(a+)+$"}}}
 
 
-class _SchemaServer(http.server.BaseHTTPRequestHandler):
-    hits = 0
-
-    def do_GET(self) -> None:  # noqa: N802 - the handler's protocol
-        _SchemaServer.hits += 1
-        body = b'{"type": "string"}'
-        self.send_response(200)
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture
-def schema_server() -> Iterator[str]:
-    _SchemaServer.hits = 0
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _SchemaServer)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/code.json"
-    server.shutdown()
-    server.server_close()
+def schema_server() -> Iterator[SchemaServer]:
+    with SchemaServer() as server:
+        yield server
 
 
 def _plant_remote_ref_contract(db: Path, url: str) -> None:
@@ -87,8 +68,9 @@ def _plant_remote_ref_contract(db: Path, url: str) -> None:
                         "AND version = '2'", [orjson.dumps(doc).decode(), orjson.dumps(tools).decode()])
 
 
-def _contract_traps(tmp_path: Path, report: dict[str, object], url: str, *, seconds: float,
+def _contract_traps(tmp_path: Path, report: dict[str, object], server: SchemaServer, *, seconds: float,
                     unrelated_requests: int) -> None:
+    url = server.url + "/code.json"
     db = tmp_path / "traps.duckdb"
     _plant_remote_ref_contract(db, url)
     svc = start_service(db, env={"SHAPEWATCH_ROLLUP_MERGE_SECONDS": "1"})
@@ -137,22 +119,23 @@ def _contract_traps(tmp_path: Path, report: dict[str, object], url: str, *, seco
     report["unrelated requests"] = len(latencies)
     report["unrelated p50 / p99 / max ms"] = (f"{pct(latencies, 0.5) * 1000:.1f} / {pct(latencies, 0.99) * 1000:.1f}"
                                               f" / {max(latencies) * 1000:.1f}")
-    report["fetches of the remote $ref"] = _SchemaServer.hits
+    report["fetches of the remote $ref"] = len(server.hits)
     report["contract counts (version:status)"] = ", ".join(f"{k} {v}" for k, v in sorted(statuses.items()))
     assert hostile_acked[0] > 0
     assert pct(latencies, 0.99) < 0.100
-    assert _SchemaServer.hits == 0
+    assert len(server.hits) == 0
     # the pattern's outputs were checked (invalid, quota aside), the reference's never fetched
     assert statuses.get("1:invalid", 0) > 0 and "2:valid" not in statuses and "2:invalid" not in statuses
 
 
 @pytest.mark.reliability
-def test_contract_traps_stall_no_other_client(tmp_path: Path, report: dict[str, object], schema_server: str) -> None:
+def test_contract_traps_stall_no_other_client(tmp_path: Path, report: dict[str, object],
+                                             schema_server: SchemaServer) -> None:
     """Contract traps: a backtracking pattern and a remote $ref under fire; an unrelated client's p99 under 100 ms"""
     _contract_traps(tmp_path, report, schema_server, seconds=30, unrelated_requests=1000)
 
 
-def test_contract_traps_smoke(tmp_path: Path, report: dict[str, object], schema_server: str) -> None:
+def test_contract_traps_smoke(tmp_path: Path, report: dict[str, object], schema_server: SchemaServer) -> None:
     """Contract traps, smoke: the same for 5 s"""
     _contract_traps(tmp_path, report, schema_server, seconds=5, unrelated_requests=100)
 

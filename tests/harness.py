@@ -107,3 +107,44 @@ def ensure_tool(name: str) -> str | None:
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         found = shutil.which(name)
     return found
+
+
+class SchemaServer:
+    """A local HTTP server that answers every GET with a JSON Schema and records the paths asked for:
+    what a contract's remote ``$ref`` would reach if anything fetched it.
+
+    >>> with SchemaServer() as server:            # doctest: +SKIP
+    ...     server.url, server.hits               # ('http://127.0.0.1:PORT', [])
+    """
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        hits: list[str] = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - the handler's protocol
+                hits.append(self.path)
+                body = b'{"type": "string"}'
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.hits = hits
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def __enter__(self) -> SchemaServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()

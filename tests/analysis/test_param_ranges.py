@@ -307,7 +307,7 @@ def test_a_validation_error_still_needs_the_token_first(tmp_path: Path) -> None:
     ({"analyzer": {"window": "nand"}}, f"analyzer.window: {not_a_duration('nand')}"),
     ({"analyzer": {"window": "1e308d"}}, f"analyzer.window: {not_a_duration('1e308d')}"),
     ({"analyzer": {"window": "401d"}}, "analyzer.window: '401d' is longer than the limit of 400d"),
-    ({"analyzer": {"interval": "0s"}}, "analyzer.interval: '0s' is shorter than 1s"),
+    ({"analyzer": {"interval": "0s"}}, "analyzer.interval: '0s' is shorter than 0.001s"),
     ({"analyzer": {"max_baseline_age": "99999999999d"}},
      "analyzer.max_baseline_age: '99999999999d' is longer than the limit of 3650d"),
     ({"defaults": {"tolerance": float("nan")}}, "defaults.tolerance: nan is out of range"),

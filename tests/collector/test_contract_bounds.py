@@ -6,13 +6,11 @@ acknowledgement (where rollups are merged), a time limit per output and per cont
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import subprocess
 import sys
 import textwrap
-import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,7 +19,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from harness import ROOT, SHAPEWATCH, make_envelope, start_service
+from harness import ROOT, SHAPEWATCH, SchemaServer, make_envelope, start_service
 
 from collector import RollupConfig, Store
 from collector.contracts import ContractInvalid, ContractValidator, contract_from_document, register_contract
@@ -32,39 +30,17 @@ T0 = datetime(2026, 11, 29, 12, tzinfo=UTC)
 BACKTRACKING = {"type": "object", "properties": {"code": {"type": "string", "pattern": "^(a+)+$"}}}
 
 
-class _Counting(http.server.BaseHTTPRequestHandler):
-    hits: list[str] = []
-
-    def do_GET(self) -> None:  # noqa: N802 - the handler's protocol
-        _Counting.hits.append(self.path)
-        body = b'{"type": "string"}'
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture
-def schema_server() -> Iterator[str]:
-    """A local HTTP server that would serve any referenced schema, and counts who asked."""
-    _Counting.hits = []
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Counting)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+def schema_server() -> Iterator[SchemaServer]:
+    with SchemaServer() as server:
+        yield server
 
 
 @pytest.mark.parametrize("ref", ["{url}/tier.json", "{url}/tier.json#/x", "file:///etc/passwd", "tier.json",
                                  "#/$defs/missing", "#/properties/nope"])
-def test_registration_refuses_a_reference_outside_the_document(store: Store, schema_server: str,
+def test_registration_refuses_a_reference_outside_the_document(store: Store, schema_server: SchemaServer,
                                                                ref: str) -> None:
-    ref = ref.format(url=schema_server)
+    ref = ref.format(url=schema_server.url)
     doc = {"type": "object", "$defs": {"tier": {"enum": ["gold"]}}, "properties": {"tier": {"$ref": ref}}}
     with pytest.raises(ContractInvalid) as caught:
         register_contract(store, "intake", "1", doc)
@@ -72,7 +48,7 @@ def test_registration_refuses_a_reference_outside_the_document(store: Store, sch
         f"contract 'intake' version '1': the reference {ref!r} at /properties/tier/$ref does not resolve inside "
         "the document; references to other documents (http, file, ...) are never fetched: inline the schema "
         "under $defs and refer to it as #/$defs/...")
-    assert _Counting.hits == []
+    assert schema_server.hits == []
     assert store.query("SELECT count(*) FROM contract_versions") == [(0,)]
 
 
@@ -134,10 +110,11 @@ def test_unique_items_of_objects_is_one_pass_and_keeps_json_equality() -> None:
     assert v.violations({"xs": [1, True, "1", [1], {"1": 1}, 0, False, None]}) == []
 
 
-def test_a_stored_contract_with_a_remote_reference_is_never_fetched(store: Store, schema_server: str) -> None:
+def test_a_stored_contract_with_a_remote_reference_is_never_fetched(store: Store,
+                                                                    schema_server: SchemaServer) -> None:
     # A version registered before references were checked: its outputs count as unchecked
     # (the reference does not resolve), and nothing is fetched.
-    doc = {"type": "object", "properties": {"tier": {"$ref": f"{schema_server}/tier.json"}}}
+    doc = {"type": "object", "properties": {"tier": {"$ref": f"{schema_server.url}/tier.json"}}}
     register_contract(store, "intake", "1", {"type": "object"})
     with store.transaction("planting an old registration") as con:
         con.execute("UPDATE contract_versions SET document = ?, tools = ? WHERE contract = 'intake'",
@@ -149,7 +126,7 @@ def test_a_stored_contract_with_a_remote_reference_is_never_fetched(store: Store
             for i in range(5)]
     store.write_batch([parse_envelope(orjson.dumps(e), LIMITS) for e in envs])
     store.flush_rollups()
-    assert _Counting.hits == []
+    assert schema_server.hits == []
     assert store.query("SELECT status, sum(n)::INT FROM contract_rollups GROUP BY ALL") == [("unchecked", 5)]
 
 
