@@ -15,15 +15,13 @@ Baselines have no PUT, PATCH or DELETE: a frozen baseline never changes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
 import orjson
 from fastapi import APIRouter, Body, FastAPI, Query, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
-from fastapi.routing import APIRoute
 from pydantic import AwareDatetime, BaseModel, Field
 
 from baselines import BaselineError, BaselineInvalid, BaselineNotFound, BaselineRefused, BaselineTampered, Cohort
@@ -141,33 +139,6 @@ def _contract_fields(exc: Exception) -> list[FieldError] | None:
     return [FieldError(path, exc.problem if path != "document" else str(exc))]
 
 
-def _parameter_path(loc: tuple[Any, ...]) -> str:
-    """``("query", "since")`` -> ``since``: a parameter is named as the client wrote it. The
-    location stays when nothing follows it or a position does (``body.12``: the body is not JSON)."""
-    parts = [str(p) for p in loc]
-    return ".".join(parts[1:] if len(loc) > 1 and isinstance(loc[1], str) else parts)
-
-
-class _NamedParameterRoute(APIRoute):
-    """Answers FastAPI's own validation errors of the analysis routes with the parameter's name as
-    ``path``, as the routes' own range checks do (the app-wide handler keeps the location,
-    ``query.since``, for the collector's routes). Mixed in before the token guard's route class,
-    so the token is still checked before the request is validated."""
-
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handler = super().get_route_handler()
-
-        async def named(request: Request) -> Response:
-            try:
-                return await handler(request)
-            except RequestValidationError as exc:
-                fields = [FieldError(_parameter_path(tuple(e.get("loc", ()))), str(e.get("msg", "invalid")))
-                          for e in exc.errors()]
-                return _json(error_body(422, "request is invalid", fields), 422)
-
-        return named
-
-
 class FreezeRequest(BaseModel):
     model: str = Field(min_length=1)
     prompt_version: str = Field(min_length=1)
@@ -230,8 +201,7 @@ class AnalysisApi:
     def router(self, tokens: tuple[str, ...]) -> APIRouter:
         store, config = self.store, self.config
         guard = require_token(tokens, "read", writes="admin")  # GETs read, every other method is admin
-        route_class = type("AnalysisRoute", (_NamedParameterRoute, guard.route_class), {})
-        r = APIRouter(route_class=route_class,
+        r = APIRouter(route_class=guard.route_class,
                       responses={**guard.responses, **error_responses(400, 404, 409, 422)})
 
         @r.get("/v1/alerts", summary="Alerts, page first")

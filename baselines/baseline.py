@@ -448,7 +448,7 @@ def freeze_baseline(store: Store, cohort: Cohort, since: datetime, until: dateti
             raise BaselineError(f"{name} {t.isoformat()} is out of range: a baseline window lies in "
                                 f"{_iso(EARLIEST)} .. {_iso(LATEST)}")
     if until <= since:
-        raise BaselineError(f"the window is empty: --since {_iso(since)} is not before --until {_iso(until)}")
+        raise BaselineError(f"the window is empty: since {_iso(since)} is not before until {_iso(until)}")
     if not note.strip():
         raise BaselineError("a baseline needs a note saying why this window is the reference (--note)")
     cid = _cohort_id(store, cohort)

@@ -142,6 +142,14 @@ def _allowed_methods(request: Request) -> set[str]:
     return {m for m, n in found.items() if n == fewest}
 
 
+def _parameter_path(loc: tuple[Any, ...]) -> str:
+    """``("query", "since")`` -> ``since``: a parameter is named as the client wrote it, as every
+    check of the service names it. The location stays when nothing follows it or a position does
+    (``body.12``: the body is not JSON)."""
+    parts = [str(p) for p in loc]
+    return ".".join(parts[1:] if len(loc) > 1 and isinstance(loc[1], str) else parts)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Make every error the app can produce answer with the shared JSON shape."""
 
@@ -161,7 +169,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def validation_error(_: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)
-        fields = [FieldError(".".join(str(p) for p in e.get("loc", ())), str(e.get("msg", "invalid")))
+        fields = [FieldError(_parameter_path(tuple(e.get("loc", ()))), str(e.get("msg", "invalid")))
                   for e in exc.errors()]
         return _json(422, error_body(422, "request is invalid", fields))
 

@@ -842,3 +842,13 @@ def test_bodies_held_at_once_are_bounded_and_given_back(tmp_path: Path, monkeypa
     assert second[0]["status"] == 503 and (b"retry-after", b"1") in second[0]["headers"]
     assert json.loads(second[1]["body"])["error"]["fields"] == [{"path": "body", "reason": "too many bodies at once"}]
     assert first[0]["status"] == 200 and third[0]["status"] == 200
+
+
+def test_a_missing_query_parameter_is_named_as_the_client_writes_it(http: httpx.Client) -> None:
+    # FastAPI's own validation names parameters the way every check of the service does:
+    # `prompt_version`, not its location `query.prompt_version`.
+    r = http.post("/v1/provider/openai", content=(FIXTURES / "openai_chat_tool_calls.json").read_bytes(),
+                  headers=JSON)
+    assert (r.status_code, r.json()) == (422, {"error": {"status": 422, "message": "request is invalid",
+                                                         "fields": [{"path": "prompt_version",
+                                                                     "reason": "Field required"}]}})
