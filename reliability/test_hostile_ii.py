@@ -16,8 +16,9 @@ unrelated client, the service's memory or its descriptors went through:
   key order, stored Markdown and HTML, a 300 MB admin body: each answered as it should be,
   no 5xx, every cohort still judged.
 
-The unmarked ``_smoke`` scenarios run in ``make test`` at a smaller scale; the marked ones in
-``make reliability``, which writes the figures into REPORT.md.
+The unmarked ``_smoke`` scenarios run in ``make test`` at a smaller scale and judge what is
+answered, stored and held, not how fast (timing in the default run is noise); the marked ones
+run in ``make reliability``, judge the latency bars too, and write the figures into REPORT.md.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def _plant_remote_ref_contract(db: Path, url: str) -> None:
 
 
 def _contract_traps(tmp_path: Path, report: dict[str, object], server: SchemaServer, *, seconds: float,
-                    unrelated_requests: int) -> None:
+                    unrelated_requests: int, p99_bar: float | None) -> None:
     url = server.url + "/code.json"
     db = tmp_path / "traps.duckdb"
     _plant_remote_ref_contract(db, url)
@@ -123,7 +124,8 @@ def _contract_traps(tmp_path: Path, report: dict[str, object], server: SchemaSer
     report["fetches of the remote $ref"] = len(server.hits)
     report["contract counts (version:status)"] = ", ".join(f"{k} {v}" for k, v in sorted(statuses.items()))
     assert hostile_acked[0] > 0
-    assert pct(latencies, 0.99) < 0.100
+    if p99_bar is not None:  # a measured bar: the long scenario only (timing in the default run is noise)
+        assert pct(latencies, 0.99) < p99_bar
     assert len(server.hits) == 0
     # the pattern's outputs were checked (invalid, quota aside), the reference's never fetched
     assert statuses.get("1:invalid", 0) > 0 and "2:valid" not in statuses and "2:invalid" not in statuses
@@ -133,12 +135,12 @@ def _contract_traps(tmp_path: Path, report: dict[str, object], server: SchemaSer
 def test_contract_traps_stall_no_other_client(tmp_path: Path, report: dict[str, object],
                                              schema_server: SchemaServer) -> None:
     """Contract traps: a backtracking pattern and a remote $ref under fire; an unrelated client's p99 under 100 ms"""
-    _contract_traps(tmp_path, report, schema_server, seconds=30, unrelated_requests=1000)
+    _contract_traps(tmp_path, report, schema_server, seconds=30, unrelated_requests=1000, p99_bar=0.100)
 
 
 def test_contract_traps_smoke(tmp_path: Path, report: dict[str, object], schema_server: SchemaServer) -> None:
-    """Contract traps, smoke: the same for 500 requests"""
-    _contract_traps(tmp_path, report, schema_server, seconds=5, unrelated_requests=500)
+    """Contract traps, smoke: the same for 500 requests, every one answered (latency measured, not judged)"""
+    _contract_traps(tmp_path, report, schema_server, seconds=5, unrelated_requests=500, p99_bar=None)
 
 
 def _invalid_batch(target_bytes: int) -> bytes:
@@ -213,7 +215,8 @@ def _fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def _half_open(tmp_path: Path, report: dict[str, object], *, connections: int, procs: int) -> None:
+def _half_open(tmp_path: Path, report: dict[str, object], *, connections: int, procs: int,
+               judge_latency: bool) -> None:
     svc = start_service(tmp_path / "fd.duckdb")
     host, port = svc.url.removeprefix("http://").split(":")
     floods: list[subprocess.Popen[str]] = []
@@ -256,8 +259,9 @@ def _half_open(tmp_path: Path, report: dict[str, object], *, connections: int, p
     # Held, they cost the service nothing: 1 s is the bar. While they are opened as fast as two
     # processes on the same two cores can, every accept costs the service's event loop, so a probe
     # queues behind up to the listening backlog: answered, in bounded time.
-    assert max(held) < 1.0
-    assert max(latencies) < 5.0
+    if judge_latency:  # the long scenario only: timing in the default run is noise
+        assert max(held) < 1.0
+        assert max(latencies) < 5.0
     assert ingest.status_code == 200
     # max_connections (1000) held once the flood is in; while it arrives, asyncio accepts up to
     # the listening backlog (2048) sockets a turn and the ones pushed out close a turn later, so
@@ -280,12 +284,12 @@ def _has_line(f: subprocess.Popen[str]) -> bool:
 @pytest.mark.reliability
 def test_half_open_connections_do_not_blind_healthz(tmp_path: Path, report: dict[str, object]) -> None:
     """Half-open connections: 20,000 half-sent request heads held; /healthz answers within 1 s"""
-    _half_open(tmp_path, report, connections=20_000, procs=2)
+    _half_open(tmp_path, report, connections=20_000, procs=2, judge_latency=True)
 
 
 def test_half_open_connections_smoke(tmp_path: Path, report: dict[str, object]) -> None:
-    """Half-open connections, smoke: 3,000 half-sent request heads"""
-    _half_open(tmp_path, report, connections=3_000, procs=1)
+    """Half-open connections, smoke: 3,000 half-sent request heads; every probe answered (latency measured)"""
+    _half_open(tmp_path, report, connections=3_000, procs=1, judge_latency=False)
 
 
 def _raw(url: str, head: bytes, timeout: float = 10) -> tuple[int, bytes]:
