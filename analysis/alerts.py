@@ -119,7 +119,7 @@ class Alert:
         return str(self.diff.get("detail", ""))
 
     def to_json(self) -> dict[str, Any]:
-        """The alert in the shape DESIGN.md gives (plus what the dashboard needs)."""
+        """The alert as the API, the CLI and the pager carry it (README, *Analyzer and alerts*)."""
         d = self.diff
         return {
             "cohort": self.cohort._asdict(), "field": self.field, "kind": self.kind.value, "value": self.value,

@@ -1,7 +1,7 @@
 """The analyzer's configuration: rule defaults, overrides per contract and field, notifiers.
 
 Read from a TOML file (``--rules PATH`` or the ``rules_file`` setting); every
-key has a default (DESIGN.md's: tolerance 10 points, 200 samples minimum, ...),
+key has a default (tolerance 10 points, 200 samples minimum, ...: the README's rules table),
 and a wrong key or value is refused at start-up with a message naming the key.
 
 .. code-block:: toml
@@ -73,7 +73,7 @@ LATEST_TIME = datetime(2200, 1, 1, tzinfo=UTC)
 
 
 class AlertKind(str, Enum):
-    """What changed against the baseline (DESIGN.md's rules table)."""
+    """What changed against the baseline (the README's rules table, *Analyzer and alerts*)."""
 
     presence_drop = "presence_drop"
     field_missing = "field_missing"

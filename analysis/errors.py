@@ -1,4 +1,4 @@
-"""Errors of the analysis package, each a ``ShapewatchError`` (see CONVENTIONS "Errors").
+"""Errors of the analysis package, each a ``ShapewatchError`` (collector/errors.py has the base).
 
 Messages are built in ``__init__`` so that every raise site says the same thing
 the same way; the CLI and the service turn them into a clear message.

@@ -148,7 +148,7 @@ class Notice:
     action: NoticeAction
     severity: str  # page | warn
     summary: str  # one line
-    alert: dict[str, Any] = field(hash=False)  # the alert JSON (DESIGN.md)
+    alert: dict[str, Any] = field(hash=False)  # the alert JSON (Alert.to_json)
     dashboard_url: str | None = None
 
     def __post_init__(self) -> None:
@@ -175,7 +175,7 @@ def summarize_alert(alert: Mapping[str, Any]) -> str:
 
 def notice_for(alert: Mapping[str, Any], *, episode: int, action: NoticeAction | str,
                dashboard_url: str | None = None) -> Notice:
-    """The notice for an alert JSON (DESIGN.md's shape: fingerprint, severity, cohort, field, kind, detail)."""
+    """The notice for an alert JSON (``Alert.to_json``: fingerprint, severity, cohort, field, kind, detail)."""
     return Notice(str(alert["fingerprint"]), episode, NoticeAction(action), str(alert["severity"]),
                   summarize_alert(alert), dict(alert), dashboard_url)
 

@@ -1,6 +1,6 @@
 """Comparison rules: one cohort's window profile against its baseline, field by field.
 
-``compare_profiles`` runs every rule of DESIGN.md's table on every field and
+``compare_profiles`` runs every rule of the README's table on every field and
 returns a ``Check`` per test it could run (with its effect size and raw
 p-value) and an ``Insufficient`` per field with too few samples. It does not
 decide breaches: significance is judged over *all* tests of an evaluation at

@@ -1,7 +1,7 @@
 """Provider adapters: turn a raw OpenAI, Anthropic or Gemini response into envelopes.
 
-This is the only module that knows provider response formats (DESIGN.md: "the
-provider's format is external"). It reads one raw response body, already
+This is the only module that knows provider response formats: the provider's
+format is external, and nothing else depends on it. It reads one raw response body, already
 decoded from JSON, and returns:
 
 - one envelope dict per structured output it carries (a tool call, a function

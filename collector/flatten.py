@@ -1,6 +1,6 @@
 """Field paths, and flattening an output into per-field observations.
 
-Path syntax (DESIGN.md): ``a.b`` for nesting, ``a[]`` for the items of array
+Path syntax (README, *Field paths and types*): ``a.b`` for nesting, ``a[]`` for the items of array
 ``a``, ``a[].b`` for a key inside array items. A key that itself contains
 ``.``, ``[``, ``]`` or ``\\`` has those characters escaped with a backslash,
 so two different documents never share a path.

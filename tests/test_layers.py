@@ -1,4 +1,4 @@
-"""Imports run one way: collector <- baselines <- analysis <- dashboard (CONVENTIONS.md).
+"""Imports run one way: collector <- baselines <- analysis <- dashboard (README, *Layout*).
 
 Parses every module's imports (including ones inside functions) and fails on an
 upward import; the dashboard is an HTTP client and imports none of the others.

@@ -208,7 +208,7 @@ class PathStats:
 
 
 def path_stats(outputs: Iterable[dict[str, Any]], path: str) -> PathStats:
-    """Statistics of one path of ``outputs``, with units as DESIGN.md defines them: the outputs for a
+    """Statistics of one path of ``outputs``, with units as the README defines them: the outputs for a
     path outside any array, the items of the innermost array otherwise. (Synthetic keys need no escapes.)"""
     steps: list[str | None] = []
     for part in path.split("."):

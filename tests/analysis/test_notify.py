@@ -48,7 +48,7 @@ ROUTING_KEY = "R0UT1NGKEY0000000000000000000000"
 
 
 def make_alert(**overrides: Any) -> dict[str, Any]:
-    """An alert as DESIGN.md shows it; keyword arguments replace top-level fields."""
+    """An alert as the README shows it; keyword arguments replace top-level fields."""
     alert: dict[str, Any] = {
         "cohort": {"model": MODEL, "prompt_version": "intake-v3", "contract": "intake"},
         "field": "customer.tier", "kind": "presence_drop", "severity": "page", "state": "firing",
