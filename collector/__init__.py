@@ -34,7 +34,7 @@ _WHERE = {
     "Client": "sdk", "parse_retry_after": "sdk",
     "Settings": "settings", "load_settings": "settings", "settings_help": "settings",
     "Scope": "settings", "TokenEntry": "settings", "parse_token": "settings",
-    "tag_problem": "tags",
+    "tag_problem": "envelope",
     "SCHEMA_VERSION": "store", "Schema": "store", "Store": "store", "WriteResult": "store", "WriteStatus": "store",
     "Writer": "writer",
     # contracts: reading, fingerprints, the registry and validation; diffs
@@ -210,6 +210,7 @@ if TYPE_CHECKING:
         limits_from_settings,
         parse_body,
         parse_envelope,
+        tag_problem,
         validate_envelope,
     )
     from .errors import (
@@ -237,5 +238,4 @@ if TYPE_CHECKING:
     from .sdk import Client, parse_retry_after
     from .settings import Scope, Settings, TokenEntry, load_settings, parse_token, settings_help
     from .store import SCHEMA_VERSION, Schema, Store, WriteResult, WriteStatus
-    from .tags import tag_problem
     from .writer import Writer

@@ -58,6 +58,7 @@ __all__ = [
     "loads_marking",
     "envelope_json_schema",
     "payload_hash",
+    "tag_problem",
     "TS_MIN",
     "TS_END",
 ]
@@ -336,6 +337,21 @@ def _tag(obj: dict[str, Any], name: str, errors: list[FieldError], lim: Limits, 
     else:
         errors.append(FieldError(name, "must not contain NUL characters", code="invalid_value"))
     return None
+
+
+def tag_problem(value: object, *, path: str, max_length: int | None = None) -> FieldError | None:
+    """Why ``value`` is not a valid tag (a ``FieldError`` at ``path``), or None when it is one: the
+    rule above, for a tag that reaches the store by another door (an imported baseline document).
+
+    A tag is a non-empty string of at most ``max_length`` characters (default: the
+    ``max_tag_length`` setting's default, 256) that is not only whitespace and holds no NUL.
+
+    >>> tag_problem(" ", path="/cohort/model")
+    FieldError(path='/cohort/model', reason='must not be empty', code='invalid_value')
+    """
+    errors: list[FieldError] = []
+    _tag({"tag": value}, "tag", errors, LIMITS if max_length is None else Limits(max_tag_length=max_length), True)
+    return FieldError(path, errors[0].reason, errors[0].code) if errors else None
 
 
 def _jtype(v: Any) -> str:
