@@ -1,5 +1,56 @@
-"""Builds the one C extension (collector/_speedups.c); everything else is in pyproject.toml."""
+"""Builds the optional C accelerator (collector/_speedups.c); everything else is in pyproject.toml.
+
+The accelerator is optional: when it cannot be built (no C compiler, no Python headers), the
+install goes on without it and says so, and shapewatch runs its pure-Python twin
+(``shapewatch.collector.accel``), which gives the same results more slowly. Set
+``SHAPEWATCH_REQUIRE_SPEEDUPS=1`` to make a failed build fail the install instead (CI does).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
 
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 
-setup(ext_modules=[Extension("collector._speedups", ["collector/_speedups.c"], extra_compile_args=["-O2"])])
+WARNING = """
+*** shapewatch: the C accelerator (collector/_speedups.c) could not be built: {error}
+*** shapewatch is installed with its pure-Python twin: the same results, bulk import and
+*** ingest several times slower. Install a C compiler and the Python headers
+*** (Debian: apt-get install gcc python3-dev) and reinstall to get the accelerator.
+"""
+
+
+class OptionalBuildExt(build_ext):
+    """build_ext that warns instead of failing, unless SHAPEWATCH_REQUIRE_SPEEDUPS is set."""
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except Exception as exc:
+            self._fallback(exc)
+
+    def build_extension(self, ext: Extension) -> None:
+        try:
+            super().build_extension(ext)
+        except Exception as exc:
+            self._fallback(exc)
+
+    def _fallback(self, exc: Exception) -> None:
+        if os.environ.get("SHAPEWATCH_REQUIRE_SPEEDUPS") == "1":
+            raise exc
+        sys.stderr.write(WARNING.format(error=exc))
+
+
+setup(
+    ext_modules=[
+        Extension(
+            "shapewatch.collector._speedups",
+            ["collector/_speedups.c"],
+            extra_compile_args=["-O2"],
+            optional=True,
+        )
+    ],
+    cmdclass={"build_ext": OptionalBuildExt},
+)

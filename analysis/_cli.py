@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import click
 import orjson
 
-from collector import Settings, SettingsInvalid, ShapewatchError, load_settings
+from shapewatch.collector import Settings, SettingsInvalid, ShapewatchError, load_settings
 
 from .config import AnalyzerConfig
 
@@ -54,10 +54,17 @@ def _echo_json(value: Any) -> None:
     click.echo(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode())
 
 
-_db_option = click.option("--db", "db_path", type=click.Path(dir_okay=False),
-                          help="DuckDB file, used directly (it must not be held by a running service).")
-_url_option = click.option("--url", envvar="SHAPEWATCH_URL",
-                           help="URL of a running service to ask instead of opening the file (SHAPEWATCH_URL).")
+_db_option = click.option(
+    "--db",
+    "db_path",
+    type=click.Path(dir_okay=False),
+    help="DuckDB file, used directly (it must not be held by a running service).",
+)
+_url_option = click.option(
+    "--url",
+    envvar="SHAPEWATCH_URL",
+    help="URL of a running service to ask instead of opening the file (SHAPEWATCH_URL).",
+)
 _token_option = click.option("--token", envvar="SHAPEWATCH_TOKEN", help="Bearer token for --url (SHAPEWATCH_TOKEN).")
 
 
@@ -71,8 +78,9 @@ def _author() -> str:
 
 
 @contextmanager
-def _backend(ctx: click.Context, db_path: str | None, url: str | None, token: str | None, *,
-             create: bool = False) -> Iterator[Backend]:
+def _backend(
+    ctx: click.Context, db_path: str | None, url: str | None, token: str | None, *, create: bool = False
+) -> Iterator[Backend]:
     from .client import backend
 
     if db_path and url:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from baselines import (
+from shapewatch.baselines import (
     BaselineError,
     Cohort,
     activate_baseline,
@@ -28,18 +28,36 @@ from baselines import (
     resolve_baseline,
     retire_baseline,
 )
-from baselines import (
+from shapewatch.baselines import (
     import_document as store_document,
 )
-from collector import Store, contract_changes, read_profile, served_aliases
+from shapewatch.collector import Store, contract_changes, read_profile, served_aliases
 
 from .alerts import AlertBook, AlertState
 from .config import AnalyzerConfig, Severity
 from .errors import AlertNotFound
 
-__all__ = ["COHORTS_WINDOW", "MAX_SERIES_POINTS", "acknowledge", "activate", "alert", "alerts", "cohort_fields", "cohorts", "events", "field_series", "freeze", "silences",
-           "import_document",
-           "inherit", "list_all", "retire", "show", "silence", "served_model_changes"]
+__all__ = [
+    "COHORTS_WINDOW",
+    "MAX_SERIES_POINTS",
+    "acknowledge",
+    "activate",
+    "alert",
+    "alerts",
+    "cohort_fields",
+    "cohorts",
+    "events",
+    "field_series",
+    "freeze",
+    "import_document",
+    "inherit",
+    "list_all",
+    "retire",
+    "served_model_changes",
+    "show",
+    "silence",
+    "silences",
+]
 
 
 #: The traffic window of ``cohorts`` when none is given.
@@ -52,30 +70,57 @@ def _iso(t: datetime | None) -> str | None:
     return None if t is None else t.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
-def _open_page_alerts(store: Store, cohort: Cohort, since: datetime, until: datetime,
-                      window: timedelta) -> list[str]:
+def _open_page_alerts(store: Store, cohort: Cohort, since: datetime, until: datetime, window: timedelta) -> list[str]:
     # An alert first seen at T judged [T - window, T): its change lies in the data from there on.
     rows = store.query(
         """SELECT field, kind, coalesce(value, ''), first_seen FROM alerts
            WHERE model = ? AND prompt_version = ? AND contract = ? AND severity = 'page'
              AND state <> 'resolved' AND first_seen - ? < ?
-           ORDER BY first_seen""", [*cohort, window, until])
+           ORDER BY first_seen""",
+        [*cohort, window, until],
+    )
     return [f"{kind} on {field}{' = ' + repr(v) if v else ''} since {_iso(t)}" for field, kind, v, t in rows]
 
 
-def freeze(store: Store, config: AnalyzerConfig, *, model: str, prompt_version: str, contract: str,
-           since: datetime, until: datetime, author: str, note: str, force: str | None = None,
-           activate: bool = True, now: datetime | None = None) -> dict[str, Any]:
+def freeze(
+    store: Store,
+    config: AnalyzerConfig,
+    *,
+    model: str,
+    prompt_version: str,
+    contract: str,
+    since: datetime,
+    until: datetime,
+    author: str,
+    note: str,
+    force: str | None = None,
+    activate: bool = True,
+    now: datetime | None = None,
+) -> dict[str, Any]:
     """Freeze a cohort's window as a baseline (refused over open page alerts or too few samples)."""
     cohort = Cohort(model, prompt_version, contract)
     open_pages = _open_page_alerts(store, cohort, since, until, config.window)
-    objections = ([f"the window holds {len(open_pages)} unresolved page alert(s): " + "; ".join(open_pages[:5])]
-                  if open_pages else [])
-    b = freeze_baseline(store, cohort, since, until, author=author, note=note,
-                        min_samples=config.defaults.min_samples, objections=objections, force=force,
-                        activate=activate, now=now)
-    active = next((item.active for item in list_baselines(store, cohort)
-                   if item.baseline.baseline_id == b.baseline_id), False)
+    objections = (
+        [f"the window holds {len(open_pages)} unresolved page alert(s): " + "; ".join(open_pages[:5])]
+        if open_pages
+        else []
+    )
+    b = freeze_baseline(
+        store,
+        cohort,
+        since,
+        until,
+        author=author,
+        note=note,
+        min_samples=config.defaults.min_samples,
+        objections=objections,
+        force=force,
+        activate=activate,
+        now=now,
+    )
+    active = next(
+        (item.active for item in list_baselines(store, cohort) if item.baseline.baseline_id == b.baseline_id), False
+    )
     return {**b.summary(), "active": active}
 
 
@@ -107,29 +152,47 @@ def import_document(store: Store, doc: Any, *, where: str = "request body") -> d
     return {"baseline_id": b.baseline_id, "hash": b.hash, "imported": new}
 
 
-def alerts(store: Store, *, state: str | None = None, severity: str | None = None,
-           model: str | None = None, prompt_version: str | None = None, contract: str | None = None,
-           kind: str | None = None, now: datetime | None = None) -> list[dict[str, Any]]:
+def alerts(
+    store: Store,
+    *,
+    state: str | None = None,
+    severity: str | None = None,
+    model: str | None = None,
+    prompt_version: str | None = None,
+    contract: str | None = None,
+    kind: str | None = None,
+    now: datetime | None = None,
+) -> list[dict[str, Any]]:
     """Alerts (page first), filtered; ``state`` may be ``open`` for pending and firing."""
     now = now or datetime.now(UTC)
-    ids = {Cohort(str(m), str(p), str(c)): int(i) for i, m, p, c in store.query(
-        "SELECT cohort_id, model, prompt_version, contract FROM cohorts")}
-    found = AlertBook(store).alerts(state=AlertState(state) if state and state != "open" else None,
-                                    severity=Severity(severity) if severity else None, now=now)
+    ids = {
+        Cohort(str(m), str(p), str(c)): int(i)
+        for i, m, p, c in store.query("SELECT cohort_id, model, prompt_version, contract FROM cohorts")
+    }
+    found = AlertBook(store).alerts(
+        state=AlertState(state) if state and state != "open" else None,
+        severity=Severity(severity) if severity else None,
+        now=now,
+    )
     out = []
     for a in found:
         if state == "open" and a.state is AlertState.resolved:
             continue
-        if (model and a.cohort.model != model) or (prompt_version and a.cohort.prompt_version != prompt_version) \
-                or (contract and a.cohort.contract != contract) or (kind and a.kind.value != kind):
+        if (
+            (model and a.cohort.model != model)
+            or (prompt_version and a.cohort.prompt_version != prompt_version)
+            or (contract and a.cohort.contract != contract)
+            or (kind and a.kind.value != kind)
+        ):
             continue
         out.append({**a.to_json(), "cohort_id": ids.get(a.cohort)})
     return out
 
 
 def _cohort_id_of(store: Store, cohort: Cohort) -> int | None:
-    rows = store.query("SELECT cohort_id FROM cohorts WHERE model = ? AND prompt_version = ? AND contract = ?",
-                       list(cohort))
+    rows = store.query(
+        "SELECT cohort_id FROM cohorts WHERE model = ? AND prompt_version = ? AND contract = ?", list(cohort)
+    )
     return int(rows[0][0]) if rows else None
 
 
@@ -148,17 +211,32 @@ def acknowledge(store: Store, fingerprint: str, *, by: str) -> dict[str, Any]:
 
 
 def _silence_json(s: Any) -> dict[str, Any]:
-    return {"silence_id": s.silence_id, "starts_at": _iso(s.starts_at), "ends_at": _iso(s.ends_at),
-            "author": s.author, "reason": s.reason,
-            "match": {k: v for k, v in (("fingerprint", s.fingerprint), ("model", s.model),
-                                        ("prompt_version", s.prompt_version), ("contract", s.contract),
-                                        ("field", s.field), ("kind", s.kind)) if v is not None}}
+    return {
+        "silence_id": s.silence_id,
+        "starts_at": _iso(s.starts_at),
+        "ends_at": _iso(s.ends_at),
+        "author": s.author,
+        "reason": s.reason,
+        "match": {
+            k: v
+            for k, v in (
+                ("fingerprint", s.fingerprint),
+                ("model", s.model),
+                ("prompt_version", s.prompt_version),
+                ("contract", s.contract),
+                ("field", s.field),
+                ("kind", s.kind),
+            )
+            if v is not None
+        },
+    }
 
 
 def silence(store: Store, *, duration: timedelta, author: str, reason: str, **match: str | None) -> dict[str, Any]:
     now = datetime.now(UTC)
-    return _silence_json(AlertBook(store).silence(starts_at=now, ends_at=now + duration, author=author,
-                                                  reason=reason, **match))
+    return _silence_json(
+        AlertBook(store).silence(starts_at=now, ends_at=now + duration, author=author, reason=reason, **match)
+    )
 
 
 def silences(store: Store, *, active: bool = True) -> list[dict[str, Any]]:
@@ -171,82 +249,138 @@ def cohorts(store: Store, *, since: datetime | None = None, until: datetime | No
     until = until or datetime.now(UTC)
     since = since or until - COHORTS_WINDOW
     store.flush_rollups()
-    traffic = {int(cid): int(n) for cid, n in store.query(
-        "SELECT cohort_id, sum(events) FROM cohort_buckets WHERE bucket >= ? AND bucket < ? GROUP BY ALL",
-        [since, until])}
+    traffic = {
+        int(cid): int(n)
+        for cid, n in store.query(
+            "SELECT cohort_id, sum(events) FROM cohort_buckets WHERE bucket >= ? AND bucket < ? GROUP BY ALL",
+            [since, until],
+        )
+    }
     served: dict[int, dict[str, int]] = {}
     for cid, m, n in store.query(
-            """SELECT cohort_id, served_model, sum(n)::BIGINT FROM served_models WHERE bucket >= ? AND bucket < ?
-               GROUP BY ALL ORDER BY 3 DESC""", [since, until]):
+        """SELECT cohort_id, served_model, sum(n)::BIGINT FROM served_models WHERE bucket >= ? AND bucket < ?
+               GROUP BY ALL ORDER BY 3 DESC""",
+        [since, until],
+    ):
         served.setdefault(int(cid), {})[str(m)] = int(n)
     contracts: dict[int, dict[str, int]] = {}  # contract version ('' none) -> outputs in the window
     for cid, version, n in store.query(
-            """SELECT cohort_id, contract_version, sum(n)::BIGINT FROM contract_rollups
-               WHERE bucket >= ? AND bucket < ? GROUP BY ALL ORDER BY 3 DESC, 2""", [since, until]):
+        """SELECT cohort_id, contract_version, sum(n)::BIGINT FROM contract_rollups
+               WHERE bucket >= ? AND bucket < ? GROUP BY ALL ORDER BY 3 DESC, 2""",
+        [since, until],
+    ):
         contracts.setdefault(int(cid), {})[str(version)] = int(n)
     outcomes: dict[int, dict[str, int]] = {}
     for cid, kind, n in store.query(
-            "SELECT cohort_id, kind, sum(n)::BIGINT FROM outcomes WHERE bucket >= ? AND bucket < ? GROUP BY ALL "
-            "ORDER BY 2", [since, until]):
+        "SELECT cohort_id, kind, sum(n)::BIGINT FROM outcomes WHERE bucket >= ? AND bucket < ? GROUP BY ALL ORDER BY 2",
+        [since, until],
+    ):
         outcomes.setdefault(int(cid), {})[str(kind)] = int(n)
     counts: dict[tuple[str, str, str], dict[str, int]] = {}
     for m, p, c, sev, n in store.query(
-            "SELECT model, prompt_version, contract, severity, count(*) FROM alerts WHERE state = 'firing' "
-            "GROUP BY ALL"):
+        "SELECT model, prompt_version, contract, severity, count(*) FROM alerts WHERE state = 'firing' GROUP BY ALL"
+    ):
         counts.setdefault((m, p, c), {})[str(sev)] = int(n)
     current = {a.cohort: a for a in activation_history(store)}
-    first_seen = {Cohort(str(m), str(p), str(c)): t for m, p, c, t in store.query(
-        "SELECT model, prompt_version, contract, first_seen FROM cohorts")}
+    first_seen = {
+        Cohort(str(m), str(p), str(c)): t
+        for m, p, c, t in store.query("SELECT model, prompt_version, contract, first_seen FROM cohorts")
+    }
     aliases = served_aliases(store)
     out = []
     for cid, m, p, c, first in store.query(
-            "SELECT cohort_id, model, prompt_version, contract, first_seen FROM cohorts ORDER BY model, "
-            "prompt_version, contract"):
+        "SELECT cohort_id, model, prompt_version, contract, first_seen FROM cohorts ORDER BY model, "
+        "prompt_version, contract"
+    ):
         cohort = Cohort(str(m), str(p), str(c))
         resolved = resolve_baseline(store, cohort, current=current, first_seen=first_seen, aliases=aliases)
         baseline = None
         if resolved is not None:
             b = resolved.baseline
-            baseline = {"baseline_id": b.baseline_id, "how": resolved.how, "cohort": b.cohort._asdict(),
-                        "created_at": _iso(b.created_at), "author": b.author, "note": b.note,
-                        "age_days": round((datetime.now(UTC) - b.created_at).total_seconds() / 86400, 2),
-                        "window": {"since": _iso(b.since), "until": _iso(b.until)}, "samples": b.samples}
-        out.append({"cohort_id": int(cid), "cohort": cohort._asdict(), "first_seen": _iso(first),
-                    "events": traffic.get(int(cid), 0), "unpinned": is_unpinned(cohort.model),
-                    "served_models": served.get(int(cid), {}), "baseline": baseline,
-                    # a served cohort: the aliases (requested model ids) this model answered for
-                    "answered_for": [a[0] for a in aliases.get(cohort, [])],
-                    # contract versions the outputs were tagged with ('' : none), most outputs first
-                    "contract_versions": contracts.get(int(cid), {}),
-                    # responses that never reached a parser: truncated, refused, filtered, invalid JSON
-                    "provider_outcomes": outcomes.get(int(cid), {}),
-                    "alerts_firing": counts.get((cohort.model, cohort.prompt_version, cohort.contract), {})})
+            baseline = {
+                "baseline_id": b.baseline_id,
+                "how": resolved.how,
+                "cohort": b.cohort._asdict(),
+                "created_at": _iso(b.created_at),
+                "author": b.author,
+                "note": b.note,
+                "age_days": round((datetime.now(UTC) - b.created_at).total_seconds() / 86400, 2),
+                "window": {"since": _iso(b.since), "until": _iso(b.until)},
+                "samples": b.samples,
+            }
+        out.append(
+            {
+                "cohort_id": int(cid),
+                "cohort": cohort._asdict(),
+                "first_seen": _iso(first),
+                "events": traffic.get(int(cid), 0),
+                "unpinned": is_unpinned(cohort.model),
+                "served_models": served.get(int(cid), {}),
+                "baseline": baseline,
+                # a served cohort: the aliases (requested model ids) this model answered for
+                "answered_for": [a[0] for a in aliases.get(cohort, [])],
+                # contract versions the outputs were tagged with ('' : none), most outputs first
+                "contract_versions": contracts.get(int(cid), {}),
+                # responses that never reached a parser: truncated, refused, filtered, invalid JSON
+                "provider_outcomes": outcomes.get(int(cid), {}),
+                "alerts_firing": counts.get((cohort.model, cohort.prompt_version, cohort.contract), {}),
+            }
+        )
     return out
 
 
 def cohort_fields(store: Store, cohort_id: int, *, since: datetime, until: datetime) -> dict[str, Any]:
     """The window profile of one cohort, field by field."""
     p = read_profile(store, cohort_id, since, until)
-    return {"cohort_id": cohort_id, "cohort": {"model": p.model, "prompt_version": p.prompt_version,
-                                               "contract": p.contract},
-            "since": _iso(since), "until": _iso(until), "events": p.events, "served_models": p.served_models,
-            "fields": [{**f.to_json(), "presence_rate": round(f.presence_rate, 6), "filled": f.filled,
-                        "array_p50": f.array_percentile(0.5), "array_p90": f.array_percentile(0.9),
-                        "array_p99": f.array_percentile(0.99), "number_p50": f.number_percentile(0.5),
-                        "number_p90": f.number_percentile(0.9), "number_p99": f.number_percentile(0.99)}
-                       for f in p.fields.values()]}
+    return {
+        "cohort_id": cohort_id,
+        "cohort": {"model": p.model, "prompt_version": p.prompt_version, "contract": p.contract},
+        "since": _iso(since),
+        "until": _iso(until),
+        "events": p.events,
+        "served_models": p.served_models,
+        "fields": [
+            {
+                **f.to_json(),
+                "presence_rate": round(f.presence_rate, 6),
+                "filled": f.filled,
+                "array_p50": f.array_percentile(0.5),
+                "array_p90": f.array_percentile(0.9),
+                "array_p99": f.array_percentile(0.99),
+                "number_p50": f.number_percentile(0.5),
+                "number_p90": f.number_percentile(0.9),
+                "number_p99": f.number_percentile(0.99),
+            }
+            for f in p.fields.values()
+        ],
+    }
 
 
 def served_model_changes(store: Store) -> list[dict[str, Any]]:
-    return [{"cohort": {"model": m, "prompt_version": p, "contract": c}, "previous": prev, "current": cur,
-             "detected_at": _iso(t)}
-            for m, p, c, prev, cur, t in store.query(
-                """SELECT model, prompt_version, contract, previous, current, detected_at
-                   FROM served_model_changes ORDER BY detected_at DESC""")]
+    return [
+        {
+            "cohort": {"model": m, "prompt_version": p, "contract": c},
+            "previous": prev,
+            "current": cur,
+            "detected_at": _iso(t),
+        }
+        for m, p, c, prev, cur, t in store.query(
+            """SELECT model, prompt_version, contract, previous, current, detected_at
+                   FROM served_model_changes ORDER BY detected_at DESC"""
+        )
+    ]
 
 
-def field_series(store: Store, config: AnalyzerConfig, cohort_id: int, path: str, *, since: datetime,
-                 until: datetime, points: int = 24) -> dict[str, Any]:
+def field_series(
+    store: Store,
+    config: AnalyzerConfig,
+    cohort_id: int,
+    path: str,
+    *,
+    since: datetime,
+    until: datetime,
+    points: int = 24,
+) -> dict[str, Any]:
     """One field of one cohort over time, in ``points`` equal steps: presence, type shares, values
     and the unknown share against the cohort's baseline, array-size percentiles; with the baseline's
     levels, for charts against it. Each step is a window profile (a sum of buckets)."""
@@ -269,36 +403,71 @@ def field_series(store: Store, config: AnalyzerConfig, cohort_id: int, path: str
         f = profile.fields.get(path)
         strings = f.types.get("string", 0) if f else 0
         broken = max((profile.violations.get(path) or {}).values(), default=0)
-        unknown = (sum(n for v, n in f.values.items() if v not in known) + f.values_overflow + f.long_strings
-                   if f and base else 0)
-        series.append({
-            "since": _iso(lo), "until": _iso(hi), "units": f.units if f else 0,
-            "presence_rate": round(f.presence_rate, 6) if f else None,
-            "types": {t: round(f.type_share(t), 6) for t in sorted(f.types)} if f else {},
-            "values": dict(sorted(f.values.items(), key=lambda kv: -kv[1])[:20]) if f else {},
-            "unknown_share": round(unknown / strings, 6) if strings and base else None,
-            # outputs breaking their registered contract at this path, of those checked
-            "violation_rate": round(broken / profile.checked, 6) if profile.checked else None,
-            "array": ({"p50": f.array_percentile(0.5), "p90": f.array_percentile(0.9),
-                       "p99": f.array_percentile(0.99), "empty_share": round(f.empty_array_share, 6)}
-                      if f and f.array_lengths else None)})
+        unknown = (
+            sum(n for v, n in f.values.items() if v not in known) + f.values_overflow + f.long_strings
+            if f and base
+            else 0
+        )
+        series.append(
+            {
+                "since": _iso(lo),
+                "until": _iso(hi),
+                "units": f.units if f else 0,
+                "presence_rate": round(f.presence_rate, 6) if f else None,
+                "types": {t: round(f.type_share(t), 6) for t in sorted(f.types)} if f else {},
+                "values": dict(sorted(f.values.items(), key=lambda kv: -kv[1])[:20]) if f else {},
+                "unknown_share": round(unknown / strings, 6) if strings and base else None,
+                # outputs breaking their registered contract at this path, of those checked
+                "violation_rate": round(broken / profile.checked, 6) if profile.checked else None,
+                "array": (
+                    {
+                        "p50": f.array_percentile(0.5),
+                        "p90": f.array_percentile(0.9),
+                        "p99": f.array_percentile(0.99),
+                        "empty_share": round(f.empty_array_share, 6),
+                    }
+                    if f and f.array_lengths
+                    else None
+                ),
+            }
+        )
     baseline = None
     if resolved is not None:
         b = resolved.baseline
         baseline = {"baseline_id": b.baseline_id, "how": resolved.how, "present": base is not None}
         if base is not None:
             rules = config.rules_for(cohort.contract, path)
-            baseline |= {"presence_rate": round(base.presence_rate, 6), "tolerance": rules.tolerance,
-                         "types": {t: round(base.type_share(t), 6) for t in sorted(base.types)},
-                         "values": dict(sorted(base.values.items(), key=lambda kv: -kv[1])[:50]),
-                         "enum_like": enum_like(base, rules),
-                         "array": ({"p50": base.array_percentile(0.5), "p90": base.array_percentile(0.9),
-                                    "p99": base.array_percentile(0.99)} if base.array_lengths else None)}
+            baseline |= {
+                "presence_rate": round(base.presence_rate, 6),
+                "tolerance": rules.tolerance,
+                "types": {t: round(base.type_share(t), 6) for t in sorted(base.types)},
+                "values": dict(sorted(base.values.items(), key=lambda kv: -kv[1])[:50]),
+                "enum_like": enum_like(base, rules),
+                "array": (
+                    {
+                        "p50": base.array_percentile(0.5),
+                        "p90": base.array_percentile(0.9),
+                        "p99": base.array_percentile(0.99),
+                    }
+                    if base.array_lengths
+                    else None
+                ),
+            }
     # a contract version first seen inside the range: a marker on the charts
-    changes = [{"version": c["version"], "at": _iso(c["first_seen"])}
-               for c in contract_changes(store, cohort_id, since, until).get(cohort_id, [])]
-    return {"cohort_id": cohort_id, "cohort": cohort._asdict(), "field": path, "since": _iso(since),
-            "until": _iso(until), "baseline": baseline, "series": series, "contract_changes": changes}
+    changes = [
+        {"version": c["version"], "at": _iso(c["first_seen"])}
+        for c in contract_changes(store, cohort_id, since, until).get(cohort_id, [])
+    ]
+    return {
+        "cohort_id": cohort_id,
+        "cohort": cohort._asdict(),
+        "field": path,
+        "since": _iso(since),
+        "until": _iso(until),
+        "baseline": baseline,
+        "series": series,
+        "contract_changes": changes,
+    }
 
 
 def events(store: Store, event_ids: list[str]) -> list[dict[str, Any]]:
@@ -311,19 +480,32 @@ def events(store: Store, event_ids: list[str]) -> list[dict[str, Any]]:
         """SELECT e.event_id, e.ts, c.model, c.prompt_version, c.contract, e.served_model, e.contract_version,
                   e.source, e.output FROM events e JOIN cohorts c USING (cohort_id)
            WHERE e.id_key IN (SELECT md5_number(unnest(?::VARCHAR[]))) AND list_contains(?::VARCHAR[], e.event_id)
-           ORDER BY e.ts""", [event_ids, event_ids])
-    return [{"event_id": r[0], "ts": _iso(r[1]), "cohort": {"model": r[2], "prompt_version": r[3], "contract": r[4]},
-             "served_model": r[5], "contract_version": r[6], "source": r[7], "output": orjson.loads(r[8])}
-            for r in rows]
+           ORDER BY e.ts""",
+        [event_ids, event_ids],
+    )
+    return [
+        {
+            "event_id": r[0],
+            "ts": _iso(r[1]),
+            "cohort": {"model": r[2], "prompt_version": r[3], "contract": r[4]},
+            "served_model": r[5],
+            "contract_version": r[6],
+            "source": r[7],
+            "output": orjson.loads(r[8]),
+        }
+        for r in rows
+    ]
 
 
 # --- contracts ------------------------------------------------------------------------------
 
-def register_contract(store: Store, contract: str, version: str, document: Any, *, author: str,
-                      note: str | None = None) -> dict[str, Any]:
+
+def register_contract(
+    store: Store, contract: str, version: str, document: Any, *, author: str, note: str | None = None
+) -> dict[str, Any]:
     """Register ``document`` (a parsed JSON Schema, tool or catalog) as ``contract`` ``version``;
     its summary with ``created`` (False: the same content was registered before)."""
-    from collector import register_contract as register
+    from shapewatch.collector import register_contract as register
 
     registered, created = register(store, contract, version, document, author=author, note=note)
     return {**registered.summary(), "created": created}
@@ -331,14 +513,13 @@ def register_contract(store: Store, contract: str, version: str, document: Any, 
 
 def list_contracts(store: Store, contract: str | None = None) -> list[dict[str, Any]]:
     """Every registered contract version (of one contract), oldest registration first."""
-    from collector import list_contracts as listed
+    from shapewatch.collector import list_contracts as listed
 
     return [r.summary() for r in listed(store, contract)]
 
 
 def show_contract(store: Store, contract: str, version: str) -> dict[str, Any]:
     """One registered version with its document."""
-    from collector import get_contract
+    from shapewatch.collector import get_contract
 
     return get_contract(store, contract, version).to_json()
-

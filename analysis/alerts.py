@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from baselines import Cohort
-from collector import Schema, Store
+from shapewatch.baselines import Cohort
+from shapewatch.collector import Schema, Store
 
 from .config import AlertKind, AnalyzerConfig, Severity
 from .errors import AlertError, AlertNotFound
@@ -44,9 +44,22 @@ from .errors import AlertError, AlertNotFound
 if TYPE_CHECKING:  # rules pulls in scipy, which bulk import (opening the store) must not pay for
     from .rules import Check
 
-__all__ = ["ALERTS_SCHEMA", "Alert", "AlertBook", "Judged", "AlertState", "Silence", "Transition", "fingerprint", "step"]
+__all__ = [
+    "ALERTS_SCHEMA",
+    "Alert",
+    "AlertBook",
+    "AlertState",
+    "Judged",
+    "Silence",
+    "Transition",
+    "fingerprint",
+    "step",
+]
 
-ALERTS_SCHEMA = Schema("alerts", ("""
+ALERTS_SCHEMA = Schema(
+    "alerts",
+    (
+        """
 CREATE TABLE alerts (
     fingerprint VARCHAR PRIMARY KEY,
     model VARCHAR NOT NULL, prompt_version VARCHAR NOT NULL, contract VARCHAR NOT NULL,
@@ -76,7 +89,9 @@ CREATE TABLE served_model_changes (
     model VARCHAR NOT NULL, prompt_version VARCHAR NOT NULL, contract VARCHAR NOT NULL,
     previous VARCHAR NOT NULL, current VARCHAR NOT NULL, detected_at TIMESTAMPTZ NOT NULL,
     PRIMARY KEY (model, prompt_version, contract, previous, current));
-""",))
+""",
+    ),
+)
 
 
 class AlertState(str, Enum):
@@ -122,18 +137,33 @@ class Alert:
         """The alert as the API, the CLI and the pager carry it (README, *Analyzer and alerts*)."""
         d = self.diff
         return {
-            "cohort": self.cohort._asdict(), "field": self.field, "kind": self.kind.value, "value": self.value,
-            "severity": self.severity.value, "state": self.state.value, "fingerprint": self.fingerprint,
-            "episode": self.episode, "baseline": d.get("baseline", {}), "current": d.get("current", {}),
-            "p_value": d.get("p_value"), "q_value": d.get("q_value"), "effect": d.get("effect"),
-            "threshold": d.get("threshold"), "detail": self.detail,
-            "baseline_id": d.get("baseline_id"), "compared_with": d.get("compared_with"),
+            "cohort": self.cohort._asdict(),
+            "field": self.field,
+            "kind": self.kind.value,
+            "value": self.value,
+            "severity": self.severity.value,
+            "state": self.state.value,
+            "fingerprint": self.fingerprint,
+            "episode": self.episode,
+            "baseline": d.get("baseline", {}),
+            "current": d.get("current", {}),
+            "p_value": d.get("p_value"),
+            "q_value": d.get("q_value"),
+            "effect": d.get("effect"),
+            "threshold": d.get("threshold"),
+            "detail": self.detail,
+            "baseline_id": d.get("baseline_id"),
+            "compared_with": d.get("compared_with"),
             # contract versions live in the window and the baseline, and those first seen in the window
             "contracts": d.get("contracts", {}),
-            "first_seen": _iso(self.first_seen), "last_seen": _iso(self.last_seen),
-            "fired_at": _iso(self.fired_at), "resolved_at": _iso(self.resolved_at),
-            "acknowledged_at": _iso(self.acknowledged_at), "acknowledged_by": self.acknowledged_by,
-            "silenced_until": _iso(self.silenced_until), "samples": list(self.samples),
+            "first_seen": _iso(self.first_seen),
+            "last_seen": _iso(self.last_seen),
+            "fired_at": _iso(self.fired_at),
+            "resolved_at": _iso(self.resolved_at),
+            "acknowledged_at": _iso(self.acknowledged_at),
+            "acknowledged_by": self.acknowledged_by,
+            "silenced_until": _iso(self.silenced_until),
+            "samples": list(self.samples),
         }
 
 
@@ -167,14 +197,23 @@ def _pvalue_text(q: float) -> str:
 
 
 def _diff(check: Check, judged: Judged) -> dict[str, Any]:
-    return {"baseline": check.baseline, "current": check.current, "p_value": check.p_value,
-            "q_value": check.q_value, "effect": round(check.effect, 6), "threshold": check.threshold,
-            "detail": f"{check.detail} ({_pvalue_text(check.q_value)})", "baseline_id": judged.baseline_id,
-            "compared_with": judged.compared_with, "contracts": judged.contracts}
+    return {
+        "baseline": check.baseline,
+        "current": check.current,
+        "p_value": check.p_value,
+        "q_value": check.q_value,
+        "effect": round(check.effect, 6),
+        "threshold": check.threshold,
+        "detail": f"{check.detail} ({_pvalue_text(check.q_value)})",
+        "baseline_id": judged.baseline_id,
+        "compared_with": judged.compared_with,
+        "contracts": judged.contracts,
+    }
 
 
-def step(alerts: dict[str, Alert], evaluated: Iterable[Judged], config: AnalyzerConfig,
-         now: datetime) -> tuple[dict[str, Alert], list[Transition]]:
+def step(
+    alerts: dict[str, Alert], evaluated: Iterable[Judged], config: AnalyzerConfig, now: datetime
+) -> tuple[dict[str, Alert], list[Transition]]:
     """The lifecycle for one evaluation: the new states of every alert it touched, and the transitions.
 
     ``alerts`` holds the open (pending or firing) and resolved alerts by fingerprint;
@@ -191,13 +230,21 @@ def step(alerts: dict[str, Alert], evaluated: Iterable[Judged], config: Analyzer
             new = _judge(old, check, judged, config, now, fp)
             if new is not None and new != old:
                 changed[fp] = new
-                if old is None or new.state is not old.state or (
-                        new.state is AlertState.firing and new.severity is not old.severity):
+                if (
+                    old is None
+                    or new.state is not old.state
+                    or (new.state is AlertState.firing and new.severity is not old.severity)
+                ):
                     # Told: firing (or its severity changing), and a resolve of what fired.
                     # A pending alert that never fired is nobody's news.
-                    moves.append(Transition(new, old.state if old else None,
-                                            notify=new.state is AlertState.firing or (
-                                                old is not None and old.state is AlertState.firing)))
+                    moves.append(
+                        Transition(
+                            new,
+                            old.state if old else None,
+                            notify=new.state is AlertState.firing
+                            or (old is not None and old.state is AlertState.firing),
+                        )
+                    )
         for fp, old in alerts.items():
             if fp in seen or old.cohort != judged.cohort or old.state is AlertState.resolved:
                 continue
@@ -211,18 +258,42 @@ def step(alerts: dict[str, Alert], evaluated: Iterable[Judged], config: Analyzer
     return changed, moves
 
 
-def _judge(old: Alert | None, check: Check, judged: Judged, config: AnalyzerConfig, now: datetime,
-           fp: str) -> Alert | None:
+def _judge(
+    old: Alert | None, check: Check, judged: Judged, config: AnalyzerConfig, now: datetime, fp: str
+) -> Alert | None:
     severity = check.effective_severity
     if check.breach:
         diff = _diff(check, judged)
         needed = config.confirm_evaluations if severity is Severity.page else 1
         if old is None or old.state is AlertState.resolved:
-            base = old or Alert(fp, judged.cohort, check.field, check.kind, check.value, AlertState.pending,
-                                severity, 0, 0, now, now, None, None)
-            new = replace(base, state=AlertState.pending, severity=severity, streak=1, last_seen=now, diff=diff,
-                          first_seen=now if old is None else old.first_seen, resolved_at=None,
-                          acknowledged_at=None, acknowledged_by=None, samples=())
+            base = old or Alert(
+                fp,
+                judged.cohort,
+                check.field,
+                check.kind,
+                check.value,
+                AlertState.pending,
+                severity,
+                0,
+                0,
+                now,
+                now,
+                None,
+                None,
+            )
+            new = replace(
+                base,
+                state=AlertState.pending,
+                severity=severity,
+                streak=1,
+                last_seen=now,
+                diff=diff,
+                first_seen=now if old is None else old.first_seen,
+                resolved_at=None,
+                acknowledged_at=None,
+                acknowledged_by=None,
+                samples=(),
+            )
         elif old.state is AlertState.pending:
             new = replace(old, severity=severity, streak=old.streak + 1, last_seen=now, diff=diff)
         else:  # firing: stays, the clear streak starts over; a severity can rise (unknown growth)
@@ -249,6 +320,7 @@ def _clear(old: Alert, config: AnalyzerConfig, now: datetime) -> Alert:
 
 # --- persistence ----------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Silence:
     silence_id: int
@@ -266,26 +338,65 @@ class Silence:
     def matches(self, a: Alert, now: datetime) -> bool:
         if not self.starts_at <= now < self.ends_at:
             return False
-        wanted = [(self.fingerprint, a.fingerprint), (self.model, a.cohort.model),
-                  (self.prompt_version, a.cohort.prompt_version), (self.contract, a.cohort.contract),
-                  (self.field, a.field), (self.kind, a.kind.value)]
+        wanted = [
+            (self.fingerprint, a.fingerprint),
+            (self.model, a.cohort.model),
+            (self.prompt_version, a.cohort.prompt_version),
+            (self.contract, a.cohort.contract),
+            (self.field, a.field),
+            (self.kind, a.kind.value),
+        ]
         return all(w is None or w == v for w, v in wanted)
 
 
-_COLS = ("fingerprint, model, prompt_version, contract, field, kind, value, state, severity, episode, streak, "
-         "first_seen, last_seen, fired_at, resolved_at, acknowledged_at, acknowledged_by, diff, samples")
+_COLS = (
+    "fingerprint, model, prompt_version, contract, field, kind, value, state, severity, episode, streak, "
+    "first_seen, last_seen, fired_at, resolved_at, acknowledged_at, acknowledged_by, diff, samples"
+)
 
 
 def _alert_of(r: Sequence[Any]) -> Alert:
-    return Alert(r[0], Cohort(r[1], r[2], r[3]), r[4], AlertKind(r[5]), r[6], AlertState(r[7]), Severity(r[8]),
-                 int(r[9]), int(r[10]), r[11], r[12], r[13], r[14], r[15], r[16], orjson.loads(r[17]),
-                 tuple(orjson.loads(r[18])))
+    return Alert(
+        r[0],
+        Cohort(r[1], r[2], r[3]),
+        r[4],
+        AlertKind(r[5]),
+        r[6],
+        AlertState(r[7]),
+        Severity(r[8]),
+        int(r[9]),
+        int(r[10]),
+        r[11],
+        r[12],
+        r[13],
+        r[14],
+        r[15],
+        r[16],
+        orjson.loads(r[17]),
+        tuple(orjson.loads(r[18])),
+    )
 
 
 def _row_of(a: Alert) -> list[Any]:
-    return [a.fingerprint, *a.cohort, a.field, a.kind.value, a.value, a.state.value, a.severity.value, a.episode,
-            a.streak, a.first_seen, a.last_seen, a.fired_at, a.resolved_at, a.acknowledged_at, a.acknowledged_by,
-            orjson.dumps(a.diff).decode(), orjson.dumps(list(a.samples)).decode()]
+    return [
+        a.fingerprint,
+        *a.cohort,
+        a.field,
+        a.kind.value,
+        a.value,
+        a.state.value,
+        a.severity.value,
+        a.episode,
+        a.streak,
+        a.first_seen,
+        a.last_seen,
+        a.fired_at,
+        a.resolved_at,
+        a.acknowledged_at,
+        a.acknowledged_by,
+        orjson.dumps(a.diff).decode(),
+        orjson.dumps(list(a.samples)).decode(),
+    ]
 
 
 class AlertBook:
@@ -297,8 +408,14 @@ class AlertBook:
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    def alerts(self, *, state: AlertState | None = None, severity: Severity | None = None,
-               cohort: Cohort | None = None, now: datetime | None = None) -> list[Alert]:
+    def alerts(
+        self,
+        *,
+        state: AlertState | None = None,
+        severity: Severity | None = None,
+        cohort: Cohort | None = None,
+        now: datetime | None = None,
+    ) -> list[Alert]:
         """Alerts, page first, then most recently seen; with silences filled in."""
         where, params = [], []
         if state is not None:
@@ -311,14 +428,17 @@ class AlertBook:
             where.append("model = ? AND prompt_version = ? AND contract = ?")
             params.extend(cohort)
         cond = ("WHERE " + " AND ".join(where)) if where else ""
-        rows = self.store.query(f"SELECT {_COLS} FROM alerts {cond} "
-                                "ORDER BY severity = 'page' DESC, last_seen DESC, fingerprint", params)
+        rows = self.store.query(
+            f"SELECT {_COLS} FROM alerts {cond} ORDER BY severity = 'page' DESC, last_seen DESC, fingerprint", params
+        )
         alerts = [_alert_of(r) for r in rows]
         if now is None:
             return alerts
         silences = self.silences(now=now)
-        return [replace(a, silenced_until=max((s.ends_at for s in silences if s.matches(a, now)), default=None))
-                for a in alerts]
+        return [
+            replace(a, silenced_until=max((s.ends_at for s in silences if s.matches(a, now)), default=None))
+            for a in alerts
+        ]
 
     def open_alerts(self) -> dict[str, Alert]:
         """Every alert by fingerprint (the state ``step`` starts from)."""
@@ -330,22 +450,48 @@ class AlertBook:
 
     def history(self, fp: str | None = None) -> list[dict[str, Any]]:
         cond, params = ("WHERE fingerprint = ?", [fp]) if fp else ("", [])
-        return [{"fingerprint": r[0], "at": _iso(r[1]), "from": r[2], "to": r[3], "severity": r[4],
-                 "episode": r[5], "detail": r[6], "actor": r[7]}
-                for r in self.store.query(f"""SELECT fingerprint, happened_at, from_state, to_state, severity, episode,
-                                                     detail, actor FROM alert_history {cond} ORDER BY seq""", params)]
+        return [
+            {
+                "fingerprint": r[0],
+                "at": _iso(r[1]),
+                "from": r[2],
+                "to": r[3],
+                "severity": r[4],
+                "episode": r[5],
+                "detail": r[6],
+                "actor": r[7],
+            }
+            for r in self.store.query(
+                f"""SELECT fingerprint, happened_at, from_state, to_state, severity, episode,
+                                                     detail, actor FROM alert_history {cond} ORDER BY seq""",
+                params,
+            )
+        ]
 
     def save(self, con: Any, changed: dict[str, Alert], moves: Sequence[Transition], now: datetime) -> None:
         """Write changed alerts and their transitions (inside the caller's transaction)."""
         if changed:
-            con.executemany(f"INSERT OR REPLACE INTO alerts ({_COLS}) VALUES ({', '.join('?' * 19)})",
-                            [_row_of(a) for a in changed.values()])
+            con.executemany(
+                f"INSERT OR REPLACE INTO alerts ({_COLS}) VALUES ({', '.join('?' * 19)})",
+                [_row_of(a) for a in changed.values()],
+            )
         if moves:
             con.executemany(
                 """INSERT INTO alert_history (fingerprint, happened_at, from_state, to_state, severity, episode,
                                               detail, actor) VALUES (?, ?, ?, ?, ?, ?, ?, NULL)""",
-                [[m.alert.fingerprint, now, m.previous.value if m.previous else None, m.alert.state.value,
-                  m.alert.severity.value, m.alert.episode, m.alert.detail] for m in moves])
+                [
+                    [
+                        m.alert.fingerprint,
+                        now,
+                        m.previous.value if m.previous else None,
+                        m.alert.state.value,
+                        m.alert.severity.value,
+                        m.alert.episode,
+                        m.alert.detail,
+                    ]
+                    for m in moves
+                ],
+            )
 
     def acknowledge(self, fp: str, *, by: str, now: datetime) -> Alert:
         with self.store.transaction("acknowledging an alert") as con:
@@ -354,34 +500,66 @@ class AlertBook:
                 raise AlertNotFound(fp)
             a = replace(_alert_of(rows[0]), acknowledged_at=now, acknowledged_by=by)
             self.save(con, {fp: a}, [], now)
-            con.execute("""INSERT INTO alert_history (fingerprint, happened_at, from_state, to_state, severity,
+            con.execute(
+                """INSERT INTO alert_history (fingerprint, happened_at, from_state, to_state, severity,
                                                        episode, detail, actor) VALUES (?, ?, ?, ?, ?, ?, ?, ?)""",
-                        [fp, now, a.state.value, a.state.value, a.severity.value, a.episode, "acknowledged", by])
+                [fp, now, a.state.value, a.state.value, a.severity.value, a.episode, "acknowledged", by],
+            )
         return a
 
-    def silence(self, *, starts_at: datetime, ends_at: datetime, author: str, reason: str,
-                fingerprint: str | None = None, model: str | None = None, prompt_version: str | None = None,
-                contract: str | None = None, field: str | None = None, kind: str | None = None) -> Silence:
+    def silence(
+        self,
+        *,
+        starts_at: datetime,
+        ends_at: datetime,
+        author: str,
+        reason: str,
+        fingerprint: str | None = None,
+        model: str | None = None,
+        prompt_version: str | None = None,
+        contract: str | None = None,
+        field: str | None = None,
+        kind: str | None = None,
+    ) -> Silence:
         if ends_at <= starts_at:
             raise AlertError("a silence must end after it starts")
         if not reason.strip():
             raise AlertError("a silence needs a reason")
         if not any((fingerprint, model, prompt_version, contract, field, kind)):
-            raise AlertError("a silence must match something: a fingerprint, or a model, prompt version, "
-                             "contract, field or kind")
+            raise AlertError(
+                "a silence must match something: a fingerprint, or a model, prompt version, contract, field or kind"
+            )
         with self.store.transaction("adding a silence") as con:
             row = con.execute(
                 """INSERT INTO silences (fingerprint, model, prompt_version, contract, field, kind, starts_at,
                                           ends_at, author, reason, created_at)
                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING silence_id""",
-                [fingerprint, model, prompt_version, contract, field, kind, starts_at, ends_at, author, reason,
-                 starts_at]).fetchone()
+                [
+                    fingerprint,
+                    model,
+                    prompt_version,
+                    contract,
+                    field,
+                    kind,
+                    starts_at,
+                    ends_at,
+                    author,
+                    reason,
+                    starts_at,
+                ],
+            ).fetchone()
         assert row is not None
-        return Silence(int(row[0]), fingerprint, model, prompt_version, contract, field, kind, starts_at, ends_at,
-                       author, reason)
+        return Silence(
+            int(row[0]), fingerprint, model, prompt_version, contract, field, kind, starts_at, ends_at, author, reason
+        )
 
     def silences(self, *, now: datetime | None = None) -> list[Silence]:
         cond, params = ("WHERE ends_at > ?", [now]) if now else ("", [])
-        return [Silence(*r) for r in self.store.query(
-            f"""SELECT silence_id, fingerprint, model, prompt_version, contract, field, kind, starts_at, ends_at,
-                       author, reason FROM silences {cond} ORDER BY silence_id""", params)]
+        return [
+            Silence(*r)
+            for r in self.store.query(
+                f"""SELECT silence_id, fingerprint, model, prompt_version, contract, field, kind, starts_at, ends_at,
+                       author, reason FROM silences {cond} ORDER BY silence_id""",
+                params,
+            )
+        ]

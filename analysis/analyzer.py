@@ -38,8 +38,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from baselines import Activation, Cohort, Resolved, activation_history, is_unpinned, resolve_baseline
-from collector import (
+from shapewatch.baselines import Activation, Cohort, Resolved, activation_history, is_unpinned, resolve_baseline
+from shapewatch.collector import (
     Profile,
     Store,
     contract_changes,
@@ -96,25 +96,46 @@ class CohortReport:
         if self.how == "own":
             return f"baseline {self.baseline_id}"
         why = {"parent": "named parent", "served_alias": "the alias this model answered for"}.get(
-            self.how or "", "previous prompt version")
-        return (f"baseline {self.baseline_id} of {self.baseline_cohort.prompt_version} "
-                f"({self.baseline_cohort.model}), inherited: {why}")
+            self.how or "", "previous prompt version"
+        )
+        return (
+            f"baseline {self.baseline_id} of {self.baseline_cohort.prompt_version} "
+            f"({self.baseline_cohort.model}), inherited: {why}"
+        )
 
     def judged(self) -> Judged | None:
         if self.baseline_id is None or self.error is not None:
             return None
-        return Judged(self.cohort, self.checks, frozenset(i.field for i in self.insufficient), self.baseline_id,
-                      self.compared_with, self.contracts)
+        return Judged(
+            self.cohort,
+            self.checks,
+            frozenset(i.field for i in self.insufficient),
+            self.baseline_id,
+            self.compared_with,
+            self.contracts,
+        )
 
     def to_json(self) -> dict[str, Any]:
-        return {"cohort": self.cohort._asdict(), "events": self.events, "unpinned": self.unpinned,
-                "served_models": self.served_models, "baseline_id": self.baseline_id,
-                "compared_with": self.compared_with,
-                "mirror_of": self.mirror_of._asdict() if self.mirror_of is not None else None,
-                "contracts": self.contracts, "error": self.error,
-                "insufficient": [{"field": i.field, "baseline_samples": i.baseline_samples,
-                                  "current_samples": i.current_samples, "needed": i.needed}
-                                 for i in self.insufficient]}
+        return {
+            "cohort": self.cohort._asdict(),
+            "events": self.events,
+            "unpinned": self.unpinned,
+            "served_models": self.served_models,
+            "baseline_id": self.baseline_id,
+            "compared_with": self.compared_with,
+            "mirror_of": self.mirror_of._asdict() if self.mirror_of is not None else None,
+            "contracts": self.contracts,
+            "error": self.error,
+            "insufficient": [
+                {
+                    "field": i.field,
+                    "baseline_samples": i.baseline_samples,
+                    "current_samples": i.current_samples,
+                    "needed": i.needed,
+                }
+                for i in self.insufficient
+            ],
+        }
 
 
 @dataclass(frozen=True)
@@ -149,21 +170,23 @@ class Evaluation:
     @property
     def judged_nothing(self) -> bool:
         """Every cohort with a baseline to be judged against failed: the evaluation did not do its job."""
-        return bool(self.failed) and all(c.error is not None for c in self.cohorts if c.baseline_id is not None
-                                         or c.error is not None)
+        return bool(self.failed) and all(
+            c.error is not None for c in self.cohorts if c.baseline_id is not None or c.error is not None
+        )
 
 
 _FAILURES_SHOWN = 20  # failed cohorts named in a run's error; the rest are counted
 
 
-def evaluate(store: Store, config: AnalyzerConfig, at: datetime, *,
-             window: timedelta | None = None) -> Evaluation:
+def evaluate(store: Store, config: AnalyzerConfig, at: datetime, *, window: timedelta | None = None) -> Evaluation:
     """Judge every cohort with traffic in ``[at - window, at)`` against its baseline (reads only)."""
     since = at - (window or config.window)
     profiles = read_profiles(store, since, at, numbers=False)  # no rule reads number histograms
     current: dict[Cohort, Activation] = {a.cohort: a for a in activation_history(store)}
-    first_seen = {Cohort(str(m), str(p), str(c)): t for m, p, c, t in store.query(
-        "SELECT model, prompt_version, contract, first_seen FROM cohorts")}
+    first_seen = {
+        Cohort(str(m), str(p), str(c)): t
+        for m, p, c, t in store.query("SELECT model, prompt_version, contract, first_seen FROM cohorts")
+    }
     aliases = served_aliases(store)
     in_window = {Cohort(p.model, p.prompt_version, p.contract): p for p in profiles}
     pending: list[tuple[Profile, Cohort, Any, list[Check], list[Insufficient], Cohort | None, str | None]] = []
@@ -171,8 +194,9 @@ def evaluate(store: Store, config: AnalyzerConfig, at: datetime, *,
         cohort = Cohort(profile.model, profile.prompt_version, profile.contract)
         mirror = _mirrored(profile, aliases.get(cohort, []), in_window)
         try:
-            resolved, checks, short = _judge_cohort(store, config, profile, cohort, mirror, current, first_seen,
-                                                    aliases)
+            resolved, checks, short = _judge_cohort(
+                store, config, profile, cohort, mirror, current, first_seen, aliases
+            )
         except Exception as exc:
             # One cohort's broken baseline (or a rule raising on it) must not blind the others:
             # logged with its cause, recorded in the run, counted by the analyzer.
@@ -190,22 +214,41 @@ def evaluate(store: Store, config: AnalyzerConfig, at: datetime, *,
             "window": {v: sum(by.values()) for v, by in sorted(profile.contract_checks.items()) if v},
             "live": profile.live_contract_version,
             "baseline": dict(resolved.baseline.contract_versions) if resolved else {},
-            "changes": [{"version": c["version"], "first_seen": c["first_seen"].isoformat()}
-                        for c in changes.get(profile.cohort_id, [])],
+            "changes": [
+                {"version": c["version"], "first_seen": c["first_seen"].isoformat()}
+                for c in changes.get(profile.cohort_id, [])
+            ],
         }
-        reports.append(CohortReport(
-            cohort, profile.cohort_id, profile.events, profile.served_models,
-            resolved.baseline.baseline_id if resolved else None, resolved.how if resolved else None,
-            resolved.baseline.cohort if resolved else None, mine, short,
-            {p: round(f.presence_rate, 6) for p, f in profile.fields.items() if f.scope is None}, mirror,
-            contracts, error))
+        reports.append(
+            CohortReport(
+                cohort,
+                profile.cohort_id,
+                profile.events,
+                profile.served_models,
+                resolved.baseline.baseline_id if resolved else None,
+                resolved.how if resolved else None,
+                resolved.baseline.cohort if resolved else None,
+                mine,
+                short,
+                {p: round(f.presence_rate, 6) for p, f in profile.fields.items() if f.scope is None},
+                mirror,
+                contracts,
+                error,
+            )
+        )
     return Evaluation(at, since, reports)
 
 
-def _judge_cohort(store: Store, config: AnalyzerConfig, profile: Profile, cohort: Cohort, mirror: Cohort | None,
-                  current: dict[Cohort, Activation], first_seen: dict[Cohort, datetime],
-                  aliases: dict[tuple[str, str, str], list[tuple[str, str, str]]]
-                  ) -> tuple[Resolved | None, list[Check], list[Insufficient]]:
+def _judge_cohort(
+    store: Store,
+    config: AnalyzerConfig,
+    profile: Profile,
+    cohort: Cohort,
+    mirror: Cohort | None,
+    current: dict[Cohort, Activation],
+    first_seen: dict[Cohort, datetime],
+    aliases: dict[tuple[str, str, str], list[tuple[str, str, str]]],
+) -> tuple[Resolved | None, list[Check], list[Insufficient]]:
     """The baseline one cohort is compared against, and the checks of the comparison."""
     resolved = resolve_baseline(store, cohort, current=current, first_seen=first_seen, aliases=aliases)
     if resolved is None or mirror is not None:
@@ -231,15 +274,18 @@ def _mirrored(profile: Profile, aliases: list[tuple[str, str, str]], in_window: 
     return None
 
 
-def _rules_for(config: AnalyzerConfig, contract: str,
-               declared: dict[str, tuple[str, ...]] | None = None) -> Callable[[str], FieldRules]:
+def _rules_for(
+    config: AnalyzerConfig, contract: str, declared: dict[str, tuple[str, ...]] | None = None
+) -> Callable[[str], FieldRules]:
     """The rules of a contract's fields; a field whose registered contract declares its enum, and
     whose configuration does not, takes the declared values as its known set (the unknown bucket)."""
+
     def rules(path: str) -> FieldRules:
         r = config.rules_for(contract, path)
         if declared and r.allowed is None and path in declared:
             return replace(r, allowed=declared[path])
         return r
+
     return rules
 
 
@@ -251,8 +297,11 @@ def _declared_enums(store: Store, profile: Profile) -> dict[str, tuple[str, ...]
     facts = store.contract_validators.facts(profile.contract, version)
     if facts is None:
         return {}
-    return {path: tuple(v for v in values if isinstance(v, str)) for path, values in facts.enums.items()
-            if any(isinstance(v, str) for v in values)}
+    return {
+        path: tuple(v for v in values if isinstance(v, str))
+        for path, values in facts.enums.items()
+        if any(isinstance(v, str) for v in values)
+    }
 
 
 # --- sample events --------------------------------------------------------------------------
@@ -284,8 +333,9 @@ def _shows(alert: Alert, output: dict[str, Any]) -> bool:
         b, c = alert.diff.get("baseline", {}), alert.diff.get("current", {})
         grew = (c.get("p90") or 0) >= (b.get("p90") or 0)
         edge = c.get("p90") if grew else c.get("p50")
-        return any(o.length is not None and edge is not None and
-                   (o.length >= edge if grew else o.length <= edge) for o in obs)
+        return any(
+            o.length is not None and edge is not None and (o.length >= edge if grew else o.length <= edge) for o in obs
+        )
     return False
 
 
@@ -295,13 +345,16 @@ def _breaks(store: Store, alert: Alert, version: str, output: dict[str, Any]) ->
     return any((path or "$") == alert.field for path, _ in found)
 
 
-def sample_event_ids(store: Store, cohort_id: int, since: datetime, until: datetime, alert: Alert,
-                     limit: int = 3) -> list[str]:
+def sample_event_ids(
+    store: Store, cohort_id: int, since: datetime, until: datetime, alert: Alert, limit: int = 3
+) -> list[str]:
     """Event ids of stored outputs in the window that show the alert's change (newest first)."""
     found = []
     for event_id, output, version in store.query(
-            """SELECT event_id, output, contract_version FROM cohort_events WHERE cohort_id = ? AND ts >= ? AND ts < ?
-               ORDER BY ts DESC LIMIT ?""", [cohort_id, since, until, _SAMPLE_SCAN]):
+        """SELECT event_id, output, contract_version FROM cohort_events WHERE cohort_id = ? AND ts >= ? AND ts < ?
+               ORDER BY ts DESC LIMIT ?""",
+        [cohort_id, since, until, _SAMPLE_SCAN],
+    ):
         if alert.kind is AlertKind.schema_violation:
             shown = version is not None and _breaks(store, alert, str(version), orjson.loads(output))
         else:
@@ -318,16 +371,19 @@ def _with_samples(store: Store, evaluation: Evaluation, changed: dict[str, Alert
     out = {}
     for fp, a in changed.items():
         if not a.samples and a.state is not AlertState.resolved and a.cohort in ids:
-            a = replace(a, samples=tuple(sample_event_ids(store, ids[a.cohort], evaluation.since, evaluation.at,
-                                                          a, limit)))
+            a = replace(
+                a, samples=tuple(sample_event_ids(store, ids[a.cohort], evaluation.since, evaluation.at, a, limit))
+            )
         out[fp] = a
     return out
 
 
 # --- offline --------------------------------------------------------------------------------
 
-def analyze_once(store: Store, config: AnalyzerConfig, at: datetime, *,
-                 window: timedelta | None = None) -> tuple[Evaluation, list[Alert]]:
+
+def analyze_once(
+    store: Store, config: AnalyzerConfig, at: datetime, *, window: timedelta | None = None
+) -> tuple[Evaluation, list[Alert]]:
     """What the service would show at ``at``: the evaluations leading up to it, states in memory.
 
     Returns the last evaluation and the alerts it leaves pending or firing.
@@ -347,11 +403,21 @@ def analyze_once(store: Store, config: AnalyzerConfig, at: datetime, *,
 
 
 def _ordered(alerts: Any) -> list[Alert]:
-    return sorted(alerts, key=lambda a: (a.severity.value != "page", a.state.value != "firing", a.cohort, a.field,
-                                         a.kind.value, a.value or ""))
+    return sorted(
+        alerts,
+        key=lambda a: (
+            a.severity.value != "page",
+            a.state.value != "firing",
+            a.cohort,
+            a.field,
+            a.kind.value,
+            a.value or "",
+        ),
+    )
 
 
 # --- the scheduled run ----------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class RunResult:
@@ -373,9 +439,16 @@ class Analyzer:
     >>> analyzer.run()                                             # doctest: +SKIP
     """
 
-    def __init__(self, store: Store, config: AnalyzerConfig, *, registry: CollectorRegistry,
-                 enqueue: Enqueue | None = None, clock: Callable[[], datetime] = lambda: datetime.now(UTC),
-                 max_presence_series: int = 200) -> None:
+    def __init__(
+        self,
+        store: Store,
+        config: AnalyzerConfig,
+        *,
+        registry: CollectorRegistry,
+        enqueue: Enqueue | None = None,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        max_presence_series: int = 200,
+    ) -> None:
         self.store = store
         self.config = config
         self.book = AlertBook(store)
@@ -384,18 +457,28 @@ class Analyzer:
         self.last: Evaluation | None = None
         self.max_presence_series = max_presence_series
         self._one_at_a_time = threading.Lock()
-        self.duration = Histogram("shapewatch_analyzer_run_seconds", "Time of one analyzer evaluation",
-                                  registry=registry, buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120))
-        self.runs = Counter("shapewatch_analyzer_runs_total", "Analyzer evaluations by result", ["result"],
-                            registry=registry)
+        self.duration = Histogram(
+            "shapewatch_analyzer_run_seconds",
+            "Time of one analyzer evaluation",
+            registry=registry,
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120),
+        )
+        self.runs = Counter(
+            "shapewatch_analyzer_runs_total", "Analyzer evaluations by result", ["result"], registry=registry
+        )
         for result in ("ok", "failed"):
             self.runs.labels(result)
         self.cohort_failures = Counter(
             "shapewatch_analyzer_cohort_failures_total",
             "Cohorts an evaluation could not judge (an unreadable baseline, a rule raising); the run's "
-            "recorded error names them", registry=registry)
-        self.last_success = Gauge("shapewatch_analyzer_last_success_timestamp_seconds",
-                                  "Unix time of the last successful evaluation (0: none yet)", registry=registry)
+            "recorded error names them",
+            registry=registry,
+        )
+        self.last_success = Gauge(
+            "shapewatch_analyzer_last_success_timestamp_seconds",
+            "Unix time of the last successful evaluation (0: none yet)",
+            registry=registry,
+        )
         registry.register(_AlertGauges(self))
 
     def run(self, at: datetime | None = None) -> RunResult:
@@ -440,8 +523,9 @@ class Analyzer:
         self.last = evaluation
         return RunResult(True, at, duration, evaluation, moves, evaluation.error)
 
-    def _failed(self, started: datetime, at: datetime, duration: float, error: str,
-                evaluation: Evaluation | None) -> RunResult:
+    def _failed(
+        self, started: datetime, at: datetime, duration: float, error: str, evaluation: Evaluation | None
+    ) -> RunResult:
         if evaluation is not None:
             log.error("analyzer run at %s failed: %s", at.isoformat(), error)
         self.runs.labels("failed").inc()
@@ -452,16 +536,38 @@ class Analyzer:
             log.exception("could not record the failed analyzer run")
         return RunResult(False, at, duration, evaluation, [], error)
 
-    def _record(self, con: Any, started: datetime, at: datetime, ok: bool, error: str | None, duration: float,
-                evaluation: Evaluation | None) -> None:
-        report = None if evaluation is None else orjson.dumps(
-            {"cohorts": [c.to_json() for c in evaluation.cohorts]}).decode()
+    def _record(
+        self,
+        con: Any,
+        started: datetime,
+        at: datetime,
+        ok: bool,
+        error: str | None,
+        duration: float,
+        evaluation: Evaluation | None,
+    ) -> None:
+        report = (
+            None
+            if evaluation is None
+            else orjson.dumps({"cohorts": [c.to_json() for c in evaluation.cohorts]}).decode()
+        )
         con.execute(
             """INSERT INTO analyzer_runs (started_at, finished_at, evaluated_at, ok, error, duration_seconds,
                                           cohorts, checks, breaches, report)
                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
-            [started, self.clock(), at, ok, error, duration, len(evaluation.cohorts) if evaluation else 0,
-             evaluation.checks if evaluation else 0, evaluation.breaches if evaluation else 0, report])
+            [
+                started,
+                self.clock(),
+                at,
+                ok,
+                error,
+                duration,
+                len(evaluation.cohorts) if evaluation else 0,
+                evaluation.checks if evaluation else 0,
+                evaluation.breaches if evaluation else 0,
+                report,
+            ],
+        )
 
     def _served_model_changes(self, con: Any, evaluation: Evaluation) -> None:
         # A served model first seen in this window under a cohort that was answered by
@@ -475,7 +581,9 @@ class Analyzer:
                          WHERE n.first >= ? AND n.first < ? GROUP BY n.cohort_id, n.served_model, n.first)
                SELECT c.model, c.prompt_version, c.contract, previous, current, ?
                FROM moved JOIN cohorts c USING (cohort_id)
-               ON CONFLICT DO NOTHING""", [evaluation.since, evaluation.at, evaluation.at])
+               ON CONFLICT DO NOTHING""",
+            [evaluation.since, evaluation.at, evaluation.at],
+        )
 
 
 class _AlertGauges(Collector):
@@ -489,7 +597,8 @@ class _AlertGauges(Collector):
         counts = {(s, v): 0 for s in ("pending", "firing") for v in ("page", "warn")}
         try:
             for state, severity, n in self.analyzer.store.query(
-                    "SELECT state, severity, count(*) FROM alerts WHERE state <> 'resolved' GROUP BY ALL"):
+                "SELECT state, severity, count(*) FROM alerts WHERE state <> 'resolved' GROUP BY ALL"
+            ):
                 counts[(str(state), str(severity))] = int(n)
         except Exception:  # a scrape must not fail because the store is busy or closed
             log.warning("alert gauges unavailable", exc_info=True)
@@ -499,7 +608,9 @@ class _AlertGauges(Collector):
         presence = GaugeMetricFamily(
             "shapewatch_field_presence_ratio",
             "Presence rate of each top-level field of cohorts with a baseline, last evaluation "
-            "(at most max_presence_series series)", labels=["model", "prompt_version", "contract", "field"])
+            "(at most max_presence_series series)",
+            labels=["model", "prompt_version", "contract", "field"],
+        )
         last = self.analyzer.last
         n = 0
         for report in last.cohorts if last else []:

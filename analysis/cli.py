@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import click
 import orjson
 
-from collector import (
+from shapewatch.collector import (
     ImportSummary,
     Settings,
     ShapewatchError,
@@ -43,7 +43,7 @@ from .contract_cli import contract
 if TYPE_CHECKING:
     pass
 
-__all__ = ["main", "cli"]
+__all__ = ["cli", "main"]
 
 
 @click.group()
@@ -52,8 +52,9 @@ __all__ = ["main", "cli"]
 @click.pass_context
 def cli(ctx: click.Context, config: str | None, verbose: bool) -> None:
     """shapewatch: watch the shape of language-model structured outputs drift."""
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     ctx.obj = {"config": config}
 
 
@@ -108,8 +109,9 @@ def up(ctx: click.Context, db_path: str | None, port: int | None, dashboard_port
     click.echo(f"shapewatch service:   {url}  (API docs at /docs, metrics at /metrics; database {settings.db_path})")
     click.echo(f"shapewatch dashboard: http://127.0.0.1:{dashboard_port}")
     dash = _start_dashboard(url, dashboard_port, token, host="127.0.0.1", quiet=True)
-    threading.Thread(target=_after_start, args=(url, token, not no_sample, dash, dashboard_port), daemon=True,
-                     name="shapewatch-up").start()
+    threading.Thread(
+        target=_after_start, args=(url, token, not no_sample, dash, dashboard_port), daemon=True, name="shapewatch-up"
+    ).start()
     # SIGTERM like Ctrl-C: the service stops cleanly (uvicorn re-raises the signal after its
     # shutdown), then the dashboard is stopped here, never left running on its own.
     signal.signal(signal.SIGTERM, _interrupt)
@@ -135,9 +137,25 @@ def _start_dashboard(url: str, port: int, token: str | None, *, host: str, quiet
     env = {**os.environ, "SHAPEWATCH_URL": url}
     if token:
         env["SHAPEWATCH_TOKEN"] = token
-    cmd = [sys.executable, "-m", "streamlit", "run", str(app), "--server.headless", "true",
-           "--server.port", str(port), "--server.address", host, "--browser.gatherUsageStats", "false",
-           "--server.fileWatcherType", "none", "--client.toolbarMode", "viewer"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        str(app),
+        "--server.headless",
+        "true",
+        "--server.port",
+        str(port),
+        "--server.address",
+        host,
+        "--browser.gatherUsageStats",
+        "false",
+        "--server.fileWatcherType",
+        "none",
+        "--client.toolbarMode",
+        "viewer",
+    ]
     # Quiet: Streamlit's own banner would repeat the URL printed above; its errors still show.
     return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL if quiet else None)
 
@@ -180,9 +198,11 @@ def _after_start(url: str, token: str | None, sample: bool, dash: Any, dashboard
             click.echo(f"warning: {exc}", err=True)
         else:
             if summary.seeded:
-                click.echo(f"loaded the sample workspace: {summary.events} events of contracts named sample-..., "
-                           f"{len(summary.baselines)} baselines, {summary.alerts} alerts "
-                           "(start an empty database with --no-sample to skip it)")
+                click.echo(
+                    f"loaded the sample workspace: {summary.events} events of contracts named sample-..., "
+                    f"{len(summary.baselines)} baselines, {summary.alerts} alerts "
+                    "(start an empty database with --no-sample to skip it)"
+                )
             else:
                 click.echo("the database already holds events: no sample workspace loaded")
     dash_url = f"http://127.0.0.1:{dashboard_port}"
@@ -201,8 +221,9 @@ def _after_start(url: str, token: str | None, sample: bool, dash: Any, dashboard
 @cli.command()
 @click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--db", "db_path", type=click.Path(dir_okay=False), help="DuckDB file (must not be held by a service).")
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True,
-              help="Summary format.")
+@click.option(
+    "--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True, help="Summary format."
+)
 @click.pass_context
 def ingest(ctx: click.Context, files: tuple[Path, ...], db_path: str | None, fmt: str) -> None:
     """Import JSONL or .jsonl.gz envelopes; rejected lines go to a quarantine file.
@@ -226,8 +247,7 @@ def ingest(ctx: click.Context, files: tuple[Path, ...], db_path: str | None, fmt
     summary = ImportSummary()
     failed: ShapewatchError | None = None
     try:
-        with store, click.progressbar(length=total, label="importing", file=sys.stderr,
-                                      hidden=not show) as bar:
+        with store, click.progressbar(length=total, label="importing", file=sys.stderr, hidden=not show) as bar:
             import_files(list(files), store, limits_from_settings(settings), progress=bar.update, summary=summary)
     except ShapewatchError as exc:
         failed = exc  # what the files before it added is still reported
@@ -241,15 +261,18 @@ def ingest(ctx: click.Context, files: tuple[Path, ...], db_path: str | None, fmt
         for q in out["quarantine"]:
             click.echo(f"  rejected lines with their reasons: {q}")
     for unreadable in summary.unreadable:
-        click.echo(f"error: {unreadable} (the lines read before the fault were imported; once the file is whole, "
-                   "an import of it adds the rest)", err=True)
+        click.echo(
+            f"error: {unreadable} (the lines read before the fault were imported; once the file is whole, "
+            "an import of it adds the rest)",
+            err=True,
+        )
     if failed is not None:
-        click.echo(f"error: {failed} (the import stopped there; the summary counts what was stored before)",
-                   err=True)
+        click.echo(f"error: {failed} (the import stopped there; the summary counts what was stored before)", err=True)
     sys.exit(2 if summary.unreadable or failed is not None else 1 if summary.rejected else 0)
 
 
 # --- shared options ------------------------------------------------------------------------
+
 
 def _when(text: str | None, option: str, *, ranged: bool = True) -> datetime | None:
     """An ISO 8601 time with a zone (``2026-11-29T12:00:00Z``), or None; with ``ranged`` in the
@@ -268,11 +291,11 @@ def _when(text: str | None, option: str, *, ranged: bool = True) -> datetime | N
     try:
         t = datetime.fromisoformat(text.replace("Z", "+00:00") if text.endswith("Z") else text)
     except ValueError:
-        raise click.BadParameter(f"{text!r} is not an ISO 8601 time; write e.g. 2026-11-29T12:00:00Z",
-                                 param_hint=option) from None
+        raise click.BadParameter(
+            f"{text!r} is not an ISO 8601 time; write e.g. 2026-11-29T12:00:00Z", param_hint=option
+        ) from None
     if t.tzinfo is None:
-        raise click.BadParameter(f"{text!r} has no time zone; add Z or an offset such as +02:00",
-                                 param_hint=option)
+        raise click.BadParameter(f"{text!r} has no time zone; add Z or an offset such as +02:00", param_hint=option)
     try:
         return t.astimezone(UTC)
     except OverflowError:  # year 1 at +05:00 is before the first datetime
@@ -302,13 +325,19 @@ class _FiniteFloatRange(click.FloatRange):
         return rv
 
 
-_format_option = click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
-                              show_default=True, help="Output format.")
+_format_option = click.option(
+    "--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True, help="Output format."
+)
 
 
 @cli.command()
-@click.option("--url", envvar="SHAPEWATCH_URL", default="http://127.0.0.1:8000", show_default=True,
-              help="URL of the running service (SHAPEWATCH_URL).")
+@click.option(
+    "--url",
+    envvar="SHAPEWATCH_URL",
+    default="http://127.0.0.1:8000",
+    show_default=True,
+    help="URL of the running service (SHAPEWATCH_URL).",
+)
 @click.option("--port", type=int, default=8501, show_default=True, help="Port of the dashboard.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address the dashboard binds.")
 @_token_option
@@ -327,14 +356,17 @@ def dashboard(url: str, port: int, host: str, token: str | None) -> None:
 
 # --- analyze and alerts --------------------------------------------------------------------
 
+
 def _alert_table(alerts: list[dict[str, Any]]) -> None:
     if not alerts:
         click.echo("no alerts")
         return
     for a in alerts:
         c = a["cohort"]
-        click.echo(f"{a['severity']:<4} {a['state']:<8} {c['model']} / {c['prompt_version']} / {c['contract']}  "
-                   f"{a['field']}  {a['kind']}{' ' + repr(a['value']) if a.get('value') else ''}")
+        click.echo(
+            f"{a['severity']:<4} {a['state']:<8} {c['model']} / {c['prompt_version']} / {c['contract']}  "
+            f"{a['field']}  {a['kind']}{' ' + repr(a['value']) if a.get('value') else ''}"
+        )
         click.echo(f"     {a['detail']}")
         if a.get("compared_with"):
             click.echo(f"     compared with {a['compared_with']}")
@@ -342,15 +374,18 @@ def _alert_table(alerts: list[dict[str, Any]]) -> None:
 
 @cli.command()
 @_db_option
-@click.option("--once", is_flag=True, required=True, help="Run one evaluation and exit (the service runs them on a "
-              "schedule).")
+@click.option(
+    "--once", is_flag=True, required=True, help="Run one evaluation and exit (the service runs them on a schedule)."
+)
 @click.option("--at", "at_text", help="Evaluate the window ending at this time (ISO 8601 with a zone; default now).")
-@click.option("--window", "window_text", help="Window length, e.g. 24h, at most 400d (default from the configuration: "
-              "24h).")
+@click.option(
+    "--window", "window_text", help="Window length, e.g. 24h, at most 400d (default from the configuration: 24h)."
+)
 @_format_option
 @click.pass_context
-def analyze(ctx: click.Context, db_path: str | None, once: bool, at_text: str | None, window_text: str | None,
-            fmt: str) -> None:
+def analyze(
+    ctx: click.Context, db_path: str | None, once: bool, at_text: str | None, window_text: str | None, fmt: str
+) -> None:
     """Judge every cohort's window against its baseline and print the alerts (nothing is written).
 
     Exit 0 with no alert firing, 1 with any firing, 2 on a usage or input error.
@@ -373,17 +408,26 @@ def analyze(ctx: click.Context, db_path: str | None, once: bool, at_text: str | 
     out = [a.to_json() for a in alerts]
     firing = [a for a in out if a["state"] == "firing"]
     if fmt == "json":
-        click.echo(orjson.dumps({"at": at.isoformat().replace("+00:00", "Z"), "window_seconds":
-                                 int(window.total_seconds()), "alerts": out,
-                                 "cohorts": [c.to_json() for c in evaluation.cohorts]}).decode())
+        click.echo(
+            orjson.dumps(
+                {
+                    "at": at.isoformat().replace("+00:00", "Z"),
+                    "window_seconds": int(window.total_seconds()),
+                    "alerts": out,
+                    "cohorts": [c.to_json() for c in evaluation.cohorts],
+                }
+            ).decode()
+        )
     else:
         _alert_table(out)
         for c in evaluation.cohorts:
             if c.baseline_id is None:
                 click.echo(f"note: {c.cohort} has no baseline ({c.events} events); freeze one to judge it")
             elif c.insufficient:
-                click.echo(f"note: {c.cohort}: {len(c.insufficient)} field(s) under the sample minimum "
-                           f"(insufficient): {', '.join(i.field for i in c.insufficient[:8])}")
+                click.echo(
+                    f"note: {c.cohort}: {len(c.insufficient)} field(s) under the sample minimum "
+                    f"(insufficient): {', '.join(i.field for i in c.insufficient[:8])}"
+                )
     sys.exit(1 if firing else 0)
 
 
@@ -397,13 +441,24 @@ def analyze(ctx: click.Context, db_path: str | None, once: bool, at_text: str | 
 @click.option("--kind", help="Only this kind (e.g. presence_drop).")
 @_format_option
 @click.pass_context
-def alerts(ctx: click.Context, db_path: str | None, url: str | None, token: str | None, severity: str | None,
-           state: str | None, model: str | None, prompt_version: str | None, contract: str | None, kind: str | None,
-           fmt: str) -> None:
+def alerts(
+    ctx: click.Context,
+    db_path: str | None,
+    url: str | None,
+    token: str | None,
+    severity: str | None,
+    state: str | None,
+    model: str | None,
+    prompt_version: str | None,
+    contract: str | None,
+    kind: str | None,
+    fmt: str,
+) -> None:
     """List the alerts the service recorded, page first. Exit 1 when any listed alert is firing."""
     with _backend(ctx, db_path, url, token) as b:
-        found = b.alerts(severity=severity, state=state, model=model, prompt_version=prompt_version,
-                         contract=contract, kind=kind)
+        found = b.alerts(
+            severity=severity, state=state, model=model, prompt_version=prompt_version, contract=contract, kind=kind
+        )
     if fmt == "json":
         click.echo(orjson.dumps(found).decode())
     else:
@@ -412,6 +467,7 @@ def alerts(ctx: click.Context, db_path: str | None, url: str | None, token: str 
 
 
 # --- baselines -----------------------------------------------------------------------------
+
 
 @cli.group()
 def baseline() -> None:
@@ -434,15 +490,36 @@ def _cohort_options(f: Any) -> Any:
 @_backend_options
 @_format_option
 @click.pass_context
-def freeze(ctx: click.Context, model: str, prompt_version: str, contract: str, since_text: str, until_text: str,
-           note: str, force: str | None, no_activate: bool, db_path: str | None, url: str | None,
-           token: str | None, fmt: str) -> None:
+def freeze(
+    ctx: click.Context,
+    model: str,
+    prompt_version: str,
+    contract: str,
+    since_text: str,
+    until_text: str,
+    note: str,
+    force: str | None,
+    no_activate: bool,
+    db_path: str | None,
+    url: str | None,
+    token: str | None,
+    fmt: str,
+) -> None:
     """Freeze a cohort's window as a baseline and make it active; prints its id."""
     since, until = _when(since_text, "--since", ranged=False), _when(until_text, "--until", ranged=False)
     assert since is not None and until is not None
     with _backend(ctx, db_path, url, token) as b:
-        result = b.freeze(model=model, prompt_version=prompt_version, contract=contract, since=since, until=until,
-                          author=_author(), note=note, force=force, activate=not no_activate)
+        result = b.freeze(
+            model=model,
+            prompt_version=prompt_version,
+            contract=contract,
+            since=since,
+            until=until,
+            author=_author(),
+            note=note,
+            force=force,
+            activate=not no_activate,
+        )
     if fmt == "json":
         _echo_json(result)
     else:
@@ -456,10 +533,18 @@ def freeze(ctx: click.Context, model: str, prompt_version: str, contract: str, s
 @_backend_options
 @_format_option
 @click.pass_context
-def list_(ctx: click.Context, model: str | None, prompt_version: str | None, contract: str, db_path: str | None,
-          url: str | None, token: str | None, fmt: str) -> None:
+def list_(
+    ctx: click.Context,
+    model: str | None,
+    prompt_version: str | None,
+    contract: str,
+    db_path: str | None,
+    url: str | None,
+    token: str | None,
+    fmt: str,
+) -> None:
     """Every baseline, newest first, with whether it is active and whether its model is unpinned."""
-    from baselines import Cohort
+    from shapewatch.baselines import Cohort
 
     if bool(model) != bool(prompt_version):
         raise click.UsageError("--model and --prompt-version go together")
@@ -474,9 +559,11 @@ def list_(ctx: click.Context, model: str | None, prompt_version: str | None, con
     for item in found:
         c = item["cohort"]
         marks = [m for m, on in (("active", item["active"]), ("unpinned model", item["unpinned"])) if on]
-        click.echo(f"{item['baseline_id']}  {c['model']} / {c['prompt_version']} / {c['contract']}  "
-                   f"{item['window']['since']} .. {item['window']['until']}  {item['samples']} samples  "
-                   f"by {item['author']}{'  [' + ', '.join(marks) + ']' if marks else ''}")
+        click.echo(
+            f"{item['baseline_id']}  {c['model']} / {c['prompt_version']} / {c['contract']}  "
+            f"{item['window']['since']} .. {item['window']['until']}  {item['samples']} samples  "
+            f"by {item['author']}{'  [' + ', '.join(marks) + ']' if marks else ''}"
+        )
         click.echo(f"    {item['note']}")
 
 
@@ -495,8 +582,9 @@ def show(ctx: click.Context, baseline_id: str, db_path: str | None, url: str | N
 @click.option("--note", default="", help="Why (kept in the activation history).")
 @_backend_options
 @click.pass_context
-def activate(ctx: click.Context, baseline_id: str, note: str, db_path: str | None, url: str | None,
-             token: str | None) -> None:
+def activate(
+    ctx: click.Context, baseline_id: str, note: str, db_path: str | None, url: str | None, token: str | None
+) -> None:
     """Make a baseline the active one of its cohort."""
     with _backend(ctx, db_path, url, token) as b:
         result = b.activate(baseline_id, author=_author(), note=note)
@@ -508,10 +596,18 @@ def activate(ctx: click.Context, baseline_id: str, note: str, db_path: str | Non
 @click.option("--note", default="", help="Why (kept in the activation history).")
 @_backend_options
 @click.pass_context
-def retire(ctx: click.Context, model: str, prompt_version: str, contract: str, note: str, db_path: str | None,
-           url: str | None, token: str | None) -> None:
+def retire(
+    ctx: click.Context,
+    model: str,
+    prompt_version: str,
+    contract: str,
+    note: str,
+    db_path: str | None,
+    url: str | None,
+    token: str | None,
+) -> None:
     """Stop comparing a cohort against its baseline (history keeps it)."""
-    from baselines import Cohort
+    from shapewatch.baselines import Cohort
 
     with _backend(ctx, db_path, url, token) as b:
         b.retire(Cohort(model, prompt_version, contract), author=_author(), note=note)
@@ -524,10 +620,19 @@ def retire(ctx: click.Context, model: str, prompt_version: str, contract: str, n
 @click.option("--note", default="", help="Why (kept in the activation history).")
 @_backend_options
 @click.pass_context
-def inherit(ctx: click.Context, model: str, prompt_version: str, contract: str, parent: str, note: str,
-            db_path: str | None, url: str | None, token: str | None) -> None:
+def inherit(
+    ctx: click.Context,
+    model: str,
+    prompt_version: str,
+    contract: str,
+    parent: str,
+    note: str,
+    db_path: str | None,
+    url: str | None,
+    token: str | None,
+) -> None:
     """Compare a rollout cohort (no history of its own) against a baseline it names."""
-    from baselines import Cohort
+    from shapewatch.baselines import Cohort
 
     with _backend(ctx, db_path, url, token) as b:
         result = b.inherit(Cohort(model, prompt_version, contract), parent, author=_author(), note=note)
@@ -535,29 +640,46 @@ def inherit(ctx: click.Context, model: str, prompt_version: str, contract: str, 
 
 
 @baseline.command()
-@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Directory to write DIR/<model>/<prompt_version>/<contract>/<date>-<id>.json into.")
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True,
-              help="table: each written path, failures on standard error; json: {written, failed}.")
+@click.option(
+    "--out",
+    "out_dir",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Directory to write DIR/<model>/<prompt_version>/<contract>/<date>-<id>.json into.",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "json"]),
+    default="table",
+    show_default=True,
+    help="table: each written path, failures on standard error; json: {written, failed}.",
+)
 @_backend_options
 @click.pass_context
-def export(ctx: click.Context, out_dir: Path, fmt: str, db_path: str | None, url: str | None,
-           token: str | None) -> None:
+def export(
+    ctx: click.Context, out_dir: Path, fmt: str, db_path: str | None, url: str | None, token: str | None
+) -> None:
     """Write every baseline as a canonical JSON file, for review in a pull request.
 
     A path part longer than 255 bytes (a very long model id) is shortened to a readable prefix
     and a hash suffix, the same on every export. A file that cannot be written is reported with
     its reason and the others are still written: exit 1 when any failed.
     """
-    from baselines import baseline_from_document, export_documents
+    from shapewatch.baselines import baseline_from_document, export_documents
 
     with _backend(ctx, db_path, url, token) as b:
         ids = [item["baseline_id"] for item in b.list_baselines()]
         docs = [b.show(i) for i in ids]
     # Stored documents, verified again: a --url answer is not trusted blindly. Their tags passed
     # the ingest limit configured on the service, which may be above the default.
-    report = export_documents(out_dir, [baseline_from_document(doc, where=f"baseline {i}", max_tag_length=None)
-                                        for i, doc in zip(ids, docs, strict=True)])
+    report = export_documents(
+        out_dir,
+        [
+            baseline_from_document(doc, where=f"baseline {i}", max_tag_length=None)
+            for i, doc in zip(ids, docs, strict=True)
+        ],
+    )
     if fmt == "json":
         click.echo(orjson.dumps(report.to_json()).decode())
     else:
@@ -574,15 +696,16 @@ def export(ctx: click.Context, out_dir: Path, fmt: str, db_path: str | None, url
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
 @_backend_options
 @click.pass_context
-def import_(ctx: click.Context, paths: tuple[Path, ...], db_path: str | None, url: str | None,
-            token: str | None) -> None:
+def import_(
+    ctx: click.Context, paths: tuple[Path, ...], db_path: str | None, url: str | None, token: str | None
+) -> None:
     """Import exported baseline files; a file already imported is a no-op, a tampered one is refused.
 
     Only regular files of at most 16 MiB are read (a FIFO, a device, a directory or a link to
     one is refused unread). Each refused file is named with its reason on standard error and
     the others are still imported: exit 2 when any was refused.
     """
-    from baselines import read_document
+    from shapewatch.baselines import read_document
 
     refused = 0
     with _backend(ctx, db_path, url, token, create=True) as b:
@@ -593,8 +716,7 @@ def import_(ctx: click.Context, paths: tuple[Path, ...], db_path: str | None, ur
                 refused += 1
                 click.echo(f"error: {exc}", err=True)
                 continue
-            click.echo(f"{path}: {'imported' if result['imported'] else 'already present'} "
-                       f"({result['baseline_id']})")
+            click.echo(f"{path}: {'imported' if result['imported'] else 'already present'} ({result['baseline_id']})")
     if refused and len(paths) > 1:
         click.echo(f"refused {refused} of {len(paths)} files", err=True)
     sys.exit(2 if refused else 0)
@@ -602,14 +724,31 @@ def import_(ctx: click.Context, paths: tuple[Path, ...], db_path: str | None, ur
 
 @cli.command()
 @click.option("--since", default="7d", show_default=True, help="The review period, e.g. 7d, at most 90d.")
-@click.option("--format", "fmt", type=click.Choice(["markdown", "html", "json"]), default="markdown",
-              show_default=True, help="Report format.")
-@click.option("--out", "out_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write the report to this file instead of standard output.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["markdown", "html", "json"]),
+    default="markdown",
+    show_default=True,
+    help="Report format.",
+)
+@click.option(
+    "--out",
+    "out_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the report to this file instead of standard output.",
+)
 @_backend_options
 @click.pass_context
-def review(ctx: click.Context, since: str, fmt: str, out_path: Path | None, db_path: str | None, url: str | None,
-           token: str | None) -> None:
+def review(
+    ctx: click.Context,
+    since: str,
+    fmt: str,
+    out_path: Path | None,
+    db_path: str | None,
+    url: str | None,
+    token: str | None,
+) -> None:
     """The weekly baseline review report: baselines, alerts, field tables, candidate windows."""
     from .config import MAX_REVIEW_PERIOD
     from .errors import ConfigInvalid
@@ -621,8 +760,13 @@ def review(ctx: click.Context, since: str, fmt: str, out_path: Path | None, db_p
             report = b.review(since)
     except ConfigInvalid as exc:
         raise click.BadParameter(str(exc), param_hint="--since") from None
-    text = (render_markdown(report) if fmt == "markdown" else render_html(report) if fmt == "html"
-            else orjson.dumps(report, option=orjson.OPT_INDENT_2).decode() + "\n")
+    text = (
+        render_markdown(report)
+        if fmt == "markdown"
+        else render_html(report)
+        if fmt == "html"
+        else orjson.dumps(report, option=orjson.OPT_INDENT_2).decode() + "\n"
+    )
     if out_path is None:
         click.echo(text, nl=False)
     else:
@@ -631,15 +775,28 @@ def review(ctx: click.Context, since: str, fmt: str, out_path: Path | None, db_p
 
 
 @cli.command("demo-traffic")
-@click.option("--url", envvar="SHAPEWATCH_URL", default="http://127.0.0.1:8000", show_default=True,
-              help="The service to send to (SHAPEWATCH_URL).")
+@click.option(
+    "--url",
+    envvar="SHAPEWATCH_URL",
+    default="http://127.0.0.1:8000",
+    show_default=True,
+    help="The service to send to (SHAPEWATCH_URL).",
+)
 @_token_option
-@click.option("--rate", type=_FiniteFloatRange(min=0.1, max=100_000), default=20.0, show_default=True,
-              help="Events per second.")
-@click.option("--drift/--no-drift", default=False, show_default=True,
-              help="Make the sample cohorts that drift in the sample workspace drift now.")
-@click.option("--duration", type=_FiniteFloatRange(min=0.1, max=30 * 86400),
-              help="Seconds to run, at most 30 days (default: until Ctrl-C).")
+@click.option(
+    "--rate", type=_FiniteFloatRange(min=0.1, max=100_000), default=20.0, show_default=True, help="Events per second."
+)
+@click.option(
+    "--drift/--no-drift",
+    default=False,
+    show_default=True,
+    help="Make the sample cohorts that drift in the sample workspace drift now.",
+)
+@click.option(
+    "--duration",
+    type=_FiniteFloatRange(min=0.1, max=30 * 86400),
+    help="Seconds to run, at most 30 days (default: until Ctrl-C).",
+)
 def demo_traffic(url: str, token: str | None, rate: float, drift: bool, duration: float | None) -> None:
     """Stream realistic synthetic traffic of the sample cohorts to a running service, for trying it live."""
     from .sample import SampleError, stream_demo_traffic

@@ -18,8 +18,8 @@ from typing import Any, Protocol
 
 import httpx
 
-from baselines import Cohort
-from collector import Settings, ShapewatchError, Store
+from shapewatch.baselines import Cohort
+from shapewatch.collector import Settings, ShapewatchError, Store
 
 from . import admin
 from .config import AnalyzerConfig
@@ -35,8 +35,19 @@ class RemoteError(ShapewatchError):
 
 
 class Backend(Protocol):
-    def freeze(self, *, model: str, prompt_version: str, contract: str, since: datetime, until: datetime,
-               author: str, note: str, force: str | None, activate: bool) -> dict[str, Any]: ...
+    def freeze(
+        self,
+        *,
+        model: str,
+        prompt_version: str,
+        contract: str,
+        since: datetime,
+        until: datetime,
+        author: str,
+        note: str,
+        force: str | None,
+        activate: bool,
+    ) -> dict[str, Any]: ...
     def list_baselines(self, cohort: Cohort | None = None) -> list[dict[str, Any]]: ...
     def show(self, baseline_id: str) -> dict[str, Any]: ...
     def activate(self, baseline_id: str, *, author: str, note: str) -> dict[str, Any]: ...
@@ -48,8 +59,9 @@ class Backend(Protocol):
     def silence(self, *, duration: str, author: str, reason: str, **match: str | None) -> dict[str, Any]: ...
     def cohorts(self) -> list[dict[str, Any]]: ...
     def review(self, since: str) -> dict[str, Any]: ...
-    def register_contract(self, contract: str, version: str, document: Any, *, author: str,
-                          note: str | None) -> dict[str, Any]: ...
+    def register_contract(
+        self, contract: str, version: str, document: Any, *, author: str, note: str | None
+    ) -> dict[str, Any]: ...
     def list_contracts(self, contract: str | None = None) -> list[dict[str, Any]]: ...
     def show_contract(self, contract: str, version: str) -> dict[str, Any]: ...
 
@@ -59,10 +71,32 @@ class LocalBackend:
         self.store = store
         self.config = config
 
-    def freeze(self, *, model: str, prompt_version: str, contract: str, since: datetime, until: datetime,
-               author: str, note: str, force: str | None, activate: bool) -> dict[str, Any]:
-        return admin.freeze(self.store, self.config, model=model, prompt_version=prompt_version, contract=contract,
-                            since=since, until=until, author=author, note=note, force=force, activate=activate)
+    def freeze(
+        self,
+        *,
+        model: str,
+        prompt_version: str,
+        contract: str,
+        since: datetime,
+        until: datetime,
+        author: str,
+        note: str,
+        force: str | None,
+        activate: bool,
+    ) -> dict[str, Any]:
+        return admin.freeze(
+            self.store,
+            self.config,
+            model=model,
+            prompt_version=prompt_version,
+            contract=contract,
+            since=since,
+            until=until,
+            author=author,
+            note=note,
+            force=force,
+            activate=activate,
+        )
 
     def list_baselines(self, cohort: Cohort | None = None) -> list[dict[str, Any]]:
         return admin.list_all(self.store, cohort)
@@ -82,8 +116,9 @@ class LocalBackend:
     def import_document(self, doc: dict[str, Any], where: str) -> dict[str, Any]:
         return admin.import_document(self.store, doc, where=where)
 
-    def register_contract(self, contract: str, version: str, document: Any, *, author: str,
-                          note: str | None) -> dict[str, Any]:
+    def register_contract(
+        self, contract: str, version: str, document: Any, *, author: str, note: str | None
+    ) -> dict[str, Any]:
         return admin.register_contract(self.store, contract, version, document, author=author, note=note)
 
     def list_contracts(self, contract: str | None = None) -> list[dict[str, Any]]:
@@ -94,16 +129,29 @@ class LocalBackend:
 
     def alerts(self, **filters: str | None) -> list[dict[str, Any]]:
         f = filters.get
-        return admin.alerts(self.store, state=f("state"), severity=f("severity"), model=f("model"),
-                            prompt_version=f("prompt_version"), contract=f("contract"), kind=f("kind"))
+        return admin.alerts(
+            self.store,
+            state=f("state"),
+            severity=f("severity"),
+            model=f("model"),
+            prompt_version=f("prompt_version"),
+            contract=f("contract"),
+            kind=f("kind"),
+        )
 
     def acknowledge(self, fingerprint: str, *, by: str) -> dict[str, Any]:
         return admin.acknowledge(self.store, fingerprint, by=by)
 
     def silence(self, *, duration: str, author: str, reason: str, **match: str | None) -> dict[str, Any]:
         from .config import MAX_SILENCE, parse_duration
-        return admin.silence(self.store, duration=parse_duration(duration, key="--duration", maximum=MAX_SILENCE),
-                             author=author, reason=reason, **match)
+
+        return admin.silence(
+            self.store,
+            duration=parse_duration(duration, key="--duration", maximum=MAX_SILENCE),
+            author=author,
+            reason=reason,
+            **match,
+        )
 
     def cohorts(self) -> list[dict[str, Any]]:
         return admin.cohorts(self.store)
@@ -111,9 +159,13 @@ class LocalBackend:
     def review(self, since: str) -> dict[str, Any]:
         from .config import MAX_REVIEW_PERIOD, parse_duration
         from .review import build_review
-        return build_review(self.store, self.config,
-                            period=parse_duration(since, key="--since", maximum=MAX_REVIEW_PERIOD),
-                            max_baseline_age=self.config.max_baseline_age)
+
+        return build_review(
+            self.store,
+            self.config,
+            period=parse_duration(since, key="--since", maximum=MAX_REVIEW_PERIOD),
+            max_baseline_age=self.config.max_baseline_age,
+        )
 
 
 class RemoteBackend:
@@ -134,10 +186,30 @@ class RemoteBackend:
             raise RemoteError(r.status_code, message)
         return r.json()
 
-    def freeze(self, *, model: str, prompt_version: str, contract: str, since: datetime, until: datetime,
-               author: str, note: str, force: str | None, activate: bool) -> dict[str, Any]:
-        body = {"model": model, "prompt_version": prompt_version, "contract": contract, "since": since.isoformat(),
-                "until": until.isoformat(), "author": author, "note": note, "force": force, "activate": activate}
+    def freeze(
+        self,
+        *,
+        model: str,
+        prompt_version: str,
+        contract: str,
+        since: datetime,
+        until: datetime,
+        author: str,
+        note: str,
+        force: str | None,
+        activate: bool,
+    ) -> dict[str, Any]:
+        body = {
+            "model": model,
+            "prompt_version": prompt_version,
+            "contract": contract,
+            "since": since.isoformat(),
+            "until": until.isoformat(),
+            "author": author,
+            "note": note,
+            "force": force,
+            "activate": activate,
+        }
         result: dict[str, Any] = self._call("POST", "/v1/baselines", json=body)
         return result
 
@@ -151,19 +223,21 @@ class RemoteBackend:
         return result
 
     def activate(self, baseline_id: str, *, author: str, note: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._call("POST", f"/v1/baselines/{baseline_id}/activate",
-                                            json={"author": author, "note": note})
+        result: dict[str, Any] = self._call(
+            "POST", f"/v1/baselines/{baseline_id}/activate", json={"author": author, "note": note}
+        )
         return result
 
     def retire(self, cohort: Cohort, *, author: str, note: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._call("POST", "/v1/baselines/retire",
-                                            json={**cohort._asdict(), "author": author, "note": note})
+        result: dict[str, Any] = self._call(
+            "POST", "/v1/baselines/retire", json={**cohort._asdict(), "author": author, "note": note}
+        )
         return result
 
     def inherit(self, cohort: Cohort, parent: str, *, author: str, note: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._call("POST", "/v1/baselines/inherit",
-                                            json={**cohort._asdict(), "parent": parent, "author": author,
-                                                  "note": note})
+        result: dict[str, Any] = self._call(
+            "POST", "/v1/baselines/inherit", json={**cohort._asdict(), "parent": parent, "author": author, "note": note}
+        )
         return result
 
     def import_document(self, doc: dict[str, Any], where: str) -> dict[str, Any]:
@@ -174,8 +248,7 @@ class RemoteBackend:
         return result
 
     def alerts(self, **filters: str | None) -> list[dict[str, Any]]:
-        result: list[dict[str, Any]] = self._call("GET", "/v1/alerts",
-                                                  params={k: v for k, v in filters.items() if v})
+        result: list[dict[str, Any]] = self._call("GET", "/v1/alerts", params={k: v for k, v in filters.items() if v})
         return result
 
     def acknowledge(self, fingerprint: str, *, by: str) -> dict[str, Any]:
@@ -183,8 +256,11 @@ class RemoteBackend:
         return result
 
     def silence(self, *, duration: str, author: str, reason: str, **match: str | None) -> dict[str, Any]:
-        result: dict[str, Any] = self._call("POST", "/v1/silences", json={
-            "duration": duration, "author": author, "reason": reason, **{k: v for k, v in match.items() if v}})
+        result: dict[str, Any] = self._call(
+            "POST",
+            "/v1/silences",
+            json={"duration": duration, "author": author, "reason": reason, **{k: v for k, v in match.items() if v}},
+        )
         return result
 
     def cohorts(self) -> list[dict[str, Any]]:
@@ -195,26 +271,33 @@ class RemoteBackend:
         result: dict[str, Any] = self._call("GET", "/v1/review", params={"since": since, "format": "json"})
         return result
 
-    def register_contract(self, contract: str, version: str, document: Any, *, author: str,
-                          note: str | None) -> dict[str, Any]:
-        result: dict[str, Any] = self._call("POST", "/v1/contracts", json={
-            "contract": contract, "version": version, "document": document, "author": author, "note": note})
+    def register_contract(
+        self, contract: str, version: str, document: Any, *, author: str, note: str | None
+    ) -> dict[str, Any]:
+        result: dict[str, Any] = self._call(
+            "POST",
+            "/v1/contracts",
+            json={"contract": contract, "version": version, "document": document, "author": author, "note": note},
+        )
         return result
 
     def list_contracts(self, contract: str | None = None) -> list[dict[str, Any]]:
-        result: list[dict[str, Any]] = self._call("GET", "/v1/contracts",
-                                                  params={"contract": contract} if contract else {})
+        result: list[dict[str, Any]] = self._call(
+            "GET", "/v1/contracts", params={"contract": contract} if contract else {}
+        )
         return result
 
     def show_contract(self, contract: str, version: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._call("GET", "/v1/contracts/item",
-                                            params={"contract": contract, "version": version})
+        result: dict[str, Any] = self._call(
+            "GET", "/v1/contracts/item", params={"contract": contract, "version": version}
+        )
         return result
 
 
 @contextmanager
-def backend(*, url: str | None, token: str | None, settings: Settings, config: AnalyzerConfig,
-            create: bool = False) -> Iterator[Backend]:
+def backend(
+    *, url: str | None, token: str | None, settings: Settings, config: AnalyzerConfig, create: bool = False
+) -> Iterator[Backend]:
     """The remote backend with ``url``, else the database file of ``settings`` (opened, then closed;
     created only with ``create``, for importing baselines into a new deployment)."""
     if url:
@@ -225,14 +308,15 @@ def backend(*, url: str | None, token: str | None, settings: Settings, config: A
             remote.client.close()
         return
     from .store_access import open_store
+
     if not create and not settings.db_path.exists():
         # Never create a database here: a mistyped --db would read as an empty, all-clear one.
-        raise ShapewatchError(f"database {settings.db_path} does not exist (check --db; `shapewatch serve` or "
-                              "`shapewatch ingest` create it)")
+        raise ShapewatchError(
+            f"database {settings.db_path} does not exist (check --db; `shapewatch serve` or "
+            "`shapewatch ingest` create it)"
+        )
     store = open_store(settings)
     try:
         yield LocalBackend(store, config)
     finally:
         store.close()
-
-

@@ -46,9 +46,26 @@ from typing import Any
 
 from .errors import ConfigInvalid
 
-__all__ = ["EARLIEST_TIME", "LATEST_TIME", "MAX_BASELINE_AGE", "MAX_REVIEW_PERIOD", "MAX_SILENCE", "MAX_WINDOW",
-           "MIN_DURATION", "AlertKind", "AnalyzerConfig", "ConfigInvalid", "EnumMode", "FieldRules", "Severity",
-           "load_config", "parse_config", "parse_duration", "parse_time", "check_window"]
+__all__ = [
+    "EARLIEST_TIME",
+    "LATEST_TIME",
+    "MAX_BASELINE_AGE",
+    "MAX_REVIEW_PERIOD",
+    "MAX_SILENCE",
+    "MAX_WINDOW",
+    "MIN_DURATION",
+    "AlertKind",
+    "AnalyzerConfig",
+    "ConfigInvalid",
+    "EnumMode",
+    "FieldRules",
+    "Severity",
+    "check_window",
+    "load_config",
+    "parse_config",
+    "parse_duration",
+    "parse_time",
+]
 
 #: The shortest duration anything takes: a window, a silence or a period under a second is a typo.
 MIN_DURATION = timedelta(seconds=1)
@@ -94,11 +111,15 @@ class Severity(str, Enum):
 
 
 DEFAULT_SEVERITY: dict[AlertKind, Severity] = {
-    AlertKind.presence_drop: Severity.page, AlertKind.field_missing: Severity.page,
-    AlertKind.presence_rise: Severity.warn, AlertKind.new_type: Severity.page,
-    AlertKind.type_shift: Severity.warn, AlertKind.new_enum_value: Severity.warn,
+    AlertKind.presence_drop: Severity.page,
+    AlertKind.field_missing: Severity.page,
+    AlertKind.presence_rise: Severity.warn,
+    AlertKind.new_type: Severity.page,
+    AlertKind.type_shift: Severity.warn,
+    AlertKind.new_enum_value: Severity.warn,
     AlertKind.unknown_enum_growth: Severity.warn,  # page above unknown_page
-    AlertKind.cardinality_jump: Severity.warn, AlertKind.array_size_shift: Severity.warn,
+    AlertKind.cardinality_jump: Severity.warn,
+    AlertKind.array_size_shift: Severity.warn,
     AlertKind.new_field: Severity.warn,
     AlertKind.schema_violation: Severity.page,  # callers that parse by the contract break now
 }
@@ -158,8 +179,15 @@ class AnalyzerConfig:
 
 _RULE_KEYS = {f.name: f for f in fields(FieldRules)}
 _TOP = {"defaults", "contracts", "analyzer", "notify"}
-_ANALYZER_KEYS = {"window", "interval", "max_baseline_age", "confirm_evaluations", "resolve_evaluations", "hysteresis",
-                  "samples_per_alert"}
+_ANALYZER_KEYS = {
+    "window",
+    "interval",
+    "max_baseline_age",
+    "confirm_evaluations",
+    "resolve_evaluations",
+    "hysteresis",
+    "samples_per_alert",
+}
 
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -182,8 +210,9 @@ def _duration_text(d: timedelta) -> str:
     return f"{seconds}s"
 
 
-def parse_duration(text: str, *, key: str = "duration", maximum: timedelta = MAX_WINDOW,
-                   minimum: timedelta = MIN_DURATION) -> timedelta:
+def parse_duration(
+    text: str, *, key: str = "duration", maximum: timedelta = MAX_WINDOW, minimum: timedelta = MIN_DURATION
+) -> timedelta:
     """``90s``, ``15m``, ``1.5h``, ``7d``, ``2w`` -> timedelta, between ``minimum`` and ``maximum``.
 
     >>> parse_duration("1.5h")
@@ -231,20 +260,29 @@ def parse_time(text: str, *, key: str) -> datetime:
     except OverflowError:
         when = EARLIEST_TIME - timedelta(days=1) if when.year < 2000 else LATEST_TIME
     if not EARLIEST_TIME <= when < LATEST_TIME:
-        raise ConfigInvalid(key, f"{_shown(text)} is outside the times taken, {_iso(EARLIEST_TIME)} to "
-                                 f"{_iso(LATEST_TIME)}")
+        raise ConfigInvalid(
+            key, f"{_shown(text)} is outside the times taken, {_iso(EARLIEST_TIME)} to {_iso(LATEST_TIME)}"
+        )
     return when
 
 
-def check_window(since: datetime, until: datetime, *, maximum: timedelta = MAX_WINDOW, since_key: str = "since",
-                 until_key: str = "until") -> None:
+def check_window(
+    since: datetime,
+    until: datetime,
+    *,
+    maximum: timedelta = MAX_WINDOW,
+    since_key: str = "since",
+    until_key: str = "until",
+) -> None:
     """Refuse a window that ends before it begins (naming ``until_key``) or is longer than
     ``maximum`` (naming ``since_key``: the start is what reaches back too far)."""
     if until <= since:
         raise ConfigInvalid(until_key, f"{_iso(until)} is not after {since_key} {_iso(since)}")
     if until - since > maximum:
-        raise ConfigInvalid(since_key, f"the window {_iso(since)} .. {_iso(until)} is longer than the limit of "
-                                       f"{_duration_text(maximum)}")
+        raise ConfigInvalid(
+            since_key,
+            f"the window {_iso(since)} .. {_iso(until)} is longer than the limit of {_duration_text(maximum)}",
+        )
 
 
 def _rules(base: FieldRules, table: Any, where: str, *, allow_fields: bool = False) -> FieldRules:
@@ -275,9 +313,11 @@ def _rules(base: FieldRules, table: Any, where: str, *, allow_fields: bool = Fal
                 try:
                     sev[AlertKind(kind)] = Severity(s)
                 except ValueError:
-                    raise ConfigInvalid(f"{k}.{kind}", f"{kind!r} = {s!r}: the kind must be one of "
-                                        f"{', '.join(a.value for a in AlertKind)} and the severity page or warn"
-                                        ) from None
+                    raise ConfigInvalid(
+                        f"{k}.{kind}",
+                        f"{kind!r} = {s!r}: the kind must be one of "
+                        f"{', '.join(a.value for a in AlertKind)} and the severity page or warn",
+                    ) from None
             changes[key] = sev
         elif key == "ignore":
             if not isinstance(value, bool):
@@ -285,12 +325,18 @@ def _rules(base: FieldRules, table: Any, where: str, *, allow_fields: bool = Fal
             changes[key] = value
         else:
             want = int if spec.type in ("int", int) else float
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or (want is int and
-                                                                                  not isinstance(value, int)):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or (want is int and not isinstance(value, int))
+            ):
                 raise ConfigInvalid(k, f"must be a{'n integer' if want is int else ' number'}, not {value!r}")
             # TOML has nan and inf: neither is a threshold (every comparison with nan is false).
-            if not math.isfinite(value) or value < 0 or (
-                    key in ("alpha", "tolerance", "violation_tolerance", "hysteresis") and value > 1):
+            if (
+                not math.isfinite(value)
+                or value < 0
+                or (key in ("alpha", "tolerance", "violation_tolerance", "hysteresis") and value > 1)
+            ):
                 raise ConfigInvalid(k, f"{value!r} is out of range")
             changes[key] = want(value)
     rules = replace(base, **changes)
@@ -330,9 +376,12 @@ def parse_config(data: dict[str, Any], *, source: str = "config") -> AnalyzerCon
             if not isinstance(value, str):
                 raise ConfigInvalid(f"analyzer.{key}", 'must be a duration string such as "24h"')
             # An interval may be under a second (the scheduler's own tests run evaluations back to back).
-            extra[key] = parse_duration(value, key=f"analyzer.{key}",
-                                        maximum=MAX_BASELINE_AGE if key == "max_baseline_age" else MAX_WINDOW,
-                                        minimum=MIN_INTERVAL if key == "interval" else MIN_DURATION)
+            extra[key] = parse_duration(
+                value,
+                key=f"analyzer.{key}",
+                maximum=MAX_BASELINE_AGE if key == "max_baseline_age" else MAX_WINDOW,
+                minimum=MIN_INTERVAL if key == "interval" else MIN_DURATION,
+            )
         elif key == "hysteresis":
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
                 raise ConfigInvalid("analyzer.hysteresis", "must be a number in (0, 1]")
@@ -358,4 +407,3 @@ def load_config(path: Path | None) -> AnalyzerConfig:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigInvalid(str(path), f"not valid TOML: {exc}") from exc
     return parse_config(data, source=str(path))
-

@@ -27,7 +27,7 @@ import orjson
 from ._cli import _author, _backend, _backend_options, _fail
 
 if TYPE_CHECKING:
-    from collector import Contract, ContractChange
+    from shapewatch.collector import Contract, ContractChange
 
 __all__ = ["contract"]
 
@@ -39,9 +39,10 @@ def contract() -> None:
 
 # --- diff ----------------------------------------------------------------------------------
 
+
 def _load(ctx: click.Context, spec: str, db_path: str | None, url: str | None, token: str | None) -> Contract:
     """A file, or with --db or --url a registered ``NAME@VERSION`` (a path that exists always wins)."""
-    from collector import ShapewatchError, contract_from_document, read_contract
+    from shapewatch.collector import ShapewatchError, contract_from_document, read_contract
 
     try:
         if Path(spec).exists() or (db_path is None and url is None) or "@" not in spec:
@@ -61,26 +62,38 @@ def _change_line(c: ContractChange, width: int) -> str:
 @contract.command()
 @click.argument("old")
 @click.argument("new")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
-              help="Output format.")
+@click.option(
+    "--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True, help="Output format."
+)
 @_backend_options
 @click.pass_context
-def diff(ctx: click.Context, old: str, new: str, fmt: str, db_path: str | None, url: str | None,
-         token: str | None) -> None:
+def diff(
+    ctx: click.Context, old: str, new: str, fmt: str, db_path: str | None, url: str | None, token: str | None
+) -> None:
     """Classify the changes from OLD to NEW (schemas, tools or catalogs) as breaking, compatible or behavioral.
 
     Exit 2 when any change is breaking, 1 when any is behavioral and none breaking, 0 otherwise.
     OLD or NEW may name a registered version as NAME@VERSION, read with --db or --url.
     """
-    from collector import Classification, diff_contracts, diff_verdict
+    from shapewatch.collector import Classification, diff_contracts, diff_verdict
 
     groups = (Classification.breaking, Classification.behavioral, Classification.compatible)
     changes = diff_contracts(_load(ctx, old, db_path, url, token), _load(ctx, new, db_path, url, token))
     verdict = diff_verdict(changes)
     counts = {cls.value: sum(1 for c in changes if c.classification is cls) for cls in groups}
     if fmt == "json":
-        click.echo(orjson.dumps({"old": old, "new": new, "verdict": verdict.value, "exit_code": verdict.exit_code,
-                                 "counts": counts, "changes": [c.to_json() for c in changes]}).decode())
+        click.echo(
+            orjson.dumps(
+                {
+                    "old": old,
+                    "new": new,
+                    "verdict": verdict.value,
+                    "exit_code": verdict.exit_code,
+                    "counts": counts,
+                    "changes": [c.to_json() for c in changes],
+                }
+            ).decode()
+        )
     else:
         if not changes:
             click.echo("no changes (key order and the order of required, enum, type and anyOf/oneOf do not count)")
@@ -97,10 +110,14 @@ def diff(ctx: click.Context, old: str, new: str, fmt: str, db_path: str | None, 
 
 # --- the registry --------------------------------------------------------------------------
 
+
 def _describe(r: dict[str, Any]) -> str:
     tools = r["tools"]
-    what = (f"catalog of {len(tools)} tools" if r["catalog"]
-            else f"{r['formats'][0]}{' ' + repr(tools[0]) if tools[0] else ''}")
+    what = (
+        f"catalog of {len(tools)} tools"
+        if r["catalog"]
+        else f"{r['formats'][0]}{' ' + repr(tools[0]) if tools[0] else ''}"
+    )
     return f"{r['contract']} version {r['version']}: {what}"
 
 
@@ -110,16 +127,26 @@ def _describe(r: dict[str, Any]) -> str:
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
 @_backend_options
 @click.option("--note", help="Why this version (kept with it).")
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True,
-              help="Output format.")
+@click.option(
+    "--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True, help="Output format."
+)
 @click.pass_context
-def register(ctx: click.Context, name: str, version: str, file: Path, db_path: str | None, url: str | None,
-             token: str | None, note: str | None, fmt: str) -> None:
+def register(
+    ctx: click.Context,
+    name: str,
+    version: str,
+    file: Path,
+    db_path: str | None,
+    url: str | None,
+    token: str | None,
+    note: str | None,
+    fmt: str,
+) -> None:
     """Register FILE (a JSON Schema, a tool, or a catalog of tools) as an immutable contract version.
 
     Registering identical content again is a no-op; other content under a registered version is refused.
     """
-    from collector import ShapewatchError, read_contract
+    from shapewatch.collector import ShapewatchError, read_contract
 
     try:
         definition = read_contract(file)  # refused here, before anything is sent or opened
@@ -130,8 +157,10 @@ def register(ctx: click.Context, name: str, version: str, file: Path, db_path: s
     if fmt == "json":
         click.echo(orjson.dumps(registered).decode())
         return
-    click.echo(f"{'registered' if registered['created'] else 'already registered (identical content)'}: "
-               f"{_describe(registered)}")
+    click.echo(
+        f"{'registered' if registered['created'] else 'already registered (identical content)'}: "
+        f"{_describe(registered)}"
+    )
     click.echo(f"  invocation hash {registered['invocation_hash']}")
     click.echo(f"  discovery hash  {registered['discovery_hash']}")
 
@@ -139,11 +168,13 @@ def register(ctx: click.Context, name: str, version: str, file: Path, db_path: s
 @contract.command("list")
 @click.option("--contract", "name", help="Only this contract.")
 @_backend_options
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True,
-              help="Output format.")
+@click.option(
+    "--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True, help="Output format."
+)
 @click.pass_context
-def list_(ctx: click.Context, name: str | None, db_path: str | None, url: str | None, token: str | None,
-          fmt: str) -> None:
+def list_(
+    ctx: click.Context, name: str | None, db_path: str | None, url: str | None, token: str | None, fmt: str
+) -> None:
     """Every registered contract version, by contract, oldest first."""
     with _backend(ctx, db_path, url, token) as b:
         found = b.list_contracts(name)
@@ -154,8 +185,10 @@ def list_(ctx: click.Context, name: str | None, db_path: str | None, url: str | 
         click.echo("no contracts registered")
     for item in found:
         tools = ", ".join(str(t) for t in item["tools"] if t is not None) or "(schema)"
-        click.echo(f"{item['contract']}  {item['version']}  {tools}  invocation {item['invocation_hash'][:12]}  "
-                   f"discovery {item['discovery_hash'][:12]}  {item['registered_at']}  by {item['author']}")
+        click.echo(
+            f"{item['contract']}  {item['version']}  {tools}  invocation {item['invocation_hash'][:12]}  "
+            f"discovery {item['discovery_hash'][:12]}  {item['registered_at']}  by {item['author']}"
+        )
         if item["note"]:
             click.echo(f"    {item['note']}")
 
@@ -165,8 +198,7 @@ def list_(ctx: click.Context, name: str | None, db_path: str | None, url: str | 
 @click.argument("version")
 @_backend_options
 @click.pass_context
-def show(ctx: click.Context, name: str, version: str, db_path: str | None, url: str | None,
-         token: str | None) -> None:
+def show(ctx: click.Context, name: str, version: str, db_path: str | None, url: str | None, token: str | None) -> None:
     """Print one registered version: its fingerprints and the document (JSON)."""
     with _backend(ctx, db_path, url, token) as b:
         found = b.show_contract(name, version)

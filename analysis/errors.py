@@ -8,10 +8,16 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from collector import ShapewatchError
+from shapewatch.collector import ShapewatchError
 
-__all__ = ["AlertError", "AlertNotFound", "ConfigInvalid", "NotifyConfigInvalid", "ParameterInvalid",
-           "ReviewPeriodTooLong"]
+__all__ = [
+    "AlertError",
+    "AlertNotFound",
+    "ConfigInvalid",
+    "NotifyConfigInvalid",
+    "ParameterInvalid",
+    "ReviewPeriodTooLong",
+]
 
 
 class NotifyConfigInvalid(ShapewatchError, ValueError):
@@ -68,8 +74,11 @@ class ReviewPeriodTooLong(ConfigInvalid):
         self.period = period
         self.limit = limit
         days = period.total_seconds() / 86400
-        problem = (f"a review period of {days:g} days is longer than the limit of {limit.days} days; review a "
-                   "shorter period" if days > 0 else f"a review period must be positive, not {period}")
+        problem = (
+            f"a review period of {days:g} days is longer than the limit of {limit.days} days; review a shorter period"
+            if days > 0
+            else f"a review period must be positive, not {period}"
+        )
         super().__init__("since", problem)
 
 

@@ -30,9 +30,9 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 from prometheus_client import CollectorRegistry, Counter
 
-from collector import Settings, Store
+from shapewatch.collector import Settings, Store
 
-__all__ = ["start_maintenance", "MaintenanceJobs", "watch_clock"]
+__all__ = ["MaintenanceJobs", "start_maintenance", "watch_clock"]
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +43,12 @@ class MaintenanceJobs:
     def __init__(self, store: Store, settings: Settings, registry: CollectorRegistry) -> None:
         self.store = store
         self.settings = settings
-        self.runs = Counter("shapewatch_job_runs_total", "Scheduled job runs, by job and outcome.",
-                            ["job", "outcome"], registry=registry)
+        self.runs = Counter(
+            "shapewatch_job_runs_total",
+            "Scheduled job runs, by job and outcome.",
+            ["job", "outcome"],
+            registry=registry,
+        )
 
     def _guarded(self, name: str, job: Callable[[], str]) -> None:
         try:
@@ -67,16 +71,20 @@ class MaintenanceJobs:
 
     def purge(self) -> None:
         def run() -> str:
-            purged = self.store.purge(raw_retention=timedelta(days=self.settings.raw_retention_days),
-                                      dedup_ttl=timedelta(days=self.settings.dedup_ttl_days))
+            purged = self.store.purge(
+                raw_retention=timedelta(days=self.settings.raw_retention_days),
+                dedup_ttl=timedelta(days=self.settings.dedup_ttl_days),
+            )
             return f"{purged.events} raw events and {purged.keys} idempotency keys deleted"
+
         self._guarded("purge", run)
 
 
 def start_maintenance(store: Store, settings: Settings, registry: CollectorRegistry) -> BackgroundScheduler:
     jobs = MaintenanceJobs(store, settings, registry)
-    scheduler = BackgroundScheduler(timezone="UTC", job_defaults={
-        "max_instances": 1, "coalesce": True, "misfire_grace_time": 300})
+    scheduler = BackgroundScheduler(
+        timezone="UTC", job_defaults={"max_instances": 1, "coalesce": True, "misfire_grace_time": 300}
+    )
     scheduler.add_job(jobs.compact, "interval", minutes=5, id="compact")
     scheduler.add_job(jobs.compact_all, "interval", hours=24, id="compact_all")
     scheduler.add_job(jobs.purge, "interval", hours=1, id="purge", next_run_time=datetime.now(UTC))
@@ -123,8 +131,10 @@ def _follow_clock_jump(scheduler: BackgroundScheduler, jump: timedelta) -> int:
         if isinstance(trigger, IntervalTrigger):
             # How long the job still had to wait, in real time, before the clock moved.
             left = min(max(job.next_run_time - (now - jump), timedelta(0)), trigger.interval)
-            scheduler.reschedule_job(job.id, trigger=IntervalTrigger(
-                seconds=trigger.interval.total_seconds(), start_date=now + left, timezone=UTC))
+            scheduler.reschedule_job(
+                job.id,
+                trigger=IntervalTrigger(seconds=trigger.interval.total_seconds(), start_date=now + left, timezone=UTC),
+            )
         else:  # calendar jobs (the daily digest) follow the new wall clock
             scheduler.modify_job(job.id, next_run_time=trigger.get_next_fire_time(None, now))
         moved += 1

@@ -65,7 +65,7 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from collector import Schema, Store, StoreError, parse_retry_after
+from shapewatch.collector import Schema, Store, StoreError, parse_retry_after
 
 from .errors import NotifyConfigInvalid
 
@@ -73,12 +73,12 @@ if TYPE_CHECKING:
     import duckdb
 
 __all__ = [
-    "DeliveryReport",
     "NOTIFY_SCHEMA",
+    "PAGERDUTY_EVENTS_URL",
+    "DeliveryReport",
     "Notice",
     "NoticeAction",
     "Notifier",
-    "PAGERDUTY_EVENTS_URL",
     "Target",
     "TargetKind",
     "digest_url_from_config",
@@ -173,11 +173,19 @@ def summarize_alert(alert: Mapping[str, Any]) -> str:
     return " ".join(line.split())  # one line, whatever the detail held
 
 
-def notice_for(alert: Mapping[str, Any], *, episode: int, action: NoticeAction | str,
-               dashboard_url: str | None = None) -> Notice:
+def notice_for(
+    alert: Mapping[str, Any], *, episode: int, action: NoticeAction | str, dashboard_url: str | None = None
+) -> Notice:
     """The notice for an alert JSON (``Alert.to_json``: fingerprint, severity, cohort, field, kind, detail)."""
-    return Notice(str(alert["fingerprint"]), episode, NoticeAction(action), str(alert["severity"]),
-                  summarize_alert(alert), dict(alert), dashboard_url)
+    return Notice(
+        str(alert["fingerprint"]),
+        episode,
+        NoticeAction(action),
+        str(alert["severity"]),
+        summarize_alert(alert),
+        dict(alert),
+        dashboard_url,
+    )
 
 
 @dataclass(frozen=True)
@@ -226,10 +234,10 @@ def _check_notify_table(data: Mapping[str, Any]) -> None:
 
 def _check_url(key: str, value: object) -> str:
     if not isinstance(value, str) or not value:
-        raise NotifyConfigInvalid(key, "required, a string", 'set it to an http:// or https:// URL')
+        raise NotifyConfigInvalid(key, "required, a string", "set it to an http:// or https:// URL")
     parts = urlsplit(value)
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise NotifyConfigInvalid(key, f"{value!r} is not an http(s) URL", 'set it to an http:// or https:// URL')
+        raise NotifyConfigInvalid(key, f"{value!r} is not an http(s) URL", "set it to an http:// or https:// URL")
     return value
 
 
@@ -252,11 +260,17 @@ def _target_from_table(i: int, item: object, seen: dict[str, int]) -> Target:
             raise NotifyConfigInvalid(f"{where}.{key}", "unknown key", f"use one of: {', '.join(_TARGET_KEYS)}")
     name = item.get("name")
     if not isinstance(name, str) or not name.strip():
-        raise NotifyConfigInvalid(f"{where}.name", "required, a non-empty string",
-                                  'name the target (it labels metrics and the outbox rows), e.g. name = "pd"')
+        raise NotifyConfigInvalid(
+            f"{where}.name",
+            "required, a non-empty string",
+            'name the target (it labels metrics and the outbox rows), e.g. name = "pd"',
+        )
     if name in seen:
-        raise NotifyConfigInvalid(f"{where}.name", f"{name!r} is already the name of notify.targets[{seen[name]}]",
-                                  "give each target its own name")
+        raise NotifyConfigInvalid(
+            f"{where}.name",
+            f"{name!r} is already the name of notify.targets[{seen[name]}]",
+            "give each target its own name",
+        )
     raw_kind = item.get("kind")
     kinds = ", ".join(f'"{k.value}"' for k in TargetKind)
     try:
@@ -271,28 +285,50 @@ def _target_from_table(i: int, item: object, seen: dict[str, int]) -> Target:
     routing_key = item.get("routing_key")
     if kind is TargetKind.pagerduty:
         if not isinstance(routing_key, str) or not routing_key.strip():
-            raise NotifyConfigInvalid(f"{where}.routing_key", 'required for kind "pagerduty"',
-                                      "set it to the integration key of the PagerDuty service (Events API v2)")
+            raise NotifyConfigInvalid(
+                f"{where}.routing_key",
+                'required for kind "pagerduty"',
+                "set it to the integration key of the PagerDuty service (Events API v2)",
+            )
     elif routing_key is not None:
-        raise NotifyConfigInvalid(f"{where}.routing_key", f'only used by kind "pagerduty", not "{kind.value}"',
-                                  "remove it")
+        raise NotifyConfigInvalid(
+            f"{where}.routing_key", f'only used by kind "pagerduty", not "{kind.value}"', "remove it"
+        )
     severities = item.get("severities", ["page"])
-    if (not isinstance(severities, list) or not severities
-            or any(not isinstance(s, str) or s not in _SEVERITIES for s in severities)):
-        raise NotifyConfigInvalid(f"{where}.severities", f"must be a non-empty list of {list(_SEVERITIES)}, "
-                                  f"not {severities!r}", 'e.g. severities = ["page"]')
-    timeout = _check_number(f"{where}.timeout_seconds", item.get("timeout_seconds", 10.0),
-                            integer=False, minimum=0, strict=True)
-    max_attempts = int(_check_number(f"{where}.max_attempts", item.get("max_attempts", 8),
-                                     integer=True, minimum=1, strict=False))
+    if (
+        not isinstance(severities, list)
+        or not severities
+        or any(not isinstance(s, str) or s not in _SEVERITIES for s in severities)
+    ):
+        raise NotifyConfigInvalid(
+            f"{where}.severities",
+            f"must be a non-empty list of {list(_SEVERITIES)}, not {severities!r}",
+            'e.g. severities = ["page"]',
+        )
+    timeout = _check_number(
+        f"{where}.timeout_seconds", item.get("timeout_seconds", 10.0), integer=False, minimum=0, strict=True
+    )
+    max_attempts = int(
+        _check_number(f"{where}.max_attempts", item.get("max_attempts", 8), integer=True, minimum=1, strict=False)
+    )
     headers = item.get("headers", {})
     if not isinstance(headers, Mapping) or any(
-            not isinstance(k, str) or not isinstance(v, str) for k, v in headers.items()):
-        raise NotifyConfigInvalid(f"{where}.headers", "must be a table of strings",
-                                  'e.g. headers = { Authorization = "Bearer ..." }')
+        not isinstance(k, str) or not isinstance(v, str) for k, v in headers.items()
+    ):
+        raise NotifyConfigInvalid(
+            f"{where}.headers", "must be a table of strings", 'e.g. headers = { Authorization = "Bearer ..." }'
+        )
     seen[name] = i
-    return Target(name=name, kind=kind, url=url, routing_key=routing_key, severities=tuple(dict.fromkeys(severities)),
-                  timeout_seconds=timeout, max_attempts=max_attempts, headers=dict(headers))
+    return Target(
+        name=name,
+        kind=kind,
+        url=url,
+        routing_key=routing_key,
+        severities=tuple(dict.fromkeys(severities)),
+        timeout_seconds=timeout,
+        max_attempts=max_attempts,
+        headers=dict(headers),
+    )
 
 
 def targets_from_config(data: Mapping[str, Any]) -> list[Target]:
@@ -305,8 +341,9 @@ def targets_from_config(data: Mapping[str, Any]) -> list[Target]:
     _check_notify_table(data)
     raw = data.get("targets", [])
     if not isinstance(raw, list):
-        raise NotifyConfigInvalid("notify.targets", "must be an array of tables",
-                                  "write each target as a [[notify.targets]] table")
+        raise NotifyConfigInvalid(
+            "notify.targets", "must be an array of tables", "write each target as a [[notify.targets]] table"
+        )
     seen: dict[str, int] = {}
     return [_target_from_table(i, item, seen) for i, item in enumerate(raw)]
 
@@ -327,6 +364,7 @@ def digest_url_from_config(data: Mapping[str, Any]) -> str | None:
 
 # --- the outbox ---------------------------------------------------------------------------------
 
+
 def _utc(t: datetime) -> datetime:
     # A naive time is taken as UTC (as the SDK does); everything stored is zone-aware.
     return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
@@ -340,8 +378,7 @@ def _rfc3339(t: datetime) -> str:
     return _utc(t).isoformat().replace("+00:00", "Z")
 
 
-def enqueue(con: duckdb.DuckDBPyConnection, targets: Sequence[Target], notices: Iterable[Notice],
-            now: datetime) -> int:
+def enqueue(con: duckdb.DuckDBPyConnection, targets: Sequence[Target], notices: Iterable[Notice], now: datetime) -> int:
     """Add the notices to the outbox; returns how many rows were new.
 
     Call it with the connection of the ``store.transaction(...)`` that changes the
@@ -363,19 +400,35 @@ def enqueue(con: duckdb.DuckDBPyConnection, targets: Sequence[Target], notices: 
                     """SELECT created_at FROM notifications
                        WHERE target = ? AND fingerprint = ? AND episode = ? AND action = 'trigger'
                          AND state IN ('pending', 'sent')""",
-                    [target.name, notice.fingerprint, notice.episode]).fetchone()
+                    [target.name, notice.fingerprint, notice.episode],
+                ).fetchone()
                 if row is None:
                     continue
                 started = _utc(row[0])
-            payload = {"severity": notice.severity, "summary": notice.summary, "alert": notice.alert,
-                       "dashboard_url": notice.dashboard_url, "started_at": _rfc3339(started),
-                       "ended_at": _rfc3339(now) if notice.action is NoticeAction.resolve else None}
-            added += len(con.execute(
-                """INSERT INTO notifications (target, fingerprint, episode, action, payload, created_at,
+            payload = {
+                "severity": notice.severity,
+                "summary": notice.summary,
+                "alert": notice.alert,
+                "dashboard_url": notice.dashboard_url,
+                "started_at": _rfc3339(started),
+                "ended_at": _rfc3339(now) if notice.action is NoticeAction.resolve else None,
+            }
+            added += len(
+                con.execute(
+                    """INSERT INTO notifications (target, fingerprint, episode, action, payload, created_at,
                                               attempts, next_attempt_at, state)
                    VALUES (?, ?, ?, ?, ?, ?, 0, ?, 'pending') ON CONFLICT DO NOTHING RETURNING 1""",
-                [target.name, notice.fingerprint, notice.episode, notice.action.value,
-                 orjson.dumps(payload, default=str).decode(), now, now]).fetchall())
+                    [
+                        target.name,
+                        notice.fingerprint,
+                        notice.episode,
+                        notice.action.value,
+                        orjson.dumps(payload, default=str).decode(),
+                        now,
+                        now,
+                    ],
+                ).fetchall()
+            )
     return added
 
 
@@ -401,6 +454,7 @@ class _Row:
 
 # --- wire formats -------------------------------------------------------------------------------
 
+
 def _cohort(alert: Mapping[str, Any]) -> dict[str, str]:
     cohort = alert.get("cohort") or {}
     return {k: str(cohort[k]) for k in ("model", "prompt_version", "contract") if cohort.get(k) is not None}
@@ -411,14 +465,20 @@ def _clip(text: str, limit: int) -> str:
 
 
 def _pagerduty_body(target: Target, row: _Row) -> dict[str, Any]:
-    body: dict[str, Any] = {"routing_key": target.routing_key, "event_action": row.action.value,
-                            "dedup_key": row.fingerprint}
+    body: dict[str, Any] = {
+        "routing_key": target.routing_key,
+        "event_action": row.action.value,
+        "dedup_key": row.fingerprint,
+    }
     if row.action is NoticeAction.resolve:
         return body
     p = row.payload
     alert: dict[str, Any] = p["alert"]
-    details: dict[str, Any] = {"summary": _clip(p["summary"], _PD_SUMMARY_MAX), "source": "shapewatch",
-                               "severity": _MAPPED_SEVERITY[p["severity"]]}
+    details: dict[str, Any] = {
+        "summary": _clip(p["summary"], _PD_SUMMARY_MAX),
+        "source": "shapewatch",
+        "severity": _MAPPED_SEVERITY[p["severity"]],
+    }
     if alert.get("field") is not None:
         details["component"] = str(alert["field"])
     cohort = _cohort(alert)
@@ -438,8 +498,11 @@ def _alertmanager_body(target: Target, row: _Row) -> dict[str, Any]:
     p = row.payload
     alert: dict[str, Any] = p["alert"]
     status = "firing" if row.action is NoticeAction.trigger else "resolved"
-    labels = {"alertname": str(alert.get("kind", "shapewatch")), "severity": _MAPPED_SEVERITY[p["severity"]],
-              **_cohort(alert)}
+    labels = {
+        "alertname": str(alert.get("kind", "shapewatch")),
+        "severity": _MAPPED_SEVERITY[p["severity"]],
+        **_cohort(alert),
+    }
     if alert.get("field") is not None:
         labels["field"] = str(alert["field"])
     labels["fingerprint"] = row.fingerprint
@@ -455,23 +518,31 @@ def _alertmanager_body(target: Target, row: _Row) -> dict[str, Any]:
         "commonLabels": labels,
         "commonAnnotations": annotations,
         "externalURL": url,
-        "alerts": [{
-            "status": status,
-            "labels": labels,
-            "annotations": annotations,
-            "startsAt": p["started_at"],
-            "endsAt": p.get("ended_at") or _AM_ZERO_TIME,
-            "generatorURL": url,
-            "fingerprint": row.fingerprint,
-        }],
+        "alerts": [
+            {
+                "status": status,
+                "labels": labels,
+                "annotations": annotations,
+                "startsAt": p["started_at"],
+                "endsAt": p.get("ended_at") or _AM_ZERO_TIME,
+                "generatorURL": url,
+                "fingerprint": row.fingerprint,
+            }
+        ],
     }
 
 
 def _webhook_body(row: _Row) -> dict[str, Any]:
     p = row.payload
-    return {"action": row.action.value, "fingerprint": row.fingerprint, "episode": row.episode,
-            "severity": p["severity"], "summary": p["summary"], "alert": p["alert"],
-            "dashboard_url": p.get("dashboard_url")}
+    return {
+        "action": row.action.value,
+        "fingerprint": row.fingerprint,
+        "episode": row.episode,
+        "severity": p["severity"],
+        "summary": p["summary"],
+        "alert": p["alert"],
+        "dashboard_url": p.get("dashboard_url"),
+    }
 
 
 def _request(target: Target, row: _Row) -> tuple[bytes, dict[str, str]]:
@@ -487,6 +558,7 @@ def _request(target: Target, row: _Row) -> tuple[bytes, dict[str, str]]:
 
 
 # --- delivery ----------------------------------------------------------------------------------
+
 
 def _parse_retry_after(value: str | None, now: datetime) -> float | None:
     """Seconds to wait from a Retry-After header (the SDK's reading), capped at an hour."""
@@ -514,8 +586,9 @@ class _Answer:
     retry_after: float | None = None
 
 
-def _post(client: httpx.Client, url: str, body: bytes, headers: Mapping[str, str], timeout: float,
-          now: datetime) -> _Answer:
+def _post(
+    client: httpx.Client, url: str, body: bytes, headers: Mapping[str, str], timeout: float, now: datetime
+) -> _Answer:
     """One POST, classified; retryable: 429, 5xx, timeouts and connection errors. Never raises."""
     try:
         response = client.post(url, content=body, headers=headers, timeout=timeout)
@@ -549,11 +622,18 @@ class _OutboxCollector(Collector):
         self._store, self._targets, self._clock = store, list(targets), clock
 
     def _families(self) -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
-        return (GaugeMetricFamily("shapewatch_notifications_pending",
-                                  "Notifications in the outbox not delivered yet, by target.", labels=["target"]),
-                GaugeMetricFamily("shapewatch_notifications_oldest_pending_seconds",
-                                  "Age of the oldest undelivered notification, by target (0 when none).",
-                                  labels=["target"]))
+        return (
+            GaugeMetricFamily(
+                "shapewatch_notifications_pending",
+                "Notifications in the outbox not delivered yet, by target.",
+                labels=["target"],
+            ),
+            GaugeMetricFamily(
+                "shapewatch_notifications_oldest_pending_seconds",
+                "Age of the oldest undelivered notification, by target (0 when none).",
+                labels=["target"],
+            ),
+        )
 
     def describe(self) -> Iterable[GaugeMetricFamily]:
         return self._families()
@@ -562,7 +642,8 @@ class _OutboxCollector(Collector):
         pending, oldest = self._families()
         try:
             rows = self._store.query(
-                "SELECT target, count(*), min(created_at) FROM notifications WHERE state = 'pending' GROUP BY target")
+                "SELECT target, count(*), min(created_at) FROM notifications WHERE state = 'pending' GROUP BY target"
+            )
         except StoreError as exc:
             log.warning("cannot read the notification outbox for metrics: %s", exc)
             return ()
@@ -589,9 +670,18 @@ class Notifier:
     ``rng`` for deterministic schedules in tests.
     """
 
-    def __init__(self, store: Store, targets: Sequence[Target], *, registry: CollectorRegistry,
-                 client: httpx.Client | None = None, clock: Callable[[], datetime] = _utcnow,
-                 backoff_base: float = 1.0, backoff_max: float = 300.0, rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        targets: Sequence[Target],
+        *,
+        registry: CollectorRegistry,
+        client: httpx.Client | None = None,
+        clock: Callable[[], datetime] = _utcnow,
+        backoff_base: float = 1.0,
+        backoff_max: float = 300.0,
+        rng: random.Random | None = None,
+    ) -> None:
         names = [t.name for t in targets]
         if len(set(names)) != len(names):
             raise NotifyConfigInvalid("notify.targets", f"target names repeat: {names}", "give each its own name")
@@ -605,8 +695,12 @@ class Notifier:
         self._rng = rng or random.Random()
         self._lock = threading.Lock()  # one pass at a time, so a row is never sent by two at once
         self._registry = registry
-        self._results = Counter("shapewatch_notifications", "Notification delivery attempts, by target and result.",
-                                ["target", "result"], registry=registry)
+        self._results = Counter(
+            "shapewatch_notifications",
+            "Notification delivery attempts, by target and result.",
+            ["target", "result"],
+            registry=registry,
+        )
         for name in names:
             for result in _RESULTS:
                 self._results.labels(name, result)
@@ -615,7 +709,8 @@ class Notifier:
         orphans = store.query(
             """SELECT target, count(*) FROM notifications
                WHERE state = 'pending' AND NOT list_contains(?::VARCHAR[], target) GROUP BY target ORDER BY target""",
-            [names])
+            [names],
+        )
         for name, n in orphans:
             log.warning("%d notifications for target %r stay pending: it is not configured any more", n, name)
 
@@ -672,10 +767,22 @@ class Notifier:
         rows = self._store.query(
             """SELECT target, fingerprint, episode, action, payload, created_at, attempts, next_attempt_at
                FROM notifications WHERE state = 'pending' AND list_contains(?::VARCHAR[], target)
-               ORDER BY target, fingerprint, episode, action = 'resolve'""", [list(self._targets)])
-        return [_Row(str(t), str(fp), int(ep), NoticeAction(action), orjson.loads(payload), _utc(created),
-                     int(attempts), _utc(due))
-                for t, fp, ep, action, payload, created, attempts, due in rows]
+               ORDER BY target, fingerprint, episode, action = 'resolve'""",
+            [list(self._targets)],
+        )
+        return [
+            _Row(
+                str(t),
+                str(fp),
+                int(ep),
+                NoticeAction(action),
+                orjson.loads(payload),
+                _utc(created),
+                int(attempts),
+                _utc(due),
+            )
+            for t, fp, ep, action, payload, created, attempts, due in rows
+        ]
 
     def _attempt(self, row: _Row, now: datetime) -> _Result:
         target = self._targets[row.target]
@@ -689,24 +796,39 @@ class Notifier:
             answer = _post(self._client, target.url, body, headers, target.timeout_seconds, now)
         attempts = row.attempts + 1
         if answer.result == "sent":
-            self._update(row, "marking a notification sent",
-                         "state = 'sent', attempts = attempts + 1, sent_at = ?", [now])
+            self._update(
+                row, "marking a notification sent", "state = 'sent', attempts = attempts + 1, sent_at = ?", [now]
+            )
         elif answer.result == "retried" and attempts < target.max_attempts:
             delay = answer.retry_after
             if delay is None:
                 delay = _backoff(self._backoff_base, self._backoff_max, attempts, self._rng)
             due = now + timedelta(seconds=delay)
-            log.warning("%s failed (attempt %d of %d), retrying at %s: %s", what, attempts, target.max_attempts,
-                        _rfc3339(due), answer.error)
-            self._update(row, "scheduling a notification retry",
-                         "attempts = attempts + 1, next_attempt_at = ?, last_error = ?", [due, answer.error])
+            log.warning(
+                "%s failed (attempt %d of %d), retrying at %s: %s",
+                what,
+                attempts,
+                target.max_attempts,
+                _rfc3339(due),
+                answer.error,
+            )
+            self._update(
+                row,
+                "scheduling a notification retry",
+                "attempts = attempts + 1, next_attempt_at = ?, last_error = ?",
+                [due, answer.error],
+            )
         else:
             error = answer.error or "unknown error"
             if answer.result == "retried":
                 error = f"gave up after {attempts} attempts: {error}"
             log.warning("%s failed for good: %s", what, error)
-            self._update(row, "marking a notification failed",
-                          "state = 'failed', attempts = attempts + 1, last_error = ?", [error])
+            self._update(
+                row,
+                "marking a notification failed",
+                "state = 'failed', attempts = attempts + 1, last_error = ?",
+                [error],
+            )
             answer = _Answer("failed", error)
         self._results.labels(target.name, answer.result).inc()
         return answer.result
@@ -714,17 +836,29 @@ class Notifier:
     def _update(self, row: _Row, doing: str, assignments: str, params: list[Any]) -> None:
         # Only a pending row changes: a pass never overwrites what another recorded.
         with self._store.transaction(doing) as con:
-            con.execute(f"UPDATE notifications SET {assignments} "
-                        "WHERE target = ? AND fingerprint = ? AND episode = ? AND action = ? AND state = 'pending'",
-                        [*params, *row.key])
+            con.execute(
+                f"UPDATE notifications SET {assignments} "
+                "WHERE target = ? AND fingerprint = ? AND episode = ? AND action = ? AND state = 'pending'",
+                [*params, *row.key],
+            )
 
 
 # --- the daily digest -------------------------------------------------------------------------
 
-def send_digest(client: httpx.Client, url: str, alerts: list[dict[str, Any]], now: datetime, *,
-                attempts: int = 4, backoff_base: float = 1.0, backoff_max: float = 30.0,
-                timeout_seconds: float = 10.0, sleep: Callable[[float], None] = time.sleep,
-                rng: random.Random | None = None) -> bool:
+
+def send_digest(
+    client: httpx.Client,
+    url: str,
+    alerts: list[dict[str, Any]],
+    now: datetime,
+    *,
+    attempts: int = 4,
+    backoff_base: float = 1.0,
+    backoff_max: float = 30.0,
+    timeout_seconds: float = 10.0,
+    sleep: Callable[[float], None] = time.sleep,
+    rng: random.Random | None = None,
+) -> bool:
     """POST ``{"kind": "digest", "generated_at", "alerts"}`` (the warn alerts of the day) once; True on a 2xx.
 
     Retried within the call on 429, 5xx, timeouts and connection errors (Retry-After

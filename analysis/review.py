@@ -32,8 +32,8 @@ import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from baselines import Activation, Cohort, Resolved, activation_history, is_unpinned, resolve_baseline
-from collector import (
+from shapewatch.baselines import Activation, Cohort, Resolved, activation_history, is_unpinned, resolve_baseline
+from shapewatch.collector import (
     FieldProfile,
     Profile,
     Store,
@@ -66,22 +66,36 @@ def _types(f: FieldProfile | None) -> dict[str, float]:
     return {t: round(n / total, 4) for t, n in sorted(filled.items())} if total else {}
 
 
-def _contracts(store: Store, cohort_id: int, contract: str, profile: Profile, since: datetime,
-               until: datetime) -> dict[str, Any]:
+def _contracts(
+    store: Store, cohort_id: int, contract: str, profile: Profile, since: datetime, until: datetime
+) -> dict[str, Any]:
     """The contract versions of a cohort's week: tagged, live, new in the week, and what the live
     registered version declares (required and optional fields), for the field rows."""
     live = profile.live_contract_version
     facts = store.contract_validators.facts(contract, live) if live is not None else None
     violations = {path: max(by.values()) for path, by in sorted(profile.violations.items())}
-    return {"window": {v: sum(by.values()) for v, by in sorted(profile.contract_checks.items()) if v},
-            "live": live, "checked": profile.checked, "violations": violations,
-            "changes": [{"version": c["version"], "first_seen": _iso(c["first_seen"])}
-                        for c in contract_changes(store, cohort_id, since, until).get(cohort_id, [])],
-            "required": sorted(facts.required) if facts else [], "optional": sorted(facts.optional) if facts else []}
+    return {
+        "window": {v: sum(by.values()) for v, by in sorted(profile.contract_checks.items()) if v},
+        "live": live,
+        "checked": profile.checked,
+        "violations": violations,
+        "changes": [
+            {"version": c["version"], "first_seen": _iso(c["first_seen"])}
+            for c in contract_changes(store, cohort_id, since, until).get(cohort_id, [])
+        ],
+        "required": sorted(facts.required) if facts else [],
+        "optional": sorted(facts.optional) if facts else [],
+    }
 
 
-def _field_row(path: str, base: FieldProfile | None, cur: FieldProfile | None, config: AnalyzerConfig,
-               contract: str, declared: dict[str, Any] | None = None) -> dict[str, Any]:
+def _field_row(
+    path: str,
+    base: FieldProfile | None,
+    cur: FieldProfile | None,
+    config: AnalyzerConfig,
+    contract: str,
+    declared: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     rules = config.rules_for(contract, path)
     new_values: list[str] = []
     if base is not None and cur is not None and enum_like(base, rules):
@@ -93,31 +107,45 @@ def _field_row(path: str, base: FieldProfile | None, cur: FieldProfile | None, c
             return None
         return [f.array_percentile(0.5), f.array_percentile(0.9), f.array_percentile(0.99)]
 
-    return {"field": path,
-            "presence": [round(base.presence_rate, 4) if base else None, round(cur.presence_rate, 4) if cur else None],
-            "samples": [base.units if base else 0, cur.units if cur else 0],
-            "types": [_types(base), _types(cur)], "new_values": new_values,
-            "arrays": [arrays(base), arrays(cur)],
-            "status": "new" if base is None else "missing" if cur is None else "",
-            # what the live registered contract expects: required fields always present, optional
-            # ones at the baseline's rate
-            "declared": ("required" if declared and path in declared["required"] else
-                         "optional" if declared and path in declared["optional"] else None)}
+    return {
+        "field": path,
+        "presence": [round(base.presence_rate, 4) if base else None, round(cur.presence_rate, 4) if cur else None],
+        "samples": [base.units if base else 0, cur.units if cur else 0],
+        "types": [_types(base), _types(cur)],
+        "new_values": new_values,
+        "arrays": [arrays(base), arrays(cur)],
+        "status": "new" if base is None else "missing" if cur is None else "",
+        # what the live registered contract expects: required fields always present, optional
+        # ones at the baseline's rate
+        "declared": (
+            "required"
+            if declared and path in declared["required"]
+            else "optional"
+            if declared and path in declared["optional"]
+            else None
+        ),
+    }
 
 
 def _daily_events(store: Store, cohort_id: int, since: datetime, until: datetime) -> list[list[Any]]:
-    return [[str(day), int(n)] for day, n in store.query(
-        """SELECT strftime(date_trunc('day', bucket AT TIME ZONE 'UTC'), '%Y-%m-%d') AS day, sum(events)::BIGINT
+    return [
+        [str(day), int(n)]
+        for day, n in store.query(
+            """SELECT strftime(date_trunc('day', bucket AT TIME ZONE 'UTC'), '%Y-%m-%d') AS day, sum(events)::BIGINT
            FROM cohort_buckets WHERE cohort_id = ? AND bucket >= ? AND bucket < ? GROUP BY 1 ORDER BY 1""",
-        [cohort_id, since, until])]
+            [cohort_id, since, until],
+        )
+    ]
 
 
 def _alerts(store: Store, cohort: Cohort, since: datetime, until: datetime) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = {"fired": [], "acknowledged": [], "resolved": []}
     for field, kind, value, severity, state, fired, acked, acked_by, resolved in store.query(
-            """SELECT field, kind, value, severity, state, fired_at, acknowledged_at, acknowledged_by, resolved_at
+        """SELECT field, kind, value, severity, state, fired_at, acknowledged_at, acknowledged_by, resolved_at
                FROM alerts WHERE model = ? AND prompt_version = ? AND contract = ? ORDER BY severity = 'page' DESC,
-               field, kind""", list(cohort)):
+               field, kind""",
+        list(cohort),
+    ):
         item = {"field": field, "kind": kind, "value": value, "severity": severity, "state": state}
         if fired is not None and since <= fired < until:
             out["fired"].append({**item, "at": _iso(fired)})
@@ -128,23 +156,32 @@ def _alerts(store: Store, cohort: Cohort, since: datetime, until: datetime) -> d
     return out
 
 
-def _candidate(store: Store, cohort_id: int, cohort: Cohort, since: datetime, until: datetime,
-               min_samples: int, window: timedelta) -> dict[str, Any] | None:
+def _candidate(
+    store: Store, cohort_id: int, cohort: Cohort, since: datetime, until: datetime, min_samples: int, window: timedelta
+) -> dict[str, Any] | None:
     """The latest whole UTC day of the period with enough samples and no page alert in it.
 
     An alert first seen at T judged the data of ``[T - window, T)``: that is where its change lies.
     """
-    pages = [(start - window, stop) for start, stop in store.query(
-        """SELECT first_seen, coalesce(resolved_at, ?) FROM alerts
+    pages = [
+        (start - window, stop)
+        for start, stop in store.query(
+            """SELECT first_seen, coalesce(resolved_at, ?) FROM alerts
            WHERE model = ? AND prompt_version = ? AND contract = ? AND severity = 'page'""",
-        [until, *cohort])]
+            [until, *cohort],
+        )
+    ]
     day = until.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=1)
     first = since.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=1)
     # One grouped read for the whole period; the loop below walks at most MAX_REVIEW_PERIOD + 2 days.
-    per_day = {str(d): int(n) for d, n in store.query(
-        """SELECT strftime(date_trunc('day', bucket AT TIME ZONE 'UTC'), '%Y-%m-%d'), sum(events)::BIGINT
+    per_day = {
+        str(d): int(n)
+        for d, n in store.query(
+            """SELECT strftime(date_trunc('day', bucket AT TIME ZONE 'UTC'), '%Y-%m-%d'), sum(events)::BIGINT
            FROM cohort_buckets WHERE cohort_id = ? AND bucket >= ? AND bucket < ? GROUP BY 1""",
-        [cohort_id, first, day + timedelta(days=1)])}
+            [cohort_id, first, day + timedelta(days=1)],
+        )
+    }
     while day >= since - timedelta(days=1):
         end = day + timedelta(days=1)
         n = per_day.get(f"{day:%Y-%m-%d}", 0)
@@ -155,45 +192,74 @@ def _candidate(store: Store, cohort_id: int, cohort: Cohort, since: datetime, un
     return None
 
 
-def _differences(store: Store, cohort_id: int, candidate: dict[str, Any], baseline: Any, config: AnalyzerConfig,
-                 contract: str) -> list[str]:
+def _differences(
+    store: Store, cohort_id: int, candidate: dict[str, Any], baseline: Any, config: AnalyzerConfig, contract: str
+) -> list[str]:
     """What the analyzer would flag in the candidate window against the current baseline: freezing
     it accepts these changes as the new normal, which the meeting should do on purpose."""
-    day = read_profile(store, cohort_id, datetime.fromisoformat(candidate["since"]),
-                       datetime.fromisoformat(candidate["until"]))
-    checks, _ = compare_profiles(baseline.fields, baseline.samples, day.fields, day.events,
-                                 lambda path: config.rules_for(contract, path))
-    return [f"{c.kind.value} on {c.field}" + (f" = {c.value!r}" if c.value else "") + f": {c.detail}"
-            for c in adjust_p_values(checks) if c.breach]
+    day = read_profile(
+        store, cohort_id, datetime.fromisoformat(candidate["since"]), datetime.fromisoformat(candidate["until"])
+    )
+    checks, _ = compare_profiles(
+        baseline.fields, baseline.samples, day.fields, day.events, lambda path: config.rules_for(contract, path)
+    )
+    return [
+        f"{c.kind.value} on {c.field}" + (f" = {c.value!r}" if c.value else "") + f": {c.detail}"
+        for c in adjust_p_values(checks)
+        if c.breach
+    ]
 
 
-def _review_cohort(store: Store, config: AnalyzerConfig, cid: int, cohort: Cohort, events: int,
-                   resolved: Resolved | None, since: datetime, until: datetime, max_baseline_age: timedelta
-                   ) -> dict[str, Any]:
+def _review_cohort(
+    store: Store,
+    config: AnalyzerConfig,
+    cid: int,
+    cohort: Cohort,
+    events: int,
+    resolved: Resolved | None,
+    since: datetime,
+    until: datetime,
+    max_baseline_age: timedelta,
+) -> dict[str, Any]:
     """One cohort's entry of the review (its baseline, alerts, field table and candidate)."""
     profile = read_profile(store, cid, since, until)
     entry: dict[str, Any] = {
-        "cohort": cohort._asdict(), "events": events, "unpinned": is_unpinned(cohort.model),
+        "cohort": cohort._asdict(),
+        "events": events,
+        "unpinned": is_unpinned(cohort.model),
         "served_models": dict(sorted(profile.served_models.items(), key=lambda kv: -kv[1])),
         "daily_events": _daily_events(store, cid, since, until),
         "alerts": _alerts(store, cohort, since, until),
         "candidate": _candidate(store, cid, cohort, since, until, config.defaults.min_samples, config.window),
-        "baseline": None, "fields": [],
-        "contracts": _contracts(store, cid, cohort.contract, profile, since, until)}
+        "baseline": None,
+        "fields": [],
+        "contracts": _contracts(store, cid, cohort.contract, profile, since, until),
+    }
     if entry["candidate"] is not None and resolved is not None:
-        entry["candidate"]["differs"] = _differences(store, cid, entry["candidate"], resolved.baseline,
-                                                     config, cohort.contract)
+        entry["candidate"]["differs"] = _differences(
+            store, cid, entry["candidate"], resolved.baseline, config, cohort.contract
+        )
     if resolved is not None:
         b = resolved.baseline
         age = until - b.created_at
-        entry["baseline"] = {"baseline_id": b.baseline_id, "how": resolved.how, "cohort": b.cohort._asdict(),
-                             "created_at": _iso(b.created_at), "age_days": round(age.total_seconds() / 86400, 1),
-                             "author": b.author, "note": b.note, "samples": b.samples,
-                             "window": {"since": _iso(b.since), "until": _iso(b.until)},
-                             "stale": age > max_baseline_age}
+        entry["baseline"] = {
+            "baseline_id": b.baseline_id,
+            "how": resolved.how,
+            "cohort": b.cohort._asdict(),
+            "created_at": _iso(b.created_at),
+            "age_days": round(age.total_seconds() / 86400, 1),
+            "author": b.author,
+            "note": b.note,
+            "samples": b.samples,
+            "window": {"since": _iso(b.since), "until": _iso(b.until)},
+            "stale": age > max_baseline_age,
+        }
         paths = sorted(set(b.fields) | set(profile.fields))
-        rows = [_field_row(path, b.fields.get(path), profile.fields.get(path), config, cohort.contract,
-                           entry["contracts"]) for path in paths if not config.rules_for(cohort.contract, path).ignore]
+        rows = [
+            _field_row(path, b.fields.get(path), profile.fields.get(path), config, cohort.contract, entry["contracts"])
+            for path in paths
+            if not config.rules_for(cohort.contract, path).ignore
+        ]
 
         def move(r: dict[str, Any]) -> float:
             bp, cp = r["presence"]
@@ -203,9 +269,14 @@ def _review_cohort(store: Store, config: AnalyzerConfig, cid: int, cohort: Cohor
     return entry
 
 
-def build_review(store: Store, config: AnalyzerConfig, *, now: datetime | None = None,
-                 period: timedelta = timedelta(days=7), max_baseline_age: timedelta = timedelta(days=30)
-                 ) -> dict[str, Any]:
+def build_review(
+    store: Store,
+    config: AnalyzerConfig,
+    *,
+    now: datetime | None = None,
+    period: timedelta = timedelta(days=7),
+    max_baseline_age: timedelta = timedelta(days=30),
+) -> dict[str, Any]:
     """Every fact the weekly review needs, as one JSON-ready value.
 
     ``period`` longer than ``MAX_REVIEW_PERIOD`` (or not positive) is refused with
@@ -219,11 +290,17 @@ def build_review(store: Store, config: AnalyzerConfig, *, now: datetime | None =
     since = until - period
     store.flush_rollups()
     current: dict[Cohort, Activation] = {a.cohort: a for a in activation_history(store)}
-    first_seen = {Cohort(str(m), str(p), str(c)): t for m, p, c, t in store.query(
-        "SELECT model, prompt_version, contract, first_seen FROM cohorts")}
-    traffic = {int(cid): int(n) for cid, n in store.query(
-        "SELECT cohort_id, sum(events)::BIGINT FROM cohort_buckets WHERE bucket >= ? AND bucket < ? GROUP BY ALL",
-        [since, until])}
+    first_seen = {
+        Cohort(str(m), str(p), str(c)): t
+        for m, p, c, t in store.query("SELECT model, prompt_version, contract, first_seen FROM cohorts")
+    }
+    traffic = {
+        int(cid): int(n)
+        for cid, n in store.query(
+            "SELECT cohort_id, sum(events)::BIGINT FROM cohort_buckets WHERE bucket >= ? AND bucket < ? GROUP BY ALL",
+            [since, until],
+        )
+    }
     # A served cohort (a model's outputs under an alias) that nobody requested by its own id is
     # reviewed through its alias, whose entry lists the models that answered: the baseline
     # decisions are the alias's, unless one was made for the served cohort itself.
@@ -232,8 +309,9 @@ def build_review(store: Store, config: AnalyzerConfig, *, now: datetime | None =
     without: list[dict[str, Any]] = []
     stale: list[dict[str, Any]] = []
     errors: list[dict[str, Any]] = []
-    for cid, m, p, c in store.query("SELECT cohort_id, model, prompt_version, contract FROM cohorts "
-                                    "ORDER BY model, prompt_version, contract"):
+    for cid, m, p, c in store.query(
+        "SELECT cohort_id, model, prompt_version, contract FROM cohorts ORDER BY model, prompt_version, contract"
+    ):
         cohort = Cohort(str(m), str(p), str(c))
         if int(cid) not in requested and cohort not in current:
             continue
@@ -242,14 +320,14 @@ def build_review(store: Store, config: AnalyzerConfig, *, now: datetime | None =
             resolved = resolve_baseline(store, cohort, current=current, first_seen=first_seen)
             if not events and resolved is None:
                 continue
-            entry = _review_cohort(store, config, int(cid), cohort, events, resolved, since, until,
-                                   max_baseline_age)
+            entry = _review_cohort(store, config, int(cid), cohort, events, resolved, since, until, max_baseline_age)
         except StoreError:
             raise
         except Exception as exc:  # one cohort's broken baseline or data must not blind the review of the rest
             logger.exception("review: cohort %s / %s / %s failed", *cohort)
-            errors.append({"cohort": cohort._asdict(), "events": events,
-                           "error": f"{type(exc).__name__}: {exc}"[:_MAX_ERROR]})
+            errors.append(
+                {"cohort": cohort._asdict(), "events": events, "error": f"{type(exc).__name__}: {exc}"[:_MAX_ERROR]}
+            )
             continue
         cohorts.append(entry)
         b = entry["baseline"]
@@ -257,12 +335,20 @@ def build_review(store: Store, config: AnalyzerConfig, *, now: datetime | None =
             without.append({"cohort": cohort._asdict(), "events": events})
         elif b["how"] == "own" and b["stale"]:
             stale.append({"cohort": cohort._asdict(), "baseline_id": b["baseline_id"], "age_days": b["age_days"]})
-    return {"generated_at": _iso(until), "since": _iso(since), "until": _iso(until),
-            "max_baseline_age_days": round(max_baseline_age.total_seconds() / 86400, 1),
-            "cohorts": cohorts, "without_baseline": without, "stale_baselines": stale, "errors": errors}
+    return {
+        "generated_at": _iso(until),
+        "since": _iso(since),
+        "until": _iso(until),
+        "max_baseline_age_days": round(max_baseline_age.total_seconds() / 86400, 1),
+        "cohorts": cohorts,
+        "without_baseline": without,
+        "stale_baselines": stale,
+        "errors": errors,
+    }
 
 
 # --- markdown -------------------------------------------------------------------------------
+
 
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
@@ -321,8 +407,12 @@ def _md_counts(counts: dict[str, Any]) -> str:
 def render_markdown(review: dict[str, Any]) -> str:
     """The review as Markdown; every stored value is escaped text or a code span, every table row
     has its five cells whatever the values hold."""
-    out = ["# shapewatch weekly review", "",
-           f"Period {_md(review['since'])} .. {_md(review['until'])} (generated {_md(review['generated_at'])}).", ""]
+    out = [
+        "# shapewatch weekly review",
+        "",
+        f"Period {_md(review['since'])} .. {_md(review['until'])} (generated {_md(review['generated_at'])}).",
+        "",
+    ]
     for entry in review["cohorts"]:
         c = entry["cohort"]
         out += [f"## {_md_cohort(c)}", ""]
@@ -334,55 +424,83 @@ def render_markdown(review: dict[str, Any]) -> str:
             out.append("- served models: " + _md_counts(entry["served_models"]))
         k = entry["contracts"]
         if k["window"]:
-            out.append("- contract versions: " + _md_counts(k["window"])
-                       + (f"; registered version {_code(k['live'])} checked {_md(k['checked'])} outputs"
-                          if k["live"] else "; none registered")
-                       + "".join(f"; **{_code(ch['version'])} went out {_md(ch['first_seen'])}**"
-                                 for ch in k["changes"]))
+            out.append(
+                "- contract versions: "
+                + _md_counts(k["window"])
+                + (
+                    f"; registered version {_code(k['live'])} checked {_md(k['checked'])} outputs"
+                    if k["live"]
+                    else "; none registered"
+                )
+                + "".join(f"; **{_code(ch['version'])} went out {_md(ch['first_seen'])}**" for ch in k["changes"])
+            )
             if k["violations"]:
-                out.append("- outputs breaking the contract: " + ", ".join(
-                    f"{_code(p)} {_md(n)} ({_pct(n / k['checked'])})" for p, n in k["violations"].items()))
+                out.append(
+                    "- outputs breaking the contract: "
+                    + ", ".join(f"{_code(p)} {_md(n)} ({_pct(n / k['checked'])})" for p, n in k["violations"].items())
+                )
         b = entry["baseline"]
         if b is None:
             out.append("- **no baseline**: this cohort is not judged")
         else:
-            inherited = "" if b["how"] == "own" else \
-                f" (inherited from {_md_cohort(b['cohort'])}, {_md(str(b['how']).replace('_', ' '))})"
-            out.append(f"- baseline {_code(b['baseline_id'])}{inherited}: frozen {_md(b['created_at'])} "
-                       f"({_md(b['age_days'])} days ago) by {_md(b['author'])}: {_md(b['note'])}"
-                       + (" **(older than the configured age)**" if b["stale"] else ""))
+            inherited = (
+                ""
+                if b["how"] == "own"
+                else f" (inherited from {_md_cohort(b['cohort'])}, {_md(str(b['how']).replace('_', ' '))})"
+            )
+            out.append(
+                f"- baseline {_code(b['baseline_id'])}{inherited}: frozen {_md(b['created_at'])} "
+                f"({_md(b['age_days'])} days ago) by {_md(b['author'])}: {_md(b['note'])}"
+                + (" **(older than the configured age)**" if b["stale"] else "")
+            )
         for what in ("fired", "acknowledged", "resolved"):
             items = entry["alerts"][what]
-            text = "; ".join(f"{_md(a['severity'])} {_md(a['kind'])} on {_code(a['field'])}"
-                             + (f" = {_code(a['value'])}" if a.get("value") else "") for a in items[:10])
+            text = "; ".join(
+                f"{_md(a['severity'])} {_md(a['kind'])} on {_code(a['field'])}"
+                + (f" = {_code(a['value'])}" if a.get("value") else "")
+                for a in items[:10]
+            )
             out.append(f"- alerts {what}: {len(items)}" + (f" ({text})" if items else ""))
         cand = entry["candidate"]
-        out.append(f"- suggested candidate window: {_md(cand['since'])} .. {_md(cand['until'])} "
-                   f"({_md(cand['samples'])} samples)"
-                   if cand else "- suggested candidate window: none (no clean day with enough samples)")
+        out.append(
+            f"- suggested candidate window: {_md(cand['since'])} .. {_md(cand['until'])} "
+            f"({_md(cand['samples'])} samples)"
+            if cand
+            else "- suggested candidate window: none (no clean day with enough samples)"
+        )
         if cand and cand.get("differs"):
-            out.append("  - freezing it would accept these changes against the current baseline: "
-                       + _md("; ".join(cand["differs"][:10])))
+            out.append(
+                "  - freezing it would accept these changes against the current baseline: "
+                + _md("; ".join(cand["differs"][:10]))
+            )
         elif cand and "differs" in cand:
             out.append("  - it matches the current baseline (no rule would fire)")
         if entry["fields"]:
-            out += ["", "| field | presence (baseline -> week) | types (baseline -> week) | new enum values "
-                        "| array p50/p90/p99 (baseline -> week) |", "|---|---|---|---|---|"]
+            out += [
+                "",
+                "| field | presence (baseline -> week) | types (baseline -> week) | new enum values "
+                "| array p50/p90/p99 (baseline -> week) |",
+                "|---|---|---|---|---|",
+            ]
             for r in entry["fields"]:
-                mark = "".join(f" ({_md(m)})" for m in (r["status"], r["declared"] and f"{r['declared']} in the contract")
-                               if m)
-                out.append(f"| {_code(r['field'])}{mark} | {_pct(r['presence'][0])} -> "
-                           f"{_pct(r['presence'][1])} | {_md(_type_text(r['types'][0]))} -> "
-                           f"{_md(_type_text(r['types'][1]))} "
-                           f"| {', '.join(_md(v) for v in r['new_values']) or '-'} "
-                           f"| {_arr(r['arrays'][0])} -> {_arr(r['arrays'][1])} |")
+                mark = "".join(
+                    f" ({_md(m)})" for m in (r["status"], r["declared"] and f"{r['declared']} in the contract") if m
+                )
+                out.append(
+                    f"| {_code(r['field'])}{mark} | {_pct(r['presence'][0])} -> "
+                    f"{_pct(r['presence'][1])} | {_md(_type_text(r['types'][0]))} -> "
+                    f"{_md(_type_text(r['types'][1]))} "
+                    f"| {', '.join(_md(v) for v in r['new_values']) or '-'} "
+                    f"| {_arr(r['arrays'][0])} -> {_arr(r['arrays'][1])} |"
+                )
         out.append("")
     out += ["## Cohorts without a baseline", ""]
-    out += [f"- {_md_cohort(w['cohort'])}: {_md(w['events'])} events" for w in review["without_baseline"]] \
-        or ["- none"]
+    out += [f"- {_md_cohort(w['cohort'])}: {_md(w['events'])} events" for w in review["without_baseline"]] or ["- none"]
     out += ["", f"## Baselines older than {_md(review['max_baseline_age_days'])} days", ""]
-    out += [f"- {_md_cohort(s['cohort'])}: {_code(s['baseline_id'])}, {_md(s['age_days'])} days"
-            for s in review["stale_baselines"]] or ["- none"]
+    out += [
+        f"- {_md_cohort(s['cohort'])}: {_code(s['baseline_id'])}, {_md(s['age_days'])} days"
+        for s in review["stale_baselines"]
+    ] or ["- none"]
     if review.get("errors"):
         out += ["", "## Cohorts that could not be reviewed", ""]
         out += [f"- {_md_cohort(e['cohort'])}: {_md(e['error'])}" for e in review["errors"]]
@@ -390,6 +508,7 @@ def render_markdown(review: dict[str, Any]) -> str:
 
 
 # --- html -----------------------------------------------------------------------------------
+
 
 def _e(s: Any) -> str:
     return html.escape(str(s), quote=True)
@@ -401,18 +520,24 @@ def _spark(values: list[int], width: int = 160, height: int = 28) -> str:
         return ""
     top = max(values) or 1
     w = width / len(values)
-    bars = "".join(f'<rect x="{i * w:.1f}" y="{height - v / top * height:.1f}" width="{max(w - 1, 1):.1f}" '
-                   f'height="{v / top * height:.1f}"/>' for i, v in enumerate(values))
-    return (f'<svg class="spark" width="{width}" height="{height}" role="img" aria-label="daily events">'
-            f'{bars}</svg>')
+    bars = "".join(
+        f'<rect x="{i * w:.1f}" y="{height - v / top * height:.1f}" width="{max(w - 1, 1):.1f}" '
+        f'height="{v / top * height:.1f}"/>'
+        for i, v in enumerate(values)
+    )
+    return f'<svg class="spark" width="{width}" height="{height}" role="img" aria-label="daily events">{bars}</svg>'
 
 
 def _presence_bars(b: float | None, c: float | None) -> str:
     """Baseline (grey) and this week (blue) presence, as two thin bars."""
+
     def bar(y: int, v: float | None, cls: str) -> str:
         return f'<rect class="{cls}" x="0" y="{y}" width="{100 * (v or 0):.1f}" height="6"/>'
-    return (f'<svg class="bars" width="100" height="14" role="img" aria-label="presence">'
-            f'{bar(0, b, "base")}{bar(8, c, "cur")}</svg>')
+
+    return (
+        f'<svg class="bars" width="100" height="14" role="img" aria-label="presence">'
+        f"{bar(0, b, 'base')}{bar(8, c, 'cur')}</svg>"
+    )
 
 
 _CSS = """body{font:14px system-ui,sans-serif;margin:2em;color:#222}table{border-collapse:collapse;margin:.5em 0}
@@ -422,52 +547,85 @@ td,th{border:1px solid #ddd;padding:3px 6px;text-align:left;vertical-align:top}t
 
 
 def render_html(review: dict[str, Any]) -> str:
-    parts = ["<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">",
-             "<title>shapewatch weekly review</title>", f"<style>{_CSS}</style></head><body>",
-             "<h1>shapewatch weekly review</h1>",
-             f"<p>Period {_e(review['since'])} .. {_e(review['until'])}</p>"]
+    parts = [
+        '<!doctype html><html lang="en"><head><meta charset="utf-8">',
+        "<title>shapewatch weekly review</title>",
+        f"<style>{_CSS}</style></head><body>",
+        "<h1>shapewatch weekly review</h1>",
+        f"<p>Period {_e(review['since'])} .. {_e(review['until'])}</p>",
+    ]
     for entry in review["cohorts"]:
         c = entry["cohort"]
-        parts.append(f"<section class=\"cohort\"><h2>{_e(_cohort_name(c))}"
-                     + (' <span class="tag">unpinned alias</span>' if entry["unpinned"] else "") + "</h2>")
+        parts.append(
+            f'<section class="cohort"><h2>{_e(_cohort_name(c))}'
+            + (' <span class="tag">unpinned alias</span>' if entry["unpinned"] else "")
+            + "</h2>"
+        )
         parts.append(f"<p>{_e(entry['events'])} events {_spark([int(n) for _, n in entry['daily_events']])}</p>")
         if entry["served_models"]:
-            parts.append("<p>served models: " + ", ".join(f"<code>{_e(m)}</code> ({_e(n)})"
-                                                          for m, n in entry["served_models"].items()) + "</p>")
+            parts.append(
+                "<p>served models: "
+                + ", ".join(f"<code>{_e(m)}</code> ({_e(n)})" for m, n in entry["served_models"].items())
+                + "</p>"
+            )
         k = entry["contracts"]
         if k["window"]:
-            parts.append("<p>contract versions: " + ", ".join(f"<code>{_e(v)}</code> ({_e(n)})"
-                                                               for v, n in k["window"].items())
-                         + (f"; registered <code>{_e(k['live'])}</code> checked {_e(k['checked'])} outputs"
-                            if k["live"] else "; none registered")
-                         + "".join(f'; <span class="tag">{_e(c["version"])} went out {_e(c["first_seen"])}</span>'
-                                   for c in k["changes"])
-                         + ("; breaking it: " + ", ".join(f"<code>{_e(p)}</code> {_e(n)}" for p, n in k["violations"].items())
-                            if k["violations"] else "") + "</p>")
+            parts.append(
+                "<p>contract versions: "
+                + ", ".join(f"<code>{_e(v)}</code> ({_e(n)})" for v, n in k["window"].items())
+                + (
+                    f"; registered <code>{_e(k['live'])}</code> checked {_e(k['checked'])} outputs"
+                    if k["live"]
+                    else "; none registered"
+                )
+                + "".join(
+                    f'; <span class="tag">{_e(c["version"])} went out {_e(c["first_seen"])}</span>'
+                    for c in k["changes"]
+                )
+                + (
+                    "; breaking it: " + ", ".join(f"<code>{_e(p)}</code> {_e(n)}" for p, n in k["violations"].items())
+                    if k["violations"]
+                    else ""
+                )
+                + "</p>"
+            )
         b = entry["baseline"]
         if b is None:
             parts.append("<p><strong>no baseline</strong>: this cohort is not judged</p>")
         else:
             inherited = "" if b["how"] == "own" else f" (inherited from {_e(_cohort_name(b['cohort']))})"
-            parts.append(f"<p>baseline <code>{_e(b['baseline_id'])}</code>{inherited}, {_e(b['age_days'])} days old, "
-                         f"by {_e(b['author'])}: {_e(b['note'])}"
-                         + (' <span class="tag">older than the configured age</span>' if b["stale"] else "") + "</p>")
+            parts.append(
+                f"<p>baseline <code>{_e(b['baseline_id'])}</code>{inherited}, {_e(b['age_days'])} days old, "
+                f"by {_e(b['author'])}: {_e(b['note'])}"
+                + (' <span class="tag">older than the configured age</span>' if b["stale"] else "")
+                + "</p>"
+            )
         parts.append("<ul>")
         for what in ("fired", "acknowledged", "resolved"):
             items = entry["alerts"][what]
-            parts.append(f"<li>alerts {what}: {len(items)} " + " ".join(
-                f'<span class="{_e(a["severity"])}">{_e(a["kind"])} on <code>{_e(a["field"])}</code></span>'
-                for a in items[:10]) + "</li>")
+            parts.append(
+                f"<li>alerts {what}: {len(items)} "
+                + " ".join(
+                    f'<span class="{_e(a["severity"])}">{_e(a["kind"])} on <code>{_e(a["field"])}</code></span>'
+                    for a in items[:10]
+                )
+                + "</li>"
+            )
         cand = entry["candidate"]
-        parts.append(f"<li>suggested candidate window: {_e(cand['since'])} .. {_e(cand['until'])} "
-                     f"({_e(cand['samples'])} samples)" + (
-                         "; freezing it would accept: " + _e("; ".join(cand["differs"][:10]))
-                         if cand.get("differs") else "") + "</li>" if cand else
-                     "<li>suggested candidate window: none</li>")
+        parts.append(
+            f"<li>suggested candidate window: {_e(cand['since'])} .. {_e(cand['until'])} "
+            f"({_e(cand['samples'])} samples)"
+            + ("; freezing it would accept: " + _e("; ".join(cand["differs"][:10])) if cand.get("differs") else "")
+            + "</li>"
+            if cand
+            else "<li>suggested candidate window: none</li>"
+        )
         parts.append("</ul>")
         if entry["fields"]:
-            parts.append("<table><tr><th>field</th><th>presence</th><th></th><th>types</th><th>new enum values</th>"
-                         "<th>array p50/p90/p99</th></tr>")
+            parts.append(
+                "<table><tr><th>field</th><th>presence</th><th></th><th>types</th><th>new enum values</th>"
+                "<th>array p50/p90/p99</th></tr>"
+            )
             for r in entry["fields"]:
                 bp, cp = r["presence"]
                 parts.append(
@@ -475,15 +633,19 @@ def render_html(review: dict[str, Any]) -> str:
                     f"<td>{_pct(bp)} &rarr; {_pct(cp)}</td><td>{_presence_bars(bp, cp)}</td>"
                     f"<td>{_e(_type_text(r['types'][0]))} &rarr; {_e(_type_text(r['types'][1]))}</td>"
                     f"<td>{_e(', '.join(r['new_values']))}</td>"
-                    f"<td>{_e(_arr(r['arrays'][0]))} &rarr; {_e(_arr(r['arrays'][1]))}</td></tr>")
+                    f"<td>{_e(_arr(r['arrays'][0]))} &rarr; {_e(_arr(r['arrays'][1]))}</td></tr>"
+                )
             parts.append("</table>")
         parts.append("</section>")
     parts.append("<h2>Cohorts without a baseline</h2><ul>")
-    parts += [f"<li>{_e(_cohort_name(w['cohort']))}: {_e(w['events'])} events</li>" for w in review["without_baseline"]] \
-        or ["<li>none</li>"]
+    parts += [
+        f"<li>{_e(_cohort_name(w['cohort']))}: {_e(w['events'])} events</li>" for w in review["without_baseline"]
+    ] or ["<li>none</li>"]
     parts.append(f"</ul><h2>Baselines older than {_e(review['max_baseline_age_days'])} days</h2><ul>")
-    parts += [f"<li>{_e(_cohort_name(s['cohort']))}: <code>{_e(s['baseline_id'])}</code>, {_e(s['age_days'])} days</li>"
-              for s in review["stale_baselines"]] or ["<li>none</li>"]
+    parts += [
+        f"<li>{_e(_cohort_name(s['cohort']))}: <code>{_e(s['baseline_id'])}</code>, {_e(s['age_days'])} days</li>"
+        for s in review["stale_baselines"]
+    ] or ["<li>none</li>"]
     parts.append("</ul>")
     if review.get("errors"):
         parts.append("<h2>Cohorts that could not be reviewed</h2><ul>")

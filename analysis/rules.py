@@ -31,12 +31,19 @@ from typing import Any
 
 from scipy import stats
 
-from collector import FieldProfile
+from shapewatch.collector import FieldProfile
 
 from .config import AlertKind, EnumMode, FieldRules, Severity
 
-__all__ = ["Check", "Insufficient", "adjust_p_values", "compare_profiles", "compare_violations", "enum_like",
-           "parent_path"]
+__all__ = [
+    "Check",
+    "Insufficient",
+    "adjust_p_values",
+    "compare_profiles",
+    "compare_violations",
+    "enum_like",
+    "parent_path",
+]
 
 
 @dataclass(frozen=True)
@@ -84,6 +91,7 @@ class Insufficient:
 
 # --- statistics -----------------------------------------------------------------------------
 
+
 def two_proportion_p(k1: int, n1: int, k2: int, n2: int) -> float:
     """Two-sided p-value that k1/n1 and k2/n2 come from one proportion."""
     if n1 <= 0 or n2 <= 0:
@@ -121,7 +129,7 @@ def mann_whitney_p(h1: dict[int, int], h2: dict[int, int]) -> float:
         t = c1 + c2
         avg_rank = below + (t + 1) / 2
         rank_sum1 += c1 * avg_rank
-        ties += t ** 3 - t
+        ties += t**3 - t
         below += t
     u1 = rank_sum1 - n1 * (n1 + 1) / 2
     var = n1 * n2 / 12 * ((n + 1) - ties / (n * (n - 1))) if n > 1 else 0.0
@@ -152,6 +160,7 @@ def _with_q(c: Check, q: float) -> Check:
 
 # --- paths ----------------------------------------------------------------------------------
 
+
 def parent_path(path: str) -> str | None:
     """The path of the object or array a path lives in (None at the top), respecting escapes."""
     if path.endswith("[]") and not _escaped(path, len(path) - 2):
@@ -174,6 +183,7 @@ def _escaped(path: str, i: int) -> bool:
 
 
 # --- the rules ------------------------------------------------------------------------------
+
 
 def _numberish(types: dict[str, int]) -> dict[str, int]:
     """Filled types with integer counted as number (integer is a kind of number)."""
@@ -219,19 +229,46 @@ class _Comparison:
     rules: FieldRules
     out: list[Check] = field(default_factory=list)
 
-    def add(self, kind: AlertKind, value: str | None, effect: float, threshold: float, p: float,
-            baseline: dict[str, Any], current: dict[str, Any], detail: str,
-            escalate_at: float | None = None) -> None:
+    def add(
+        self,
+        kind: AlertKind,
+        value: str | None,
+        effect: float,
+        threshold: float,
+        p: float,
+        baseline: dict[str, Any],
+        current: dict[str, Any],
+        detail: str,
+        escalate_at: float | None = None,
+    ) -> None:
         # Effects are rounded so that a move of exactly the tolerance (70% -> 60%) breaches
         # whatever the float error of the subtraction.
         effect = round(effect, 9)
-        self.out.append(Check(self.path, kind, value, self.rules.severity_of(kind), effect, threshold, p,
-                              self.rules.alpha, baseline, current, detail, escalate_at))
+        self.out.append(
+            Check(
+                self.path,
+                kind,
+                value,
+                self.rules.severity_of(kind),
+                effect,
+                threshold,
+                p,
+                self.rules.alpha,
+                baseline,
+                current,
+                detail,
+                escalate_at,
+            )
+        )
 
 
-def compare_profiles(baseline: dict[str, FieldProfile], baseline_events: int,
-                     current: dict[str, FieldProfile], current_events: int,
-                     rules_for: Callable[[str], FieldRules]) -> tuple[list[Check], list[Insufficient]]:
+def compare_profiles(
+    baseline: dict[str, FieldProfile],
+    baseline_events: int,
+    current: dict[str, FieldProfile],
+    current_events: int,
+    rules_for: Callable[[str], FieldRules],
+) -> tuple[list[Check], list[Insufficient]]:
     """Every check that can be run between a baseline's fields and a window's, and the fields that
     had too few samples. ``rules_for(path)`` gives the thresholds of a field."""
     checks: list[Check] = []
@@ -263,9 +300,13 @@ def compare_profiles(baseline: dict[str, FieldProfile], baseline_events: int,
     return checks, short
 
 
-def compare_violations(baseline: dict[str, dict[str, int]], baseline_checked: int,
-                       current: dict[str, dict[str, int]], current_checked: int,
-                       rules_for: Callable[[str], FieldRules]) -> tuple[list[Check], list[Insufficient]]:
+def compare_violations(
+    baseline: dict[str, dict[str, int]],
+    baseline_checked: int,
+    current: dict[str, dict[str, int]],
+    current_checked: int,
+    rules_for: Callable[[str], FieldRules],
+) -> tuple[list[Check], list[Insufficient]]:
     """``schema_violation`` checks: per path, the share of checked outputs breaking their registered
     contract there, against the baseline's share.
 
@@ -299,11 +340,20 @@ def compare_violations(baseline: dict[str, dict[str, int]], baseline_checked: in
             p = float(stats.binomtest(c_n, current_checked, max(threshold / 2, 1e-9), alternative="greater").pvalue)
         keywords = ", ".join(f"{k} {n}" for k, n in sorted(current.get(path, {}).items(), key=lambda kv: -kv[1]))
         cmp = _Comparison(path, None, None, rules)
-        cmp.add(AlertKind.schema_violation, None, c_rate - b_rate, threshold, p,
-                {"violation_rate": round(b_rate, 6), "samples": baseline_checked},
-                {"violation_rate": round(c_rate, 6), "samples": current_checked,
-                 "keywords": dict(sorted(current.get(path, {}).items()))},
-                f"outputs breaking the contract at {path}: {_pct(b_rate)} -> {_pct(c_rate)} ({keywords})")
+        cmp.add(
+            AlertKind.schema_violation,
+            None,
+            c_rate - b_rate,
+            threshold,
+            p,
+            {"violation_rate": round(b_rate, 6), "samples": baseline_checked},
+            {
+                "violation_rate": round(c_rate, 6),
+                "samples": current_checked,
+                "keywords": dict(sorted(current.get(path, {}).items())),
+            },
+            f"outputs breaking the contract at {path}: {_pct(b_rate)} -> {_pct(c_rate)} ({keywords})",
+        )
         checks.extend(cmp.out)
     return checks, short
 
@@ -324,8 +374,7 @@ def _shape(cmp: _Comparison, base: FieldProfile, cur: FieldProfile) -> None:
         _types(cmp, base, cur)
         if enum_like(base, rules):
             _enums(cmp, base, cur)
-    if sum(base.array_lengths.values()) >= rules.min_samples and \
-            sum(cur.array_lengths.values()) >= rules.min_samples:
+    if sum(base.array_lengths.values()) >= rules.min_samples and sum(cur.array_lengths.values()) >= rules.min_samples:
         _arrays(cmp, base, cur)
 
 
@@ -349,15 +398,39 @@ def _presence(cmp: _Comparison, base: FieldProfile, cur: FieldProfile | None, c_
     if cur is None or cur.present == 0:
         # Absent altogether: judged at the same low share a new field is (a rare field vanishing is
         # news too); significance says whether the baseline's rate makes the absence surprising.
-        cmp.add(AlertKind.field_missing, None, b_rate, r.new_field_min_share, p, b, c,
-                f"field absent from the window (baseline presence {_pct(b_rate)})")
+        cmp.add(
+            AlertKind.field_missing,
+            None,
+            b_rate,
+            r.new_field_min_share,
+            p,
+            b,
+            c,
+            f"field absent from the window (baseline presence {_pct(b_rate)})",
+        )
         return False
     if c_rate <= b_rate:
-        cmp.add(AlertKind.presence_drop, None, b_rate - c_rate, r.tolerance, p, b, c,
-                f"presence {_pct(b_rate)} -> {_pct(c_rate)}")
+        cmp.add(
+            AlertKind.presence_drop,
+            None,
+            b_rate - c_rate,
+            r.tolerance,
+            p,
+            b,
+            c,
+            f"presence {_pct(b_rate)} -> {_pct(c_rate)}",
+        )
     else:
-        cmp.add(AlertKind.presence_rise, None, c_rate - b_rate, r.tolerance, p, b, c,
-                f"presence {_pct(b_rate)} -> {_pct(c_rate)}")
+        cmp.add(
+            AlertKind.presence_rise,
+            None,
+            c_rate - b_rate,
+            r.tolerance,
+            p,
+            b,
+            c,
+            f"presence {_pct(b_rate)} -> {_pct(c_rate)}",
+        )
     return True
 
 
@@ -373,10 +446,16 @@ def _types(cmp: _Comparison, base: FieldProfile, cur: FieldProfile) -> None:
         new_types.append(t)
         share = n / c_total
         p = two_proportion_p(0, b_total, n, c_total)
-        cmp.add(AlertKind.new_type, t, share, r.new_type_min_share, p,
-                {"types": _shares(b_types), "samples": b_total},
-                {"types": _shares(c_types), "samples": c_total},
-                f"new type {t}: {_pct(share)} of values (never in the baseline)")
+        cmp.add(
+            AlertKind.new_type,
+            t,
+            share,
+            r.new_type_min_share,
+            p,
+            {"types": _shares(b_types), "samples": b_total},
+            {"types": _shares(c_types), "samples": c_total},
+            f"new type {t}: {_pct(share)} of values (never in the baseline)",
+        )
     if new_types:
         return  # a new type moves every share; new_type says what happened
     b_num, c_num = _numberish(b_types), _numberish(c_types)
@@ -386,9 +465,16 @@ def _types(cmp: _Comparison, base: FieldProfile, cur: FieldProfile) -> None:
     moves = {t: cs.get(t, 0.0) - bs.get(t, 0.0) for t in set(bs) | set(cs)}
     effect = max(abs(v) for v in moves.values())
     top = sorted(moves, key=lambda t: (-abs(moves[t]), t))[:3]
-    cmp.add(AlertKind.type_shift, None, effect, r.tolerance, chi_square_p(b_num, c_num),
-            {"types": bs, "samples": b_total}, {"types": cs, "samples": c_total},
-            "type shares " + ", ".join(f"{t} {_pct(bs.get(t, 0.0))} -> {_pct(cs.get(t, 0.0))}" for t in top))
+    cmp.add(
+        AlertKind.type_shift,
+        None,
+        effect,
+        r.tolerance,
+        chi_square_p(b_num, c_num),
+        {"types": bs, "samples": b_total},
+        {"types": cs, "samples": c_total},
+        "type shares " + ", ".join(f"{t} {_pct(bs.get(t, 0.0))} -> {_pct(cs.get(t, 0.0))}" for t in top),
+    )
 
 
 def _enums(cmp: _Comparison, base: FieldProfile, cur: FieldProfile) -> None:
@@ -406,37 +492,63 @@ def _enums(cmp: _Comparison, base: FieldProfile, cur: FieldProfile) -> None:
     b_share, c_share = b_unknown / b_strings if b_strings else 0.0, c_unknown / c_strings
     p_unknown = two_proportion_p(b_unknown, b_strings, c_unknown, c_strings)
     b_top = dict(sorted(base.values.items(), key=lambda kv: (-kv[1], kv[0]))[:20])
-    cmp.add(AlertKind.unknown_enum_growth, None, c_share - b_share, r.unknown_warn, p_unknown,
-            {"unknown_share": round(b_share, 6), "samples": b_strings, "known": sorted(known)[:50]},
-            {"unknown_share": round(c_share, 6), "samples": c_strings},
-            f"unknown values {_pct(b_share)} -> {_pct(c_share)}",
-            # A severity set in the configuration wins over the built-in escalation to page.
-            escalate_at=None if AlertKind.unknown_enum_growth in r.severity else r.unknown_page)
+    cmp.add(
+        AlertKind.unknown_enum_growth,
+        None,
+        c_share - b_share,
+        r.unknown_warn,
+        p_unknown,
+        {"unknown_share": round(b_share, 6), "samples": b_strings, "known": sorted(known)[:50]},
+        {"unknown_share": round(c_share, 6), "samples": c_strings},
+        f"unknown values {_pct(b_share)} -> {_pct(c_share)}",
+        # A severity set in the configuration wins over the built-in escalation to page.
+        escalate_at=None if AlertKind.unknown_enum_growth in r.severity else r.unknown_page,
+    )
     # Values too rare to breach (or to keep an alert firing) get no check: a firing alert without
     # a check clears. At most 50 per field: an explosion of values is cardinality_jump's to report.
     floor = r.new_enum_min_count * 0.5
-    new_values = [(v, n) for v, n in sorted(cur.values.items(), key=lambda kv: (-kv[1], kv[0]))
-                  if v not in known and v not in base.values and n >= floor][:50]
+    new_values = [
+        (v, n)
+        for v, n in sorted(cur.values.items(), key=lambda kv: (-kv[1], kv[0]))
+        if v not in known and v not in base.values and n >= floor
+    ][:50]
     for value, n in new_values:
-        cmp.add(AlertKind.new_enum_value, value, float(n), float(r.new_enum_min_count),
-                two_proportion_p(base.values.get(value, 0), b_strings, n, c_strings),
-                {"values": b_top, "samples": b_strings},
-                {"count": n, "share": round(n / c_strings, 6), "samples": c_strings},
-                f"new value {value!r}: {n} times ({_pct(n / c_strings)} of values)")
+        cmp.add(
+            AlertKind.new_enum_value,
+            value,
+            float(n),
+            float(r.new_enum_min_count),
+            two_proportion_p(base.values.get(value, 0), b_strings, n, c_strings),
+            {"values": b_top, "samples": b_strings},
+            {"count": n, "share": round(n / c_strings, 6), "samples": c_strings},
+            f"new value {value!r}: {n} times ({_pct(n / c_strings)} of values)",
+        )
     b_distinct, c_distinct = len(base.values), len(cur.values)
     ratio = c_distinct / max(b_distinct, 1)
     if c_distinct - b_distinct >= 5:
-        cmp.add(AlertKind.cardinality_jump, None, ratio, r.cardinality_factor, p_unknown,
-                {"distinct": b_distinct, "samples": b_strings}, {"distinct": c_distinct, "samples": c_strings},
-                f"distinct values {b_distinct} -> {c_distinct}")
+        cmp.add(
+            AlertKind.cardinality_jump,
+            None,
+            ratio,
+            r.cardinality_factor,
+            p_unknown,
+            {"distinct": b_distinct, "samples": b_strings},
+            {"distinct": c_distinct, "samples": c_strings},
+            f"distinct values {b_distinct} -> {c_distinct}",
+        )
 
 
 def _arrays(cmp: _Comparison, base: FieldProfile, cur: FieldProfile) -> None:
     r = cmp.rules
 
     def summary(f: FieldProfile) -> dict[str, Any]:
-        return {"p50": f.array_percentile(0.5), "p90": f.array_percentile(0.9), "p99": f.array_percentile(0.99),
-                "empty_share": round(f.empty_array_share, 6), "samples": sum(f.array_lengths.values())}
+        return {
+            "p50": f.array_percentile(0.5),
+            "p90": f.array_percentile(0.9),
+            "p99": f.array_percentile(0.99),
+            "empty_share": round(f.empty_array_share, 6),
+            "samples": sum(f.array_lengths.values()),
+        }
 
     b, c = summary(base), summary(cur)
     # Normalised so that 1.0 is the tolerance: the larger of a percentile's relative move
@@ -447,17 +559,29 @@ def _arrays(cmp: _Comparison, base: FieldProfile, cur: FieldProfile) -> None:
         if diff >= r.array_min_change:
             moves.append(diff / max(b[q], 1) / r.array_tolerance)
     moves.append(abs(c["empty_share"] - b["empty_share"]) / r.tolerance if r.tolerance else 0.0)
-    cmp.add(AlertKind.array_size_shift, None, max(moves), 1.0,
-            mann_whitney_p(base.array_lengths, cur.array_lengths), b, c,
-            f"array size p50 {b['p50']} -> {c['p50']}, p90 {b['p90']} -> {c['p90']}, p99 {b['p99']} -> {c['p99']}, "
-            f"empty {_pct(b['empty_share'])} -> {_pct(c['empty_share'])}")
+    cmp.add(
+        AlertKind.array_size_shift,
+        None,
+        max(moves),
+        1.0,
+        mann_whitney_p(base.array_lengths, cur.array_lengths),
+        b,
+        c,
+        f"array size p50 {b['p50']} -> {c['p50']}, p90 {b['p90']} -> {c['p90']}, p99 {b['p99']} -> {c['p99']}, "
+        f"empty {_pct(b['empty_share'])} -> {_pct(c['empty_share'])}",
+    )
 
 
 def _new_field(cmp: _Comparison, cur: FieldProfile, b_units: int) -> None:
     r = cmp.rules
     rate = cur.filled / cur.units if cur.units else 0.0
-    cmp.add(AlertKind.new_field, None, rate, r.new_field_min_share,
-            two_proportion_p(0, b_units, cur.filled, cur.units),
-            {"presence_rate": 0.0, "samples": b_units},
-            {"presence_rate": round(rate, 6), "samples": cur.units, "types": _shares(_numberish(cur.types))},
-            f"new field, filled in {_pct(rate)} of its units")
+    cmp.add(
+        AlertKind.new_field,
+        None,
+        rate,
+        r.new_field_min_share,
+        two_proportion_p(0, b_units, cur.filled, cur.units),
+        {"presence_rate": 0.0, "samples": b_units},
+        {"presence_rate": round(rate, 6), "samples": cur.units, "types": _shares(_numberish(cur.types))},
+        f"new field, filled in {_pct(rate)} of its units",
+    )

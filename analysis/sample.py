@@ -36,8 +36,16 @@ from typing import Any
 
 import httpx
 
-__all__ = ["SAMPLE_AUTHOR", "SAMPLE_COHORTS", "SampleCohort", "SampleError", "SampleSummary", "sample_envelopes",
-           "seed_sample", "stream_demo_traffic"]
+__all__ = [
+    "SAMPLE_AUTHOR",
+    "SAMPLE_COHORTS",
+    "SampleCohort",
+    "SampleError",
+    "SampleSummary",
+    "sample_envelopes",
+    "seed_sample",
+    "stream_demo_traffic",
+]
 
 SAMPLE_AUTHOR = "shapewatch sample"
 _STEP = timedelta(seconds=30)
@@ -79,9 +87,12 @@ _CURRENCIES = ("EUR", "USD", "GBP")
 def _output(contract: str, i: int, drift: bool) -> dict[str, Any]:
     """A deterministic structured output of one sample contract; ``drift`` moves its shape."""
     if contract == "sample-intake":
-        out: dict[str, Any] = {"intent": _INTENTS[i % 4], "priority": _PRIORITIES[i % 3],
-                               "customer": {"tier": _TIERS[i % 3], "id": f"c-{i % 97}"},
-                               "tags": ["billing"] * (i % 3)}
+        out: dict[str, Any] = {
+            "intent": _INTENTS[i % 4],
+            "priority": _PRIORITIES[i % 3],
+            "customer": {"tier": _TIERS[i % 3], "id": f"c-{i % 97}"},
+            "tags": ["billing"] * (i % 3),
+        }
         if drift:
             if i % 2 == 0:
                 del out["customer"]["tier"]
@@ -99,8 +110,12 @@ def _output(contract: str, i: int, drift: bool) -> dict[str, Any]:
             if i % 4 == 0:
                 out["rationale"] = "the customer mentions an invoice"
         return out
-    return {"invoice_number": f"INV-{1000 + i}", "total": round(10 + (i % 50) * 3.5, 2),
-            "currency": _CURRENCIES[i % 3], "lines": [{"sku": f"S{j}", "qty": 1 + j} for j in range(1 + i % 4)]}
+    return {
+        "invoice_number": f"INV-{1000 + i}",
+        "total": round(10 + (i % 50) * 3.5, 2),
+        "currency": _CURRENCIES[i % 3],
+        "lines": [{"sku": f"S{j}", "qty": 1 + j} for j in range(1 + i % 4)],
+    }
 
 
 def _iso(t: datetime) -> str:
@@ -126,10 +141,18 @@ def sample_envelopes(now: datetime) -> Iterator[dict[str, Any]]:
             spans.append((now - timedelta(hours=2), 50, False, served_now))
         for start, n, drift, served in spans:
             for i in range(n):
-                yield {"event_id": f"sample-{uuid.uuid4().hex}", "ts": _iso(start + i * _STEP), "model": c.model,
-                       "served_model": served, "prompt_version": c.prompt_version, "contract": c.contract,
-                       "contract_version": "1", "source": "production", "attributes": {"sample": "true"},
-                       "output": _output(c.contract, i, drift)}
+                yield {
+                    "event_id": f"sample-{uuid.uuid4().hex}",
+                    "ts": _iso(start + i * _STEP),
+                    "model": c.model,
+                    "served_model": served,
+                    "prompt_version": c.prompt_version,
+                    "contract": c.contract,
+                    "contract_version": "1",
+                    "source": "production",
+                    "attributes": {"sample": "true"},
+                    "output": _output(c.contract, i, drift),
+                }
 
 
 @dataclass(frozen=True)
@@ -150,8 +173,9 @@ def _check(r: httpx.Response, what: str, *ok: int) -> Any:
     return r.json()
 
 
-def seed_sample(url: str, *, token: str | None = None, now: datetime | None = None, silence: bool = True,
-                timeout: float = 60.0) -> SampleSummary:
+def seed_sample(
+    url: str, *, token: str | None = None, now: datetime | None = None, silence: bool = True, timeout: float = 60.0
+) -> SampleSummary:
     """Write the sample workspace through the service at ``url``, unless it already holds any event.
 
     ``silence=False`` leaves the drifting cohorts unsilenced (tests of silencing).
@@ -182,16 +206,32 @@ def _seed(c: httpx.Client, now: datetime, silence: bool) -> SampleSummary:
     for cohort in SAMPLE_COHORTS:
         if not cohort.frozen:
             continue
-        body = {"model": cohort.model, "prompt_version": cohort.prompt_version, "contract": cohort.contract,
-                "since": _iso(p["baseline"]), "until": _iso(p["baseline"] + _PERIOD), "author": SAMPLE_AUTHOR,
-                "note": "sample workspace: the reference period of a demo cohort (shapewatch up seeded it)"}
+        body = {
+            "model": cohort.model,
+            "prompt_version": cohort.prompt_version,
+            "contract": cohort.contract,
+            "since": _iso(p["baseline"]),
+            "until": _iso(p["baseline"] + _PERIOD),
+            "author": SAMPLE_AUTHOR,
+            "note": "sample workspace: the reference period of a demo cohort (shapewatch up seeded it)",
+        }
         frozen.append(_check(c.post("/v1/baselines", json=body), "freezing a baseline", 201)["baseline_id"])
     for contract in sorted({x.contract for x in SAMPLE_COHORTS if x.drift and silence}):
         # Silenced, not hidden: the alerts show and resolve as usual, but no pager hears of them
         # (for the longest silence the service takes, 90 days).
-        _check(c.post("/v1/silences", json={"duration": "90d", "author": SAMPLE_AUTHOR, "contract": contract,
-                                            "reason": "sample workspace: demo data, never paged"}),
-               "silencing the sample alerts", 201)
+        _check(
+            c.post(
+                "/v1/silences",
+                json={
+                    "duration": "90d",
+                    "author": SAMPLE_AUTHOR,
+                    "contract": contract,
+                    "reason": "sample workspace: demo data, never paged",
+                },
+            ),
+            "silencing the sample alerts",
+            201,
+        )
     for _ in range(2):  # a page breach fires on its second evaluation in a row
         _check(c.post("/v1/analyzer/run"), "running the analyzer")
     alerts = _check(c.get("/v1/alerts", params={"state": "open"}), "listing alerts")
@@ -206,9 +246,18 @@ def _post(c: httpx.Client, batch: list[dict[str, Any]]) -> int:
     return int(body["accepted"])
 
 
-def stream_demo_traffic(url: str, *, token: str | None = None, rate: float = 20.0, drift: bool = False,
-                        duration: float | None = None, batch_seconds: float = 1.0,
-                        clock: Any = None, sleep: Any = None, on_batch: Any = None) -> int:
+def stream_demo_traffic(
+    url: str,
+    *,
+    token: str | None = None,
+    rate: float = 20.0,
+    drift: bool = False,
+    duration: float | None = None,
+    batch_seconds: float = 1.0,
+    clock: Any = None,
+    sleep: Any = None,
+    on_batch: Any = None,
+) -> int:
     """Send live synthetic traffic of the sample cohorts to ``url`` at ``rate`` events/s; returns events sent.
 
     With ``drift`` the sample cohorts that drift in the sample workspace drift now, so an evaluation
@@ -220,7 +269,7 @@ def stream_demo_traffic(url: str, *, token: str | None = None, rate: float = 20.
     clock = clock or _time.monotonic
     sleep = sleep or _time.sleep
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    live = [c for c in SAMPLE_COHORTS]
+    live = list(SAMPLE_COHORTS)
     sent = i = 0
     started = clock()
     with httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=30.0) as client:
@@ -232,10 +281,20 @@ def stream_demo_traffic(url: str, *, token: str | None = None, rate: float = 20.
             for _ in range(n):
                 c = live[i % len(live)]
                 served = "gpt-4o-2024-11-20" if c.model == "gpt-4o" else c.model
-                batch.append({"event_id": f"demo-{uuid.uuid4().hex}", "ts": _iso(now), "model": c.model,
-                              "served_model": served, "prompt_version": c.prompt_version, "contract": c.contract,
-                              "contract_version": "1", "source": "probe", "attributes": {"sample": "true"},
-                              "output": _output(c.contract, i, drift and c.drift)})
+                batch.append(
+                    {
+                        "event_id": f"demo-{uuid.uuid4().hex}",
+                        "ts": _iso(now),
+                        "model": c.model,
+                        "served_model": served,
+                        "prompt_version": c.prompt_version,
+                        "contract": c.contract,
+                        "contract_version": "1",
+                        "source": "probe",
+                        "attributes": {"sample": "true"},
+                        "output": _output(c.contract, i, drift and c.drift),
+                    }
+                )
                 i += 1
             try:
                 sent += _post(client, batch)

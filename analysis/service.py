@@ -25,7 +25,7 @@ from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from collector import (
+from shapewatch.collector import (
     BodyLimits,
     BodyPolicy,
     CollectorApi,
@@ -88,8 +88,14 @@ def pager_enqueue(store: Store, targets: list[Target]) -> Callable[[Any, Sequenc
     return hook
 
 
-def create_app(settings: Settings, *, store: Store | None = None, config: AnalyzerConfig | None = None,
-               registry: CollectorRegistry | None = None, analyze: bool = True) -> FastAPI:
+def create_app(
+    settings: Settings,
+    *,
+    store: Store | None = None,
+    config: AnalyzerConfig | None = None,
+    registry: CollectorRegistry | None = None,
+    analyze: bool = True,
+) -> FastAPI:
     """The service's ASGI app; opens the store now (so a locked file fails at start-up).
 
     ``analyze=False`` leaves the analyzer and notifier jobs out of the scheduler
@@ -104,10 +110,14 @@ def create_app(settings: Settings, *, store: Store | None = None, config: Analyz
     store.defer_rollups(max_events=settings.rollup_merge_events, max_seconds=settings.rollup_merge_seconds)
     metrics = CollectorMetrics(registry)
     registry.register(UncheckedOutputs(store.unchecked_counts))
-    writer = Writer(store, max_events=settings.batch_max_events, max_wait=settings.batch_max_wait_ms / 1000,
-                    max_queued=settings.writer_queue_events, on_batch=metrics.observe_batch)
-    api = CollectorApi(store, writer, metrics, limits_from_settings(settings),
-                       max_body_bytes=settings.max_body_bytes)
+    writer = Writer(
+        store,
+        max_events=settings.batch_max_events,
+        max_wait=settings.batch_max_wait_ms / 1000,
+        max_queued=settings.writer_queue_events,
+        on_batch=metrics.observe_batch,
+    )
+    api = CollectorApi(store, writer, metrics, limits_from_settings(settings), max_body_bytes=settings.max_body_bytes)
     analyzer = Analyzer(store, config, registry=registry, enqueue=pager_enqueue(store, targets))
     notifier = Notifier(store, targets, registry=registry)
 
@@ -119,14 +129,36 @@ def create_app(settings: Settings, *, store: Store | None = None, config: Analyz
             seconds = config.interval.total_seconds()
             # One evaluation at a time; a missed one is run once (coalesced) if it is at most
             # one interval late, else skipped: the next one judges the same window anyway.
-            scheduler.add_job(analyzer.run, "interval", seconds=seconds, id="analyze", max_instances=1,
-                              coalesce=True, misfire_grace_time=max(1, int(seconds)),
-                              next_run_time=datetime.now(UTC) + timedelta(seconds=min(30.0, seconds)))
-            scheduler.add_job(_guarded_deliver(notifier), "interval", seconds=10, id="notify", max_instances=1,
-                              coalesce=True, misfire_grace_time=10)
+            scheduler.add_job(
+                analyzer.run,
+                "interval",
+                seconds=seconds,
+                id="analyze",
+                max_instances=1,
+                coalesce=True,
+                misfire_grace_time=max(1, int(seconds)),
+                next_run_time=datetime.now(UTC) + timedelta(seconds=min(30.0, seconds)),
+            )
+            scheduler.add_job(
+                _guarded_deliver(notifier),
+                "interval",
+                seconds=10,
+                id="notify",
+                max_instances=1,
+                coalesce=True,
+                misfire_grace_time=10,
+            )
             if digest_url:
-                scheduler.add_job(_digest_job(store, digest_url), "cron", hour=8, minute=0, id="digest",
-                                  max_instances=1, coalesce=True, misfire_grace_time=3600)
+                scheduler.add_job(
+                    _digest_job(store, digest_url),
+                    "cron",
+                    hour=8,
+                    minute=0,
+                    id="digest",
+                    max_instances=1,
+                    coalesce=True,
+                    misfire_grace_time=3600,
+                )
         # Parsed request bodies hold no reference cycles, but each one allocates tens of
         # thousands of objects, which keeps triggering full collections over every
         # long-lived object of the process. Freeze those, and collect young objects less
@@ -145,8 +177,12 @@ def create_app(settings: Settings, *, store: Store | None = None, config: Analyz
             else:
                 store.close()
 
-    app = FastAPI(title="shapewatch", version="0.1.0", lifespan=lifespan,
-                  description="Schema-drift monitor for language-model structured outputs.")
+    app = FastAPI(
+        title="shapewatch",
+        version="0.1.0",
+        lifespan=lifespan,
+        description="Schema-drift monitor for language-model structured outputs.",
+    )
     app.add_middleware(BodyPolicy, limits=BodyLimits.from_settings(settings))  # every route's body
     install_error_handlers(app)
     install_analysis_error_handlers(app)
@@ -156,9 +192,13 @@ def create_app(settings: Settings, *, store: Store | None = None, config: Analyz
 
     metrics_guard = require_token(settings.tokens, "read")
 
-    @app.get("/metrics", summary="Prometheus metrics", dependencies=[Depends(metrics_guard)],
-             response_class=PlainTextResponse,
-             responses={**metrics_guard.responses, 200: {"content": {"text/plain": {}}}})
+    @app.get(
+        "/metrics",
+        summary="Prometheus metrics",
+        dependencies=[Depends(metrics_guard)],
+        response_class=PlainTextResponse,
+        responses={**metrics_guard.responses, 200: {"content": {"text/plain": {}}}},
+    )
     async def metrics_endpoint() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
@@ -175,8 +215,7 @@ def _digest_job(store: Store, url: str) -> Callable[[], None]:
 
     def digest() -> None:
         try:
-            warn = [a.to_json() for a in AlertBook(store).alerts(state=AlertState.firing)
-                    if a.severity.value == "warn"]
+            warn = [a.to_json() for a in AlertBook(store).alerts(state=AlertState.firing) if a.severity.value == "warn"]
             with httpx.Client() as client:
                 ok = send_digest(client, url, warn, datetime.now(UTC))
             log.info("daily digest of %d warn alerts %s", len(warn), "sent" if ok else "NOT delivered")
@@ -232,12 +271,20 @@ def run(settings: Settings, config: AnalyzerConfig | None = None) -> None:
     rather than answer 503 forever; a restart recovers the file.
     """
     app = create_app(settings, config=config)
-    server = uvicorn.Server(uvicorn.Config(
-        app, host=settings.host, port=settings.port, log_level="warning", access_log=False,
-        # The connection's own limits (http_policy.py): a request head within the header
-        # timeout and at most 16 KiB, idle keep-alive closed, at most max_connections held.
-        http=guarded_protocol(settings.header_timeout_seconds, settings.max_connections),
-        timeout_keep_alive=settings.keep_alive_seconds, h11_max_incomplete_event_size=16 * 1024))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=settings.host,
+            port=settings.port,
+            log_level="warning",
+            access_log=False,
+            # The connection's own limits (http_policy.py): a request head within the header
+            # timeout and at most 16 KiB, idle keep-alive closed, at most max_connections held.
+            http=guarded_protocol(settings.header_timeout_seconds, settings.max_connections),
+            timeout_keep_alive=settings.keep_alive_seconds,
+            h11_max_incomplete_event_size=16 * 1024,
+        )
+    )
     store: Store = app.state.store
     store.on_invalidated = lambda _: setattr(server, "should_exit", True)  # a graceful stop, as on SIGTERM
     logging.getLogger("asyncio").addFilter(RepeatedLogLimit("socket.accept() out of system resource"))

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from baselines import BASELINES_SCHEMA
-from collector import RollupConfig, Settings, Store
+from shapewatch.baselines import BASELINES_SCHEMA
+from shapewatch.collector import RollupConfig, Settings, Store
 
 from .alerts import ALERTS_SCHEMA
 from .notify import NOTIFY_SCHEMA
@@ -17,12 +17,19 @@ SCHEMAS = (BASELINES_SCHEMA, ALERTS_SCHEMA, NOTIFY_SCHEMA)
 def open_store(settings: Settings, *, read_only: bool = False, bulk: bool = False) -> Store:
     """The store for the service, or with ``bulk`` for an import (a smaller memory limit)."""
     return Store.open(
-        settings.db_path, memory_limit=settings.import_memory_limit if bulk else settings.memory_limit,
+        settings.db_path,
+        memory_limit=settings.import_memory_limit if bulk else settings.memory_limit,
         threads=settings.duckdb_threads,
         checkpoint_threshold=settings.checkpoint_threshold,
-        bucket_seconds=settings.bucket_seconds, read_only=read_only, schemas=SCHEMAS,
-        rollup=RollupConfig(enum_value_max_length=settings.enum_value_max_length,
-                            enum_values_per_path=settings.enum_values_per_path, max_depth=settings.max_depth,
-                            contract_checks_per_bucket=settings.contract_checks_per_bucket,
-                            contract_check_ms=settings.contract_check_ms,
-                            contract_check_budget_ms=settings.contract_check_budget_ms))
+        bucket_seconds=settings.bucket_seconds,
+        read_only=read_only,
+        schemas=SCHEMAS,
+        rollup=RollupConfig(
+            enum_value_max_length=settings.enum_value_max_length,
+            enum_values_per_path=settings.enum_values_per_path,
+            max_depth=settings.max_depth,
+            contract_checks_per_bucket=settings.contract_checks_per_bucket,
+            contract_check_ms=settings.contract_check_ms,
+            contract_check_budget_ms=settings.contract_check_budget_ms,
+        ),
+    )

@@ -36,7 +36,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from collector import (
+from shapewatch.collector import (
     FieldError,
     FieldProfile,
     JsonType,
@@ -58,17 +58,48 @@ from .errors import (
     BaselineUnreadable,
 )
 
-__all__ = ["BASELINES_SCHEMA", "EARLIEST", "LATEST", "MAX_DOCUMENT_BYTES", "NAME_MAX", "Activation", "ActivationAction",
-           "Baseline", "BaselineListing", "Cohort", "ExportReport", "Resolved",
-           "activate_baseline", "activation_history", "active_baseline", "baseline_from_document", "document_problems",
-           "export_baselines", "export_documents", "export_path", "freeze_baseline", "get_baseline", "import_baseline", "import_document", "inherit_baseline",
-           "is_unpinned", "list_baselines", "read_document", "resolve_baseline", "retire_baseline", "write_document"]
+__all__ = [
+    "BASELINES_SCHEMA",
+    "EARLIEST",
+    "LATEST",
+    "MAX_DOCUMENT_BYTES",
+    "NAME_MAX",
+    "Activation",
+    "ActivationAction",
+    "Baseline",
+    "BaselineListing",
+    "Cohort",
+    "ExportReport",
+    "Resolved",
+    "activate_baseline",
+    "activation_history",
+    "active_baseline",
+    "baseline_from_document",
+    "document_problems",
+    "export_baselines",
+    "export_documents",
+    "export_path",
+    "freeze_baseline",
+    "get_baseline",
+    "import_baseline",
+    "import_document",
+    "inherit_baseline",
+    "is_unpinned",
+    "list_baselines",
+    "read_document",
+    "resolve_baseline",
+    "retire_baseline",
+    "write_document",
+]
 
 FORMAT = 1
 #: ingest's default ``max_tag_length``: what an imported document's names are held to
 DEFAULT_TAG_LENGTH = Limits().max_tag_length
 
-BASELINES_SCHEMA = Schema("baselines", ("""
+BASELINES_SCHEMA = Schema(
+    "baselines",
+    (
+        """
 CREATE TABLE baselines (
     baseline_id VARCHAR PRIMARY KEY, hash VARCHAR NOT NULL UNIQUE,
     model VARCHAR NOT NULL, prompt_version VARCHAR NOT NULL, contract VARCHAR NOT NULL,
@@ -82,7 +113,9 @@ CREATE TABLE baseline_activations (
     model VARCHAR NOT NULL, prompt_version VARCHAR NOT NULL, contract VARCHAR NOT NULL,
     action VARCHAR NOT NULL, baseline_id VARCHAR, activated_at TIMESTAMPTZ NOT NULL,
     author VARCHAR NOT NULL, note VARCHAR NOT NULL);
-""",))
+""",
+    ),
+)
 
 
 class Cohort(NamedTuple):
@@ -137,8 +170,12 @@ class Baseline:
 
     def document(self) -> dict[str, Any]:
         """The canonical JSON document (what is stored, exported and hashed)."""
-        return {**_content(self), "baseline_id": self.baseline_id, "hash": self.hash,
-                "created_at": _iso(self.created_at)}
+        return {
+            **_content(self),
+            "baseline_id": self.baseline_id,
+            "hash": self.hash,
+            "created_at": _iso(self.created_at),
+        }
 
     def summary(self) -> dict[str, Any]:
         """The listing form: everything but the field profiles."""
@@ -158,8 +195,12 @@ def _content(b: Baseline) -> dict[str, Any]:
         "format": FORMAT,
         "cohort": b.cohort._asdict(),
         "window": {"since": _iso(b.since), "until": _iso(b.until)},
-        "samples": b.samples, "served_models": b.served_models, "contract_versions": b.contract_versions,
-        "author": b.author, "note": b.note, "forced": b.forced,
+        "samples": b.samples,
+        "served_models": b.served_models,
+        "contract_versions": b.contract_versions,
+        "author": b.author,
+        "note": b.note,
+        "forced": b.forced,
         "fields": {p: f.to_json() for p, f in sorted(b.fields.items())},
         # only when something was checked: documents frozen before contracts keep their hash
         **({"contract_checks": {"checked": b.checked, "violations": b.violations}} if b.checked else {}),
@@ -174,8 +215,9 @@ def _hash(content: dict[str, Any]) -> str:
     return hashlib.sha256(_canonical(content)).hexdigest()
 
 
-def baseline_from_document(doc: dict[str, Any], *, where: str = "baseline",
-                           max_tag_length: int | None = DEFAULT_TAG_LENGTH) -> Baseline:
+def baseline_from_document(
+    doc: dict[str, Any], *, where: str = "baseline", max_tag_length: int | None = DEFAULT_TAG_LENGTH
+) -> Baseline:
     """Read a document back, refusing one that breaks the baseline schema or whose content does not match its hash.
 
     The schema is checked field by field first (``BaselineInvalid`` names every failing field):
@@ -193,13 +235,22 @@ def baseline_from_document(doc: dict[str, Any], *, where: str = "baseline",
     # Past the schema check every conversion below is of a value of the right type and range.
     checks = doc.get("contract_checks", {})
     b = Baseline(
-        baseline_id=doc["baseline_id"], hash=doc["hash"], cohort=Cohort(**doc["cohort"]),
-        since=_time(doc["window"]["since"]), until=_time(doc["window"]["until"]), samples=doc["samples"],
-        served_models=dict(doc["served_models"]), contract_versions=dict(doc["contract_versions"]),
-        author=doc["author"], note=doc["note"], created_at=_time(doc["created_at"]), forced=doc["forced"],
+        baseline_id=doc["baseline_id"],
+        hash=doc["hash"],
+        cohort=Cohort(**doc["cohort"]),
+        since=_time(doc["window"]["since"]),
+        until=_time(doc["window"]["until"]),
+        samples=doc["samples"],
+        served_models=dict(doc["served_models"]),
+        contract_versions=dict(doc["contract_versions"]),
+        author=doc["author"],
+        note=doc["note"],
+        created_at=_time(doc["created_at"]),
+        forced=doc["forced"],
         fields={p: FieldProfile.from_json(f) for p, f in doc["fields"].items()},
         checked=checks.get("checked", 0),
-        violations={p: dict(by) for p, by in checks.get("violations", {}).items()})
+        violations={p: dict(by) for p, by in checks.get("violations", {}).items()},
+    )
     actual = _hash(_content(b))
     if actual != b.hash or b.baseline_id != actual[:16]:
         raise BaselineTampered(where, b.hash, actual)
@@ -214,11 +265,34 @@ EARLIEST = datetime(1971, 1, 1, tzinfo=UTC)
 LATEST = datetime(9999, 1, 1, tzinfo=UTC)
 _MAX_COUNT = 2**63 - 1  # BIGINT: what the store and the rules can count
 _JSON_TYPES = frozenset(t.value for t in JsonType)
-_TOP = {"format": True, "cohort": True, "window": True, "samples": True, "served_models": True,
-        "contract_versions": True, "author": True, "note": True, "forced": True, "fields": True,
-        "contract_checks": False, "baseline_id": True, "hash": True, "created_at": True}  # name -> required
-_FIELD = {"path": True, "scope": True, "units": True, "present": True, "types": True, "long_strings": True,
-          "values": True, "values_overflow": True, "array_lengths": False, "numbers": False}
+_TOP = {
+    "format": True,
+    "cohort": True,
+    "window": True,
+    "samples": True,
+    "served_models": True,
+    "contract_versions": True,
+    "author": True,
+    "note": True,
+    "forced": True,
+    "fields": True,
+    "contract_checks": False,
+    "baseline_id": True,
+    "hash": True,
+    "created_at": True,
+}  # name -> required
+_FIELD = {
+    "path": True,
+    "scope": True,
+    "units": True,
+    "present": True,
+    "types": True,
+    "long_strings": True,
+    "values": True,
+    "values_overflow": True,
+    "array_lengths": False,
+    "numbers": False,
+}
 _HEX = re.compile(r"[0-9a-f]+")
 MAX_PROBLEMS = 50  # problems of one document listed in full; the rest are counted
 
@@ -230,8 +304,7 @@ def _time(text: str) -> datetime:
 def _pointer(*parts: str) -> str:
     # JSON Pointer (RFC 6901): '~' and '/' inside a key are escaped so the path stays unambiguous;
     # a key longer than 80 characters is cut (marked '...') so that a refusal stays small.
-    return "".join("/" + (p if len(p) <= 80 else p[:80] + "...").replace("~", "~0").replace("/", "~1")
-                   for p in parts)
+    return "".join("/" + (p if len(p) <= 80 else p[:80] + "...").replace("~", "~0").replace("/", "~1") for p in parts)
 
 
 def _jtype(v: Any) -> str:
@@ -313,8 +386,11 @@ class _Checker:
         except OverflowError:
             t = LATEST  # a zone offset pushed it past the representable years: out of range below
         if not EARLIEST <= t < LATEST:
-            self.bad(path, f"{v[:40]!r} is out of range: baseline times lie in {_iso(EARLIEST)} .. {_iso(LATEST)}",
-                     "invalid_timestamp")
+            self.bad(
+                path,
+                f"{v[:40]!r} is out of range: baseline times lie in {_iso(EARLIEST)} .. {_iso(LATEST)}",
+                "invalid_timestamp",
+            )
             return None
         return t
 
@@ -332,9 +408,8 @@ class _Checker:
     def field(self, f: Any, path: str, name: str) -> None:
         if not self.keys(f, path, _FIELD):
             return
-        if "path" in f:
-            if f["path"] != name:
-                self.bad(f"{path}/path", f"must be the field's own key {name[:80]!r}")
+        if "path" in f and f["path"] != name:
+            self.bad(f"{path}/path", f"must be the field's own key {name[:80]!r}")
         if "scope" in f:
             self.string(f["scope"], f"{path}/scope", nullable=True)
         for k in ("units", "present", "long_strings", "values_overflow"):
@@ -379,7 +454,7 @@ def document_problems(doc: Any, *, max_tag_length: int | None = DEFAULT_TAG_LENG
     if doc.get("format") != FORMAT:
         c.bad("/format", f"must be {FORMAT}, got {doc.get('format')!r}")
     # A missing part is reported once (as required), not again for each of its own fields.
-    if "cohort" in doc and c.keys(doc["cohort"], "/cohort", {k: True for k in Cohort._fields}):
+    if "cohort" in doc and c.keys(doc["cohort"], "/cohort", dict.fromkeys(Cohort._fields, True)):
         for k in Cohort._fields:
             if k in doc["cohort"]:
                 c.tag(doc["cohort"][k], f"/cohort/{k}")
@@ -430,9 +505,21 @@ def document_problems(doc: Any, *, max_tag_length: int | None = DEFAULT_TAG_LENG
 
 # --- freezing -------------------------------------------------------------------------------
 
-def freeze_baseline(store: Store, cohort: Cohort, since: datetime, until: datetime, *, author: str, note: str,
-                    min_samples: int = 200, objections: Sequence[str] = (), force: str | None = None,
-                    activate: bool = True, now: datetime | None = None) -> Baseline:
+
+def freeze_baseline(
+    store: Store,
+    cohort: Cohort,
+    since: datetime,
+    until: datetime,
+    *,
+    author: str,
+    note: str,
+    min_samples: int = 200,
+    objections: Sequence[str] = (),
+    force: str | None = None,
+    activate: bool = True,
+    now: datetime | None = None,
+) -> Baseline:
     """Freeze the profile of ``cohort`` over ``[since, until)``; make it active unless ``activate`` is False.
 
     ``objections`` are reasons found by the caller (open page alerts in the
@@ -445,8 +532,9 @@ def freeze_baseline(store: Store, cohort: Cohort, since: datetime, until: dateti
         if t.tzinfo is None:
             raise BaselineError(f"{name} {t.isoformat()} has no time zone")
         if not EARLIEST <= t < LATEST:
-            raise BaselineError(f"{name} {t.isoformat()} is out of range: a baseline window lies in "
-                                f"{_iso(EARLIEST)} .. {_iso(LATEST)}")
+            raise BaselineError(
+                f"{name} {t.isoformat()} is out of range: a baseline window lies in {_iso(EARLIEST)} .. {_iso(LATEST)}"
+            )
     if until <= since:
         raise BaselineError(f"the window is empty: since {_iso(since)} is not before until {_iso(until)}")
     if not note.strip():
@@ -457,20 +545,41 @@ def freeze_baseline(store: Store, cohort: Cohort, since: datetime, until: dateti
     profile = read_profile(store, cid, since, until)
     found = list(objections)
     if profile.events < min_samples:
-        found.insert(0, f"cohort {cohort} has {profile.events} samples in {_iso(since)} .. {_iso(until)}, "
-                        f"fewer than the minimum of {min_samples}")
+        found.insert(
+            0,
+            f"cohort {cohort} has {profile.events} samples in {_iso(since)} .. {_iso(until)}, "
+            f"fewer than the minimum of {min_samples}",
+        )
     if found and not (force and force.strip()):
         raise BaselineRefused(found)
     # The profile holds the buckets that start in the window, i.e. events in [ceil(since), ceil(until))
     # on the bucket grid; count contract versions over exactly those events.
     lo, hi = _bucket_ceil(since, store.bucket_seconds), _bucket_ceil(until, store.bucket_seconds)
-    versions = {str(v): int(n) for v, n in store.query(
-        """SELECT coalesce(contract_version, ''), count(*) FROM cohort_events
-           WHERE cohort_id = ? AND ts >= ? AND ts < ? GROUP BY ALL""", [cid, lo, hi])}
-    draft = Baseline("", "", cohort, since.astimezone(UTC), until.astimezone(UTC), profile.events,
-                     dict(sorted(profile.served_models.items())), dict(sorted(versions.items())),
-                     author, note, now or datetime.now(UTC), force if found else None, profile.fields,
-                     profile.checked, profile.violations)
+    versions = {
+        str(v): int(n)
+        for v, n in store.query(
+            """SELECT coalesce(contract_version, ''), count(*) FROM cohort_events
+           WHERE cohort_id = ? AND ts >= ? AND ts < ? GROUP BY ALL""",
+            [cid, lo, hi],
+        )
+    }
+    draft = Baseline(
+        "",
+        "",
+        cohort,
+        since.astimezone(UTC),
+        until.astimezone(UTC),
+        profile.events,
+        dict(sorted(profile.served_models.items())),
+        dict(sorted(versions.items())),
+        author,
+        note,
+        now or datetime.now(UTC),
+        force if found else None,
+        profile.fields,
+        profile.checked,
+        profile.violations,
+    )
     digest = _hash(_content(draft))
     baseline = Baseline(**{**draft.__dict__, "baseline_id": digest[:16], "hash": digest})
     with store.transaction("freezing a baseline") as con:
@@ -490,25 +599,37 @@ def _insert(con: Any, b: Baseline) -> bool:
     rows = con.execute(
         """INSERT INTO baselines VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
            ON CONFLICT DO NOTHING RETURNING baseline_id""",
-        [b.baseline_id, b.hash, *b.cohort, b.since, b.until, b.samples, b.author, b.note, b.created_at,
-         _canonical(b.document()).decode()]).fetchall()
+        [
+            b.baseline_id,
+            b.hash,
+            *b.cohort,
+            b.since,
+            b.until,
+            b.samples,
+            b.author,
+            b.note,
+            b.created_at,
+            _canonical(b.document()).decode(),
+        ],
+    ).fetchall()
     return bool(rows)
 
 
 def _cohort_id(store: Store, cohort: Cohort) -> int | None:
-    rows = store.query("SELECT cohort_id FROM cohorts WHERE model = ? AND prompt_version = ? AND contract = ?",
-                       list(cohort))
+    rows = store.query(
+        "SELECT cohort_id FROM cohorts WHERE model = ? AND prompt_version = ? AND contract = ?", list(cohort)
+    )
     return int(rows[0][0]) if rows else None
 
 
 # --- reading --------------------------------------------------------------------------------
 
+
 def get_baseline(store: Store, baseline_id: str) -> Baseline:
     """The baseline with this id (or a unique prefix of it, at least 6 characters)."""
     if len(baseline_id) < 6:
         raise BaselineNotFound(f"{baseline_id!r} (give at least 6 characters of the id)")
-    rows = store.query("SELECT document FROM baselines WHERE starts_with(baseline_id, ?) LIMIT 2",
-                       [baseline_id])
+    rows = store.query("SELECT document FROM baselines WHERE starts_with(baseline_id, ?) LIMIT 2", [baseline_id])
     if not rows:
         raise BaselineNotFound(repr(baseline_id))
     if len(rows) > 1:
@@ -555,9 +676,14 @@ class Activation:
 def activation_history(store: Store, cohort: Cohort | None = None) -> list[Activation]:
     """Every activation, oldest first (of one cohort, or all)."""
     where, params = ("WHERE model = ? AND prompt_version = ? AND contract = ?", list(cohort)) if cohort else ("", [])
-    return [Activation(Cohort(r[0], r[1], r[2]), ActivationAction(r[3]), r[4], r[5], r[6], r[7])
-            for r in store.query(f"""SELECT model, prompt_version, contract, action, baseline_id, activated_at, author, note
-                                     FROM baseline_activations {where} ORDER BY seq""", params)]
+    return [
+        Activation(Cohort(r[0], r[1], r[2]), ActivationAction(r[3]), r[4], r[5], r[6], r[7])
+        for r in store.query(
+            f"""SELECT model, prompt_version, contract, action, baseline_id, activated_at, author, note
+                                     FROM baseline_activations {where} ORDER BY seq""",
+            params,
+        )
+    ]
 
 
 def _current(store: Store) -> dict[Cohort, Activation]:
@@ -584,10 +710,14 @@ class Resolved:
         return None if self.how == "own" else self.baseline.cohort
 
 
-def resolve_baseline(store: Store, cohort: Cohort, *, current: dict[Cohort, Activation] | None = None,
-                     first_seen: dict[Cohort, datetime] | None = None,
-                     aliases: dict[tuple[str, str, str], list[tuple[str, str, str]]] | None = None
-                     ) -> Resolved | None:
+def resolve_baseline(
+    store: Store,
+    cohort: Cohort,
+    *,
+    current: dict[Cohort, Activation] | None = None,
+    first_seen: dict[Cohort, datetime] | None = None,
+    aliases: dict[tuple[str, str, str], list[tuple[str, str, str]]] | None = None,
+) -> Resolved | None:
     """The baseline ``cohort`` is compared against: its own, a named parent's, the previous prompt
     version's (same model and contract, the latest first seen before it that has an active baseline),
     or, for the cohort of a model that answered under an alias (a served cohort), the baseline the
@@ -609,8 +739,9 @@ def resolve_baseline(store: Store, cohort: Cohort, *, current: dict[Cohort, Acti
     return None
 
 
-def _resolve(store: Store, cohort: Cohort, current: dict[Cohort, Activation],
-             first_seen: dict[Cohort, datetime] | None) -> Resolved | None:
+def _resolve(
+    store: Store, cohort: Cohort, current: dict[Cohort, Activation], first_seen: dict[Cohort, datetime] | None
+) -> Resolved | None:
     act = current.get(cohort)
     if act is not None and act.action is ActivationAction.retire:
         return None
@@ -620,17 +751,29 @@ def _resolve(store: Store, cohort: Cohort, current: dict[Cohort, Activation],
         if act.action is ActivationAction.inherit:
             return Resolved(get_baseline(store, act.baseline_id), "parent")
     if first_seen is None:
-        first_seen = {Cohort(str(m), str(p), str(c)): t for m, p, c, t in store.query(
-            "SELECT model, prompt_version, contract, first_seen FROM cohorts")}
+        first_seen = {
+            Cohort(str(m), str(p), str(c)): t
+            for m, p, c, t in store.query("SELECT model, prompt_version, contract, first_seen FROM cohorts")
+        }
     mine = first_seen.get(cohort)
     if mine is None:
         return None
     # Only cohorts with an active baseline can be inherited from: look among those (a few),
     # never through every cohort (with 10,000 cohorts that was 10,000 x 10,000 comparisons).
-    earlier = sorted(((t, prev, pa.baseline_id) for prev, pa in current.items()
-                      if pa.action is ActivationAction.activate and pa.baseline_id is not None
-                      and prev.model == cohort.model and prev.contract == cohort.contract and prev != cohort
-                      and (t := first_seen.get(prev)) is not None and t < mine), reverse=True)
+    earlier = sorted(
+        (
+            (t, prev, pa.baseline_id)
+            for prev, pa in current.items()
+            if pa.action is ActivationAction.activate
+            and pa.baseline_id is not None
+            and prev.model == cohort.model
+            and prev.contract == cohort.contract
+            and prev != cohort
+            and (t := first_seen.get(prev)) is not None
+            and t < mine
+        ),
+        reverse=True,
+    )
     if earlier:
         return Resolved(get_baseline(store, earlier[0][2]), "previous_prompt_version")
     return None
@@ -648,8 +791,7 @@ def list_baselines(store: Store, cohort: Cohort | None = None) -> list[BaselineL
     current = _current(store)
     active = {a.baseline_id for a in current.values() if a.action is ActivationAction.activate}
     out = []
-    for (doc,) in store.query(f"SELECT document FROM baselines {where} ORDER BY created_at DESC, baseline_id",
-                              params):
+    for (doc,) in store.query(f"SELECT document FROM baselines {where} ORDER BY created_at DESC, baseline_id", params):
         b = _verified(str(doc))
         out.append(BaselineListing(b, b.baseline_id in active))
     return out
@@ -657,15 +799,20 @@ def list_baselines(store: Store, cohort: Cohort | None = None) -> list[BaselineL
 
 # --- activation -----------------------------------------------------------------------------
 
-def _record(con: Any, cohort: Cohort, action: str, baseline_id: str | None, at: datetime, author: str,
-            note: str) -> None:
-    con.execute("""INSERT INTO baseline_activations (model, prompt_version, contract, action, baseline_id, activated_at,
+
+def _record(
+    con: Any, cohort: Cohort, action: str, baseline_id: str | None, at: datetime, author: str, note: str
+) -> None:
+    con.execute(
+        """INSERT INTO baseline_activations (model, prompt_version, contract, action, baseline_id, activated_at,
                                                       author, note) VALUES (?, ?, ?, ?, ?, ?, ?, ?)""",
-                [*cohort, action, baseline_id, at, author, note])
+        [*cohort, action, baseline_id, at, author, note],
+    )
 
 
-def activate_baseline(store: Store, baseline_id: str, *, author: str, note: str = "",
-                      now: datetime | None = None) -> Baseline:
+def activate_baseline(
+    store: Store, baseline_id: str, *, author: str, note: str = "", now: datetime | None = None
+) -> Baseline:
     """Make a baseline the active one of its own cohort (the previous one stays in history)."""
     b = get_baseline(store, baseline_id)
     with store.transaction("activating a baseline") as con:
@@ -673,8 +820,9 @@ def activate_baseline(store: Store, baseline_id: str, *, author: str, note: str 
     return b
 
 
-def inherit_baseline(store: Store, cohort: Cohort, parent_id: str, *, author: str, note: str = "",
-                     now: datetime | None = None) -> Baseline:
+def inherit_baseline(
+    store: Store, cohort: Cohort, parent_id: str, *, author: str, note: str = "", now: datetime | None = None
+) -> Baseline:
     """Compare ``cohort`` (a rollout with no history of its own) against another cohort's baseline."""
     b = get_baseline(store, parent_id)
     with store.transaction("naming a parent baseline") as con:
@@ -682,8 +830,7 @@ def inherit_baseline(store: Store, cohort: Cohort, parent_id: str, *, author: st
     return b
 
 
-def retire_baseline(store: Store, cohort: Cohort, *, author: str, note: str = "",
-                    now: datetime | None = None) -> None:
+def retire_baseline(store: Store, cohort: Cohort, *, author: str, note: str = "", now: datetime | None = None) -> None:
     """Stop comparing ``cohort`` against its baseline (history keeps it)."""
     if cohort not in _current(store):
         raise BaselineNotFound(f"active for cohort {cohort}")
@@ -712,8 +859,8 @@ def _component(s: str) -> str:
     # Too long for a directory name: a readable prefix and a hash of the whole id. '~' never
     # appears in an escaped name (it is escaped itself), so a shortened name never equals
     # the name of another id that fits; two shortened names differ by their hash.
-    prefix = out[:NAME_MAX - 1 - _SUFFIX]
-    prefix = prefix[:prefix.rfind("%")] if "%" in prefix[-2:] else prefix  # no half escape
+    prefix = out[: NAME_MAX - 1 - _SUFFIX]
+    prefix = prefix[: prefix.rfind("%")] if "%" in prefix[-2:] else prefix  # no half escape
     return f"{prefix}~{hashlib.sha256(s.encode()).hexdigest()[:_SUFFIX]}"
 
 
@@ -723,8 +870,13 @@ def export_path(out_dir: Path, b: Baseline) -> Path:
     Each part is escaped to a safe file name; one longer than ``NAME_MAX`` bytes is shortened
     to a readable prefix and a hash suffix, the same every time.
     """
-    return (out_dir / _component(b.cohort.model) / _component(b.cohort.prompt_version)
-            / _component(b.cohort.contract) / f"{b.until.astimezone(UTC):%Y-%m-%d}-{b.baseline_id}.json")
+    return (
+        out_dir
+        / _component(b.cohort.model)
+        / _component(b.cohort.prompt_version)
+        / _component(b.cohort.contract)
+        / f"{b.until.astimezone(UTC):%Y-%m-%d}-{b.baseline_id}.json"
+    )
 
 
 @dataclass(frozen=True)
@@ -744,8 +896,10 @@ class ExportReport:
         return not self.failed
 
     def to_json(self) -> dict[str, Any]:
-        return {"written": [str(p) for p in self.written],
-                "failed": [{"path": str(p), "reason": why} for p, why in self.failed]}
+        return {
+            "written": [str(p) for p in self.written],
+            "failed": [{"path": str(p), "reason": why} for p, why in self.failed],
+        }
 
 
 def export_documents(out_dir: Path, baselines: Sequence[Baseline]) -> ExportReport:
@@ -781,8 +935,13 @@ def write_document(path: Path, b: Baseline) -> None:
     path.write_bytes(orjson.dumps(b.document(), option=orjson.OPT_SORT_KEYS | orjson.OPT_INDENT_2) + b"\n")
 
 
-_KINDS = [(stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")]
+_KINDS = [
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+]
 
 
 def _not_regular(mode: int) -> str | None:
@@ -825,15 +984,18 @@ def read_document(path: Path, *, max_bytes: int = MAX_DOCUMENT_BYTES) -> Any:
         raise BaselineError(f"{path}: cannot read a JSON document ({exc})") from exc
 
 
-def import_baseline(store: Store, path: Path, *, max_bytes: int = MAX_DOCUMENT_BYTES,
-                    max_tag_length: int = DEFAULT_TAG_LENGTH) -> tuple[Baseline, bool]:
+def import_baseline(
+    store: Store, path: Path, *, max_bytes: int = MAX_DOCUMENT_BYTES, max_tag_length: int = DEFAULT_TAG_LENGTH
+) -> tuple[Baseline, bool]:
     """Import one exported file; returns (baseline, whether it was new). The same file twice is a no-op."""
-    return import_document(store, read_document(path, max_bytes=max_bytes), where=str(path),
-                           max_tag_length=max_tag_length)
+    return import_document(
+        store, read_document(path, max_bytes=max_bytes), where=str(path), max_tag_length=max_tag_length
+    )
 
 
-def import_document(store: Store, doc: Any, *, where: str = "baseline document",
-                    max_tag_length: int = DEFAULT_TAG_LENGTH) -> tuple[Baseline, bool]:
+def import_document(
+    store: Store, doc: Any, *, where: str = "baseline document", max_tag_length: int = DEFAULT_TAG_LENGTH
+) -> tuple[Baseline, bool]:
     """Store an exported document as it is; returns (baseline, whether it was new).
 
     Refused when it breaks the document schema (``BaselineInvalid``, every failing field named)

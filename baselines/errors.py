@@ -5,10 +5,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from collector import FieldError, ShapewatchError
+from shapewatch.collector import FieldError, ShapewatchError
 
-__all__ = ["BaselineError", "BaselineExportIncomplete", "BaselineInvalid", "BaselineNotFound", "BaselineRefused",
-           "BaselineTampered", "BaselineUnreadable"]
+__all__ = [
+    "BaselineError",
+    "BaselineExportIncomplete",
+    "BaselineInvalid",
+    "BaselineNotFound",
+    "BaselineRefused",
+    "BaselineTampered",
+    "BaselineUnreadable",
+]
 
 
 class BaselineError(ShapewatchError):
@@ -25,16 +32,21 @@ class BaselineRefused(BaselineError):
 
     def __init__(self, objections: Sequence[str]) -> None:
         self.objections = list(objections)
-        super().__init__("baseline not frozen: " + "; ".join(self.objections)
-                         + " (freeze another window, or pass --force with a reason)")
+        super().__init__(
+            "baseline not frozen: "
+            + "; ".join(self.objections)
+            + " (freeze another window, or pass --force with a reason)"
+        )
 
 
 class BaselineTampered(BaselineError, ValueError):
     """A baseline document whose content does not match its hash."""
 
     def __init__(self, where: str, stated: str, actual: str) -> None:
-        super().__init__(f"{where}: the baseline's hash says {stated[:16]}... but its content hashes to "
-                         f"{actual[:16]}...; the file was edited after export and is refused")
+        super().__init__(
+            f"{where}: the baseline's hash says {stated[:16]}... but its content hashes to "
+            f"{actual[:16]}...; the file was edited after export and is refused"
+        )
 
 
 class BaselineInvalid(BaselineError, ValueError):
@@ -49,10 +61,11 @@ class BaselineInvalid(BaselineError, ValueError):
     def __init__(self, where: str, fields: Sequence[FieldError]) -> None:
         self.where = where
         self.fields = list(fields)
-        shown = "; ".join(f"{f.path}: {f.reason}" for f in self.fields[:self.SHOWN])
+        shown = "; ".join(f"{f.path}: {f.reason}" for f in self.fields[: self.SHOWN])
         more = len(self.fields) - self.SHOWN
-        super().__init__(f"{where}: not a valid baseline document: {shown}"
-                         + (f" (and {more} more)" if more > 0 else ""))
+        super().__init__(
+            f"{where}: not a valid baseline document: {shown}" + (f" (and {more} more)" if more > 0 else "")
+        )
 
 
 class BaselineUnreadable(BaselineError):
@@ -68,5 +81,7 @@ class BaselineExportIncomplete(BaselineError):
 
     def __init__(self, written: Sequence[Path], failed: Sequence[tuple[Path, str]]) -> None:
         self.written, self.failed = list(written), list(failed)
-        super().__init__(f"{len(self.failed)} of {len(self.written) + len(self.failed)} baselines not written: "
-                         + "; ".join(f"{p}: {why}" for p, why in self.failed))
+        super().__init__(
+            f"{len(self.failed)} of {len(self.written) + len(self.failed)} baselines not written: "
+            + "; ".join(f"{p}: {why}" for p, why in self.failed)
+        )

@@ -109,15 +109,15 @@ def write_files(jobs: list[tuple[Path, int, int, datetime]]) -> list[tuple[int, 
 
 
 def open_store(path: Path, args: argparse.Namespace) -> Any:
-    from analysis.alerts import ALERTS_SCHEMA
-    from baselines import BASELINES_SCHEMA
-    from collector import Store
+    from shapewatch.analysis.alerts import ALERTS_SCHEMA
+    from shapewatch.baselines import BASELINES_SCHEMA
+    from shapewatch.collector import Store
     return Store.open(path, memory_limit=args.memory_limit, threads=args.threads,
                       schemas=[BASELINES_SCHEMA, ALERTS_SCHEMA])
 
 
 def import_all(store: Any, paths: list[Path]) -> tuple[dict[str, Any], float]:
-    from collector import Limits, import_files
+    from shapewatch.collector import Limits, import_files
     began = time.perf_counter()
     summary = import_files(paths, store, Limits())
     return summary.as_dict(), time.perf_counter() - began
@@ -150,7 +150,7 @@ def replicate(store: Any, since: datetime, until: datetime, factor: int) -> dict
     of those buckets is added once more with its counts times ``factor - 1``; served
     models (one row per key) are multiplied in place. Call it with no rollups pending.
     """
-    from collector.rollup import ROLLUP_TABLES
+    from shapewatch.collector.rollup import ROLLUP_TABLES
     bucket_us = store.bucket_seconds * 1_000_000
     if (since.timestamp() * 1_000_000) % bucket_us or (until.timestamp() * 1_000_000) % bucket_us:
         raise ValueError("the window must start and end on bucket boundaries")
@@ -207,8 +207,8 @@ _EVENTS_DIGEST = """SELECT count(*), sum(hash(id_key, event_id, cohort_id, ts, s
 
 def check_replication(workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
     """Replicate a small window by SQL in one file and import the same copies in another; compare."""
-    from collector import read_profiles
-    from collector.rollup import ROLLUP_TABLES
+    from shapewatch.collector import read_profiles
+    from shapewatch.collector.rollup import ROLLUP_TABLES
     n, factor = CHECK_N, CHECK_FACTOR
     sample = list(envelopes(n, seed=args.seed + 1000, start=WINDOW_SINCE))
     dumps, newline = orjson.dumps, orjson.OPT_APPEND_NEWLINE
@@ -273,8 +273,8 @@ def measure(db: Path, args: argparse.Namespace) -> dict[str, Any]:
     """Runs in a fresh process: open the store, time the evaluations, then the raw scans."""
     from prometheus_client import CollectorRegistry
 
-    from analysis.analyzer import Analyzer, evaluate
-    from analysis.config import AnalyzerConfig
+    from shapewatch.analysis.analyzer import Analyzer, evaluate
+    from shapewatch.analysis.config import AnalyzerConfig
     out: dict[str, Any] = {"load_before": os.getloadavg()[0]}
     began = time.perf_counter()
     store = open_store(db, args)
@@ -338,7 +338,7 @@ def measure_in_child(db: Path, args: argparse.Namespace, workdir: Path, name: st
 
 def repeat_first_hour(store: Any, since: datetime, hours: int) -> None:
     """Copy the rollup rows of ``[since, since + 1 h)`` into each following hour up to ``hours``."""
-    from collector.rollup import ROLLUP_TABLES
+    from shapewatch.collector.rollup import ROLLUP_TABLES
     tables = {**ROLLUP_TABLES, "served_models": (["cohort_id", "bucket", "served_model"], ["n"])}
     with store.transaction("repeating an hour of rollups") as con:
         for table, (keys, sums) in tables.items():
@@ -392,7 +392,7 @@ def density_check(main_db: Path, workdir: Path, args: argparse.Namespace) -> lis
 
 def build(workdir: Path, args: argparse.Namespace, report: dict[str, Any]) -> Path:
     """Generate, import, compact and freeze baselines; returns the database path."""
-    from baselines import Cohort, freeze_baseline
+    from shapewatch.baselines import Cohort, freeze_baseline
     small = args.sizes[0]
     base_n = args.baseline_n if args.baseline_n is not None else small
     base_file, window_file = workdir / "baseline-day.jsonl", workdir / "window.jsonl"

@@ -42,8 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gen import make_envelopes  # noqa: E402
 
-from collector.envelope import LIMITS, parse_envelope  # noqa: E402
-from collector.store import Store  # noqa: E402
+from shapewatch.collector.envelope import LIMITS, parse_envelope  # noqa: E402
+from shapewatch.collector.store import Store  # noqa: E402
 
 _FILL = """INSERT INTO events
 SELECT md5_number('fill-' || i), 'fill-' || i, md5('fill-' || i), false, $cohort,

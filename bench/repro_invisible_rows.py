@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gen import make_envelopes  # noqa: E402
 
-from collector import Limits, Store, import_files  # noqa: E402
+from shapewatch.collector import Limits, Store, import_files  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,34 +10,92 @@ def item_spans(raw: bytes, /) -> list[tuple[int, int]] | None: ...
 def string_column(rows: list[Any], index: int, /) -> tuple[bytes | None, bytes, bytes, int]:
     """Item ``index`` (str or None) of every tuple in ``rows`` as an Arrow string column's buffers:
     validity bitmap (None without nulls), int32 offsets, UTF-8 data; and the null count."""
+
 def epoch_micros(rows: list[Any], index: int, /) -> bytes:
     """Item ``index`` (a datetime) of every tuple in ``rows`` as microseconds since the epoch,
     ``round(ts.timestamp() * 1_000_000)``, packed int64 (exact for a UTC datetime)."""
+
 def bucket_starts(tss: Sequence[datetime], width: int, /) -> list[int]:
     """``e - e % width`` for ``e = int(ts.timestamp())`` of each datetime (exact for UTC ones)."""
-def group_ids(groups: dict[Any, int], cohorts: Sequence[tuple[str, str, str]], served_models: Sequence[str | None],
-              starts: Sequence[int], /) -> list[int]:
+
+def group_ids(
+    groups: dict[Any, int],
+    cohorts: Sequence[tuple[str, str, str]],
+    served_models: Sequence[str | None],
+    starts: Sequence[int],
+    /,
+) -> list[int]:
     """The id in ``groups`` (grown as keys first appear) of each output's rollup group:
     (model, prompt_version, contract, served model unless None or the model, bucket start)."""
+
 def set_ts_range(min_us: int, end_us: int, /) -> None:
     """The ts the C paths accept: [min_us, end_us) in microseconds since the epoch (empty until
     set, so every ts is declined and the reference path decides)."""
-def check_envelope(obj: Any, max_tag: int, max_depth: int, max_array: int, max_key: int, max_leaves: int, /) -> tuple[
-    str | None, datetime | None, str, str, str | None, str | None, str | None, str | None, str | None, str | None,
-    str | None, dict[str, Any], int, int] | None: ...
 
-def scan_envelope(raw: bytes | memoryview, max_tag: int, max_depth: int, max_array: int, max_key: int,
-                  max_leaves: int, /) -> tuple[
-    str | None, datetime | None, str, str, str | None, str | None, str | None, str | None, str | None, str | None,
-    str | None, str, str] | None:
+def check_envelope(
+    obj: Any, max_tag: int, max_depth: int, max_array: int, max_key: int, max_leaves: int, /
+) -> (
+    tuple[
+        str | None,
+        datetime | None,
+        str,
+        str,
+        str | None,
+        str | None,
+        str | None,
+        str | None,
+        str | None,
+        str | None,
+        str | None,
+        dict[str, Any],
+        int,
+        int,
+    ]
+    | None
+): ...
+def scan_envelope(
+    raw: bytes | memoryview, max_tag: int, max_depth: int, max_array: int, max_key: int, max_leaves: int, /
+) -> (
+    tuple[
+        str | None,
+        datetime | None,
+        str,
+        str,
+        str | None,
+        str | None,
+        str | None,
+        str | None,
+        str | None,
+        str | None,
+        str | None,
+        str,
+        str,
+    ]
+    | None
+):
     """(event_id, ts, model, prompt_version, contract, served_model, contract_version, source, run_id,
     agent_release, finish_reason, canonical output text, payload hash) of an envelope's JSON text
     that is plainly valid, or None: the reference path then decides. The text is the output as
     sent, compacted; the hash covers it with its keys in order (envelope._finish)."""
 
-def scan_lines(text: bytes | memoryview, pos: int, line_no: int, id_prefix: str, envelope_type: type, now: datetime,
-               room: int, out: list[Any], origin: list[int], max_event_bytes: int, max_tag: int,
-               max_depth: int, max_array: int, max_key: int, max_leaves: int, /) -> tuple[int, int, int, int]:
+def scan_lines(
+    text: bytes | memoryview,
+    pos: int,
+    line_no: int,
+    id_prefix: str,
+    envelope_type: type,
+    now: datetime,
+    room: int,
+    out: list[Any],
+    origin: list[int],
+    max_event_bytes: int,
+    max_tag: int,
+    max_depth: int,
+    max_array: int,
+    max_key: int,
+    max_leaves: int,
+    /,
+) -> tuple[int, int, int, int]:
     """Bulk import's envelopes from the lines of ``text`` (split at b"\\n") from offset ``pos`` on
     (the line before numbered ``line_no``), each stripped, blank ones skipped: each plain one's
     envelope goes to ``out`` and its number to ``origin``, until ``room`` were added, the text

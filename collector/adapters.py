@@ -168,9 +168,7 @@ def adapt_response(
 
     effective_model = model if model is not None else parsed.served_model
     if effective_model is None:
-        raise AdapterError(
-            "model", "the response names no model and no model argument was given"
-        )
+        raise AdapterError("model", "the response names no model and no model argument was given")
     ctx = _Context(
         model=effective_model,
         served_model=parsed.served_model,
@@ -198,9 +196,7 @@ def adapt_response(
         if event_id is not None:
             envelope["event_id"] = event_id if len(produced) == 1 else f"{event_id}:{index}"
         elif parsed.response_id is not None:
-            envelope["event_id"] = (
-                parsed.response_id if out.suffix is None else f"{parsed.response_id}:{out.suffix}"
-            )
+            envelope["event_id"] = parsed.response_id if out.suffix is None else f"{parsed.response_id}:{out.suffix}"
         if finish_reason is not None:
             envelope["finish_reason"] = finish_reason
         if source is not None:
@@ -256,9 +252,7 @@ class _Context:
     prompt_version: str
     default_contract: str
 
-    def outcome(
-        self, kind: OutcomeKind, contract: str, finish_reason: str | None, detail: str
-    ) -> ProviderOutcome:
+    def outcome(self, kind: OutcomeKind, contract: str, finish_reason: str | None, detail: str) -> ProviderOutcome:
         return ProviderOutcome(
             kind=kind,
             model=self.model,
@@ -277,9 +271,7 @@ class _Read:
     turns: list[_Turn]
 
 
-def _resolve_turn(
-    turn: _Turn, ctx: _Context
-) -> tuple[list[tuple[_Output, dict[str, Any]]], list[ProviderOutcome]]:
+def _resolve_turn(turn: _Turn, ctx: _Context) -> tuple[list[tuple[_Output, dict[str, Any]]], list[ProviderOutcome]]:
     outputs: list[tuple[_Output, dict[str, Any]]] = []
     outcomes: list[ProviderOutcome] = []
     finish = turn.finish_reason
@@ -291,11 +283,7 @@ def _resolve_turn(
         return [], [ctx.outcome(turn.stop, contract, finish, turn.stop_detail)]
 
     for refusal in turn.refusals:
-        outcomes.append(
-            ctx.outcome(
-                OutcomeKind.refusal, ctx.default_contract, finish, f"refusal: {_shorten(refusal)}"
-            )
-        )
+        outcomes.append(ctx.outcome(OutcomeKind.refusal, ctx.default_contract, finish, f"refusal: {_shorten(refusal)}"))
 
     truncated = turn.stop is OutcomeKind.truncated
     cut: tuple[_Output, str] | None = None
@@ -324,16 +312,12 @@ def _resolve_turn(
 
     if not outputs and not outcomes:
         outcomes.append(
-            ctx.outcome(
-                OutcomeKind.no_structured_output, ctx.default_contract, finish, turn.nothing_detail
-            )
+            ctx.outcome(OutcomeKind.no_structured_output, ctx.default_contract, finish, turn.nothing_detail)
         )
     return outputs, outcomes
 
 
-_FENCE = re.compile(
-    r"\A\s*```[ \t]*(?:json)?[ \t]*\r?\n(?P<body>.*?)\r?\n?[ \t]*```\s*\Z", re.S | re.I
-)
+_FENCE = re.compile(r"\A\s*```[ \t]*(?:json)?[ \t]*\r?\n(?P<body>.*?)\r?\n?[ \t]*```\s*\Z", re.S | re.I)
 
 
 def _strip_fence(text: str) -> str:
@@ -368,9 +352,7 @@ def _parse_output(out: _Output) -> tuple[dict[str, Any] | None, OutcomeKind | No
         reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
         return None, OutcomeKind.invalid_json, f"{out.what}: not valid JSON: {reason}"
     if not isinstance(value, dict):
-        return None, OutcomeKind.not_an_object, (
-            f"{out.what}: JSON {_json_type(value)}, not an object"
-        )
+        return None, OutcomeKind.not_an_object, (f"{out.what}: JSON {_json_type(value)}, not an object")
     return value, None, ""
 
 
@@ -528,16 +510,12 @@ def _read_openai_chat(body: dict[str, Any], default_contract: str) -> _Read:
     return _Read(response_id, served_model, turns)
 
 
-def _openai_function(
-    holder: dict[str, Any], path: str, suffix: str, key: str = "function"
-) -> _Output:
+def _openai_function(holder: dict[str, Any], path: str, suffix: str, key: str = "function") -> _Output:
     fpath = f"{path}.{key}"
     function = _expect_dict(_required(holder, key, path), fpath)
     name = _req_str(function, "name", fpath)
     arguments = _req_str(function, "arguments", fpath)
-    return _Output(
-        contract=name, what=f"tool call '{name}' arguments", suffix=suffix, text=arguments
-    )
+    return _Output(contract=name, what=f"tool call '{name}' arguments", suffix=suffix, text=arguments)
 
 
 def _read_openai_responses(body: dict[str, Any], default_contract: str) -> _Read:
@@ -620,9 +598,7 @@ def _read_anthropic(body: dict[str, Any], default_contract: str) -> _Read:
     kind = _opt_str(body, "type", "$")
     if kind not in (None, "message"):
         error = _api_error(body)
-        raise AdapterError(
-            "type", f"expected 'message', got {kind!r}" + (f"; {error}" if error else "")
-        )
+        raise AdapterError("type", f"expected 'message', got {kind!r}" + (f"; {error}" if error else ""))
     response_id = _opt_str(body, "id", "$")
     served_model = _opt_str(body, "model", "$")
     stop_reason = _opt_str(body, "stop_reason", "$")
@@ -655,9 +631,7 @@ def _read_anthropic(body: dict[str, Any], default_contract: str) -> _Read:
     text = "".join(pieces)
     if not outputs and text.strip():
         # One message, one answer: the JSON text output is the message itself.
-        outputs = [
-            _Output(contract=default_contract, what="text", suffix=None, text=text, is_text=True)
-        ]
+        outputs = [_Output(contract=default_contract, what="text", suffix=None, text=text, is_text=True)]
 
     stop, stop_detail = None, ""
     if stop_reason in ("max_tokens", "model_context_window_exceeded"):
@@ -761,11 +735,7 @@ def _read_gemini(body: dict[str, Any], default_contract: str) -> _Read:
         outputs = calls
         text = "".join(pieces)
         if not outputs and text.strip():
-            outputs = [
-                _Output(
-                    contract=default_contract, what="text", suffix=str(c), text=text, is_text=True
-                )
-            ]
+            outputs = [_Output(contract=default_contract, what="text", suffix=str(c), text=text, is_text=True)]
 
         suffix = f": {_shorten(finish_message)}" if finish_message else ""
         stop: OutcomeKind | None = None

@@ -44,8 +44,15 @@ from .settings import Scope, parse_token
 from .store import Store, WriteResult, WriteStatus
 from .writer import Writer
 
-__all__ = ["ApiError", "CollectorApi", "TokenGuard", "error_body", "error_responses", "install_error_handlers",
-           "require_token"]
+__all__ = [
+    "ApiError",
+    "CollectorApi",
+    "TokenGuard",
+    "error_body",
+    "error_responses",
+    "install_error_handlers",
+    "require_token",
+]
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +88,9 @@ def _compact(items: list[Envelope | EnvelopeInvalid | frozenset[str]]) -> None:
 class ApiError(ShapewatchError):
     """An HTTP error with the shared JSON shape."""
 
-    def __init__(self, status: int, message: str, fields: list[FieldError] | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, status: int, message: str, fields: list[FieldError] | None = None, headers: dict[str, str] | None = None
+    ) -> None:
         self.status = status
         self.message = message
         self.fields = fields or []
@@ -91,8 +99,7 @@ class ApiError(ShapewatchError):
 
 
 def error_body(status: int, message: str, fields: list[FieldError] | None = None) -> dict[str, Any]:
-    return {"error": {"status": status, "message": message,
-                      "fields": [f.as_dict() for f in fields or []]}}
+    return {"error": {"status": status, "message": message, "fields": [f.as_dict() for f in fields or []]}}
 
 
 def _json(status: int, body: Any, headers: dict[str, str] | None = None) -> Response:
@@ -100,13 +107,28 @@ def _json(status: int, body: Any, headers: dict[str, str] | None = None) -> Resp
 
 
 _ERROR_SCHEMA: dict[str, Any] = {
-    "type": "object", "required": ["error"], "additionalProperties": False,
-    "properties": {"error": {
-        "type": "object", "required": ["status", "message", "fields"],
-        "properties": {"status": {"type": "integer"}, "message": {"type": "string"},
-                       "fields": {"type": "array", "items": {
-                           "type": "object", "required": ["path", "reason"],
-                           "properties": {"path": {"type": "string"}, "reason": {"type": "string"}}}}}}}}
+    "type": "object",
+    "required": ["error"],
+    "additionalProperties": False,
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["status", "message", "fields"],
+            "properties": {
+                "status": {"type": "integer"},
+                "message": {"type": "string"},
+                "fields": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["path", "reason"],
+                        "properties": {"path": {"type": "string"}, "reason": {"type": "string"}},
+                    },
+                },
+            },
+        }
+    },
+}
 
 _ERROR_MEANING = {
     400: "The body is not JSON (or not an array where one was sent)",
@@ -120,8 +142,10 @@ _ERROR_MEANING = {
 
 def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI ``responses=`` entries for these statuses, each in the shared error shape."""
-    return {c: {"description": _ERROR_MEANING.get(c, "Error"),
-                "content": {"application/json": {"schema": _ERROR_SCHEMA}}} for c in codes}
+    return {
+        c: {"description": _ERROR_MEANING.get(c, "Error"), "content": {"application/json": {"schema": _ERROR_SCHEMA}}}
+        for c in codes
+    }
 
 
 def _allowed_methods(request: Request) -> set[str]:
@@ -132,8 +156,9 @@ def _allowed_methods(request: Request) -> set[str]:
 
     found: dict[str, int] = {}  # method -> fewest path parameters of a template serving it
     for template, ops in request.app.openapi().get("paths", {}).items():
-        pattern = "".join("[^/]+" if part.startswith("{") else re.escape(part)
-                          for part in re.split(r"(\{[^}]+\})", template))
+        pattern = "".join(
+            "[^/]+" if part.startswith("{") else re.escape(part) for part in re.split(r"(\{[^}]+\})", template)
+        )
         if re.fullmatch(pattern, request.url.path):
             n = template.count("{")
             for m in ops:
@@ -164,13 +189,15 @@ def install_error_handlers(app: FastAPI) -> None:
             # Starlette names only the methods of the first route matching the path; a path
             # served by several routes (GET and POST /v1/baselines) allows all of theirs.
             headers["Allow"] = ", ".join(sorted(_allowed_methods(request))) or headers.get("Allow", "")
-        return _json(exc.status_code, error_body(exc.status_code, str(exc.detail), getattr(exc, "fields", None)),
-                     headers)
+        return _json(
+            exc.status_code, error_body(exc.status_code, str(exc.detail), getattr(exc, "fields", None)), headers
+        )
 
     async def validation_error(_: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)
-        fields = [FieldError(_parameter_path(tuple(e.get("loc", ()))), str(e.get("msg", "invalid")))
-                  for e in exc.errors()]
+        fields = [
+            FieldError(_parameter_path(tuple(e.get("loc", ()))), str(e.get("msg", "invalid"))) for e in exc.errors()
+        ]
         return _json(422, error_body(422, "request is invalid", fields))
 
     async def too_large(_: Request, exc: Exception) -> Response:
@@ -186,7 +213,7 @@ def install_error_handlers(app: FastAPI) -> None:
         return _json(503, error_body(503, str(exc)), {"Retry-After": "5"})
 
     async def unexpected(_: Request, exc: Exception) -> Response:
-        log.exception("unexpected error", exc_info=exc)
+        log.error("unexpected error", exc_info=exc)
         return _json(500, error_body(500, "internal error; see the service log"))
 
     app.add_exception_handler(ApiError, api_error)
@@ -236,15 +263,20 @@ class TokenGuard:
                 if hmac.compare_digest(g, secret):
                     granted = scopes
         if granted is None:
-            raise ApiError(401, "missing or invalid bearer token" if header else "authentication required",
-                           headers={"WWW-Authenticate": "Bearer"})
+            raise ApiError(
+                401,
+                "missing or invalid bearer token" if header else "authentication required",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
         need = self.read_scope if request.method in _SAFE_METHODS else self.write_scope
         if need not in granted:
             has = "+".join(sorted(s.value for s in granted))
-            raise ApiError(403, f"this token lacks the {need.value!r} scope that {request.method} "
-                           f"{request.url.path} needs",
-                           [FieldError("authorization", f"needs scope {need.value}; the token has {has}", "forbidden")],
-                           headers={"WWW-Authenticate": f'Bearer error="insufficient_scope", scope="{need.value}"'})
+            raise ApiError(
+                403,
+                f"this token lacks the {need.value!r} scope that {request.method} {request.url.path} needs",
+                [FieldError("authorization", f"needs scope {need.value}; the token has {has}", "forbidden")],
+                headers={"WWW-Authenticate": f'Bearer error="insufficient_scope", scope="{need.value}"'},
+            )
 
 
 class _GuardedRoute(APIRoute):
@@ -284,8 +316,9 @@ def _served_cohort(o: ProviderOutcome, limits: Limits) -> str | None:
 def _tags_error(model: str, prompt_version: str, contract: str, limits: Limits) -> EnvelopeInvalid | None:
     """Why these tags cannot name a cohort (the envelope's rules), or None."""
     try:
-        validate_envelope({"model": model, "prompt_version": prompt_version, "contract": contract,
-                           "output": {}}, limits)
+        validate_envelope(
+            {"model": model, "prompt_version": prompt_version, "contract": contract, "output": {}}, limits
+        )
     except EnvelopeInvalid as exc:
         return exc
     return None
@@ -301,8 +334,16 @@ def _tags_valid(model: str, prompt_version: str, contract: str, limits: Limits) 
 class CollectorApi:
     """Builds the collector's router around one store, writer and metrics."""
 
-    def __init__(self, store: Store, writer: Writer, metrics: CollectorMetrics, limits: Limits, *,
-                 max_body_bytes: int, max_request_events: int | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        writer: Writer,
+        metrics: CollectorMetrics,
+        limits: Limits,
+        *,
+        max_body_bytes: int,
+        max_request_events: int | None = None,
+    ) -> None:
         self.store = store
         self.writer = writer
         self.metrics = metrics
@@ -331,32 +372,43 @@ class CollectorApi:
         try:
             yield await request.body()
         except ClientDisconnect:  # nobody to answer, nothing stored: not an error of the service
-            raise ApiError(400, "the client closed the connection before sending the whole body",
-                           [FieldError("body", "incomplete", "incomplete_body")]) from None
+            raise ApiError(
+                400,
+                "the client closed the connection before sending the whole body",
+                [FieldError("body", "incomplete", "incomplete_body")],
+            ) from None
 
     def _content_kind(self, request: Request) -> bool:
         """True for NDJSON, False for JSON; 415 otherwise (also for a charset other than UTF-8:
         the body would be read as UTF-8 all the same, and refused as invalid JSON)."""
         encoding = request.headers.get("content-encoding", "").strip().lower()
         if encoding not in ("", "identity"):
-            raise ApiError(415, f"content encoding {encoding!r} is not supported; send the body uncompressed",
-                           [FieldError("content-encoding", "unsupported encoding")])
+            raise ApiError(
+                415,
+                f"content encoding {encoding!r} is not supported; send the body uncompressed",
+                [FieldError("content-encoding", "unsupported encoding")],
+            )
         ctype, *params = request.headers.get("content-type", "").split(";")
         ctype = ctype.strip().lower()
         for param in params:
             name, _, value = param.partition("=")
             charset = value.strip().strip('"').lower()
             if name.strip().lower() == "charset" and charset not in ("utf-8", "utf8"):
-                raise ApiError(415, f"charset {charset or '(empty)'!r} is not supported; send UTF-8 "
-                               "(charset=utf-8, or no charset)",
-                               [FieldError("content-type", "unsupported charset")])
+                raise ApiError(
+                    415,
+                    f"charset {charset or '(empty)'!r} is not supported; send UTF-8 (charset=utf-8, or no charset)",
+                    [FieldError("content-type", "unsupported charset")],
+                )
         if ctype in _JSON_TYPES:
             return False
         if ctype in _NDJSON_TYPES:
             return True
-        raise ApiError(415, f"content type {ctype or '(none)'!r} is not supported; send application/json "
-                       "(one envelope or an array) or application/x-ndjson (one envelope per line)",
-                       [FieldError("content-type", "unsupported media type")])
+        raise ApiError(
+            415,
+            f"content type {ctype or '(none)'!r} is not supported; send application/json "
+            "(one envelope or an array) or application/x-ndjson (one envelope per line)",
+            [FieldError("content-type", "unsupported media type")],
+        )
 
     def _submit(self, items: Sequence[Envelope | EnvelopeInvalid | frozenset[str]]) -> Future[list[WriteResult]] | None:
         """Queue the valid envelopes for a commit (None when there are none). Preparing them
@@ -364,8 +416,9 @@ class CollectorApi:
         valid = [e for e in items if isinstance(e, Envelope)]
         return self.writer.submit(valid) if valid else None
 
-    async def _reply(self, items: Sequence[Envelope | EnvelopeInvalid | frozenset[str]],
-                     submitted: Future[list[WriteResult]] | None) -> dict[str, Any]:
+    async def _reply(
+        self, items: Sequence[Envelope | EnvelopeInvalid | frozenset[str]], submitted: Future[list[WriteResult]] | None
+    ) -> dict[str, Any]:
         """The per-event answer, once the commit holding the request's events is done: every event
         accepted or duplicate, the first ``MAX_REJECTIONS_LISTED`` rejected ones with their errors
         (``_compact`` left the others as their reason codes), and every rejection counted by reason."""
@@ -388,8 +441,14 @@ class CollectorApi:
                 codes = {f.code for f in item.fields}
                 by_reason.update(codes)
                 self.metrics.count_rejected(codes)
-                out.append({"index": i, "event_id": item.event_id, "status": "rejected",
-                            "errors": [f.as_dict() for f in item.fields]})
+                out.append(
+                    {
+                        "index": i,
+                        "event_id": item.event_id,
+                        "status": "rejected",
+                        "errors": [f.as_dict() for f in item.fields],
+                    }
+                )
                 continue
             res = next(by_pos)
             if res.status is WriteStatus.conflict:
@@ -399,9 +458,20 @@ class CollectorApi:
                 if counts["rejected"] - omitted > MAX_REJECTIONS_LISTED:
                     omitted += 1
                     continue
-                out.append({"index": i, "event_id": item.event_id, "status": "rejected", "errors": [
-                    {"path": "event_id", "reason": "already stored with a different payload; "
-                     "an event_id names one event and must not be reused"}]})
+                out.append(
+                    {
+                        "index": i,
+                        "event_id": item.event_id,
+                        "status": "rejected",
+                        "errors": [
+                            {
+                                "path": "event_id",
+                                "reason": "already stored with a different payload; "
+                                "an event_id names one event and must not be reused",
+                            }
+                        ],
+                    }
+                )
                 continue
             counts[res.status.value] += 1
             stored[(res.status.value, item.model, item.prompt_version)] += 1
@@ -411,8 +481,12 @@ class CollectorApi:
             out.append(entry)
         for (outcome, model, prompt_version), n in stored.items():
             self.metrics.count_events(outcome, model, prompt_version, n)
-        return {**counts, "results": out, "rejected_by_reason": dict(sorted(by_reason.items())),
-                "rejections_omitted": omitted}
+        return {
+            **counts,
+            "results": out,
+            "rejected_by_reason": dict(sorted(by_reason.items())),
+            "rejections_omitted": omitted,
+        }
 
     def router(self, tokens: tuple[str, ...]) -> APIRouter:
         guard = require_token(tokens, Scope.ingest)
@@ -420,26 +494,46 @@ class CollectorApi:
 
         envelope = envelope_json_schema(self.limits)
 
-        @router.post("/v1/outputs", summary="Ingest structured outputs",
-                     description="One envelope (JSON object), a JSON array of envelopes, or NDJSON. "
-                     "Answers per event once the transaction holding it committed. A single envelope "
-                     "that is refused answers 422; in an array or NDJSON each event has its own result.",
-                     responses=error_responses(400, 413, 415, 422, 503),
-                     openapi_extra={"requestBody": {"required": True, "content": {
-                         "application/json": {"schema": {"oneOf": [
-                             envelope, {"type": "array", "items": {}, "description": "envelopes, each "
-                                        "accepted or rejected on its own"}]}},
-                         "application/x-ndjson": {"schema": {"type": "string",
-                                                             "description": "one envelope per line"}}}}})
+        @router.post(
+            "/v1/outputs",
+            summary="Ingest structured outputs",
+            description="One envelope (JSON object), a JSON array of envelopes, or NDJSON. "
+            "Answers per event once the transaction holding it committed. A single envelope "
+            "that is refused answers 422; in an array or NDJSON each event has its own result.",
+            responses=error_responses(400, 413, 415, 422, 503),
+            openapi_extra={
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        "application/json": {
+                            "schema": {
+                                "oneOf": [
+                                    envelope,
+                                    {
+                                        "type": "array",
+                                        "items": {},
+                                        "description": "envelopes, each accepted or rejected on its own",
+                                    },
+                                ]
+                            }
+                        },
+                        "application/x-ndjson": {"schema": {"type": "string", "description": "one envelope per line"}},
+                    },
+                }
+            },
+        )
         async def post_outputs(request: Request) -> Response:
             t0 = time.perf_counter()
             ndjson = self._content_kind(request)
             async with self._body(request) as body:
                 single = not ndjson and not body.lstrip().startswith(b"[")
-                def parse_and_submit() -> tuple[list[Envelope | EnvelopeInvalid | frozenset[str]],
-                                                Future[list[WriteResult]] | None]:
+
+                def parse_and_submit() -> tuple[
+                    list[Envelope | EnvelopeInvalid | frozenset[str]], Future[list[WriteResult]] | None
+                ]:
                     items: list[Envelope | EnvelopeInvalid | frozenset[str]] = list(
-                        parse_body(body, self.limits, ndjson=ndjson, max_items=self.max_request_events))
+                        parse_body(body, self.limits, ndjson=ndjson, max_items=self.max_request_events)
+                    )
                     _compact(items)
                     return items, self._submit(items)
 
@@ -450,9 +544,11 @@ class CollectorApi:
                         items, submitted = await asyncio.to_thread(parse_and_submit)
                 except EnvelopeInvalid as exc:
                     self.metrics.count_rejected({f.code for f in exc.fields})
-                    raise ApiError(exc.status if exc.status != 422 or single else 400,
-                                   "the body is not a valid envelope" if single else "the body is not valid JSON",
-                                   exc.fields) from None
+                    raise ApiError(
+                        exc.status if exc.status != 422 or single else 400,
+                        "the body is not a valid envelope" if single else "the body is not valid JSON",
+                        exc.fields,
+                    ) from None
                 reply = await self._reply(items, submitted)
                 self.metrics.request_seconds.labels("outputs").observe(time.perf_counter() - t0)
                 if single and reply["rejected"]:
@@ -460,56 +556,98 @@ class CollectorApi:
                     raise ApiError(422, "the envelope was rejected", errs)
                 return _json(200, reply)
 
-        @router.post("/v1/provider/{provider}", summary="Ingest a raw provider response",
-                     description="A raw OpenAI, Anthropic or Gemini response; query parameters "
-                     "prompt_version (required), model (the requested model or alias), contract, "
-                     "event_id, source, contract_version.",
-                     responses=error_responses(400, 404, 413, 415, 422, 503),
-                     openapi_extra={"requestBody": {"required": True, "content": {
-                         "application/json": {"schema": {"type": "object", "description": "the provider's "
-                                                         "response, as it came"}}}}})
-        async def post_provider(request: Request, provider: str, prompt_version: str,
-                                model: str | None = None, contract: str | None = None,
-                                event_id: str | None = None, source: str | None = None,
-                                contract_version: str | None = None) -> Response:
+        @router.post(
+            "/v1/provider/{provider}",
+            summary="Ingest a raw provider response",
+            description="A raw OpenAI, Anthropic or Gemini response; query parameters "
+            "prompt_version (required), model (the requested model or alias), contract, "
+            "event_id, source, contract_version.",
+            responses=error_responses(400, 404, 413, 415, 422, 503),
+            openapi_extra={
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        "application/json": {
+                            "schema": {"type": "object", "description": "the provider's response, as it came"}
+                        }
+                    },
+                }
+            },
+        )
+        async def post_provider(
+            request: Request,
+            provider: str,
+            prompt_version: str,
+            model: str | None = None,
+            contract: str | None = None,
+            event_id: str | None = None,
+            source: str | None = None,
+            contract_version: str | None = None,
+        ) -> Response:
             t0 = time.perf_counter()
             try:
                 prov = Provider(provider)
             except ValueError:
-                raise ApiError(404, f"unknown provider {provider!r}; use one of "
-                               + ", ".join(p.value for p in Provider)) from None
+                raise ApiError(
+                    404, f"unknown provider {provider!r}; use one of " + ", ".join(p.value for p in Provider)
+                ) from None
             self._content_kind(request)
             # The query's tags obey the envelope's rules (they also name the cohort of outcomes).
             fields: list[FieldError] = []
             try:
-                validate_envelope({"model": "-" if model is None else model, "prompt_version": prompt_version,
-                                   "contract": contract, "source": source, "contract_version": contract_version,
-                                   "event_id": event_id, "output": {}}, self.limits)
+                validate_envelope(
+                    {
+                        "model": "-" if model is None else model,
+                        "prompt_version": prompt_version,
+                        "contract": contract,
+                        "source": source,
+                        "contract_version": contract_version,
+                        "event_id": event_id,
+                        "output": {},
+                    },
+                    self.limits,
+                )
             except EnvelopeInvalid as exc:
                 fields = exc.fields
             if event_id is not None and len(event_id) > _PROVIDER_EVENT_ID and not fields:
                 # several outputs get f"{event_id}:{position}", which must fit the envelope's 128
-                fields = [FieldError("event_id", f"is {len(event_id)} characters long; the limit here is "
-                                     f"{_PROVIDER_EVENT_ID}, leaving room for each output's ':<position>'",
-                                     "too_large")]
+                fields = [
+                    FieldError(
+                        "event_id",
+                        f"is {len(event_id)} characters long; the limit here is "
+                        f"{_PROVIDER_EVENT_ID}, leaving room for each output's ':<position>'",
+                        "too_large",
+                    )
+                ]
             if fields:
                 raise ApiError(422, "the query parameters are invalid", fields)
             async with self._body(request) as body:
 
-                def adapt() -> tuple[list[Envelope | EnvelopeInvalid | frozenset[str]], list[ProviderOutcome],
-                                     list[ProviderOutcome]]:
+                def adapt() -> tuple[
+                    list[Envelope | EnvelopeInvalid | frozenset[str]], list[ProviderOutcome], list[ProviderOutcome]
+                ]:
                     # Parsing and adapting a large response take a while: off the event loop.
                     try:
                         raw = orjson.loads(body)
                     except orjson.JSONDecodeError as exc:
-                        raise ApiError(400, "the body is not valid JSON",
-                                       [FieldError("body", str(exc), "invalid_json")]) from None
+                        raise ApiError(
+                            400, "the body is not valid JSON", [FieldError("body", str(exc), "invalid_json")]
+                        ) from None
                     try:
-                        adapted = adapt_response(prov, raw, prompt_version=prompt_version, model=model,
-                                                 contract=contract, event_id=event_id, source=source,
-                                                 contract_version=contract_version)
+                        adapted = adapt_response(
+                            prov,
+                            raw,
+                            prompt_version=prompt_version,
+                            model=model,
+                            contract=contract,
+                            event_id=event_id,
+                            source=source,
+                            contract_version=contract_version,
+                        )
                     except AdapterError as exc:
-                        raise ApiError(422, f"not a {prov.value} response", [FieldError(exc.path, exc.reason)]) from None
+                        raise ApiError(
+                            422, f"not a {prov.value} response", [FieldError(exc.path, exc.reason)]
+                        ) from None
                     many = len(adapted.envelopes) + len(adapted.outcomes)
                     if many > self.max_request_events:
                         raise BatchTooLarge(many, self.max_request_events)
@@ -538,7 +676,9 @@ class CollectorApi:
                     counted = await asyncio.to_thread(
                         self.store.record_outcomes,
                         [(o.model, o.prompt_version, o.contract, now, o.kind.value) for o in countable],
-                        keys=[o.key for o in countable], served=[_served_cohort(o, self.limits) for o in countable])
+                        keys=[o.key for o in countable],
+                        served=[_served_cohort(o, self.limits) for o in countable],
+                    )
                     for o, new in zip(countable, counted, strict=True):
                         if new:
                             counted_ids.add(id(o))
@@ -547,8 +687,16 @@ class CollectorApi:
                 reply = await self._reply(items, await asyncio.to_thread(self._submit, items))
                 # counted: whether this post counted the outcome (not when a post before it did, nor
                 # when its tags cannot name a cohort: a model name from the response over the limits)
-                reply["outcomes"] = [{"kind": o.kind.value, "contract": o.contract, "finish_reason": o.finish_reason,
-                                      "detail": o.detail, "counted": id(o) in counted_ids} for o in outcomes]
+                reply["outcomes"] = [
+                    {
+                        "kind": o.kind.value,
+                        "contract": o.contract,
+                        "finish_reason": o.finish_reason,
+                        "detail": o.detail,
+                        "counted": id(o) in counted_ids,
+                    }
+                    for o in outcomes
+                ]
                 self.metrics.request_seconds.labels("provider").observe(time.perf_counter() - t0)
                 return _json(200, reply)
 
@@ -557,9 +705,12 @@ class CollectorApi:
     def health_router(self) -> APIRouter:
         router = APIRouter()
 
-        @router.get("/healthz", summary="Health: runs a real query on the store",
-                    description="Open without a token (liveness and readiness probes).",
-                    responses=error_responses(503))
+        @router.get(
+            "/healthz",
+            summary="Health: runs a real query on the store",
+            description="Open without a token (liveness and readiness probes).",
+            responses=error_responses(503),
+        )
         async def healthz() -> Response:
             if self.store.invalidated is not None:  # every query would fail: say why, once
                 return _json(503, error_body(503, str(self.store.invalidated)))
@@ -568,14 +719,19 @@ class CollectorApi:
             except StoreError as exc:
                 return _json(503, error_body(503, str(exc)), {"Retry-After": "5"})
             if not self.writer.alive:
-                return _json(503, error_body(503, "the writer thread has stopped; restart the service"),
-                             {"Retry-After": "5"})
+                return _json(
+                    503, error_body(503, "the writer thread has stopped; restart the service"), {"Retry-After": "5"}
+                )
             if self.store.last_merge_error:
-                return _json(503, error_body(503, f"rollups cannot be merged: {self.store.last_merge_error}"),
-                             {"Retry-After": "5"})
+                return _json(
+                    503,
+                    error_body(503, f"rollups cannot be merged: {self.store.last_merge_error}"),
+                    {"Retry-After": "5"},
+                )
             if self.writer.last_error:
-                return _json(503, error_body(503, f"the last write failed: {self.writer.last_error}"),
-                             {"Retry-After": "5"})
+                return _json(
+                    503, error_body(503, f"the last write failed: {self.writer.last_error}"), {"Retry-After": "5"}
+                )
             return _json(200, {"status": "ok", **info, "queued_events": self.writer.queued_events})
 
         return router

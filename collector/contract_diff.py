@@ -50,8 +50,15 @@ import orjson
 from .contracts import ANNOTATION_KEYWORDS, VALIDATION_KEYWORDS, Contract, Tool, canonical_json, deref, normalize_schema
 from .flatten import items_path, join_key
 
-__all__ = ["ChangeKind", "Classification", "ContractChange", "Verdict", "diff_contracts", "diff_exit_code",
-           "diff_verdict"]
+__all__ = [
+    "ChangeKind",
+    "Classification",
+    "ContractChange",
+    "Verdict",
+    "diff_contracts",
+    "diff_exit_code",
+    "diff_verdict",
+]
 
 
 class Classification(str, Enum):
@@ -109,20 +116,42 @@ class ChangeKind(str, Enum):
 
 _B, _C, _H = Classification.breaking, Classification.compatible, Classification.behavioral
 _CLASSES: dict[ChangeKind, Classification] = {
-    ChangeKind.tool_added: _H, ChangeKind.tool_removed: _B, ChangeKind.tool_renamed: _B,
-    ChangeKind.strict_changed: _H, ChangeKind.description_changed: _H, ChangeKind.annotation_changed: _H,
-    ChangeKind.field_added: _C, ChangeKind.required_field_added: _B, ChangeKind.field_removed: _B,
-    ChangeKind.required_added: _B, ChangeKind.required_removed: _C,
-    ChangeKind.type_narrowed: _B, ChangeKind.type_widened: _C, ChangeKind.type_changed: _B,
-    ChangeKind.enum_value_added: _C, ChangeKind.enum_value_removed: _B, ChangeKind.enum_added: _B,
+    ChangeKind.tool_added: _H,
+    ChangeKind.tool_removed: _B,
+    ChangeKind.tool_renamed: _B,
+    ChangeKind.strict_changed: _H,
+    ChangeKind.description_changed: _H,
+    ChangeKind.annotation_changed: _H,
+    ChangeKind.field_added: _C,
+    ChangeKind.required_field_added: _B,
+    ChangeKind.field_removed: _B,
+    ChangeKind.required_added: _B,
+    ChangeKind.required_removed: _C,
+    ChangeKind.type_narrowed: _B,
+    ChangeKind.type_widened: _C,
+    ChangeKind.type_changed: _B,
+    ChangeKind.enum_value_added: _C,
+    ChangeKind.enum_value_removed: _B,
+    ChangeKind.enum_added: _B,
     ChangeKind.enum_removed: _C,
-    ChangeKind.const_added: _B, ChangeKind.const_changed: _B, ChangeKind.const_removed: _C,
-    ChangeKind.format_added: _B, ChangeKind.format_changed: _B, ChangeKind.format_removed: _C,
-    ChangeKind.bound_tightened: _B, ChangeKind.bound_loosened: _C,
-    ChangeKind.pattern_added: _B, ChangeKind.pattern_changed: _B, ChangeKind.pattern_removed: _C,
-    ChangeKind.additional_properties_closed: _B, ChangeKind.additional_properties_opened: _C,
-    ChangeKind.option_added: _C, ChangeKind.option_removed: _B,
-    ChangeKind.keyword_added: _B, ChangeKind.keyword_changed: _B, ChangeKind.keyword_removed: _C,
+    ChangeKind.const_added: _B,
+    ChangeKind.const_changed: _B,
+    ChangeKind.const_removed: _C,
+    ChangeKind.format_added: _B,
+    ChangeKind.format_changed: _B,
+    ChangeKind.format_removed: _C,
+    ChangeKind.bound_tightened: _B,
+    ChangeKind.bound_loosened: _C,
+    ChangeKind.pattern_added: _B,
+    ChangeKind.pattern_changed: _B,
+    ChangeKind.pattern_removed: _C,
+    ChangeKind.additional_properties_closed: _B,
+    ChangeKind.additional_properties_opened: _C,
+    ChangeKind.option_added: _C,
+    ChangeKind.option_removed: _B,
+    ChangeKind.keyword_added: _B,
+    ChangeKind.keyword_changed: _B,
+    ChangeKind.keyword_removed: _C,
 }
 
 
@@ -165,8 +194,13 @@ class ContractChange:
         return self.tool if self.path is None else f"{self.tool}: {where}"
 
     def to_json(self) -> dict[str, Any]:
-        return {"tool": self.tool, "path": self.path, "kind": self.kind.value,
-                "classification": self.classification.value, "detail": self.detail}
+        return {
+            "tool": self.tool,
+            "path": self.path,
+            "kind": self.kind.value,
+            "classification": self.classification.value,
+            "detail": self.detail,
+        }
 
 
 def diff_verdict(changes: Sequence[ContractChange]) -> Verdict:
@@ -188,8 +222,9 @@ def diff_contracts(old: Contract, new: Contract) -> list[ContractChange]:
     if not old.catalog and not new.catalog:
         ot, nt = old.tools[0], new.tools[0]
         if ot.name is not None and nt.name is not None and ot.name != nt.name:
-            changes.append(ContractChange(None, ChangeKind.tool_renamed, f"tool {ot.name!r} renamed to {nt.name!r}",
-                                          nt.name))
+            changes.append(
+                ContractChange(None, ChangeKind.tool_renamed, f"tool {ot.name!r} renamed to {nt.name!r}", nt.name)
+            )
         _diff_tool(ot, nt, nt.name, changes)
     else:
         olds = {t.name: t for t in old.tools}
@@ -207,11 +242,15 @@ def diff_contracts(old: Contract, new: Contract) -> list[ContractChange]:
 
 def _diff_tool(old: Tool, new: Tool, name: str | None, out: list[ContractChange]) -> None:
     if old.description != new.description:
-        out.append(ContractChange(None, ChangeKind.description_changed, "tool " + _edit(old.description,
-                                                                                       new.description), name))
+        out.append(
+            ContractChange(
+                None, ChangeKind.description_changed, "tool " + _edit(old.description, new.description), name
+            )
+        )
     if old.strict != new.strict:
-        out.append(ContractChange(None, ChangeKind.strict_changed, f"strict {_show(old.strict)} -> "
-                                                                   f"{_show(new.strict)}", name))
+        out.append(
+            ContractChange(None, ChangeKind.strict_changed, f"strict {_show(old.strict)} -> {_show(new.strict)}", name)
+        )
     _Differ(old.schema, new.schema, name, out).compare(old.schema, new.schema, None, frozenset(), 0)
 
 
@@ -231,9 +270,30 @@ def _edit(old: Any, new: Any, what: str = "description") -> str:
 _LOWER = ("minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties", "minContains")
 _UPPER = ("maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties", "maxContains")
 # Keywords compared by their own rules below; every other validation keyword is compared whole.
-_HANDLED = frozenset({"type", "enum", "const", "format", "pattern", "multipleOf", "uniqueItems", "properties",
-                      "required", "additionalProperties", "items", "prefixItems", "anyOf", "oneOf", "allOf",
-                      "$defs", "definitions", "$ref", *_LOWER, *_UPPER})
+_HANDLED = frozenset(
+    {
+        "type",
+        "enum",
+        "const",
+        "format",
+        "pattern",
+        "multipleOf",
+        "uniqueItems",
+        "properties",
+        "required",
+        "additionalProperties",
+        "items",
+        "prefixItems",
+        "anyOf",
+        "oneOf",
+        "allOf",
+        "$defs",
+        "definitions",
+        "$ref",
+        *_LOWER,
+        *_UPPER,
+    }
+)
 _MAX_DEPTH = 64
 
 
@@ -282,12 +342,15 @@ class _Differ:
         self._annotations(old, new, path)
         self._type(old, new, path)
         self._enum(old, new, path)
-        self._scalar(old, new, path, "const", ChangeKind.const_added, ChangeKind.const_changed,
-                     ChangeKind.const_removed)
-        self._scalar(old, new, path, "format", ChangeKind.format_added, ChangeKind.format_changed,
-                     ChangeKind.format_removed)
-        self._scalar(old, new, path, "pattern", ChangeKind.pattern_added, ChangeKind.pattern_changed,
-                     ChangeKind.pattern_removed)
+        self._scalar(
+            old, new, path, "const", ChangeKind.const_added, ChangeKind.const_changed, ChangeKind.const_removed
+        )
+        self._scalar(
+            old, new, path, "format", ChangeKind.format_added, ChangeKind.format_changed, ChangeKind.format_removed
+        )
+        self._scalar(
+            old, new, path, "pattern", ChangeKind.pattern_added, ChangeKind.pattern_changed, ChangeKind.pattern_removed
+        )
         self._bounds(old, new, path)
         self._properties(old, new, path, active, depth)
         self._additional(old, new, path, active, depth)
@@ -310,8 +373,11 @@ class _Differ:
                 self.add(path, ChangeKind.description_changed, _edit(o, n))
             else:
                 label = kw if kw in ANNOTATION_KEYWORDS else f"keyword {kw!r}"
-                self.add(path, ChangeKind.annotation_changed, _edit(o, n, label)
-                         + (f": {_show(o)} -> {_show(n)}" if o is not None and n is not None else ""))
+                self.add(
+                    path,
+                    ChangeKind.annotation_changed,
+                    _edit(o, n, label) + (f": {_show(o)} -> {_show(n)}" if o is not None and n is not None else ""),
+                )
 
     def _type(self, old: dict[str, Any], new: dict[str, Any], path: str | None) -> None:
         o, n = _types(old), _types(new)
@@ -342,8 +408,16 @@ class _Differ:
         for k in sorted(nv.keys() - ov.keys()):
             self.add(path, ChangeKind.enum_value_added, f"enum value {k.decode()} added")
 
-    def _scalar(self, old: dict[str, Any], new: dict[str, Any], path: str | None, kw: str, added: ChangeKind,
-                changed: ChangeKind, removed: ChangeKind) -> None:
+    def _scalar(
+        self,
+        old: dict[str, Any],
+        new: dict[str, Any],
+        path: str | None,
+        kw: str,
+        added: ChangeKind,
+        changed: ChangeKind,
+        removed: ChangeKind,
+    ) -> None:
         if kw not in old and kw not in new:
             return
         o, n = old.get(kw), new.get(kw)
@@ -365,8 +439,11 @@ class _Differ:
                 self.add(path, ChangeKind.bound_loosened, f"{kw} {_show(o)} removed")
             else:
                 tighter = n > o if kw in _LOWER else n < o
-                self.add(path, ChangeKind.bound_tightened if tighter else ChangeKind.bound_loosened,
-                         f"{kw} {_show(o)} -> {_show(n)}")
+                self.add(
+                    path,
+                    ChangeKind.bound_tightened if tighter else ChangeKind.bound_loosened,
+                    f"{kw} {_show(o)} -> {_show(n)}",
+                )
         o, n = old.get("multipleOf"), new.get("multipleOf")
         if o != n:
             if o is None:
@@ -375,15 +452,22 @@ class _Differ:
                 self.add(path, ChangeKind.bound_loosened, f"multipleOf {_show(o)} removed")
             else:  # every multiple of n is one of o when n is a multiple of o: fewer values
                 looser = (o / n).is_integer() and not (n / o).is_integer()
-                self.add(path, ChangeKind.bound_loosened if looser else ChangeKind.bound_tightened,
-                         f"multipleOf {_show(o)} -> {_show(n)}")
+                self.add(
+                    path,
+                    ChangeKind.bound_loosened if looser else ChangeKind.bound_tightened,
+                    f"multipleOf {_show(o)} -> {_show(n)}",
+                )
         o, n = bool(old.get("uniqueItems")), bool(new.get("uniqueItems"))
         if o != n:
-            self.add(path, ChangeKind.bound_tightened if n else ChangeKind.bound_loosened,
-                     f"uniqueItems {'added' if n else 'removed'}")
+            self.add(
+                path,
+                ChangeKind.bound_tightened if n else ChangeKind.bound_loosened,
+                f"uniqueItems {'added' if n else 'removed'}",
+            )
 
-    def _properties(self, old: dict[str, Any], new: dict[str, Any], path: str | None,
-                    active: frozenset[tuple[str, ...]], depth: int) -> None:
+    def _properties(
+        self, old: dict[str, Any], new: dict[str, Any], path: str | None, active: frozenset[tuple[str, ...]], depth: int
+    ) -> None:
         op = old.get("properties") if isinstance(old.get("properties"), dict) else {}
         np = new.get("properties") if isinstance(new.get("properties"), dict) else {}
         assert isinstance(op, dict) and isinstance(np, dict)
@@ -410,20 +494,26 @@ class _Differ:
         for name in sorted((oreq - nreq) - declared):
             self.add(join_key(path, name), ChangeKind.required_removed, "field became optional")
 
-    def _additional(self, old: dict[str, Any], new: dict[str, Any], path: str | None,
-                    active: frozenset[tuple[str, ...]], depth: int) -> None:
+    def _additional(
+        self, old: dict[str, Any], new: dict[str, Any], path: str | None, active: frozenset[tuple[str, ...]], depth: int
+    ) -> None:
         o, n = _openness(old), _openness(new)
         if o == n == "schema":
-            self.compare(old["additionalProperties"], new["additionalProperties"], join_key(path, "*"), active,
-                         depth + 1)
+            self.compare(
+                old["additionalProperties"], new["additionalProperties"], join_key(path, "*"), active, depth + 1
+            )
         elif o != n:
             closing = n == "closed" or o == "open"
             text = {"open": "open", "closed": "closed (false)", "schema": "restricted to a schema"}
-            self.add(path, ChangeKind.additional_properties_closed if closing
-                     else ChangeKind.additional_properties_opened, f"additionalProperties {text[o]} -> {text[n]}")
+            self.add(
+                path,
+                ChangeKind.additional_properties_closed if closing else ChangeKind.additional_properties_opened,
+                f"additionalProperties {text[o]} -> {text[n]}",
+            )
 
-    def _items(self, old: dict[str, Any], new: dict[str, Any], path: str | None,
-               active: frozenset[tuple[str, ...]], depth: int) -> None:
+    def _items(
+        self, old: dict[str, Any], new: dict[str, Any], path: str | None, active: frozenset[tuple[str, ...]], depth: int
+    ) -> None:
         p = items_path(path or "")
         o, n = old.get("items"), new.get("items")
         if isinstance(o, list) or isinstance(n, list):  # the pre-2020 tuple form: compared whole
@@ -431,8 +521,11 @@ class _Differ:
         elif o is not None and n is not None:
             self.compare(o, n, p, active, depth + 1)
         elif o is not None or n is not None:
-            self.add(path, ChangeKind.keyword_added if n is not None else ChangeKind.keyword_removed,
-                     f"items {'constrained' if n is not None else 'constraint removed'}")
+            self.add(
+                path,
+                ChangeKind.keyword_added if n is not None else ChangeKind.keyword_removed,
+                f"items {'constrained' if n is not None else 'constraint removed'}",
+            )
         ol, nl = old.get("prefixItems") or [], new.get("prefixItems") or []
         for i in range(min(len(ol), len(nl))):
             self.compare(ol[i], nl[i], p, active, depth + 1)
@@ -441,25 +534,41 @@ class _Differ:
         elif len(ol) > len(nl):
             self.add(path, ChangeKind.keyword_removed, f"prefixItems {len(ol)} -> {len(nl)} positions")
 
-    def _options(self, old: dict[str, Any], new: dict[str, Any], path: str | None, kw: str,
-                 active: frozenset[tuple[str, ...]], depth: int) -> None:
+    def _options(
+        self,
+        old: dict[str, Any],
+        new: dict[str, Any],
+        path: str | None,
+        kw: str,
+        active: frozenset[tuple[str, ...]],
+        depth: int,
+    ) -> None:
         ol, nl = old.get(kw), new.get(kw)
         if not isinstance(ol, list) and not isinstance(nl, list):
             return
         conjunction = kw == "allOf"  # a subschema more is a constraint more
         if not isinstance(ol, list) or not isinstance(nl, list):
-            self.add(path, ChangeKind.keyword_added if isinstance(nl, list) else ChangeKind.keyword_removed,
-                     f"{kw} {'added' if isinstance(nl, list) else 'removed'}")
+            self.add(
+                path,
+                ChangeKind.keyword_added if isinstance(nl, list) else ChangeKind.keyword_removed,
+                f"{kw} {'added' if isinstance(nl, list) else 'removed'}",
+            )
             return
         pairs, left, right = _match_options(ol, nl, self.old_root, self.new_root)
         for o, n in pairs:
             self.compare(o, n, path, active, depth + 1)
         for o in left:
-            self.add(path, ChangeKind.keyword_removed if conjunction else ChangeKind.option_removed,
-                     f"{kw} option {_describe(o)} removed")
+            self.add(
+                path,
+                ChangeKind.keyword_removed if conjunction else ChangeKind.option_removed,
+                f"{kw} option {_describe(o)} removed",
+            )
         for n in right:
-            self.add(path, ChangeKind.keyword_added if conjunction else ChangeKind.option_added,
-                     f"{kw} option {_describe(n)} added")
+            self.add(
+                path,
+                ChangeKind.keyword_added if conjunction else ChangeKind.option_added,
+                f"{kw} option {_describe(n)} added",
+            )
 
     def _whole(self, old: dict[str, Any], new: dict[str, Any], path: str | None, kw: str) -> None:
         if kw not in old and kw not in new:
@@ -484,14 +593,23 @@ def _signature(option: Any, root: Any) -> bytes:
     node, _ = deref(option, root)
     if not isinstance(node, dict):
         return canonical_json(node)
-    consts = {k: canonical_json(sub.get("const")) for k, sub in (node.get("properties") or {}).items()
-              if isinstance(sub, dict) and "const" in sub}
-    return canonical_json({"type": normalize_schema({"type": node.get("type")})["type"],
-                           "const": node.get("const"), "discriminators": {k: v.decode() for k, v in consts.items()}})
+    consts = {
+        k: canonical_json(sub.get("const"))
+        for k, sub in (node.get("properties") or {}).items()
+        if isinstance(sub, dict) and "const" in sub
+    }
+    return canonical_json(
+        {
+            "type": normalize_schema({"type": node.get("type")})["type"],
+            "const": node.get("const"),
+            "discriminators": {k: v.decode() for k, v in consts.items()},
+        }
+    )
 
 
-def _match_options(old: list[Any], new: list[Any], old_root: Any,
-                   new_root: Any) -> tuple[list[tuple[Any, Any]], list[Any], list[Any]]:
+def _match_options(
+    old: list[Any], new: list[Any], old_root: Any, new_root: Any
+) -> tuple[list[tuple[Any, Any]], list[Any], list[Any]]:
     """Pair options that are the same (exactly), then alike (same signature, or the only ones left)."""
     left = list(old)
     right = list(new)

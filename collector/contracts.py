@@ -83,31 +83,98 @@ from .store import Store
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "ANNOTATION_KEYWORDS", "Contract", "ContractConflict", "ContractError", "ContractInvalid",
-    "ContractNotFound", "ContractToolAmbiguous", "ContractValidator", "RegisteredContract", "SchemaFacts", "Tool",
-    "ToolFormat", "ValidatorCache", "Violation", "canonical_json", "contract_from_document", "declared_facts",
-    "get_contract", "list_contracts", "normalize_schema", "parse_contract", "read_contract", "register_contract",
+    "ANNOTATION_KEYWORDS",
+    "Contract",
+    "ContractConflict",
+    "ContractError",
+    "ContractInvalid",
+    "ContractNotFound",
+    "ContractToolAmbiguous",
+    "ContractValidator",
+    "RegisteredContract",
+    "SchemaFacts",
+    "Tool",
+    "ToolFormat",
+    "ValidatorCache",
+    "Violation",
+    "canonical_json",
+    "contract_from_document",
+    "declared_facts",
+    "get_contract",
+    "list_contracts",
+    "normalize_schema",
+    "parse_contract",
+    "read_contract",
+    "register_contract",
     "resolve_ref",
 ]
 
 #: Keywords that describe rather than constrain: out of the invocation hash, in the discovery hash.
-ANNOTATION_KEYWORDS = frozenset({"title", "description", "default", "examples", "deprecated", "readOnly",
-                                 "writeOnly", "$comment"})
+ANNOTATION_KEYWORDS = frozenset(
+    {"title", "description", "default", "examples", "deprecated", "readOnly", "writeOnly", "$comment"}
+)
 _STRIPPED = ANNOTATION_KEYWORDS | {"$schema"}
 #: Keywords whose value maps names to subschemas.
 SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
 #: Keywords whose value is one subschema (``items`` may also be an array, in older drafts).
-SCHEMA_SINGLES = frozenset({"additionalProperties", "items", "additionalItems", "contains", "propertyNames", "not",
-                            "if", "then", "else", "unevaluatedItems", "unevaluatedProperties", "contentSchema"})
+SCHEMA_SINGLES = frozenset(
+    {
+        "additionalProperties",
+        "items",
+        "additionalItems",
+        "contains",
+        "propertyNames",
+        "not",
+        "if",
+        "then",
+        "else",
+        "unevaluatedItems",
+        "unevaluatedProperties",
+        "contentSchema",
+    }
+)
 #: Keywords whose value is an array of subschemas; the first three are sets (order never matters).
 SCHEMA_LISTS = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
 _UNORDERED_LISTS = frozenset({"allOf", "anyOf", "oneOf"})
 #: Every keyword of Draft 2020-12 (and ``definitions``/``additionalItems``) that is not an annotation.
-VALIDATION_KEYWORDS = SCHEMA_MAPS | SCHEMA_SINGLES | SCHEMA_LISTS | frozenset({
-    "$ref", "$id", "$anchor", "$dynamicRef", "$dynamicAnchor", "$vocabulary", "type", "enum", "const",
-    "multipleOf", "maximum", "exclusiveMaximum", "minimum", "exclusiveMinimum", "maxLength", "minLength", "pattern",
-    "maxItems", "minItems", "uniqueItems", "maxContains", "minContains", "maxProperties", "minProperties",
-    "required", "dependentRequired", "format", "contentEncoding", "contentMediaType"})
+VALIDATION_KEYWORDS = (
+    SCHEMA_MAPS
+    | SCHEMA_SINGLES
+    | SCHEMA_LISTS
+    | frozenset(
+        {
+            "$ref",
+            "$id",
+            "$anchor",
+            "$dynamicRef",
+            "$dynamicAnchor",
+            "$vocabulary",
+            "type",
+            "enum",
+            "const",
+            "multipleOf",
+            "maximum",
+            "exclusiveMaximum",
+            "minimum",
+            "exclusiveMinimum",
+            "maxLength",
+            "minLength",
+            "pattern",
+            "maxItems",
+            "minItems",
+            "uniqueItems",
+            "maxContains",
+            "minContains",
+            "maxProperties",
+            "minProperties",
+            "required",
+            "dependentRequired",
+            "format",
+            "contentEncoding",
+            "contentMediaType",
+        }
+    )
+)
 
 _SCHEMA_HINTS = VALIDATION_KEYWORDS | {"$schema"}
 
@@ -122,6 +189,7 @@ def _sha256(value: Any) -> str:
 
 
 # --- reading --------------------------------------------------------------------------------
+
 
 class ToolFormat(str, Enum):
     """The form a schema came in."""
@@ -152,8 +220,13 @@ class Tool:
         return self.name if self.name is not None else "(schema)"
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "description": self.description, "format": self.format.value,
-                "strict": self.strict, "schema": self.schema}
+        return {
+            "name": self.name,
+            "description": self.description,
+            "format": self.format.value,
+            "strict": self.strict,
+            "schema": self.schema,
+        }
 
 
 @dataclass(frozen=True)
@@ -176,15 +249,30 @@ class Contract:
 
     @cached_property
     def invocation_hash(self) -> str:
-        return _sha256({"catalog": self.catalog, "tools": sorted(
-            ({"name": t.name, "strict": t.strict, "schema": normalize_schema(t.schema)} for t in self.tools),
-            key=lambda t: canonical_json(t["name"]))})
+        return _sha256(
+            {
+                "catalog": self.catalog,
+                "tools": sorted(
+                    ({"name": t.name, "strict": t.strict, "schema": normalize_schema(t.schema)} for t in self.tools),
+                    key=lambda t: canonical_json(t["name"]),
+                ),
+            }
+        )
 
     @cached_property
     def discovery_hash(self) -> str:
-        return _sha256({"catalog": self.catalog, "tools": sorted(
-            ({"name": t.name, "description": t.description, "parameters": _annotations(t.schema)}
-             for t in self.tools), key=lambda t: canonical_json(t["name"]))})
+        return _sha256(
+            {
+                "catalog": self.catalog,
+                "tools": sorted(
+                    (
+                        {"name": t.name, "description": t.description, "parameters": _annotations(t.schema)}
+                        for t in self.tools
+                    ),
+                    key=lambda t: canonical_json(t["name"]),
+                ),
+            }
+        )
 
     def tool(self, name: str | None = None, *, where: str = "the contract") -> Tool:
         """The tool an output belongs to: see ``ContractValidator`` for the rule."""
@@ -239,8 +327,15 @@ def contract_from_document(doc: Any, *, where: str = "contract") -> Contract:
 
 
 def _json_kind(v: Any) -> str:
-    return {type(None): "null", bool: "a boolean", int: "a number", float: "a number", str: "a string",
-            list: "an array", dict: "an object"}.get(type(v), type(v).__name__)
+    return {
+        type(None): "null",
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+        str: "a string",
+        list: "an array",
+        dict: "an object",
+    }.get(type(v), type(v).__name__)
 
 
 def _catalog_tools(doc: dict[str, Any]) -> list[Any] | None:
@@ -263,8 +358,11 @@ def _catalog(items: list[Any], where: str) -> Contract:
             raise ContractInvalid(at, f"not a tool definition (found {_json_kind(item)})")
         tool = _tool(item, at)
         if tool is None:
-            raise ContractInvalid(at, "not a tool definition (no name with parameters, input_schema or "
-                                      "inputSchema); a catalog holds tools, not bare schemas")
+            raise ContractInvalid(
+                at,
+                "not a tool definition (no name with parameters, input_schema or "
+                "inputSchema); a catalog holds tools, not bare schemas",
+            )
         assert tool.name is not None
         if tool.name in seen:
             raise ContractInvalid(where, f"two tools are named {tool.name!r}")
@@ -297,8 +395,11 @@ def _tool(doc: dict[str, Any], where: str) -> Tool | None:
     if "name" in doc and "parameters" in doc and "type" not in doc:  # legacy OpenAI `functions` entry
         return _make_tool(doc, where, ToolFormat.openai_function, "parameters")
     if "name" in doc and not any(k in doc for k in _SCHEMA_HINTS):
-        raise ContractInvalid(where, f"tool {doc['name']!r} has no schema (expected parameters, input_schema "
-                                     "or inputSchema holding its JSON Schema)")
+        raise ContractInvalid(
+            where,
+            f"tool {doc['name']!r} has no schema (expected parameters, input_schema "
+            "or inputSchema holding its JSON Schema)",
+        )
     return None
 
 
@@ -308,8 +409,11 @@ def _make_tool(doc: dict[str, Any], where: str, fmt: ToolFormat, key: str, *, st
         raise ContractInvalid(where, f"a {fmt.value} without a name")
     at = f"{where}: tool {name!r}"
     if key not in doc:
-        raise ContractInvalid(at, f"no {key!r}: a tool without a schema (a tool without arguments declares "
-                                  '{"type": "object", "properties": {}})')
+        raise ContractInvalid(
+            at,
+            f"no {key!r}: a tool without a schema (a tool without arguments declares "
+            '{"type": "object", "properties": {}})',
+        )
     schema = doc[key]
     if not isinstance(schema, dict):
         raise ContractInvalid(at, f"{key!r} is not a JSON object (found {_json_kind(schema)})")
@@ -327,11 +431,13 @@ def _check_schema(schema: dict[str, Any], where: str) -> None:
         Draft202012Validator.check_schema(schema)
     except SchemaError as exc:
         location = "/".join(str(p) for p in exc.path)
-        raise ContractInvalid(where, f"not a valid Draft 2020-12 JSON Schema"
-                                     f"{' at /' + location if location else ''}: {exc.message}") from None
+        raise ContractInvalid(
+            where, f"not a valid Draft 2020-12 JSON Schema{' at /' + location if location else ''}: {exc.message}"
+        ) from None
 
 
 # --- normalization and annotations -----------------------------------------------------------
+
 
 def normalize_schema(schema: Any) -> Any:
     """The schema as it validates: annotations stripped, sets sorted (module docstring)."""
@@ -432,6 +538,7 @@ def deref(node: Any, root: Any) -> tuple[Any, tuple[str, ...]]:
 
 # --- declared facts (enums, optional fields) ------------------------------------------------
 
+
 @dataclass(frozen=True)
 class SchemaFacts:
     """What a schema declares per path: enum values, and which fields are optional or required.
@@ -484,11 +591,13 @@ def declared_facts(schema: dict[str, Any]) -> SchemaFacts:
                 walk(node[kw], path, active, depth + 1)
 
     walk(schema, None, frozenset(), 0)
-    return SchemaFacts({p: tuple(v.values()) for p, v in sorted(enums.items())}, frozenset(optional - required),
-                       frozenset(required))
+    return SchemaFacts(
+        {p: tuple(v.values()) for p, v in sorted(enums.items())}, frozenset(optional - required), frozenset(required)
+    )
 
 
 # --- validation ------------------------------------------------------------------------------
+
 
 class Violation(NamedTuple):
     """Where an output breaks its contract (shapewatch path; None: the output itself) and which keyword."""
@@ -530,7 +639,7 @@ class ContractValidator:
             try:
                 fast(output)
                 return []  # valid: the common case, about 50x cheaper than jsonschema's walk
-            except Exception:  # noqa: BLE001 - invalid, or a check it cannot make: jsonschema decides
+            except Exception:
                 pass
         validator = self._validators[name]
         found: dict[Violation, None] = {}
@@ -554,9 +663,24 @@ class ContractValidator:
 
 # Keywords whose meaning differs between draft 7 (fastjsonschema's) and 2020-12, or that only
 # 2020-12 has: a schema using any of them is always checked by jsonschema alone.
-_NOT_DRAFT7 = frozenset({"prefixItems", "unevaluatedItems", "unevaluatedProperties", "dependentSchemas",
-                         "dependentRequired", "$dynamicRef", "$dynamicAnchor", "$recursiveRef", "$recursiveAnchor",
-                         "minContains", "maxContains", "$vocabulary", "$anchor", "$id"})
+_NOT_DRAFT7 = frozenset(
+    {
+        "prefixItems",
+        "unevaluatedItems",
+        "unevaluatedProperties",
+        "dependentSchemas",
+        "dependentRequired",
+        "$dynamicRef",
+        "$dynamicAnchor",
+        "$recursiveRef",
+        "$recursiveAnchor",
+        "minContains",
+        "maxContains",
+        "$vocabulary",
+        "$anchor",
+        "$id",
+    }
+)
 
 
 # Keywords fastjsonschema runs with Python's backtracking ``re`` (schema_check.py runs them on RE2).
@@ -568,11 +692,17 @@ def _draft7_compatible(node: Any) -> bool:
         return all(_draft7_compatible(x) for x in node)
     if not isinstance(node, dict):
         return True
-    if _NOT_DRAFT7 & node.keys() or isinstance(node.get("items"), list) or (
-            "$ref" in node and node.keys() - ANNOTATION_KEYWORDS - {"$ref"}):
+    if (
+        _NOT_DRAFT7 & node.keys()
+        or isinstance(node.get("items"), list)
+        or ("$ref" in node and node.keys() - ANNOTATION_KEYWORDS - {"$ref"})
+    ):
         return False  # (a $ref's siblings apply in 2020-12, not in draft 7; annotations never do)
-    if _PYTHON_RE & node.keys() or node.get("format") == "regex" or (
-            isinstance(node.get("$ref"), str) and not node["$ref"].startswith("#")):
+    if (
+        _PYTHON_RE & node.keys()
+        or node.get("format") == "regex"
+        or (isinstance(node.get("$ref"), str) and not node["$ref"].startswith("#"))
+    ):
         return False  # fastjsonschema would run the pattern on Python's re, or fetch the reference
     return all(_draft7_compatible(v) for v in node.values())
 
@@ -590,7 +720,7 @@ def _fast_validator(schema: Any) -> Callable[[Any], Any] | None:
 
         draft7 = {k: v for k, v in schema.items() if k != "$schema"} if isinstance(schema, dict) else schema
         return cast(Callable[[Any], Any], fastjsonschema.compile(draft7, use_default=False))
-    except Exception:  # noqa: BLE001 - a schema it cannot compile is checked by jsonschema alone
+    except Exception:
         return None
 
 
@@ -613,9 +743,7 @@ def _without_false(schema: Any) -> Any:
             out[k] = {name: _without_false(sub) for name, sub in v.items()}
         elif (k in SCHEMA_LISTS or k in SCHEMA_SINGLES) and isinstance(v, list):
             out[k] = [_without_false(sub) for sub in v]
-        elif k in SCHEMA_SINGLES and k not in _FALSE_KEPT:
-            out[k] = _without_false(v)
-        elif k in _FALSE_KEPT and isinstance(v, dict):
+        elif (k in SCHEMA_SINGLES and k not in _FALSE_KEPT) or (k in _FALSE_KEPT and isinstance(v, dict)):
             out[k] = _without_false(v)
         else:
             out[k] = v
@@ -727,8 +855,13 @@ class ValidatorCache:
             # under multipleOf) leaves this output unchecked and fails nothing.
             if (contract, version) not in self._failed:
                 self._failed.add((contract, version))
-                log.warning("checking an output against contract %r version %r raised; such outputs are "
-                            "counted unchecked (logged once per version)", contract, version, exc_info=True)
+                log.warning(
+                    "checking an output against contract %r version %r raised; such outputs are "
+                    "counted unchecked (logged once per version)",
+                    contract,
+                    version,
+                    exc_info=True,
+                )
             return ContractStatus.unchecked, []
         return (ContractStatus.invalid if found else ContractStatus.valid), found
 
@@ -744,7 +877,6 @@ class ValidatorCache:
 
 
 # --- the registry ----------------------------------------------------------------------------
-
 
 
 @dataclass(frozen=True)
@@ -771,13 +903,19 @@ class RegisteredContract:
 
     def summary(self) -> dict[str, Any]:
         """The listing form: everything but the document."""
-        return {"contract": self.contract, "version": self.version, "catalog": self.definition.catalog,
-                "tools": [t.name for t in self.definition.tools],
-                "formats": sorted({t.format.value for t in self.definition.tools}),
-                "invocation_hash": self.invocation_hash, "discovery_hash": self.discovery_hash,
-                "content_hash": self.content_hash,
-                "registered_at": self.registered_at.astimezone(UTC).isoformat().replace("+00:00", "Z"),
-                "author": self.author, "note": self.note}
+        return {
+            "contract": self.contract,
+            "version": self.version,
+            "catalog": self.definition.catalog,
+            "tools": [t.name for t in self.definition.tools],
+            "formats": sorted({t.format.value for t in self.definition.tools}),
+            "invocation_hash": self.invocation_hash,
+            "discovery_hash": self.discovery_hash,
+            "content_hash": self.content_hash,
+            "registered_at": self.registered_at.astimezone(UTC).isoformat().replace("+00:00", "Z"),
+            "author": self.author,
+            "note": self.note,
+        }
 
     def to_json(self) -> dict[str, Any]:
         return {**self.summary(), "document": self.definition.document}
@@ -790,9 +928,16 @@ def _check_name(what: str, value: str) -> None:
         raise ContractInvalid(what, "must be at most 200 characters")
 
 
-def register_contract(store: Store, contract: str, version: str, document: Contract | Any, *,
-                      author: str | None = None, note: str | None = None,
-                      now: datetime | None = None) -> tuple[RegisteredContract, bool]:
+def register_contract(
+    store: Store,
+    contract: str,
+    version: str,
+    document: Contract | Any,
+    *,
+    author: str | None = None,
+    note: str | None = None,
+    now: datetime | None = None,
+) -> tuple[RegisteredContract, bool]:
     """Register ``document`` (a Contract, or a parsed JSON document) as ``contract`` ``version``.
 
     Returns the registered version and whether it is new. Registering the same
@@ -805,19 +950,33 @@ def register_contract(store: Store, contract: str, version: str, document: Contr
     _check_name("the contract version", version)
     definition = document if isinstance(document, Contract) else contract_from_document(document)
     for t in definition.tools:  # what the bounded engine cannot check is refused now, not met at ingest
-        prepare_schema(t.schema, where=f"contract {contract!r} version {version!r}"
-                                       f"{'' if t.name is None else f': tool {t.name!r}'}")
+        prepare_schema(
+            t.schema, where=f"contract {contract!r} version {version!r}{'' if t.name is None else f': tool {t.name!r}'}"
+        )
     content = definition.content_hash
     with store.transaction(f"registering contract {contract!r} version {version!r}") as con:
-        row = con.execute("SELECT content_hash FROM contract_versions WHERE contract = ? AND version = ?",
-                          [contract, version]).fetchone()
+        row = con.execute(
+            "SELECT content_hash FROM contract_versions WHERE contract = ? AND version = ?", [contract, version]
+        ).fetchone()
         if row is not None and row[0] != content:
             raise ContractConflict(contract, version, str(row[0]), content)
         if row is None:
-            con.execute("INSERT INTO contract_versions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", [
-                contract, version, canonical_json(definition.document).decode(), content, definition.catalog,
-                orjson.dumps([t.to_json() for t in definition.tools], option=orjson.OPT_SORT_KEYS).decode(),
-                definition.invocation_hash, definition.discovery_hash, now or datetime.now(UTC), author, note])
+            con.execute(
+                "INSERT INTO contract_versions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    contract,
+                    version,
+                    canonical_json(definition.document).decode(),
+                    content,
+                    definition.catalog,
+                    orjson.dumps([t.to_json() for t in definition.tools], option=orjson.OPT_SORT_KEYS).decode(),
+                    definition.invocation_hash,
+                    definition.discovery_hash,
+                    now or datetime.now(UTC),
+                    author,
+                    note,
+                ],
+            )
     store.contract_validators.forget_miss(contract, version)
     return get_contract(store, contract, version), row is None
 
@@ -828,14 +987,16 @@ _COLUMNS = "contract, version, document, invocation_hash, discovery_hash, conten
 def _registered(row: tuple[Any, ...]) -> RegisteredContract:
     contract, version, document = str(row[0]), str(row[1]), orjson.loads(row[2])
     definition = contract_from_document(document, where=f"stored contract {contract!r} version {version!r}")
-    return RegisteredContract(contract, version, definition, str(row[3]), str(row[4]), str(row[5]), row[6],
-                              row[7], row[8])
+    return RegisteredContract(
+        contract, version, definition, str(row[3]), str(row[4]), str(row[5]), row[6], row[7], row[8]
+    )
 
 
 def get_contract(store: Store, contract: str, version: str) -> RegisteredContract:
     """The registered version, or ``ContractNotFound``."""
-    rows = store.query(f"SELECT {_COLUMNS} FROM contract_versions WHERE contract = ? AND version = ?",
-                       [contract, version])
+    rows = store.query(
+        f"SELECT {_COLUMNS} FROM contract_versions WHERE contract = ? AND version = ?", [contract, version]
+    )
     if not rows:
         raise ContractNotFound(contract, version)
     return _registered(rows[0])
@@ -843,6 +1004,9 @@ def get_contract(store: Store, contract: str, version: str) -> RegisteredContrac
 
 def list_contracts(store: Store, contract: str | None = None) -> list[RegisteredContract]:
     """Every registered version (of one contract), by contract, oldest registration first."""
-    rows = store.query(f"SELECT {_COLUMNS} FROM contract_versions WHERE ? IS NULL OR contract = ? "
-                       "ORDER BY contract, registered_at, version", [contract, contract])
+    rows = store.query(
+        f"SELECT {_COLUMNS} FROM contract_versions WHERE ? IS NULL OR contract = ? "
+        "ORDER BY contract, registered_at, version",
+        [contract, contract],
+    )
     return [_registered(r) for r in rows]

@@ -30,6 +30,7 @@ above. tests/collector/test_scanner.py holds it to that way's envelopes.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import re
@@ -41,32 +42,31 @@ from typing import Any, NamedTuple, NoReturn
 
 import orjson
 
-from . import _speedups
+from .accel import speedups as _speedups
 from .errors import BatchTooLarge, EnvelopeInvalid, FieldError
 from .flatten import json_type_of
 from .settings import Settings
 
 __all__ = [
-    "Envelope",
-    "Limits",
     "LIMITS",
     "SOURCES",
-    "parse_envelope",
-    "parse_body",
-    "validate_envelope",
+    "TS_END",
+    "TS_MIN",
+    "Envelope",
+    "Limits",
+    "envelope_json_schema",
     "limits_from_settings",
     "loads_marking",
-    "envelope_json_schema",
+    "parse_body",
+    "parse_envelope",
     "payload_hash",
     "tag_problem",
-    "TS_MIN",
-    "TS_END",
+    "validate_envelope",
 ]
 
 SOURCES = frozenset({"production", "probe", "shadow"})
 _TAGS = ("served_model", "contract_version", "run_id", "agent_release", "finish_reason")
-_KNOWN = frozenset(
-    {"event_id", "ts", "model", "prompt_version", "contract", "output", "source", "attributes", *_TAGS})
+_KNOWN = frozenset({"event_id", "ts", "model", "prompt_version", "contract", "output", "source", "attributes", *_TAGS})
 _MAX_SAFE_INT = 2**64  # orjson parses up to u64; beyond that it silently yields a float
 #: The times ``ts`` may name, from TS_MIN up to, not including, TS_END: a ts in year 1 or 9999
 #: was stored and then could not be read back.
@@ -102,9 +102,14 @@ LIMITS = Limits()
 
 def limits_from_settings(s: Settings) -> Limits:
     return Limits(
-        max_event_bytes=s.max_event_bytes, max_depth=s.max_depth,
-        max_array_length=s.max_array_length, max_key_length=s.max_key_length,
-        max_leaves=s.max_leaves, max_attributes=s.max_attributes, max_tag_length=s.max_tag_length)
+        max_event_bytes=s.max_event_bytes,
+        max_depth=s.max_depth,
+        max_array_length=s.max_array_length,
+        max_key_length=s.max_key_length,
+        max_leaves=s.max_leaves,
+        max_attributes=s.max_attributes,
+        max_tag_length=s.max_tag_length,
+    )
 
 
 class Envelope(NamedTuple):
@@ -142,23 +147,43 @@ def envelope_json_schema(lim: Limits) -> dict[str, Any]:
     (a time zone on ``ts`` and its range, nesting, leaves and 64-bit integers inside ``output``, an id
     reused with another payload) is checked by ``validate_envelope`` and answered 422.
     """
-    tag = {"type": "string", "minLength": 1, "maxLength": lim.max_tag_length,
-           "pattern": "^[^\\x00]*\\S[^\\x00]*$", "description": "no NUL, not only white space"}
+    tag = {
+        "type": "string",
+        "minLength": 1,
+        "maxLength": lim.max_tag_length,
+        "pattern": "^[^\\x00]*\\S[^\\x00]*$",
+        "description": "no NUL, not only white space",
+    }
     optional = {**tag, "type": ["string", "null"]}  # null means absent
     return {
-        "type": "object", "additionalProperties": False, "required": ["model", "prompt_version", "output"],
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["model", "prompt_version", "output"],
         "properties": {
-            "event_id": {"type": ["string", "null"], "minLength": 1, "maxLength": 128, "pattern": "\\S",
-                         "description": "the idempotency key: created once per event, before any retry"},
-            "ts": {"type": ["string", "null"], "format": "date-time",
-                   "description": f"ISO 8601 with a zone, naming a time from {TS_MIN:%Y-%m-%dT%H:%M:%SZ} up to, "
-                                  f"not including, {TS_END:%Y-%m-%dT%H:%M:%SZ}; default: receipt"},
-            "model": tag, "prompt_version": tag, "contract": {**optional, "default": "default"},
-            **{t: optional for t in _TAGS},
+            "event_id": {
+                "type": ["string", "null"],
+                "minLength": 1,
+                "maxLength": 128,
+                "pattern": "\\S",
+                "description": "the idempotency key: created once per event, before any retry",
+            },
+            "ts": {
+                "type": ["string", "null"],
+                "format": "date-time",
+                "description": f"ISO 8601 with a zone, naming a time from {TS_MIN:%Y-%m-%dT%H:%M:%SZ} up to, "
+                f"not including, {TS_END:%Y-%m-%dT%H:%M:%SZ}; default: receipt",
+            },
+            "model": tag,
+            "prompt_version": tag,
+            "contract": {**optional, "default": "default"},
+            **dict.fromkeys(_TAGS, optional),
             "source": {"enum": [*sorted(SOURCES), None]},
-            "attributes": {"type": ["object", "null"], "maxProperties": lim.max_attributes,
-                           "propertyNames": {"maxLength": 64},
-                           "additionalProperties": {"type": "string", "maxLength": lim.max_tag_length}},
+            "attributes": {
+                "type": ["object", "null"],
+                "maxProperties": lim.max_attributes,
+                "propertyNames": {"maxLength": 64},
+                "additionalProperties": {"type": "string", "maxLength": lim.max_tag_length},
+            },
             "output": {"type": "object", "description": "the structured output itself"},
         },
     }
@@ -208,8 +233,9 @@ def loads_marking(text: str | bytes) -> Any:
     number too large for a float (``1e400``), which Python's parser would make infinite
     (orjson refuses it too).
     """
-    return json.loads(text, object_pairs_hook=_pairs, parse_int=_int, parse_float=_finite_float,
-                      parse_constant=_no_constant)
+    return json.loads(
+        text, object_pairs_hook=_pairs, parse_int=_int, parse_float=_finite_float, parse_constant=_no_constant
+    )
 
 
 def _finite_float(text: str) -> float:
@@ -259,7 +285,7 @@ class _Bad(Exception):
 class _Walk:
     """Counts keys and leaves and enforces limits; names the field on failure."""
 
-    __slots__ = ("lim", "keys", "leaves", "huge_float")
+    __slots__ = ("huge_float", "keys", "leaves", "lim")
 
     def __init__(self, lim: Limits) -> None:
         self.lim = lim
@@ -285,7 +311,9 @@ class _Walk:
         elif t is _DupKeys:
             raise _Bad("duplicate_key", "duplicate key", [_key(v.dup)])
         else:
-            raise _Bad("number_too_large", f"integer with {v.digits} digits is too large to keep exactly (64-bit limit)")
+            raise _Bad(
+                "number_too_large", f"integer with {v.digits} digits is too large to keep exactly (64-bit limit)"
+            )
         leaves = 0
         for k, x in items:
             if maxk >= 0 and len(k) > maxk:
@@ -301,8 +329,7 @@ class _Walk:
                 leaves += 1
                 if tx is float and not -9.2e18 < x < 9.2e18:
                     if not math.isfinite(x):  # only from a Python object: no parser here makes one
-                        raise _Bad("invalid_value", f"{x} is not a JSON number",
-                                   [_key(k) if maxk >= 0 else f"[{k}]"])
+                        raise _Bad("invalid_value", f"{x} is not a JSON number", [_key(k) if maxk >= 0 else f"[{k}]"])
                     self.huge_float = True
         self.leaves += leaves
         if self.leaves > lim.max_leaves:
@@ -333,7 +360,9 @@ def _tag(obj: dict[str, Any], name: str, errors: list[FieldError], lim: Limits, 
     elif not v.strip():
         errors.append(FieldError(name, "must not be empty", code="invalid_value"))
     elif len(v) > lim.max_tag_length:
-        errors.append(FieldError(name, f"is {len(v)} characters long; the limit is {lim.max_tag_length}", code="too_large"))
+        errors.append(
+            FieldError(name, f"is {len(v)} characters long; the limit is {lim.max_tag_length}", code="too_large")
+        )
     else:
         errors.append(FieldError(name, "must not contain NUL characters", code="invalid_value"))
     return None
@@ -362,7 +391,9 @@ def _parse_ts(v: Any, errors: list[FieldError], now: datetime) -> datetime:
     if v is None:
         return now
     if type(v) is not str:
-        errors.append(FieldError("ts", f"must be an ISO 8601 string with a zone, got {_jtype(v)}", code="invalid_timestamp"))
+        errors.append(
+            FieldError("ts", f"must be an ISO 8601 string with a zone, got {_jtype(v)}", code="invalid_timestamp")
+        )
         return now
     try:
         ts = datetime.fromisoformat(v.upper())  # RFC 3339 allows a lowercase 't' and 'z'
@@ -370,21 +401,33 @@ def _parse_ts(v: Any, errors: list[FieldError], now: datetime) -> datetime:
         errors.append(FieldError("ts", f"{v[:40]!r} is not an ISO 8601 timestamp", code="invalid_timestamp"))
         return now
     if ts.tzinfo is None:
-        errors.append(FieldError("ts", f"{v[:40]!r} has no time zone; add 'Z' or an offset like +00:00", code="invalid_timestamp"))
+        errors.append(
+            FieldError("ts", f"{v[:40]!r} has no time zone; add 'Z' or an offset like +00:00", code="invalid_timestamp")
+        )
         return now
     try:
         utc: datetime | None = ts.astimezone(UTC)
     except OverflowError:
         utc = None
     if utc is None or not TS_MIN <= utc < TS_END:
-        errors.append(FieldError("ts", f"{v[:40]!r} is outside the accepted range: from {TS_MIN:%Y-%m-%dT%H:%M:%SZ} "
-                                 f"up to, not including, {TS_END:%Y-%m-%dT%H:%M:%SZ}", code="invalid_timestamp"))
+        errors.append(
+            FieldError(
+                "ts",
+                f"{v[:40]!r} is outside the accepted range: from {TS_MIN:%Y-%m-%dT%H:%M:%SZ} "
+                f"up to, not including, {TS_END:%Y-%m-%dT%H:%M:%SZ}",
+                code="invalid_timestamp",
+            )
+        )
         return now
     return utc
 
 
 def validate_envelope(
-    obj: Any, lim: Limits, *, keys_seen: list[int] | None = None, now: datetime | None = None,
+    obj: Any,
+    lim: Limits,
+    *,
+    keys_seen: list[int] | None = None,
+    now: datetime | None = None,
     default_id: str | Callable[[], str] | None = None,
 ) -> Envelope:
     """Check one parsed envelope; raise EnvelopeInvalid naming every failing field.
@@ -392,11 +435,26 @@ def validate_envelope(
     ``keys_seen`` (a one-item counter) accumulates the keys of the document so
     the caller can run the duplicate-key test over a whole body at once.
     """
-    fast = _speedups.check_envelope(obj, lim.max_tag_length, lim.max_depth, lim.max_array_length,
-                                    lim.max_key_length, lim.max_leaves)
+    fast = _speedups.check_envelope(
+        obj, lim.max_tag_length, lim.max_depth, lim.max_array_length, lim.max_key_length, lim.max_leaves
+    )
     if fast is not None:  # plainly valid (the C twin of the rules below): skip to the end
-        (event_id, ts, model, prompt_version, contract, served_model, contract_version, source, run_id,
-         agent_release, finish_reason, output, keys, huge) = fast
+        (
+            event_id,
+            ts,
+            model,
+            prompt_version,
+            contract,
+            served_model,
+            contract_version,
+            source,
+            run_id,
+            agent_release,
+            finish_reason,
+            output,
+            keys,
+            huge,
+        ) = fast
         if keys_seen is not None:
             keys_seen[0] += keys
             if huge:
@@ -404,9 +462,20 @@ def validate_envelope(
         generated = event_id is None
         if event_id is None:
             event_id = (default_id() if callable(default_id) else default_id) or uuid.uuid4().hex
-        return _finish(lim, event_id, generated, ts or now or datetime.now(UTC), model, prompt_version,
-                       contract or "default", ts, source, None, output,
-                       (served_model, contract_version, run_id, agent_release, finish_reason))
+        return _finish(
+            lim,
+            event_id,
+            generated,
+            ts or now or datetime.now(UTC),
+            model,
+            prompt_version,
+            contract or "default",
+            ts,
+            source,
+            None,
+            output,
+            (served_model, contract_version, run_id, agent_release, finish_reason),
+        )
     return _validate_slowly(obj, lim, keys_seen=keys_seen, now=now, default_id=default_id)
 
 
@@ -414,7 +483,11 @@ _UNKNOWN_NAMED = 5
 
 
 def _validate_slowly(
-    obj: Any, lim: Limits, *, keys_seen: list[int] | None = None, now: datetime | None = None,
+    obj: Any,
+    lim: Limits,
+    *,
+    keys_seen: list[int] | None = None,
+    now: datetime | None = None,
     default_id: str | Callable[[], str] | None = None,
 ) -> Envelope:
     """``validate_envelope`` itself: the reference for every rule and every error message."""
@@ -422,24 +495,32 @@ def _validate_slowly(
     if type(obj) is _DupKeys:
         raise EnvelopeInvalid([FieldError(obj.dup, "duplicate key", code="duplicate_key")])
     if type(obj) is not dict:
-        raise EnvelopeInvalid([FieldError("", f"an envelope must be a JSON object, got {_jtype(obj)}", code="wrong_type")])
+        raise EnvelopeInvalid(
+            [FieldError("", f"an envelope must be a JSON object, got {_jtype(obj)}", code="wrong_type")]
+        )
     errors: list[FieldError] = []
     unknown = [] if _KNOWN.issuperset(obj) else [k for k in obj if k not in _KNOWN]
     # A few are named; the rest counted in one line: each name would otherwise be an error of
     # its own, and 95,000 keys made a 20 MB reply.
     for k in unknown[:_UNKNOWN_NAMED]:
-        errors.append(FieldError(k[:80], "unknown envelope field; known fields: " + ", ".join(sorted(_KNOWN)),
-                                 code="unknown_field"))
+        errors.append(
+            FieldError(
+                k[:80], "unknown envelope field; known fields: " + ", ".join(sorted(_KNOWN)), code="unknown_field"
+            )
+        )
     if len(unknown) > _UNKNOWN_NAMED:
-        errors.append(FieldError("", f"{len(unknown) - _UNKNOWN_NAMED} more unknown envelope fields",
-                                 code="unknown_field"))
+        errors.append(
+            FieldError("", f"{len(unknown) - _UNKNOWN_NAMED} more unknown envelope fields", code="unknown_field")
+        )
     model = _tag(obj, "model", errors, lim, True)
     prompt_version = _tag(obj, "prompt_version", errors, lim, True)
     contract = _tag(obj, "contract", errors, lim, False) or "default"
     tags = {n: _tag(obj, n, errors, lim, False) for n in _TAGS}
     source = _tag(obj, "source", errors, lim, False)
     if source is not None and source not in SOURCES:
-        errors.append(FieldError("source", f"{source[:40]!r} is not one of {', '.join(sorted(SOURCES))}", code="invalid_value"))
+        errors.append(
+            FieldError("source", f"{source[:40]!r} is not one of {', '.join(sorted(SOURCES))}", code="invalid_value")
+        )
     event_id = obj.get("event_id")
     generated = event_id is None
     if generated:
@@ -456,17 +537,30 @@ def _validate_slowly(
         if type(attrs) is _DupKeys:
             errors.append(FieldError("attributes." + attrs.dup, "duplicate key", code="duplicate_key"))
         elif type(attrs) is not dict:
-            errors.append(FieldError("attributes", f"must be an object of strings, got {_jtype(attrs)}", code="wrong_type"))
+            errors.append(
+                FieldError("attributes", f"must be an object of strings, got {_jtype(attrs)}", code="wrong_type")
+            )
         elif len(attrs) > lim.max_attributes:
-            errors.append(FieldError("attributes", f"has {len(attrs)} entries; the limit is {lim.max_attributes}", code="too_large"))
+            errors.append(
+                FieldError(
+                    "attributes", f"has {len(attrs)} entries; the limit is {lim.max_attributes}", code="too_large"
+                )
+            )
         else:
             before = len(errors)
             for k, v in attrs.items():
                 if type(v) is not str:
-                    errors.append(FieldError(f"attributes.{k[:64]}", f"must be a string, got {_jtype(v)}", code="wrong_type"))
+                    errors.append(
+                        FieldError(f"attributes.{k[:64]}", f"must be a string, got {_jtype(v)}", code="wrong_type")
+                    )
                 elif len(v) > lim.max_tag_length or len(k) > 64:
-                    errors.append(FieldError(f"attributes.{k[:64]}", "key over 64 or value over "
-                                             f"{lim.max_tag_length} characters", code="too_large"))
+                    errors.append(
+                        FieldError(
+                            f"attributes.{k[:64]}",
+                            f"key over 64 or value over {lim.max_tag_length} characters",
+                            code="too_large",
+                        )
+                    )
             if len(errors) == before:  # only strings: nothing the exact re-parse marked
                 attributes_json = orjson.dumps(attrs, option=orjson.OPT_SORT_KEYS).decode()
     if "output" not in obj:
@@ -479,8 +573,7 @@ def _validate_slowly(
         elif type(output) is not dict:
             errors.append(FieldError("output", f"must be a JSON object, got {_jtype(output)}", code="wrong_type"))
         else:
-            fast = _speedups.walk(output, lim.max_depth, lim.max_array_length, lim.max_key_length,
-                                  lim.max_leaves)
+            fast = _speedups.walk(output, lim.max_depth, lim.max_array_length, lim.max_key_length, lim.max_leaves)
             if fast is not None:
                 walk.keys, walk.leaves, walk.huge_float = fast[0], fast[1], bool(fast[2])
             else:  # something is off: the Python walk names it
@@ -498,36 +591,94 @@ def _validate_slowly(
         raise exc
     assert isinstance(event_id, str) and model and prompt_version
     assert isinstance(output, dict)
-    return _finish(lim, event_id, generated, ts, model, prompt_version, contract,
-                   None if obj.get("ts") is None else ts, source, attributes_json, output,
-                   (tags["served_model"], tags["contract_version"], tags["run_id"], tags["agent_release"],
-                    tags["finish_reason"]))
+    return _finish(
+        lim,
+        event_id,
+        generated,
+        ts,
+        model,
+        prompt_version,
+        contract,
+        None if obj.get("ts") is None else ts,
+        source,
+        attributes_json,
+        output,
+        (tags["served_model"], tags["contract_version"], tags["run_id"], tags["agent_release"], tags["finish_reason"]),
+    )
 
 
-def _finish(lim: Limits, event_id: str, generated: bool, ts: datetime, model: str, prompt_version: str, contract: str,
-            ts_given: datetime | None, source: str | None, attributes_json: str | None, output: dict[str, Any],
-            tags: tuple[str | None, str | None, str | None, str | None, str | None]) -> Envelope:
+def _finish(
+    lim: Limits,
+    event_id: str,
+    generated: bool,
+    ts: datetime,
+    model: str,
+    prompt_version: str,
+    contract: str,
+    ts_given: datetime | None,
+    source: str | None,
+    attributes_json: str | None,
+    output: dict[str, Any],
+    tags: tuple[str | None, str | None, str | None, str | None, str | None],
+) -> Envelope:
     """The envelope of validated fields: the output's text and the payload hash."""
     try:
         output_bytes = orjson.dumps(output)
         sorted_bytes = orjson.dumps(output, option=orjson.OPT_SORT_KEYS)
     except orjson.JSONEncodeError as err:  # only from a Python-built dict: a lone surrogate
-        _refuse(FieldError("output", f"holds text that is not valid Unicode ({err})", "invalid_value"),
-                None if generated else event_id)
+        _refuse(
+            FieldError("output", f"holds text that is not valid Unicode ({err})", "invalid_value"),
+            None if generated else event_id,
+        )
     if len(output_bytes) > lim.max_event_bytes:  # an output built by a provider adapter has no line either
-        _refuse(FieldError("output", f"is {len(output_bytes)} bytes; the limit for one envelope is "
-                           f"{lim.max_event_bytes}", "too_large"), None if generated else event_id)
+        _refuse(
+            FieldError(
+                "output",
+                f"is {len(output_bytes)} bytes; the limit for one envelope is {lim.max_event_bytes}",
+                "too_large",
+            ),
+            None if generated else event_id,
+        )
     served_model, contract_version, run_id, agent_release, finish_reason = tags
-    return Envelope(event_id, generated, ts, model, prompt_version, contract, output_bytes.decode(),
-                    payload_hash(sorted_bytes, model, prompt_version, contract,
-                                 None if ts_given is None else _epoch_us(ts_given), source, attributes_json, tags),
-                    served_model, contract_version, source, run_id, agent_release, finish_reason, attributes_json,
-                    output)
+    return Envelope(
+        event_id,
+        generated,
+        ts,
+        model,
+        prompt_version,
+        contract,
+        output_bytes.decode(),
+        payload_hash(
+            sorted_bytes,
+            model,
+            prompt_version,
+            contract,
+            None if ts_given is None else _epoch_us(ts_given),
+            source,
+            attributes_json,
+            tags,
+        ),
+        served_model,
+        contract_version,
+        source,
+        run_id,
+        agent_release,
+        finish_reason,
+        attributes_json,
+        output,
+    )
 
 
-def payload_hash(sorted_output: bytes, model: str, prompt_version: str, contract: str, ts_us: int | None,
-                 source: str | None, attributes_json: str | None,
-                 tags: tuple[str | None, str | None, str | None, str | None, str | None]) -> str:
+def payload_hash(
+    sorted_output: bytes,
+    model: str,
+    prompt_version: str,
+    contract: str,
+    ts_us: int | None,
+    source: str | None,
+    attributes_json: str | None,
+    tags: tuple[str | None, str | None, str | None, str | None, str | None],
+) -> str:
     """The payload identity: what tells a retry (same payload) from a reused ``event_id``.
 
     It covers what the client sent, formatting aside: the output as canonical JSON with the keys
@@ -579,7 +730,7 @@ def _locate(raw: bytes, exc: orjson.JSONDecodeError, base: str) -> tuple[str, st
         text = raw.decode()
         pos = exc.pos  # orjson counts characters
     except UnicodeDecodeError as bad:  # orjson's message for this ("surrogates") misleads
-        text = raw[:bad.start].decode()
+        text = raw[: bad.start].decode()
         pos = len(text)
         msg = f"invalid UTF-8 (byte 0x{raw[bad.start]:02x} at offset {bad.start})"
     if pos > _LOCATE_LIMIT:
@@ -622,16 +773,20 @@ def _path_at(text: str, pos: int, base: str) -> str:
     return "".join(parts).lstrip(".")
 
 
-def parse_envelope(raw: bytes, lim: Limits, *, now: datetime | None = None,
-                   default_id: str | Callable[[], str] | None = None) -> Envelope:
+def parse_envelope(
+    raw: bytes, lim: Limits, *, now: datetime | None = None, default_id: str | Callable[[], str] | None = None
+) -> Envelope:
     """Parse and validate one envelope given as JSON text (a JSONL line, an HTTP body)."""
     if len(raw) > lim.max_event_bytes:
-        raise EnvelopeInvalid([FieldError("", f"envelope is {len(raw)} bytes; the limit is {lim.max_event_bytes}", code="too_large")],
-                              status=413)
+        raise EnvelopeInvalid(
+            [FieldError("", f"envelope is {len(raw)} bytes; the limit is {lim.max_event_bytes}", code="too_large")],
+            status=413,
+        )
     # The common case in one pass of C over the text (no parsed output at all); anything it
     # is not sure of goes the reference way, which accepts it or names the fault.
-    fast = _speedups.scan_envelope(raw, lim.max_tag_length, lim.max_depth, lim.max_array_length,
-                                   lim.max_key_length, lim.max_leaves)
+    fast = _speedups.scan_envelope(
+        raw, lim.max_tag_length, lim.max_depth, lim.max_array_length, lim.max_key_length, lim.max_leaves
+    )
     if fast is not None:
         return _scanned(fast, now, default_id)
     return _parse_reference(raw, lim, now=now, default_id=default_id)
@@ -639,18 +794,47 @@ def parse_envelope(raw: bytes, lim: Limits, *, now: datetime | None = None,
 
 def _scanned(fast: tuple[Any, ...], now: datetime | None, default_id: str | Callable[[], str] | None) -> Envelope:
     """The envelope of what ``_speedups.scan_envelope`` read: its output is never parsed."""
-    (event_id, ts, model, prompt_version, contract, served_model, contract_version, source, run_id,
-     agent_release, finish_reason, output_json, payload_hash) = fast
+    (
+        event_id,
+        ts,
+        model,
+        prompt_version,
+        contract,
+        served_model,
+        contract_version,
+        source,
+        run_id,
+        agent_release,
+        finish_reason,
+        output_json,
+        payload_hash,
+    ) = fast
     generated = event_id is None
     if event_id is None:
         event_id = (default_id() if callable(default_id) else default_id) or uuid.uuid4().hex
-    return Envelope(event_id, generated, ts or now or datetime.now(UTC), model, prompt_version, contract or "default",
-                    output_json, payload_hash, served_model, contract_version, source, run_id, agent_release,
-                    finish_reason, None, None)
+    return Envelope(
+        event_id,
+        generated,
+        ts or now or datetime.now(UTC),
+        model,
+        prompt_version,
+        contract or "default",
+        output_json,
+        payload_hash,
+        served_model,
+        contract_version,
+        source,
+        run_id,
+        agent_release,
+        finish_reason,
+        None,
+        None,
+    )
 
 
-def _parse_reference(raw: bytes, lim: Limits, *, now: datetime | None = None,
-                     default_id: str | Callable[[], str] | None = None) -> Envelope:
+def _parse_reference(
+    raw: bytes, lim: Limits, *, now: datetime | None = None, default_id: str | Callable[[], str] | None = None
+) -> Envelope:
     """``parse_envelope`` the reference way: orjson's parse, then ``validate_envelope``."""
     obj = _loads(raw, "")
     counter = [0, 0]
@@ -669,8 +853,9 @@ def _parse_reference(raw: bytes, lim: Limits, *, now: datetime | None = None,
     return env
 
 
-def parse_body(raw: bytes, lim: Limits, *, ndjson: bool, now: datetime | None = None,
-               max_items: int | None = None) -> Iterator[Envelope | EnvelopeInvalid]:
+def parse_body(
+    raw: bytes, lim: Limits, *, ndjson: bool, now: datetime | None = None, max_items: int | None = None
+) -> Iterator[Envelope | EnvelopeInvalid]:
     """Split an HTTP body into validated envelopes or the error of each item, in order.
 
     A body is one envelope, a JSON array of envelopes, or NDJSON (one per line).
@@ -713,8 +898,9 @@ def parse_body(raw: bytes, lim: Limits, *, ndjson: bool, now: datetime | None = 
     for i, obj in enumerate(items):
         try:
             if spans is not None and (size := spans[i][1] - spans[i][0]) > lim.max_event_bytes:
-                big = EnvelopeInvalid([FieldError("", f"envelope is {size} bytes; the limit is "
-                                                  f"{lim.max_event_bytes}", code="too_large")])
+                big = EnvelopeInvalid(
+                    [FieldError("", f"envelope is {size} bytes; the limit is {lim.max_event_bytes}", code="too_large")]
+                )
                 event_id = obj.get("event_id") if type(obj) is dict else None
                 big.event_id = event_id[:128] if type(event_id) is str else None
                 raise big
@@ -752,8 +938,8 @@ def _scan_items(raw: bytes, lim: Limits, now: datetime, max_items: int | None) -
     if not spans or (max_items is not None and len(spans) > max_items):
         return None
     # item_spans finds where items start and end; the text between them must be the array's own
-    gaps = [raw[:spans[0][0]].strip() == b"[", raw[spans[-1][1]:].strip() == b"]"]
-    if not all(gaps) or any(raw[a[1]:b[0]].strip() != b"," for a, b in zip(spans, spans[1:], strict=False)):
+    gaps = [raw[: spans[0][0]].strip() == b"[", raw[spans[-1][1] :].strip() == b"]"]
+    if not all(gaps) or any(raw[a[1] : b[0]].strip() != b"," for a, b in itertools.pairwise(spans)):
         return None
     view = memoryview(raw)
     args = (lim.max_tag_length, lim.max_depth, lim.max_array_length, lim.max_key_length, lim.max_leaves)

@@ -9,17 +9,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = [
-    "FieldError",
-    "ShapewatchError",
-    "EnvelopeInvalid",
-    "StoreError",
-    "StoreLocked",
-    "StoreVersionTooNew",
-    "StoreUnavailable",
     "BatchTooLarge",
+    "EnvelopeInvalid",
+    "FieldError",
     "ImportInputError",
     "QuarantineUnwritable",
     "SettingsInvalid",
+    "ShapewatchError",
+    "StoreError",
+    "StoreLocked",
+    "StoreUnavailable",
+    "StoreVersionTooNew",
 ]
 
 
@@ -106,7 +106,8 @@ class StoreInvalidated(StoreError):
             self,
             f"DuckDB invalidated the database after a fatal error while {doing} ({' '.join(str(cause).split())[:300]}); "
             "nothing acknowledged is lost, but this process cannot use the file again: the service stops, "
-            "and a restart (once the cause, such as a full disk, is fixed) recovers it")
+            "and a restart (once the cause, such as a full disk, is fixed) recovers it",
+        )
         self.doing = doing
 
 
@@ -145,6 +146,7 @@ class SettingsInvalid(ShapewatchError, ValueError):
 
 # --- contracts (collector/contracts.py); exported from there -------------------------------
 
+
 class ContractError(ShapewatchError, ValueError):
     """A contract (JSON Schema or tool definition) could not be read, registered or used as asked."""
 
@@ -177,7 +179,8 @@ class ContractConflict(ContractError):
         super().__init__(
             f"contract {contract!r} version {version!r} is already registered with different content "
             f"(stored {stored[:12]}..., given {given[:12]}...); registered versions never change: "
-            f"register the new content under a new version")
+            f"register the new content under a new version"
+        )
 
 
 class ContractToolAmbiguous(ContractError, LookupError):
@@ -185,5 +188,6 @@ class ContractToolAmbiguous(ContractError, LookupError):
 
     def __init__(self, where: str, tools: list[str]) -> None:
         self.where, self.tools = where, tools
-        super().__init__(f"{where} holds {len(tools)} tools ({', '.join(tools)}); "
-                         f"name the tool whose arguments the output is")
+        super().__init__(
+            f"{where} holds {len(tools)} tools ({', '.join(tools)}); name the tool whose arguments the output is"
+        )

@@ -25,8 +25,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-__all__ = ["JsonType", "Observation", "flatten_output", "join_key", "items_path", "pointer_for_key",
-           "json_type_of"]
+__all__ = ["JsonType", "Observation", "flatten_output", "items_path", "join_key", "json_type_of", "pointer_for_key"]
 
 
 class JsonType(str, Enum):

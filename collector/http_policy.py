@@ -76,9 +76,13 @@ class BodyLimits:
 
     @classmethod
     def from_settings(cls, s: Settings) -> BodyLimits:
-        return cls(ingest_bytes=s.max_body_bytes, document_bytes=s.max_document_bytes,
-                   admin_bytes=s.max_admin_body_bytes, idle_seconds=s.body_idle_seconds,
-                   total_seconds=s.body_total_seconds)
+        return cls(
+            ingest_bytes=s.max_body_bytes,
+            document_bytes=s.max_document_bytes,
+            admin_bytes=s.max_admin_body_bytes,
+            idle_seconds=s.body_idle_seconds,
+            total_seconds=s.body_total_seconds,
+        )
 
     @property
     def held_bytes(self) -> int:
@@ -134,29 +138,40 @@ class BodyPolicy:
             if done:  # what follows the body: a disconnect, whenever it comes
                 return await receive()
             if declared is not None and declared.isdigit() and int(declared) > limit:
-                raise BodyRefused(413, f"body is {int(declared)} bytes; the limit is {limit}",
-                                  FieldError("body", "too large", "body_too_large"))
+                raise BodyRefused(
+                    413,
+                    f"body is {int(declared)} bytes; the limit is {limit}",
+                    FieldError("body", "too large", "body_too_large"),
+                )
             # A client that stops sending (or drips a byte at a time) must not hold a connection
             # and its bytes for ever: 408 after a pause, or past the deadline.
             wait = min(limits.idle_seconds, deadline - time.monotonic())
             try:
                 message = await asyncio.wait_for(receive(), max(wait, 0.001))
             except TimeoutError:
-                raise BodyRefused(408, f"the body did not arrive in time (no data for {limits.idle_seconds:g} s, "
-                                       f"or not all of it within {limits.total_seconds:g} s)",
-                                  FieldError("body", "too slow", "body_timeout")) from None
+                raise BodyRefused(
+                    408,
+                    f"the body did not arrive in time (no data for {limits.idle_seconds:g} s, "
+                    f"or not all of it within {limits.total_seconds:g} s)",
+                    FieldError("body", "too slow", "body_timeout"),
+                ) from None
             if message["type"] != "http.request":
                 done = True
                 return message
             n = len(message.get("body", b""))
             size += n
             if size > limit:  # no or false Content-Length: stop reading at the limit
-                raise BodyRefused(413, f"body exceeds the limit of {limit} bytes",
-                                  FieldError("body", "too large", "body_too_large"))
+                raise BodyRefused(
+                    413, f"body exceeds the limit of {limit} bytes", FieldError("body", "too large", "body_too_large")
+                )
             if self.held + n > limits.held_bytes:
-                raise BodyRefused(503, f"the service is receiving {self.held} bytes of request bodies, its limit "
-                                       f"({limits.held_bytes}); retry shortly",
-                                  FieldError("body", "too many bodies at once", "busy"), {"Retry-After": "1"})
+                raise BodyRefused(
+                    503,
+                    f"the service is receiving {self.held} bytes of request bodies, its limit "
+                    f"({limits.held_bytes}); retry shortly",
+                    FieldError("body", "too many bodies at once", "busy"),
+                    {"Retry-After": "1"},
+                )
             self.held += n
             held[0] += n
             done = not message.get("more_body", False)
@@ -168,11 +183,19 @@ class BodyPolicy:
             self.held -= held[0]
 
 
-_BUSY = orjson.dumps({"error": {"status": 503, "message": "the service holds its most connections, all of them "
-                                "busy; retry shortly", "fields": [{"path": "connection", "reason": "too many "
-                                                                                                   "connections"}]}})
-_BUSY_RESPONSE = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n"
-                  b"connection: close\r\ncontent-length: " + str(len(_BUSY)).encode() + b"\r\n\r\n" + _BUSY)
+_BUSY = orjson.dumps(
+    {
+        "error": {
+            "status": 503,
+            "message": "the service holds its most connections, all of them busy; retry shortly",
+            "fields": [{"path": "connection", "reason": "too many connections"}],
+        }
+    }
+)
+_BUSY_RESPONSE = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n"
+    b"connection: close\r\ncontent-length: " + str(len(_BUSY)).encode() + b"\r\n\r\n" + _BUSY
+)
 
 
 class _Holders:

@@ -43,7 +43,7 @@ from typing import IO, Any
 
 import orjson
 
-from ._speedups import scan_lines
+from .accel import speedups
 from .envelope import Envelope, Limits, parse_envelope
 from .errors import EnvelopeInvalid, FieldError, ImportInputError, QuarantineUnwritable, StoreError
 from .store import PreparedBatch, Store, WriteStatus
@@ -81,10 +81,14 @@ class ImportSummary:
     unreadable: list[ImportInputError] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"accepted": self.accepted, "duplicate": self.duplicate, "rejected": self.rejected,
-                "rejected_by_reason": dict(sorted(self.rejected_by_reason.items())),
-                "quarantine": self.quarantine,
-                "unreadable": [{"file": str(e.path), "error": str(e)} for e in self.unreadable]}
+        return {
+            "accepted": self.accepted,
+            "duplicate": self.duplicate,
+            "rejected": self.rejected,
+            "rejected_by_reason": dict(sorted(self.rejected_by_reason.items())),
+            "quarantine": self.quarantine,
+            "unreadable": [{"file": str(e.path), "error": str(e)} for e in self.unreadable],
+        }
 
 
 def quarantine_path(db_path: Path, source: Path) -> Path:
@@ -129,8 +133,9 @@ class _Lines:
             try:
                 data = d.decompress(pending, _READ_BLOCK)
             except zlib.error as exc:
-                raise OSError(f"not a gzip file ({exc})" if not out else
-                              f"corrupt gzip data after {out:,} bytes ({exc})") from None
+                raise OSError(
+                    f"not a gzip file ({exc})" if not out else f"corrupt gzip data after {out:,} bytes ({exc})"
+                ) from None
             out += len(data)
             fed = True
             pending = d.unconsumed_tail
@@ -201,9 +206,16 @@ def _file_key(path: Path) -> str:
     return hashlib.blake2b(str(path.resolve()).encode(), digest_size=8).hexdigest()
 
 
-def import_files(paths: list[Path], store: Store, limits: Limits, *,
-                 progress: Callable[[int], None] | None = None, batch_size: int = _BATCH,
-                 summary: ImportSummary | None = None, tx_batches: int = _TX_BATCHES) -> ImportSummary:
+def import_files(
+    paths: list[Path],
+    store: Store,
+    limits: Limits,
+    *,
+    progress: Callable[[int], None] | None = None,
+    batch_size: int = _BATCH,
+    summary: ImportSummary | None = None,
+    tx_batches: int = _TX_BATCHES,
+) -> ImportSummary:
     """Import every file (a path given twice, once); return the summary.
 
     A file that cannot be read to its end is listed in ``unreadable``, the lines read before
@@ -243,8 +255,15 @@ def import_files(paths: list[Path], store: Store, limits: Limits, *,
     return summary
 
 
-def _import_one(path: Path, store: Store, limits: Limits, summary: ImportSummary,
-                progress: Callable[[int], None] | None, batch_size: int, tx_batches: int) -> None:
+def _import_one(
+    path: Path,
+    store: Store,
+    limits: Limits,
+    summary: ImportSummary,
+    progress: Callable[[int], None] | None,
+    batch_size: int,
+    tx_batches: int,
+) -> None:
     qpath = quarantine_path(store.path, path)
     try:
         qpath.parent.mkdir(parents=True, exist_ok=True)
@@ -254,7 +273,7 @@ def _import_one(path: Path, store: Store, limits: Limits, summary: ImportSummary
     try:
         # The store's conflicts, "line_number payload_hash" a line, in line order: spilled to a file,
         # so that a file of conflicts (the same ids with new payloads) is imported in bounded memory.
-        conflicted = tempfile.TemporaryFile("w+", dir=qpath.parent)
+        conflicted = tempfile.TemporaryFile("w+", dir=qpath.parent)  # noqa: SIM115  closed in the finally below
     except OSError as exc:
         quarantine.close()
         raise QuarantineUnwritable(qpath, path, exc) from exc
@@ -291,8 +310,9 @@ def _import_one(path: Path, store: Store, limits: Limits, summary: ImportSummary
                     pass
                 continue
             try:
-                for results, (batch, numbers) in zip(store.write_batches(group(taken), merge=False), taken,
-                                                     strict=True):
+                for results, (batch, numbers) in zip(
+                    store.write_batches(group(taken), merge=False), taken, strict=True
+                ):
                     if len(results) != len(numbers):
                         raise RuntimeError(f"the store answered {len(results)} results for {len(numbers)} lines")
                     # Counted in C (this thread's Python takes the GIL from the reading thread, the
@@ -301,9 +321,11 @@ def _import_one(path: Path, store: Store, limits: Limits, summary: ImportSummary
                     summary.accepted += counts[WriteStatus.accepted]
                     summary.duplicate += counts[WriteStatus.duplicate]
                     if counts[WriteStatus.conflict]:
-                        found = [f"{n} {payload_hash}\n" for r, n, payload_hash
-                                 in zip(results, numbers, batch.hashes, strict=True)
-                                 if r.status is WriteStatus.conflict]
+                        found = [
+                            f"{n} {payload_hash}\n"
+                            for r, n, payload_hash in zip(results, numbers, batch.hashes, strict=True)
+                            if r.status is WriteStatus.conflict
+                        ]
                         conflicted.writelines(found)
                         conflicts[0] += len(found)
                 if store.rollups_due:
@@ -340,23 +362,34 @@ def _import_one(path: Path, store: Store, limits: Limits, summary: ImportSummary
             merger.start()
             reported = 0
             n = 0  # the number of the last line read
-            args = (limits.max_event_bytes, limits.max_tag_length, limits.max_depth, limits.max_array_length,
-                    limits.max_key_length, limits.max_leaves)
+            args = (
+                limits.max_event_bytes,
+                limits.max_tag_length,
+                limits.max_depth,
+                limits.max_array_length,
+                limits.max_key_length,
+                limits.max_leaves,
+            )
             for chunk in reader.chunks():
                 if progress is not None and reader.consumed - reported >= 1 << 20:
                     progress(reader.consumed - reported)  # per MiB, not per line: a call per line costs a few %
                     reported = reader.consumed
                 at = 0
                 while at < len(chunk) and not failure:
-                    # The plain lines in C, a block at a time (scan_lines: the reading loop, the scan,
+                    # The plain lines in C, a block at a time (speedups.scan_lines: the reading loop, the scan,
                     # the envelope); a line it declines goes the reference way, here.
                     room = min(batch_size - len(batch), _ADD_EVERY) - len(parsed)
-                    at, n, start, end = scan_lines(chunk, at, n, prefix, Envelope, now, room, parsed, origin, *args)
+                    at, n, start, end = speedups.scan_lines(
+                        chunk, at, n, prefix, Envelope, now, room, parsed, origin, *args
+                    )
                     if start >= 0:
                         stripped = bytes(chunk[start:end]).strip()
                         try:
-                            parsed.append(parse_envelope(stripped, limits, now=now,
-                                                         default_id=partial(_line_id, prefix, n, stripped)))
+                            parsed.append(
+                                parse_envelope(
+                                    stripped, limits, now=now, default_id=partial(_line_id, prefix, n, stripped)
+                                )
+                            )
                             origin.append(n)
                         except EnvelopeInvalid as exc:
                             rejected_here += 1
@@ -406,8 +439,9 @@ def _import_one(path: Path, store: Store, limits: Limits, summary: ImportSummary
         raise ImportInputError(path, reader.error)
 
 
-def _conflict_entries(path: Path, conflicted: Iterable[tuple[int, str]], limits: Limits, now: datetime,
-                      prefix: str) -> Iterator[bytes]:
+def _conflict_entries(
+    path: Path, conflicted: Iterable[tuple[int, str]], limits: Limits, now: datetime, prefix: str
+) -> Iterator[bytes]:
     """The quarantine entries of the lines the store refused as conflicts ((line number, payload
     hash) in line order, as batches are stored), their text read again from the file in one
     pass. A line that no longer reads as the envelope imported (the file changed meanwhile) is
@@ -426,8 +460,12 @@ def _conflict_entries(path: Path, conflicted: Iterable[tuple[int, str]], limits:
             continue
         stripped = line.strip()
         try:
-            same = parse_envelope(stripped, limits, now=now, default_id=partial(_line_id, prefix, n, stripped)
-                                  ).payload_hash == pending[1]
+            same = (
+                parse_envelope(
+                    stripped, limits, now=now, default_id=partial(_line_id, prefix, n, stripped)
+                ).payload_hash
+                == pending[1]
+            )
         except EnvelopeInvalid:
             same = False
         yield _quarantine_line(path, n, [reason] if same else [reason, _CHANGED], stripped)
@@ -444,8 +482,7 @@ _CHANGED = FieldError("", "the file changed during the import: this is not the t
 def _quarantine_line(path: Path, n: int, fields: list[FieldError], raw: bytes) -> bytes:
     """One rejected line: where it was, each reason with its code (the summary's keys), and the
     line itself; a line that is not UTF-8 also as base64, byte for byte."""
-    entry: dict[str, Any] = {"file": str(path), "line": n,
-                             "errors": [{**f.as_dict(), "code": f.code} for f in fields]}
+    entry: dict[str, Any] = {"file": str(path), "line": n, "errors": [{**f.as_dict(), "code": f.code} for f in fields]}
     try:
         entry["raw"] = raw.decode()
     except UnicodeDecodeError:

@@ -33,27 +33,42 @@ class CollectorMetrics:
         self._pairs: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
         self.events = Counter(
-            "shapewatch_events_total", "Events received, by outcome, model and prompt version.",
-            ["outcome", "model", "prompt_version"], registry=registry)
+            "shapewatch_events_total",
+            "Events received, by outcome, model and prompt version.",
+            ["outcome", "model", "prompt_version"],
+            registry=registry,
+        )
         self.rejected = Counter(
-            "shapewatch_events_rejected_total", "Events rejected, by reason code.", ["reason"],
-            registry=registry)
+            "shapewatch_events_rejected_total", "Events rejected, by reason code.", ["reason"], registry=registry
+        )
         self.dedup_hits = Counter(
-            "shapewatch_dedup_hits_total", "Events whose event_id was already stored (retries).",
-            registry=registry)
+            "shapewatch_dedup_hits_total", "Events whose event_id was already stored (retries).", registry=registry
+        )
         self.provider_outcomes = Counter(
             "shapewatch_provider_outcomes_total",
             "Provider responses that yielded no usable output, by provider and kind.",
-            ["provider", "kind"], registry=registry)
+            ["provider", "kind"],
+            registry=registry,
+        )
         self.request_seconds = Histogram(
-            "shapewatch_request_seconds", "HTTP ingest request latency.", ["route"], registry=registry,
-            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+            "shapewatch_request_seconds",
+            "HTTP ingest request latency.",
+            ["route"],
+            registry=registry,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+        )
         self.batch_events = Histogram(
-            "shapewatch_commit_batch_events", "Events per group-commit transaction.", registry=registry,
-            buckets=(1, 5, 10, 50, 100, 500, 1000, 5000, 10000, 50000))
+            "shapewatch_commit_batch_events",
+            "Events per group-commit transaction.",
+            registry=registry,
+            buckets=(1, 5, 10, 50, 100, 500, 1000, 5000, 10000, 50000),
+        )
         self.commit_seconds = Histogram(
-            "shapewatch_commit_seconds", "Time to store and commit one batch.", registry=registry,
-            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+            "shapewatch_commit_seconds",
+            "Time to store and commit one batch.",
+            registry=registry,
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+        )
 
     def _labels(self, model: str, prompt_version: str) -> tuple[str, str]:
         pair = (model, prompt_version)
@@ -97,9 +112,11 @@ class UncheckedOutputs(Collector):
 
     def collect(self) -> Iterator[Metric]:
         counts = dict(self._read())
-        family = CounterMetricFamily("shapewatch_contract_unchecked_outputs",
-                                     "Outputs of registered contract versions not checked, by reason.",
-                                     labels=["reason"])
+        family = CounterMetricFamily(
+            "shapewatch_contract_unchecked_outputs",
+            "Outputs of registered contract versions not checked, by reason.",
+            labels=["reason"],
+        )
         for reason in self.REASONS:
             family.add_metric([reason], counts.get(reason, 0))
         yield family

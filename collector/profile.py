@@ -140,14 +140,17 @@ class Profile:
     @property
     def live_contract_version(self) -> str | None:
         """The registered contract version most outputs were tagged with, if any."""
-        counts = {v: sum(n for s, n in by.items() if s in ("valid", "invalid", "unchecked"))
-                  for v, by in self.contract_checks.items()}
+        counts = {
+            v: sum(n for s, n in by.items() if s in ("valid", "invalid", "unchecked"))
+            for v, by in self.contract_checks.items()
+        }
         counts = {v: n for v, n in counts.items() if n}
         return max(sorted(counts), key=lambda v: counts[v]) if counts else None
 
 
-def contract_changes(store: Store, cohort_id: int | None, since: datetime, until: datetime
-                     ) -> dict[int, list[dict[str, Any]]]:
+def contract_changes(
+    store: Store, cohort_id: int | None, since: datetime, until: datetime
+) -> dict[int, list[dict[str, Any]]]:
     """Contract versions each cohort's outputs (or one cohort's) were first tagged with inside
     ``[since, until)``, by cohort id.
 
@@ -162,12 +165,14 @@ def contract_changes(store: Store, cohort_id: int | None, since: datetime, until
         where, params = "AND cohort_id = ?", [cohort_id, since, until]
     out: dict[int, list[dict[str, Any]]] = {}
     for c, v, t in store.query(
-            f"""WITH firsts AS (SELECT cohort_id, contract_version, min(bucket) AS first FROM contract_rollups
+        f"""WITH firsts AS (SELECT cohort_id, contract_version, min(bucket) AS first FROM contract_rollups
                                 WHERE status <> 'untagged' {where} GROUP BY ALL),
                     starts AS (SELECT cohort_id, min(first) AS start FROM firsts GROUP BY ALL)
                 SELECT cohort_id, contract_version, first FROM firsts JOIN starts USING (cohort_id)
                 WHERE first >= ? AND first < ? AND first > start
-                ORDER BY cohort_id, first, contract_version""", params):
+                ORDER BY cohort_id, first, contract_version""",
+        params,
+    ):
         out.setdefault(int(c), []).append({"version": str(v), "first_seen": t})
     return out
 
@@ -181,11 +186,13 @@ def served_aliases(store: Store) -> dict[tuple[str, str, str], list[tuple[str, s
     """
     out: dict[tuple[str, str, str], list[tuple[str, str, str]]] = {}
     for served, prompt_version, contract, model, _ in store.query(
-            """SELECT s.served_model, c.prompt_version, c.contract, c.model, sum(s.n) AS n
+        """SELECT s.served_model, c.prompt_version, c.contract, c.model, sum(s.n) AS n
                FROM served_models s JOIN cohorts c USING (cohort_id)
-               WHERE s.served_model <> c.model GROUP BY ALL ORDER BY n DESC, c.model"""):
+               WHERE s.served_model <> c.model GROUP BY ALL ORDER BY n DESC, c.model"""
+    ):
         out.setdefault((str(served), str(prompt_version), str(contract)), []).append(
-            (str(model), str(prompt_version), str(contract)))
+            (str(model), str(prompt_version), str(contract))
+        )
     return out
 
 
@@ -207,8 +214,9 @@ def read_profile(store: Store, cohort_id: int, since: datetime, until: datetime)
     return _read(store, cohort_id, since, until)[0]
 
 
-def _read(store: Store, cohort_id: int | None, since: datetime, until: datetime, *,
-          numbers: bool = True) -> list[Profile]:
+def _read(
+    store: Store, cohort_id: int | None, since: datetime, until: datetime, *, numbers: bool = True
+) -> list[Profile]:
     # One query per rollup table for every cohort at once: each scan of a table costs about
     # the same for one cohort as for all of them (measured: 3-6x less than a query per cohort).
     params: list[Any] = [since, until]
@@ -216,54 +224,90 @@ def _read(store: Store, cohort_id: int | None, since: datetime, until: datetime,
     if cohort_id is not None:
         where += " AND cohort_id = ?"
         params.append(cohort_id)
-    events = {int(c): int(n) for c, n in store.query(
-        f"SELECT cohort_id, sum(events)::BIGINT FROM cohort_buckets WHERE {where} GROUP BY ALL", params)}
+    events = {
+        int(c): int(n)
+        for c, n in store.query(
+            f"SELECT cohort_id, sum(events)::BIGINT FROM cohort_buckets WHERE {where} GROUP BY ALL", params
+        )
+    }
     lengths: dict[tuple[int, str], dict[int, int]] = {}
     for c, path, length, n in store.query(
-            f"SELECT cohort_id, path, length, sum(n)::BIGINT FROM array_rollups WHERE {where} GROUP BY ALL", params):
+        f"SELECT cohort_id, path, length, sum(n)::BIGINT FROM array_rollups WHERE {where} GROUP BY ALL", params
+    ):
         lengths.setdefault((c, path), {})[int(length)] = int(n)
     values: dict[tuple[int, str], dict[str, int]] = {}
     for c, path, value, n in store.query(
-            f"SELECT cohort_id, path, value, sum(n)::BIGINT FROM value_rollups WHERE {where} GROUP BY ALL", params):
+        f"SELECT cohort_id, path, value, sum(n)::BIGINT FROM value_rollups WHERE {where} GROUP BY ALL", params
+    ):
         values.setdefault((c, path), {})[value] = int(n)
     histograms: dict[tuple[int, str], dict[float, int]] = {}
-    for c, path, value, n in store.query(
-            f"SELECT cohort_id, path, value, sum(n)::BIGINT FROM number_rollups WHERE {where} GROUP BY ALL",
-            params) if numbers else []:
+    for c, path, value, n in (
+        store.query(
+            f"SELECT cohort_id, path, value, sum(n)::BIGINT FROM number_rollups WHERE {where} GROUP BY ALL", params
+        )
+        if numbers
+        else []
+    ):
         histograms.setdefault((c, path), {})[float(value)] = int(n)
     fields: dict[int, dict[str, FieldProfile]] = {}
     for row in store.query(
-            f"""SELECT cohort_id, path, scope, sum(present), sum(n_null), sum(n_boolean), sum(n_integer),
+        f"""SELECT cohort_id, path, scope, sum(present), sum(n_null), sum(n_boolean), sum(n_integer),
                        sum(n_number), sum(n_string), sum(n_array), sum(n_object), sum(long_strings),
                        sum(values_overflow)
                 FROM field_rollups WHERE {where} GROUP BY cohort_id, path, scope ORDER BY cohort_id, path""",
-            params):
+        params,
+    ):
         c, path, scope = int(row[0]), row[1], row[2]
         # The units of a path under an array are that array's items: the sum of its lengths.
         units = events.get(c, 0) if scope is None else sum(k * n for k, n in lengths.get((c, scope), {}).items())
         counts = [int(x) for x in row[3:]]
         types = {t: n for t, n in zip(TYPES, counts[1:8], strict=True) if n}
         fields.setdefault(c, {})[path] = FieldProfile(
-            path, scope, units, counts[0], types, counts[8], values.get((c, path), {}), counts[9],
-            lengths.get((c, path), {}), histograms.get((c, path), {}))
+            path,
+            scope,
+            units,
+            counts[0],
+            types,
+            counts[8],
+            values.get((c, path), {}),
+            counts[9],
+            lengths.get((c, path), {}),
+            histograms.get((c, path), {}),
+        )
     served: dict[int, dict[str, int]] = {}
     for c, m, n in store.query(
-            f"SELECT cohort_id, served_model, sum(n)::BIGINT FROM served_models WHERE {where} GROUP BY ALL",
-            params):
+        f"SELECT cohort_id, served_model, sum(n)::BIGINT FROM served_models WHERE {where} GROUP BY ALL", params
+    ):
         served.setdefault(int(c), {})[str(m)] = int(n)
     checks: dict[int, dict[str, dict[str, int]]] = {}
     for c, version, status, n in store.query(
-            f"SELECT cohort_id, contract_version, status, sum(n)::BIGINT FROM contract_rollups WHERE {where} "
-            "GROUP BY ALL", params):
+        f"SELECT cohort_id, contract_version, status, sum(n)::BIGINT FROM contract_rollups WHERE {where} GROUP BY ALL",
+        params,
+    ):
         checks.setdefault(int(c), {}).setdefault(str(version), {})[str(status)] = int(n)
     broken: dict[int, dict[str, dict[str, int]]] = {}
     for c, path, keyword, n in store.query(
-            f"SELECT cohort_id, coalesce(path, '$'), keyword, sum(n)::BIGINT FROM violation_rollups WHERE {where} "
-            "GROUP BY ALL", params):
+        f"SELECT cohort_id, coalesce(path, '$'), keyword, sum(n)::BIGINT FROM violation_rollups WHERE {where} "
+        "GROUP BY ALL",
+        params,
+    ):
         broken.setdefault(int(c), {}).setdefault(str(path), {})[str(keyword)] = int(n)
     wanted = [cohort_id] if cohort_id is not None else sorted(events)
-    names = {int(c): (str(m), str(p), str(k)) for c, m, p, k in store.query(
-        "SELECT cohort_id, model, prompt_version, contract FROM cohorts")}
-    return [Profile(c, *names[c], since, until, events.get(c, 0), fields.get(c, {}), served.get(c, {}),
-                    checks.get(c, {}), broken.get(c, {}))
-            for c in wanted]
+    names = {
+        int(c): (str(m), str(p), str(k))
+        for c, m, p, k in store.query("SELECT cohort_id, model, prompt_version, contract FROM cohorts")
+    }
+    return [
+        Profile(
+            c,
+            *names[c],
+            since,
+            until,
+            events.get(c, 0),
+            fields.get(c, {}),
+            served.get(c, {}),
+            checks.get(c, {}),
+            broken.get(c, {}),
+        )
+        for c in wanted
+    ]

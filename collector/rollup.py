@@ -49,13 +49,21 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
-import pyarrow.compute  # noqa: F401  (pa.compute)
+import pyarrow.compute
 
-from ._speedups import Acc, bucket_starts, group_ids
+from .accel import speedups
 from .flatten import items_path, join_key
 
-__all__ = ["ROLLUP_TABLES", "ContractCheck", "ContractStatus", "RollupConfig", "RollupBatch", "compact_rollups",
-           "merge_rollups", "number_bin"]
+__all__ = [
+    "ROLLUP_TABLES",
+    "ContractCheck",
+    "ContractStatus",
+    "RollupBatch",
+    "RollupConfig",
+    "compact_rollups",
+    "merge_rollups",
+    "number_bin",
+]
 
 
 class ContractStatus(str, Enum):
@@ -70,8 +78,9 @@ class ContractStatus(str, Enum):
 
 # (cohort, contract version, bucket epoch, output parsed or as JSON text) -> status and violations (path, JSON Schema
 # keyword): store.py's check.
-ContractCheck = Callable[[tuple[str, str, str], str, int, dict[str, Any] | str],
-                         tuple[ContractStatus, Sequence[tuple[str | None, str]]]]
+ContractCheck = Callable[
+    [tuple[str, str, str], str, int, dict[str, Any] | str], tuple[ContractStatus, Sequence[tuple[str | None, str]]]
+]
 
 
 @dataclass(frozen=True)
@@ -94,8 +103,17 @@ class RollupConfig:
     contract_check_budget_ms: float = 1000.0
 
 
-_FIELD_COLS = ["present", "n_null", "n_boolean", "n_integer", "n_number", "n_string", "n_array",
-               "n_object", "long_strings"]
+_FIELD_COLS = [
+    "present",
+    "n_null",
+    "n_boolean",
+    "n_integer",
+    "n_number",
+    "n_string",
+    "n_array",
+    "n_object",
+    "long_strings",
+]
 
 
 # Number bins: the C accumulator implements the same (see _speedups.c, NB_*).
@@ -136,7 +154,7 @@ def number_bin(x: float | int) -> float:
         return x
     k = math.ceil(math.log(a) / _LOG_GAMMA)
     try:
-        rep = 2.0 * _GAMMA ** k / (_GAMMA + 1.0)
+        rep = 2.0 * _GAMMA**k / (_GAMMA + 1.0)
     except OverflowError:
         rep = math.inf
     if math.isinf(rep):  # the top bin: gamma**(k-1) does not overflow
@@ -171,9 +189,15 @@ class RollupBatch:
     >>> batch.merge_into(con)                                    # doctest: +SKIP
     """
 
-    def __init__(self, cfg: RollupConfig, *, bucket_seconds: int, check: ContractCheck | None = None,
-                 registered: Callable[[str, str], bool] | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(
+        self,
+        cfg: RollupConfig,
+        *,
+        bucket_seconds: int,
+        check: ContractCheck | None = None,
+        registered: Callable[[str, str], bool] | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         self.cfg = cfg
         self._clock = clock  # times the contract checks (run_checks)
         self.bucket_seconds = bucket_seconds
@@ -196,20 +220,31 @@ class RollupBatch:
         self._groups: dict[tuple[str, str, str, str | None, int], int] = {}
         self._events: list[int] = []  # outputs per group: the units of the top scope
         self._served: dict[tuple[int, str], int] = {}  # (group, served model) -> outputs
-        # The namer is its own object, not a bound method of this batch: Acc is not tracked
-        # by the garbage collector, so a cycle batch -> Acc -> batch would never be freed.
-        self._acc: Acc | None = Acc(self._paths.name, cfg.enum_value_max_length)
+        # The namer is its own object, not a bound method of this batch: speedups.Acc is not tracked
+        # by the garbage collector, so a cycle batch -> speedups.Acc -> batch would never be freed.
+        self._acc: speedups.Acc | None = speedups.Acc(self._paths.name, cfg.enum_value_max_length)
         self._built: tuple[pa.Table, pa.Table, pa.Table, pa.Table, pa.Table, pa.Table] | None = None
 
-    def add(self, output: dict[str, Any] | str, cohort: tuple[str, str, str], ts: datetime,
-            served_model: str | None = None, contract_version: str | None = None) -> None:
+    def add(
+        self,
+        output: dict[str, Any] | str,
+        cohort: tuple[str, str, str],
+        ts: datetime,
+        served_model: str | None = None,
+        contract_version: str | None = None,
+    ) -> None:
         """Count one output: parsed, or as JSON text (counted from the text itself, and parsed
         only if a contract check needs it)."""
         self.add_many((output,), (cohort,), (ts,), (served_model,), (contract_version,))
 
-    def add_many(self, outputs: Sequence[dict[str, Any] | str], cohorts: Sequence[tuple[str, str, str]],
-                 tss: Sequence[datetime], served_models: Sequence[str | None],
-                 contract_versions: Sequence[str | None]) -> None:
+    def add_many(
+        self,
+        outputs: Sequence[dict[str, Any] | str],
+        cohorts: Sequence[tuple[str, str, str]],
+        tss: Sequence[datetime],
+        served_models: Sequence[str | None],
+        contract_versions: Sequence[str | None],
+    ) -> None:
         """Count outputs, in order, as ``add`` does each (the five sequences are aligned).
 
         A batch's bookkeeping is done a sequence at a time (the builtins loop in C) rather than
@@ -223,8 +258,8 @@ class RollupBatch:
         # in the cohort of the model that answered: its group, (model, prompt version, contract,
         # that model or None, bucket start), carries it, and the merge adds the group's counts
         # to both cohorts (the output is walked once).
-        starts = bucket_starts(tss, self.bucket_seconds)
-        gids = group_ids(self._groups, cohorts, served_models, starts)
+        starts = speedups.bucket_starts(tss, self.bucket_seconds)
+        gids = speedups.group_ids(self._groups, cohorts, served_models, starts)
         self._events.extend([0] * (len(self._groups) - len(self._events)))
         for g, n in Counter(gids).items():
             self._events[g] += n
@@ -235,12 +270,20 @@ class RollupBatch:
                 served[(g, model)] = served.get((g, model), 0) + n
         self._count_contracts(outputs, cohorts, contract_versions, starts, gids)
 
-    def _count_contracts(self, outputs: Sequence[dict[str, Any] | str], cohorts: Sequence[tuple[str, str, str]],
-                         versions: Sequence[str | None], starts: list[int], gids: list[int]) -> None:
+    def _count_contracts(
+        self,
+        outputs: Sequence[dict[str, Any] | str],
+        cohorts: Sequence[tuple[str, str, str]],
+        versions: Sequence[str | None],
+        starts: list[int],
+        gids: list[int],
+    ) -> None:
         """The contract status of each output (and the violations of those checked)."""
         checked: set[tuple[str, str]] = set()  # registered, or not asked yet: checked one by one
         if self._check is not None:
-            checked = {(c[2], v) for c, v in set(zip(cohorts, versions, strict=True)) if v is not None} - self._unregistered
+            checked = {
+                (c[2], v) for c, v in set(zip(cohorts, versions, strict=True)) if v is not None
+            } - self._unregistered
         tally = self._contracts
         if not checked:
             for (g, v), n in Counter(zip(gids, versions, strict=True)).items():
@@ -338,17 +381,23 @@ class RollupBatch:
     def contract_tables(self) -> tuple[pa.Table, pa.Table]:
         """Contract checks (g, contract_version, status, n) and violations (g, contract_version, path, keyword, n)."""
         self.run_checks()
-        c = pa.table({
-            "g": pa.array([k[0] for k in self._contracts], pa.int64()),
-            "contract_version": pa.array([k[1] for k in self._contracts], pa.string()),
-            "status": pa.array([k[2].value for k in self._contracts], pa.string()),
-            "n": pa.array(list(self._contracts.values()), pa.int64())})
-        v = pa.table({
-            "g": pa.array([k[0] for k in self._violations], pa.int64()),
-            "contract_version": pa.array([k[1] for k in self._violations], pa.string()),
-            "path": pa.array([k[2] for k in self._violations], pa.string()),
-            "keyword": pa.array([k[3] for k in self._violations], pa.string()),
-            "n": pa.array(list(self._violations.values()), pa.int64())})
+        c = pa.table(
+            {
+                "g": pa.array([k[0] for k in self._contracts], pa.int64()),
+                "contract_version": pa.array([k[1] for k in self._contracts], pa.string()),
+                "status": pa.array([k[2].value for k in self._contracts], pa.string()),
+                "n": pa.array(list(self._contracts.values()), pa.int64()),
+            }
+        )
+        v = pa.table(
+            {
+                "g": pa.array([k[0] for k in self._violations], pa.int64()),
+                "contract_version": pa.array([k[1] for k in self._violations], pa.string()),
+                "path": pa.array([k[2] for k in self._violations], pa.string()),
+                "keyword": pa.array([k[3] for k in self._violations], pa.string()),
+                "n": pa.array(list(self._violations.values()), pa.int64()),
+            }
+        )
         return c, v
 
     def _all(self) -> tuple[pa.Table, pa.Table, pa.Table, pa.Table, pa.Table, pa.Table]:
@@ -361,46 +410,66 @@ class RollupBatch:
             self._acc = None
         return self._built
 
-    def _build(self, acc: Acc) -> tuple[pa.Table, pa.Table, pa.Table, pa.Table, pa.Table, pa.Table]:
+    def _build(self, acc: speedups.Acc) -> tuple[pa.Table, pa.Table, pa.Table, pa.Table, pa.Table, pa.Table]:
         groups = sorted(self._groups.items(), key=lambda kv: kv[1])
-        g = pa.table({
-            "g": pa.array([i for _, i in groups], pa.int64()),
-            "model": pa.array([k[0] for k, _ in groups], pa.string()),
-            "prompt_version": pa.array([k[1] for k, _ in groups], pa.string()),
-            "contract": pa.array([k[2] for k, _ in groups], pa.string()),
-            "served": pa.array([k[3] for k, _ in groups], pa.string()),
-            "epoch": pa.array([k[4] for k, _ in groups], pa.int64()),
-            "events": pa.array([self._events[i] for _, i in groups], pa.int64())})
+        g = pa.table(
+            {
+                "g": pa.array([i for _, i in groups], pa.int64()),
+                "model": pa.array([k[0] for k, _ in groups], pa.string()),
+                "prompt_version": pa.array([k[1] for k, _ in groups], pa.string()),
+                "contract": pa.array([k[2] for k, _ in groups], pa.string()),
+                "served": pa.array([k[3] for k, _ in groups], pa.string()),
+                "epoch": pa.array([k[4] for k, _ in groups], pa.int64()),
+                "events": pa.array([self._events[i] for _, i in groups], pa.int64()),
+            }
+        )
         counts = acc.counts()
         cols: list[tuple[Any, ...]] = list(zip(*counts, strict=True)) if counts else [() for _ in range(11)]
         names = pa.array([p for p, _ in self._paths], pa.string())
         scopes = pa.array([s for _, s in self._paths], pa.string())
         path_ids = pa.array(cols[1], pa.int64())
-        f = {"slot": pa.array(range(len(counts)), pa.int64()), "g": pa.array(cols[0], pa.int64()),
-             "path": names.take(path_ids), "scope": scopes.take(path_ids)}
+        f = {
+            "slot": pa.array(range(len(counts)), pa.int64()),
+            "g": pa.array(cols[0], pa.int64()),
+            "path": names.take(path_ids),
+            "scope": scopes.take(path_ids),
+        }
         for i, name in enumerate(_FIELD_COLS):
             f[name] = pa.array(cols[2 + i], pa.int64())
         vs, voff, vdata, vn = acc.value_rows()  # packed Arrow buffers, wrapped without a copy
         vrows = len(vs) // 8
-        v = pa.table({
-            "slot": pa.Array.from_buffers(pa.int64(), vrows, [None, pa.py_buffer(vs)]),
-            "value": pa.Array.from_buffers(pa.string(), vrows, [None, pa.py_buffer(voff), pa.py_buffer(vdata)]),
-            "n": pa.Array.from_buffers(pa.int64(), vrows, [None, pa.py_buffer(vn)])})
+        v = pa.table(
+            {
+                "slot": pa.Array.from_buffers(pa.int64(), vrows, [None, pa.py_buffer(vs)]),
+                "value": pa.Array.from_buffers(pa.string(), vrows, [None, pa.py_buffer(voff), pa.py_buffer(vdata)]),
+                "n": pa.Array.from_buffers(pa.int64(), vrows, [None, pa.py_buffer(vn)]),
+            }
+        )
         als, al, an = acc.rows(1)  # packed native arrays, as the numbers below
         lrows = len(als) // 8
-        a = pa.table({"slot": pa.Array.from_buffers(pa.int64(), lrows, [None, pa.py_buffer(als)]),
-                      "length": pa.Array.from_buffers(pa.int64(), lrows, [None, pa.py_buffer(al)]),
-                      "n": pa.Array.from_buffers(pa.int64(), lrows, [None, pa.py_buffer(an)])})
+        a = pa.table(
+            {
+                "slot": pa.Array.from_buffers(pa.int64(), lrows, [None, pa.py_buffer(als)]),
+                "length": pa.Array.from_buffers(pa.int64(), lrows, [None, pa.py_buffer(al)]),
+                "n": pa.Array.from_buffers(pa.int64(), lrows, [None, pa.py_buffer(an)]),
+            }
+        )
         ns, nv, nn = acc.rows(2)  # packed native arrays, wrapped without a copy
         rows = len(ns) // 8
-        numbers = pa.table({
-            "slot": pa.Array.from_buffers(pa.int64(), rows, [None, pa.py_buffer(ns)]),
-            "value": pa.Array.from_buffers(pa.float64(), rows, [None, pa.py_buffer(nv)]),
-            "n": pa.Array.from_buffers(pa.int64(), rows, [None, pa.py_buffer(nn)])})
-        served = pa.table({
-            "g": pa.array([k[0] for k in self._served], pa.int64()),
-            "served_model": pa.array([k[1] for k in self._served], pa.string()),
-            "n": pa.array(list(self._served.values()), pa.int64())})
+        numbers = pa.table(
+            {
+                "slot": pa.Array.from_buffers(pa.int64(), rows, [None, pa.py_buffer(ns)]),
+                "value": pa.Array.from_buffers(pa.float64(), rows, [None, pa.py_buffer(nv)]),
+                "n": pa.Array.from_buffers(pa.int64(), rows, [None, pa.py_buffer(nn)]),
+            }
+        )
+        served = pa.table(
+            {
+                "g": pa.array([k[0] for k in self._served], pa.int64()),
+                "served_model": pa.array([k[1] for k in self._served], pa.string()),
+                "n": pa.array(list(self._served.values()), pa.int64()),
+            }
+        )
         return g, pa.table(f), v, a, served, numbers
 
     def merge_into(self, con: duckdb.DuckDBPyConnection) -> None:
@@ -466,7 +535,8 @@ def _merge(con: duckdb.DuckDBPyConnection, cfg: RollupConfig, f: pa.Table, nums:
                WHERE served IS NOT NULL AND NOT EXISTS (
                    SELECT 1 FROM cohorts c WHERE c.model = _rg.served AND c.prompt_version = _rg.prompt_version
                                              AND c.contract = _rg.contract)
-               GROUP BY ALL ORDER BY ALL)""")
+               GROUP BY ALL ORDER BY ALL)"""
+    )
     # shared: several groups of this merge hold the (cohort, bucket); only their rows can
     # repeat a key, so only they need summing (_merge_numbers relies on it). served: the row
     # adds a group to its served cohort (a group has at most one such row).
@@ -478,13 +548,15 @@ def _merge(con: duckdb.DuckDBPyConnection, cfg: RollupConfig, f: pa.Table, nums:
                       WHERE served IS NOT NULL)
            SELECT g, c.cohort_id, to_timestamp(epoch) AS bucket, events, served,
                   count(*) OVER (PARTITION BY c.cohort_id, epoch) > 1 AS shared
-           FROM m JOIN cohorts c USING (model, prompt_version, contract)""")
+           FROM m JOIN cohorts c USING (model, prompt_version, contract)"""
+    )
     con.execute(
         """CREATE OR REPLACE TEMP TABLE _buckets AS
            SELECT cohort_id, bucket, sum(events) AS events,
                   EXISTS (SELECT 1 FROM cohort_buckets cb
                           WHERE cb.cohort_id = g.cohort_id AND cb.bucket = g.bucket) AS existed
-           FROM _groups g GROUP BY cohort_id, bucket""")
+           FROM _groups g GROUP BY cohort_id, bucket"""
+    )
     con.execute("INSERT INTO cohort_buckets SELECT cohort_id, bucket, events FROM _buckets")
     # Short strings: keep at most `cap` distinct values per (cohort, bucket, path).
     # Values already kept always add up; new ones are admitted by frequency while
@@ -501,10 +573,12 @@ def _merge(con: duckdb.DuckDBPyConnection, cfg: RollupConfig, f: pa.Table, nums:
            FROM (SELECT slot, g, path, count(*) OVER (PARTITION BY g, path) = 1 AS alone FROM _rf) f
            JOIN _groups g USING (g) JOIN _buckets b USING (cohort_id, bucket)
            LEFT JOIN (SELECT slot, count(*) AS n FROM _rv GROUP BY slot) c USING (slot)""",
-        {"cap": cfg.enum_values_per_path})
+        {"cap": cfg.enum_values_per_path},
+    )
     con.execute(
         """INSERT INTO value_rollups SELECT s.cohort_id, s.bucket, s.path, v.value, v.n
-           FROM _rv v JOIN _slots s USING (slot) WHERE s.easy""")
+           FROM _rv v JOIN _slots s USING (slot) WHERE s.easy"""
+    )
     con.execute(
         """CREATE OR REPLACE TEMP TABLE _vr AS
            WITH b AS (SELECT cohort_id, bucket, path, value, sum(v.n) AS n
@@ -521,7 +595,8 @@ def _merge(con: duckdb.DuckDBPyConnection, cfg: RollupConfig, f: pa.Table, nums:
                                                 ORDER BY n DESC, value) AS rn
                       FROM known LEFT JOIN room USING (cohort_id, bucket, path))
            SELECT cohort_id, bucket, path, value, n, kept OR used + rn <= $cap AS admitted FROM ranked""",
-        {"cap": cfg.enum_values_per_path})
+        {"cap": cfg.enum_values_per_path},
+    )
     sums = ", ".join(f"sum({c})" for c in _FIELD_COLS)
     con.execute(
         f"""INSERT INTO field_rollups
@@ -529,24 +604,29 @@ def _merge(con: duckdb.DuckDBPyConnection, cfg: RollupConfig, f: pa.Table, nums:
                 SELECT cohort_id, bucket, path, scope, {sums}
                 FROM _rf JOIN _groups USING (g) GROUP BY cohort_id, bucket, path, scope) f
             LEFT JOIN (SELECT cohort_id, bucket, path, sum(n) AS n FROM _vr WHERE NOT admitted
-                       GROUP BY ALL) o USING (cohort_id, bucket, path)""")
+                       GROUP BY ALL) o USING (cohort_id, bucket, path)"""
+    )
     con.execute("INSERT INTO value_rollups SELECT cohort_id, bucket, path, value, n FROM _vr WHERE admitted")
     con.execute(
         """INSERT INTO array_rollups
            SELECT cohort_id, bucket, path, length, sum(_ra.n)
-           FROM _ra JOIN _rf USING (slot) JOIN _groups USING (g) GROUP BY ALL""")
+           FROM _ra JOIN _rf USING (slot) JOIN _groups USING (g) GROUP BY ALL"""
+    )
     _merge_numbers(con, f, nums)
     con.execute(
         """INSERT INTO served_models
            SELECT cohort_id, bucket, served_model, sum(_rs.n) FROM _rs JOIN _groups USING (g) GROUP BY ALL
-           ON CONFLICT DO UPDATE SET n = n + excluded.n""")
+           ON CONFLICT DO UPDATE SET n = n + excluded.n"""
+    )
     con.execute(
         """INSERT INTO contract_rollups
-           SELECT cohort_id, bucket, contract_version, status, sum(_rc.n) FROM _rc JOIN _groups USING (g) GROUP BY ALL""")
+           SELECT cohort_id, bucket, contract_version, status, sum(_rc.n) FROM _rc JOIN _groups USING (g) GROUP BY ALL"""
+    )
     con.execute(
         """INSERT INTO violation_rollups
            SELECT cohort_id, bucket, contract_version, path, keyword, sum(_rx.n)
-           FROM _rx JOIN _groups USING (g) GROUP BY ALL""")
+           FROM _rx JOIN _groups USING (g) GROUP BY ALL"""
+    )
     for t in ("_vr", "_slots", "_buckets", "_groups"):
         con.execute(f"DROP TABLE {t}")
 
@@ -561,8 +641,9 @@ def _merge_numbers(con: duckdb.DuckDBPyConnection, f: pa.Table, nums: pa.Table) 
     parts = []
     for served in (False, True):
         # con.sql, not con.execute: DuckDB 2.0 warns on execute(...).to_arrow_table()
-        groups = con.sql("SELECT g, cohort_id, bucket, shared FROM _groups WHERE served = ?",
-                         params=[served]).to_arrow_table()
+        groups = con.sql(
+            "SELECT g, cohort_id, bucket, shared FROM _groups WHERE served = ?", params=[served]
+        ).to_arrow_table()
         if not groups.num_rows:
             continue
         g_of_bin = f["g"].take(nums["slot"])
@@ -571,10 +652,18 @@ def _merge_numbers(con: duckdb.DuckDBPyConnection, f: pa.Table, nums: pa.Table) 
             keep = pa.compute.is_in(g_of_bin, value_set=groups["g"])
             part, g_of_bin = nums.filter(keep), g_of_bin.filter(keep)
         row = pa.compute.index_in(g_of_bin, value_set=groups["g"])  # each bin's group
-        parts.append(pa.table({
-            "cohort_id": groups["cohort_id"].take(row), "bucket": groups["bucket"].take(row),
-            "path": f["path"].take(part["slot"]), "value": part["value"], "n": part["n"],
-            "shared": groups["shared"].take(row)}))
+        parts.append(
+            pa.table(
+                {
+                    "cohort_id": groups["cohort_id"].take(row),
+                    "bucket": groups["bucket"].take(row),
+                    "path": f["path"].take(part["slot"]),
+                    "value": part["value"],
+                    "n": part["n"],
+                    "shared": groups["shared"].take(row),
+                }
+            )
+        )
     if not parts:
         return
     con.register("_rn", pa.concat_tables(parts))
@@ -589,8 +678,7 @@ def _merge_numbers(con: duckdb.DuckDBPyConnection, f: pa.Table, nums: pa.Table) 
 # Each rollup table, its key columns and its summed columns.
 ROLLUP_TABLES: dict[str, tuple[list[str], list[str]]] = {
     "cohort_buckets": (["cohort_id", "bucket"], ["events"]),
-    "field_rollups": (["cohort_id", "bucket", "path", "scope"],
-                      [*_FIELD_COLS, "values_overflow"]),
+    "field_rollups": (["cohort_id", "bucket", "path", "scope"], [*_FIELD_COLS, "values_overflow"]),
     "value_rollups": (["cohort_id", "bucket", "path", "value"], ["n"]),
     "array_rollups": (["cohort_id", "bucket", "path", "length"], ["n"]),
     "number_rollups": (["cohort_id", "bucket", "path", "value"], ["n"]),
@@ -599,8 +687,9 @@ ROLLUP_TABLES: dict[str, tuple[list[str], list[str]]] = {
 }
 
 
-def compact_rollups(con: duckdb.DuckDBPyConnection, since: datetime | None = None,
-                    until: datetime | None = None) -> int:
+def compact_rollups(
+    con: duckdb.DuckDBPyConnection, since: datetime | None = None, until: datetime | None = None
+) -> int:
     """Fold the rows of each rollup key with bucket in ``[since, until)`` into one; returns rows removed.
 
     Sums are unchanged (tests check it); only the number of rows shrinks, so
@@ -619,8 +708,9 @@ def compact_rollups(con: duckdb.DuckDBPyConnection, since: datetime | None = Non
         k = ", ".join(keys)
         agg = ", ".join(f"sum({c})::BIGINT AS {c}" for c in sums)
         before = con.execute(f"SELECT count(*) FROM {table} {cond}", params).fetchone()
-        con.execute(f"CREATE OR REPLACE TEMP TABLE _compact AS SELECT {k}, {agg} FROM {table} {cond} "
-                    f"GROUP BY {k}", params)
+        con.execute(
+            f"CREATE OR REPLACE TEMP TABLE _compact AS SELECT {k}, {agg} FROM {table} {cond} GROUP BY {k}", params
+        )
         after = con.execute("SELECT count(*) FROM _compact").fetchone()
         assert before is not None and after is not None
         if after[0] < before[0]:

@@ -72,6 +72,7 @@ def search(pattern: str, text: str) -> bool:
 
 # --- registration ---------------------------------------------------------------------------
 
+
 def _refuse_retrieval(uri: str) -> Resource[Any]:
     # Every reference that is not inside the document ends here: nothing is fetched.
     # (an attrs class: mypy does not see its fields as arguments)
@@ -81,8 +82,8 @@ def _refuse_retrieval(uri: str) -> Resource[Any]:
 def _registry(schema: Any) -> Registry[Any]:
     """A registry holding ``schema`` and its embedded resources only."""
     resource = Resource.from_contents(schema, default_specification=DRAFT202012)
-    return cast(Registry[Any], Registry(retrieve=_refuse_retrieval).with_resource(  # type: ignore[call-arg]
-        resource.id() or "", resource).crawl())
+    empty: Registry[Any] = Registry(retrieve=_refuse_retrieval)  # type: ignore[call-arg]
+    return cast(Registry[Any], empty.with_resource(resource.id() or "", resource).crawl())
 
 
 def _pointer(parts: tuple[str | int, ...]) -> str:
@@ -126,9 +127,12 @@ def prepare_schema(schema: Any, *, where: str) -> None:
                 compile_pattern(pattern)
             except re2.error as exc:
                 reason = exc.args[0].decode() if exc.args and isinstance(exc.args[0], bytes) else str(exc)
-                raise ContractInvalid(where, f"the pattern {pattern!r} at {_pointer(loc)} cannot be checked in "
-                                             f"linear time ({reason}); patterns run on RE2, which has no "
-                                             "backreferences or lookaround") from None
+                raise ContractInvalid(
+                    where,
+                    f"the pattern {pattern!r} at {_pointer(loc)} cannot be checked in "
+                    f"linear time ({reason}); patterns run on RE2, which has no "
+                    "backreferences or lookaround",
+                ) from None
         for keyword in ("$ref", "$dynamicRef"):
             ref = node.get(keyword)
             if not isinstance(ref, str):
@@ -136,24 +140,30 @@ def prepare_schema(schema: Any, *, where: str) -> None:
             try:
                 resolver.lookup(ref)
             except Unresolvable:
-                raise ContractInvalid(where, f"the reference {ref!r} at {_pointer((*at, keyword))} does not "
-                                             "resolve inside the document; references to other documents "
-                                             "(http, file, ...) are never fetched: inline the schema under "
-                                             "$defs and refer to it as #/$defs/...") from None
+                raise ContractInvalid(
+                    where,
+                    f"the reference {ref!r} at {_pointer((*at, keyword))} does not "
+                    "resolve inside the document; references to other documents "
+                    "(http, file, ...) are never fetched: inline the schema under "
+                    "$defs and refer to it as #/$defs/...",
+                ) from None
     if unevaluated and patterned:
-        raise ContractInvalid(where, "unevaluatedProperties beside patternProperties is not supported; use "
-                                     "additionalProperties")
+        raise ContractInvalid(
+            where, "unevaluatedProperties beside patternProperties is not supported; use additionalProperties"
+        )
 
 
 # --- checking ---------------------------------------------------------------------------------
+
 
 def _pattern(validator: Any, patrn: str, instance: Any, schema: Any) -> Iterator[ValidationError]:
     if validator.is_type(instance, "string") and not search(patrn, instance):
         yield ValidationError(f"{instance!r} does not match {patrn!r}")
 
 
-def _pattern_properties(validator: Any, pattern_properties: dict[str, Any], instance: Any,
-                        schema: Any) -> Iterator[ValidationError]:
+def _pattern_properties(
+    validator: Any, pattern_properties: dict[str, Any], instance: Any, schema: Any
+) -> Iterator[ValidationError]:
     if not validator.is_type(instance, "object"):
         return
     for pattern, subschema in pattern_properties.items():
@@ -177,8 +187,10 @@ def _additional_properties(validator: Any, ap: Any, instance: Any, schema: Any) 
         for extra in extras:
             yield from validator.descend(instance[extra], ap, path=extra)
     elif not ap and extras:
-        yield ValidationError(f"Additional properties are not allowed ({', '.join(map(repr, sorted(extras)))} "
-                              f"{'was' if len(extras) == 1 else 'were'} unexpected)")
+        yield ValidationError(
+            f"Additional properties are not allowed ({', '.join(map(repr, sorted(extras)))} "
+            f"{'was' if len(extras) == 1 else 'were'} unexpected)"
+        )
 
 
 def _canonical_item(value: Any) -> Any:
@@ -219,9 +231,15 @@ def _format_checker() -> FormatChecker:
 
 _FORMATS = _format_checker()
 
-_Bounded = extend(Draft202012Validator, validators={
-    "pattern": _pattern, "patternProperties": _pattern_properties,
-    "additionalProperties": _additional_properties, "uniqueItems": _unique_items})
+_Bounded = extend(
+    Draft202012Validator,
+    validators={
+        "pattern": _pattern,
+        "patternProperties": _pattern_properties,
+        "additionalProperties": _additional_properties,
+        "uniqueItems": _unique_items,
+    },
+)
 
 
 def bounded_validator(schema: Any) -> Any:

@@ -19,7 +19,7 @@ the disk fails; ``Client.stats`` counts every outcome.
 
 Usage::
 
-    from collector.sdk import Client
+    from shapewatch.collector.sdk import Client
 
     client = Client("http://localhost:8000", token="s3cret")
     event_id = client.record(
@@ -55,7 +55,7 @@ import weakref
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any, BinaryIO, Final, Literal
@@ -64,7 +64,7 @@ import httpcore  # noqa: F401  imported now, not by the sender thread: see _run
 import httpx
 import orjson
 
-from . import _speedups
+from .accel import speedups as _speedups
 
 __all__ = ["Client", "parse_retry_after"]
 
@@ -151,7 +151,7 @@ def _append(fd: int, data: bytes) -> None:
     view = memoryview(data)
     try:
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
     except OSError:
         try:
             os.ftruncate(fd, end)
@@ -162,11 +162,11 @@ def _append(fd: int, data: bytes) -> None:
 
 def _format_ts(ts: datetime | str | None) -> str:
     if ts is None:
-        return datetime.now(timezone.utc).isoformat()
+        return datetime.now(UTC).isoformat()
     if isinstance(ts, str):
         return ts
     if ts.tzinfo is None:  # documented: a naive datetime is taken as UTC
-        ts = ts.replace(tzinfo=timezone.utc)
+        ts = ts.replace(tzinfo=UTC)
     return ts.isoformat()
 
 
@@ -184,8 +184,8 @@ def parse_retry_after(value: str | None, now: datetime | None = None) -> float |
         except (TypeError, ValueError, IndexError):
             return None
         if when.tzinfo is None:
-            when = when.replace(tzinfo=timezone.utc)
-        seconds = (when - (now or datetime.now(timezone.utc))).total_seconds()
+            when = when.replace(tzinfo=UTC)
+        seconds = (when - (now or datetime.now(UTC))).total_seconds()
     if math.isnan(seconds):
         return None
     return max(0.0, seconds)
@@ -199,9 +199,7 @@ def _error_summary(response: httpx.Response) -> str:
         message = str(error.get("message", ""))
         fields = error.get("fields") or []
         if fields:
-            message += " [" + "; ".join(
-                f"{f.get('path', '?')}: {f.get('reason', '?')}" for f in fields[:5]
-            ) + "]"
+            message += " [" + "; ".join(f"{f.get('path', '?')}: {f.get('reason', '?')}" for f in fields[:5]) + "]"
         return message
     except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
         return response.text[:200]
@@ -281,7 +279,8 @@ def _warn_if_many_open() -> None:
         _warned_many = True
         logger.warning(
             "shapewatch: %d clients are open in this process, each with its own sender thread "
-            "until close(); create one Client and share it (record() is thread-safe)", n
+            "until close(); create one Client and share it (record() is thread-safe)",
+            n,
         )
 
 
@@ -364,11 +363,7 @@ class Client:
         self._timeout = timeout
         self._max_backoff = max_backoff
         self._max_attempts = max_attempts
-        self._spill_dir = (
-            Path(spill_dir)
-            if spill_dir is not None
-            else Path(tempfile.gettempdir()) / "shapewatch-spill"
-        )
+        self._spill_dir = Path(spill_dir) if spill_dir is not None else Path(tempfile.gettempdir()) / "shapewatch-spill"
         url_key = hashlib.sha256(self._url.encode()).hexdigest()[:12]
         self._spill_prefix = f"shapewatch-{url_key}-"
 
@@ -542,11 +537,7 @@ class Client:
                 self._stopping = True
                 self._wake.notify_all()
             self._stop.set()
-            if (
-                thread is not None
-                and thread.is_alive()
-                and thread is not threading.current_thread()
-            ):
+            if thread is not None and thread.is_alive() and thread is not threading.current_thread():
                 # A request under way is not interrupted; if it outlives the
                 # deadline, its batch is spilled here and may later arrive twice
                 # (the service counts the second copy as a duplicate).
@@ -596,8 +587,7 @@ class Client:
                 self._wake.notify()
         if warn_spill is not None:
             logger.warning(
-                "shapewatch: buffer full (%d events); spilling to %s until the "
-                "collector catches up",
+                "shapewatch: buffer full (%d events); spilling to %s until the collector catches up",
                 self._max_buffer,
                 warn_spill,
             )
@@ -611,10 +601,7 @@ class Client:
     def _new_spill_file(self) -> _SpillFile:
         self._spill_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._file_counter += 1
-        path = self._spill_dir / (
-            f"{self._spill_prefix}{os.getpid()}-{self._instance}-"
-            f"{self._file_counter:06d}.jsonl"
-        )
+        path = self._spill_dir / (f"{self._spill_prefix}{os.getpid()}-{self._instance}-{self._file_counter:06d}.jsonl")
         flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND
         fd = os.open(path, flags | getattr(os, "O_BINARY", 0), 0o600)
         try:
@@ -721,9 +708,7 @@ class Client:
                     if time.time() - st.st_mtime > _EMPTY_SPILL_MAX_AGE:
                         path.unlink(missing_ok=True)
                     continue
-                spill = _SpillFile(
-                    path=path, fh=os.fdopen(fd, "rb"), pin=self._seq, own=False
-                )
+                spill = _SpillFile(path=path, fh=os.fdopen(fd, "rb"), pin=self._seq, own=False)
                 claimed = True
                 found.append((st.st_mtime, spill))
             except OSError:
@@ -866,9 +851,7 @@ class Client:
             self._forked = False
             _close_at_process_exit(self)
         if self._thread is None and not self._closing and not self._closed:
-            self._thread = threading.Thread(
-                target=self._run, name="shapewatch-sender", daemon=True
-            )
+            self._thread = threading.Thread(target=self._run, name="shapewatch-sender", daemon=True)
             self._thread.start()
 
     def _run(self) -> None:
@@ -883,7 +866,9 @@ class Client:
                     # stuck for good (a half-imported module, OpenSSL's lock held).
                     if http is None:
                         http = httpx.Client(
-                            timeout=self._timeout, headers=self._headers, follow_redirects=False,
+                            timeout=self._timeout,
+                            headers=self._headers,
+                            follow_redirects=False,
                             verify=self._ssl,
                         )
                     batch = self._next_batch()
@@ -913,18 +898,12 @@ class Client:
                 if now >= self._next_scan:
                     self._scan_orphans()
                     self._next_scan = now + _ORPHAN_SCAN_INTERVAL
-                disk = bool(self._files) or (
-                    self._active is not None and self._active.lines > 0
-                )
+                disk = bool(self._files) or (self._active is not None and self._active.lines > 0)
                 live = False
                 wait = self._next_scan - now
                 if self._memory:
                     due = self._memory[0][1] + self._flush_interval
-                    if (
-                        len(self._memory) >= self._batch_size
-                        or self._flushers
-                        or now >= due
-                    ):
+                    if len(self._memory) >= self._batch_size or self._flushers or now >= due:
                         live = True
                     else:
                         wait = min(wait, due - now)
@@ -998,23 +977,17 @@ class Client:
             results = payload.get("results")
             rejections: list[tuple[str, str]] = []
             # The totals count every event; ``results`` lists the rejected ones only up to a cap.
-            counts = {
-                key: int(payload[key])
-                for key in ("accepted", "duplicate", "rejected")
-            }
+            counts = {key: int(payload[key]) for key in ("accepted", "duplicate", "rejected")}
             if isinstance(results, list):
                 for result in results:
                     if result.get("status") == "rejected":
                         event_id = result.get("event_id")
                         index = result.get("index")
-                        if event_id is None and isinstance(index, int):
-                            # The service may not name an event it could not
-                            # parse; the batch position does.
-                            if 0 <= index < len(lines):
-                                event_id = cls._event_id_of(lines[index])
+                        # The service may not name an event it could not parse; the batch position does.
+                        if event_id is None and isinstance(index, int) and 0 <= index < len(lines):
+                            event_id = cls._event_id_of(lines[index])
                         errors = "; ".join(
-                            f"{e.get('path', '?')}: {e.get('reason', '?')}"
-                            for e in result.get("errors") or []
+                            f"{e.get('path', '?')}: {e.get('reason', '?')}" for e in result.get("errors") or []
                         )
                         rejections.append((str(event_id), errors))
             return _Reply(
@@ -1066,13 +1039,9 @@ class Client:
                     event_id,
                     errors,
                 )
-            hidden = reply.rejected - min(
-                len(reply.rejections), _REJECTIONS_LOGGED_PER_BATCH
-            )
+            hidden = reply.rejected - min(len(reply.rejections), _REJECTIONS_LOGGED_PER_BATCH)
             if hidden > 0:
-                logger.warning(
-                    "shapewatch: %d more events rejected in the same batch", hidden
-                )
+                logger.warning("shapewatch: %d more events rejected in the same batch", hidden)
         elif reply.kind == "too_large":
             if len(lines) == 1:
                 logger.error(
@@ -1121,9 +1090,7 @@ class Client:
         return False
 
     def _delay(self, reply: _Reply) -> float:
-        ceiling = min(
-            self._max_backoff, _BACKOFF_BASE * 2 ** min(self._failures - 1, 30)
-        )
+        ceiling = min(self._max_backoff, _BACKOFF_BASE * 2 ** min(self._failures - 1, 30))
         backoff = random.uniform(0.0, ceiling)
         if reply.retry_after is not None:
             # Never sooner than asked, nor sooner than the backoff: a "Retry-After: 0"

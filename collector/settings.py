@@ -66,19 +66,36 @@ def parse_token(entry: str) -> TokenEntry:
         names = prefix.split("+")
         unknown = [n for n in names if n not in known]
         if unknown:
-            raise SettingsInvalid("tokens", f"scope {unknown[0]!r} of an entry is unknown; write SECRET (all "
-                                  "scopes) or SCOPE[+SCOPE]:SECRET with scopes " + ", ".join(sorted(known)))
+            raise SettingsInvalid(
+                "tokens",
+                f"scope {unknown[0]!r} of an entry is unknown; write SECRET (all "
+                "scopes) or SCOPE[+SCOPE]:SECRET with scopes " + ", ".join(sorted(known)),
+            )
         scopes = frozenset(Scope(n) for n in names)
     if not secret or secret != secret.strip() or any(c.isspace() for c in secret):
-        raise SettingsInvalid("tokens", "an entry has an empty secret or one with white space; "
-                              "use a random string such as `python -c 'import secrets; print(secrets.token_urlsafe())'`")
+        raise SettingsInvalid(
+            "tokens",
+            "an entry has an empty secret or one with white space; "
+            "use a random string such as `python -c 'import secrets; print(secrets.token_urlsafe())'`",
+        )
     return TokenEntry(secret, scopes)
 
 
 # A size as DuckDB reads it (memory_limit, checkpoint_threshold): a number and a unit.
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B|bytes?)\s*", re.IGNORECASE)
-_SIZE_UNITS = {"b": 1, "byte": 1, "bytes": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_SIZE_UNITS = {
+    "b": 1,
+    "byte": 1,
+    "bytes": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 
 
 def size_bytes(text: str) -> int:
@@ -105,52 +122,75 @@ class Settings:
     host: str = _s("127.0.0.1", "Address the HTTP service binds; loopback unless told otherwise.")
     port: int = _s(8000, "Port of the HTTP service.", min=1, max=65535)
     tokens: tuple[str, ...] = _s(
-        (), "Bearer tokens accepted by the HTTP API (comma-separated in the environment); empty means "
+        (),
+        "Bearer tokens accepted by the HTTP API (comma-separated in the environment); empty means "
         "no authentication. Each entry is SECRET (every scope) or SCOPE[+SCOPE]:SECRET, the client "
         "sending only SECRET; scopes: ingest (POST /v1/outputs, /v1/provider/*), read (every GET, "
         "/metrics), admin (other writes: baselines, acks, silences, analyzer runs). Missing or "
         "unknown token: 401; a valid token without the route's scope: 403. /healthz stays open "
-        "for liveness probes.")
+        "for liveness probes.",
+    )
     memory_limit: str = _s(
-        "1GB", "DuckDB working memory of the service; the store adds about 64 bytes per stored event "
-        "for the idempotency index, which DuckDB keeps in memory.")
+        "1GB",
+        "DuckDB working memory of the service; the store adds about 64 bytes per stored event "
+        "for the idempotency index, which DuckDB keeps in memory.",
+    )
     import_memory_limit: str = _s(
-        "384MB", "DuckDB working memory of bulk import (shapewatch ingest), which needs little cache; "
-        "plus the index, as for memory_limit.")
+        "384MB",
+        "DuckDB working memory of bulk import (shapewatch ingest), which needs little cache; "
+        "plus the index, as for memory_limit.",
+    )
     duckdb_threads: int = _s(
-        1, "DuckDB worker threads. One by default: on two, DuckDB 1.5.6 lost sight of rows its own session "
+        1,
+        "DuckDB worker threads. One by default: on two, DuckDB 1.5.6 lost sight of rows its own session "
         "inserted after a large parallel insert (found with bench/repro_invisible_rows.py; the file on disk "
         "was right). One thread also suits the service, whose statements are small: HTTP ingest measured "
         "6-7% more events/s with 10% less CPU, and a steady 2,000 events/s took 0.24 of a core instead of "
-        "0.82; bulk import took about 1 s longer per 1M lines (bench/README.md).", min=1, max=256)
+        "0.82; bulk import took about 1 s longer per 1M lines (bench/README.md).",
+        min=1,
+        max=256,
+    )
     checkpoint_threshold: str = _s(
-        "256MB", "Write-ahead log size at which DuckDB checkpoints (writes the log into the file). A "
+        "256MB",
+        "Write-ahead log size at which DuckDB checkpoints (writes the log into the file). A "
         "checkpoint costs more as the file grows: at DuckDB's own 16MB they took a third of the write time "
-        "(bench/README.md). A larger log takes longer to replay after a crash.")
+        "(bench/README.md). A larger log takes longer to replay after a crash.",
+    )
     max_body_bytes: int = _s(
-        16 * 1024 * 1024, "Largest HTTP request body an ingest route (/v1/outputs, /v1/provider/*, /v1/traces) "
-        "accepts (413 above).", min=1024)
+        16 * 1024 * 1024,
+        "Largest HTTP request body an ingest route (/v1/outputs, /v1/provider/*, /v1/traces) accepts (413 above).",
+        min=1024,
+    )
     max_document_bytes: int = _s(
-        16 * 1024 * 1024, "Largest HTTP request body of the routes that take a document "
-        "(POST /v1/baselines/import, POST /v1/contracts); 413 above.", min=1024)
+        16 * 1024 * 1024,
+        "Largest HTTP request body of the routes that take a document "
+        "(POST /v1/baselines/import, POST /v1/contracts); 413 above.",
+        min=1024,
+    )
     max_admin_body_bytes: int = _s(
-        64 * 1024, "Largest HTTP request body of every other route (silences, acks, freezes, ...); 413 above.",
-        min=1024)
+        64 * 1024, "Largest HTTP request body of every other route (silences, acks, freezes, ...); 413 above.", min=1024
+    )
     body_idle_seconds: float = _s(
-        30.0, "A request body that sends no byte for this long is answered 408, on every route.",
-        min=0.01, max=3600.0)
+        30.0, "A request body that sends no byte for this long is answered 408, on every route.", min=0.01, max=3600.0
+    )
     body_total_seconds: float = _s(
-        300.0, "A request body not whole this long after the request began is answered 408.",
-        min=0.01, max=86_400.0)
+        300.0, "A request body not whole this long after the request began is answered 408.", min=0.01, max=86_400.0
+    )
     header_timeout_seconds: float = _s(
-        10.0, "A connection that has not sent a whole request head this long after opening (or after its "
-        "first byte following a keep-alive pause) is closed.", min=0.01, max=3600.0)
-    keep_alive_seconds: int = _s(
-        5, "An idle keep-alive connection is closed after this many seconds.", min=1, max=3600)
+        10.0,
+        "A connection that has not sent a whole request head this long after opening (or after its "
+        "first byte following a keep-alive pause) is closed.",
+        min=0.01,
+        max=3600.0,
+    )
+    keep_alive_seconds: int = _s(5, "An idle keep-alive connection is closed after this many seconds.", min=1, max=3600)
     max_connections: int = _s(
-        1000, "Most connections the service holds; a new one beyond closes the oldest connection still "
+        1000,
+        "Most connections the service holds; a new one beyond closes the oldest connection still "
         "waiting for its request head, or gets 503 with Retry-After when every connection is busy.",
-        min=2, max=1_000_000)
+        min=2,
+        max=1_000_000,
+    )
     max_event_bytes: int = _s(1024 * 1024, "Largest single envelope (one JSONL line) accepted.", min=256)
     max_depth: int = _s(32, "Deepest nesting of objects and arrays inside an output.", min=1, max=512)
     max_array_length: int = _s(10_000, "Longest array inside an output.", min=1)
@@ -159,52 +199,74 @@ class Settings:
     max_attributes: int = _s(32, "Most entries in an envelope's attributes map.", min=0)
     max_tag_length: int = _s(256, "Longest string in the envelope's tag fields and attribute values.", min=1)
     enum_value_max_length: int = _s(
-        64, "Strings up to this length are kept as values (enum candidates) in the rollups.", min=1)
+        64, "Strings up to this length are kept as values (enum candidates) in the rollups.", min=1
+    )
     enum_values_per_path: int = _s(
-        200, "Most distinct values kept per cohort, time bucket and path; more go to an overflow count.",
-        min=1)
+        200, "Most distinct values kept per cohort, time bucket and path; more go to an overflow count.", min=1
+    )
     contract_checks_per_bucket: int = _s(
-        500, "Outputs checked against their registered contract version per cohort, version and time bucket; "
-        "the rest are counted as unchecked (0: check every output).", min=0)
+        500,
+        "Outputs checked against their registered contract version per cohort, version and time bucket; "
+        "the rest are counted as unchecked (0: check every output).",
+        min=0,
+    )
     contract_check_ms: float = _s(
-        50.0, "Longest one output's contract check may take: beyond it the output counts as unchecked "
+        50.0,
+        "Longest one output's contract check may take: beyond it the output counts as unchecked "
         "(reason slow). Checks run after the output was acknowledged, never on the request's path.",
-        min=0.1, max=10_000.0)
+        min=0.1,
+        max=10_000.0,
+    )
     contract_check_budget_ms: float = _s(
-        1000.0, "Time the contract checks of one contract version may take per rollup merge: the version's "
-        "remaining outputs of that merge count as unchecked (reason budget).", min=1.0, max=600_000.0)
+        1000.0,
+        "Time the contract checks of one contract version may take per rollup merge: the version's "
+        "remaining outputs of that merge count as unchecked (reason budget).",
+        min=1.0,
+        max=600_000.0,
+    )
     bucket_seconds: int = _s(60, "Width of a rollup time bucket in seconds.", min=1, max=86_400)
     dedup_ttl_days: float = _s(
-        7.0, "How long an event_id is remembered for deduplication: a copy sent later is stored again. "
-        "The key index DuckDB keeps in memory holds this many days of keys.", min=0.0)
+        7.0,
+        "How long an event_id is remembered for deduplication: a copy sent later is stored again. "
+        "The key index DuckDB keeps in memory holds this many days of keys.",
+        min=0.0,
+    )
     raw_retention_days: float = _s(
-        30.0, "How long raw outputs are kept (rollups are kept for good); independent of dedup_ttl_days.",
-        min=0.0)
+        30.0, "How long raw outputs are kept (rollups are kept for good); independent of dedup_ttl_days.", min=0.0
+    )
     batch_max_events: int = _s(5000, "Most events one group-commit transaction holds.", min=1)
     batch_max_wait_ms: float = _s(
-        10.0, "How long the writer waits for more requests before committing a batch: a lone request "
+        10.0,
+        "How long the writer waits for more requests before committing a batch: a lone request "
         "waits this long; under load fewer, bigger commits (10 rather than 2 measured 10% more events/s).",
-        min=0.0)
+        min=0.0,
+    )
     rollup_merge_events: int = _s(
-        20_000, "The service merges rollups after this many stored events, on a thread of its own "
-        "while events keep committing.", min=1)
+        20_000,
+        "The service merges rollups after this many stored events, on a thread of its own "
+        "while events keep committing.",
+        min=1,
+    )
     rollup_merge_seconds: float = _s(
-        1.0, "... or after this many seconds, whichever comes first. Every read of rollups (analyzer, "
+        1.0,
+        "... or after this many seconds, whichever comes first. Every read of rollups (analyzer, "
         "dashboard) merges what is pending first, so a longer interval saves merge CPU (5 s: a quarter "
         "less service CPU at 2,000 events/s) but makes those reads pay for the merge.",
-        min=0.0)
-    writer_queue_events: int = _s(
-        200_000, "Events waiting for the writer before new requests get 503.", min=1)
+        min=0.0,
+    )
+    writer_queue_events: int = _s(200_000, "Events waiting for the writer before new requests get 503.", min=1)
 
     def __post_init__(self) -> None:
         secrets = [parse_token(t).secret for t in self.tokens]
         if len(set(secrets)) != len(secrets):
-            raise SettingsInvalid("tokens", "two entries share a secret; give each secret once, "
-                                  "with all its scopes (SCOPE+SCOPE:SECRET)")
+            raise SettingsInvalid(
+                "tokens", "two entries share a secret; give each secret once, with all its scopes (SCOPE+SCOPE:SECRET)"
+            )
         for name in ("memory_limit", "import_memory_limit", "checkpoint_threshold"):
             if not _SIZE.fullmatch(getattr(self, name)):
-                raise SettingsInvalid(name, f"{getattr(self, name)!r} is not a size; write a number and a unit "
-                                      "such as 512MB or 1GB")
+                raise SettingsInvalid(
+                    name, f"{getattr(self, name)!r} is not a size; write a number and a unit such as 512MB or 1GB"
+                )
         for f in fields(self):
             lo, hi = f.metadata.get("min"), f.metadata.get("max")
             v = getattr(self, f.name)
@@ -218,8 +280,7 @@ class Settings:
             # Not an error (a reverse proxy may authenticate), but never silent.
             import logging
 
-            logging.getLogger(__name__).warning(
-                "binding %s without tokens: anyone who reaches it can write", self.host)
+            logging.getLogger(__name__).warning("binding %s without tokens: anyone who reaches it can write", self.host)
 
 
 def settings_help() -> dict[str, str]:
@@ -280,7 +341,7 @@ def load_settings(
             values[k] = _coerce(k, v)
     for k, v in env.items():
         if k.startswith("SHAPEWATCH_") and k != "SHAPEWATCH_CONFIG":
-            name = k[len("SHAPEWATCH_"):].lower()
+            name = k[len("SHAPEWATCH_") :].lower()
             if name in settings_help():
                 values[name] = _coerce(name, v)
     for k, v in (overrides or {}).items():

@@ -39,7 +39,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ._speedups import epoch_micros, string_column
+from .accel import speedups
 from .envelope import Envelope
 from .envelope import payload_hash as _payload_hash
 from .errors import StoreError, StoreInvalidated, StoreLocked, StoreUnavailable, StoreVersionTooNew
@@ -49,8 +49,17 @@ from .settings import size_bytes
 if TYPE_CHECKING:
     from .contracts import ValidatorCache
 
-__all__ = ["MIGRATIONS", "BatchBuilder", "PreparedBatch", "Purged", "SCHEMA_VERSION", "Schema", "Store",
-           "WriteResult", "WriteStatus"]
+__all__ = [
+    "MIGRATIONS",
+    "SCHEMA_VERSION",
+    "BatchBuilder",
+    "PreparedBatch",
+    "Purged",
+    "Schema",
+    "Store",
+    "WriteResult",
+    "WriteStatus",
+]
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +136,8 @@ _COHORT_EVENTS = """CREATE VIEW cohort_events AS
     WHERE e.served_model <> r.model;
 """
 
-_V5 = """
+_V5 = (
+    """
 -- Served cohorts: an output answered by another model than the one requested (an alias
 -- served by a dated snapshot) counts in its cohort and in the cohort of the model that
 -- answered (same prompt version and contract), so each served model is analysed on its
@@ -135,7 +145,9 @@ _V5 = """
 -- an alias's events listed once more under their served cohort. Rollups of events stored
 -- before this version are left as they were: re-reading the whole history here could take
 -- as long as its import, so served cohorts start with the upgrade.
-""" + _COHORT_EVENTS
+"""
+    + _COHORT_EVENTS
+)
 
 _V6 = """
 -- Contracts (contracts.py): one row per registered (contract, version); rows are only ever
@@ -163,7 +175,8 @@ INSERT INTO contract_rollups
     FROM cohort_events GROUP BY ALL;
 """
 
-_V7 = """
+_V7 = (
+    """
 -- The idempotency keys leave the raw events for a table of their own, pruned after
 -- dedup_ttl_days (Store.purge). DuckDB keeps a key index in memory and rewrites all of it at
 -- every checkpoint (duckdb/duckdb#24848): on events it covered raw_retention_days of events
@@ -182,7 +195,9 @@ CREATE TABLE events_unkeyed (
 INSERT INTO events_unkeyed SELECT * FROM events;
 DROP TABLE events;
 ALTER TABLE events_unkeyed RENAME TO events;
-""" + _COHORT_EVENTS  # the view again, as _V5 made it
+"""
+    + _COHORT_EVENTS
+)  # the view again, as _V5 made it
 
 _REHASH_ROWS = 50_000  # events read and updated at a time by _v8_rehash_payloads
 
@@ -205,17 +220,29 @@ def _v8_rehash_payloads(con: duckdb.DuckDBPyConnection) -> None:
             """SELECT e.rowid, e.payload_hash, e.output, c.model, c.prompt_version, c.contract, epoch_us(e.ts),
                       e.source, e.attributes, e.served_model, e.contract_version, e.run_id, e.agent_release,
                       e.finish_reason
-               FROM events e JOIN cohorts c USING (cohort_id)""").to_arrow_reader(_REHASH_ROWS)
+               FROM events e JOIN cohorts c USING (cohort_id)"""
+        ).to_arrow_reader(_REHASH_ROWS)
         for chunk in rows:
             rowids, hashes = [], []
-            for (rowid, old, output, model, prompt_version, contract, ts_us, source, attributes,
-                 *tags) in zip(*(chunk.column(i).to_pylist() for i in range(chunk.num_columns)), strict=True):
+            for rowid, old, output, model, prompt_version, contract, ts_us, source, attributes, *tags in zip(
+                *(chunk.column(i).to_pylist() for i in range(chunk.num_columns)), strict=True
+            ):
                 tail = orjson.dumps([model, prompt_version, contract, None, source, attributes, *tags])
                 ts_given = hashlib.blake2b(output.encode() + tail, digest_size=16).hexdigest() != old
                 sorted_output = orjson.dumps(orjson.loads(output), option=orjson.OPT_SORT_KEYS)
                 rowids.append(rowid)
-                hashes.append(_payload_hash(sorted_output, model, prompt_version, contract,
-                                           ts_us if ts_given else None, source, attributes, tuple(tags)))
+                hashes.append(
+                    _payload_hash(
+                        sorted_output,
+                        model,
+                        prompt_version,
+                        contract,
+                        ts_us if ts_given else None,
+                        source,
+                        attributes,
+                        tuple(tags),
+                    )
+                )
             con.register("_rehashed", pa.table({"rid": pa.array(rowids, pa.int64()), "h": hashes}))
             con.execute("UPDATE events SET payload_hash = r.h FROM _rehashed r WHERE events.rowid = r.rid")
             con.unregister("_rehashed")
@@ -232,7 +259,15 @@ def _v8_rehash_payloads(con: duckdb.DuckDBPyConnection) -> None:
 # "{bucket}" stands for the store's bucket width in seconds. Buckets are always on the
 # Unix-epoch grid (epoch - epoch % width), the same grid the rollups use.
 MIGRATIONS: list[str | Callable[[duckdb.DuckDBPyConnection], None]] = [
-    _V1, _V2, _V3, _V4, _V5, _V6, _V7, _v8_rehash_payloads]
+    _V1,
+    _V2,
+    _V3,
+    _V4,
+    _V5,
+    _V6,
+    _V7,
+    _v8_rehash_payloads,
+]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -277,9 +312,23 @@ class WriteResult(NamedTuple):
     status: WriteStatus
 
 
-_COLUMNS = ["event_id", "payload_hash", "generated_id", "model", "prompt_version", "contract", "ts",
-            "served_model", "contract_version", "source", "run_id", "agent_release", "finish_reason",
-            "attributes", "output"]
+_COLUMNS = [
+    "event_id",
+    "payload_hash",
+    "generated_id",
+    "model",
+    "prompt_version",
+    "contract",
+    "ts",
+    "served_model",
+    "contract_version",
+    "source",
+    "run_id",
+    "agent_release",
+    "finish_reason",
+    "attributes",
+    "output",
+]
 
 
 @dataclass(frozen=True)
@@ -358,8 +407,11 @@ class BatchBuilder:
                     early.append(None)
                     kept.append(env)
                 else:
-                    early.append(WriteResult(env.event_id, WriteStatus.duplicate if seen == env.payload_hash
-                                             else WriteStatus.conflict))
+                    early.append(
+                        WriteResult(
+                            env.event_id, WriteStatus.duplicate if seen == env.payload_hash else WriteStatus.conflict
+                        )
+                    )
             unique = kept
         self._event_ids.extend(event_ids)
         self._hashes.extend(hashes)
@@ -367,8 +419,9 @@ class BatchBuilder:
         if not unique:
             return
         # the columns of the new envelopes (in Envelope's field order)
-        (_, _, tss, models, prompt_versions, contracts, texts, _, served_models, versions, *_, outputs) = \
-            zip(*unique, strict=True)
+        (_, _, tss, models, prompt_versions, contracts, texts, _, served_models, versions, *_, outputs) = zip(
+            *unique, strict=True
+        )
         cohorts = list(zip(models, prompt_versions, contracts, strict=True))
         order = self._order
         if not order.keys() >= set(cohorts):
@@ -384,8 +437,13 @@ class BatchBuilder:
                 if served is not None and served != cohort[0]:
                     self._served.setdefault((served, cohort[1], cohort[2]), ts)
         # An envelope read by the C scanner has no parsed output: its text is counted as it is.
-        self._rollups.add_many([text if output is None else output for text, output in zip(texts, outputs, strict=True)],
-                               cohorts, tss, served_models, versions)
+        self._rollups.add_many(
+            [text if output is None else output for text, output in zip(texts, outputs, strict=True)],
+            cohorts,
+            tss,
+            served_models,
+            versions,
+        )
         if outputs.count(None) == len(outputs):  # read by the C scanner: no parsed output to let go
             self._unique.extend(unique)
         else:
@@ -398,8 +456,15 @@ class BatchBuilder:
             raise RuntimeError("BatchBuilder.finish called twice")
         self._rollups = None
         rollups.tables()  # Python work: done here, on the preparing thread
-        return PreparedBatch(self._event_ids, self._hashes, self._early, self._cohorts, self._served,
-                             _arrow(self._unique, self._keys), rollups)
+        return PreparedBatch(
+            self._event_ids,
+            self._hashes,
+            self._early,
+            self._cohorts,
+            self._served,
+            _arrow(self._unique, self._keys),
+            rollups,
+        )
 
 
 def _results(batch: PreparedBatch, inserted: set[str], existing: dict[str, str]) -> list[WriteResult]:
@@ -411,9 +476,11 @@ def _results(batch: PreparedBatch, inserted: set[str], existing: dict[str, str])
     # one this batch stored. (Against the batch's first occurrence alone, a repeat of the
     # stored payload behind a conflicting line would be called a conflict.)
     held = dict(existing)
-    held.update((event_id, payload_hash) for event_id, payload_hash, res
-                in zip(batch.event_ids, batch.hashes, batch.early, strict=True)
-                if res is None and event_id in inserted)
+    held.update(
+        (event_id, payload_hash)
+        for event_id, payload_hash, res in zip(batch.event_ids, batch.hashes, batch.early, strict=True)
+        if res is None and event_id in inserted
+    )
     out: list[WriteResult] = []
     for event_id, payload_hash, res in zip(batch.event_ids, batch.hashes, batch.early, strict=True):
         if res is None and event_id in inserted:
@@ -436,26 +503,36 @@ def _arrow(rows: list[tuple[Any, ...]], cohort_keys: Sequence[int]) -> pa.Table:
     def col(i: int) -> pa.Array:
         # Packed by C straight from the envelopes: with a list per column for Arrow to convert,
         # building the whole table took 2.0 us per event, 0.9 this way (measured, 2,000 events).
-        validity, offsets, data, nulls = string_column(rows, i)
-        return pa.Array.from_buffers(pa.string(), len(rows),
-                                     [None if validity is None else pa.py_buffer(validity),
-                                      pa.py_buffer(offsets), pa.py_buffer(data)], null_count=nulls)
+        validity, offsets, data, nulls = speedups.string_column(rows, i)
+        return pa.Array.from_buffers(
+            pa.string(),
+            len(rows),
+            [None if validity is None else pa.py_buffer(validity), pa.py_buffer(offsets), pa.py_buffer(data)],
+            null_count=nulls,
+        )
 
     f = _F
     # Timestamps go over as integers: converting datetime objects is the slow part of
     # building the batch, and an int64 -> timestamp cast is free in Arrow.
-    ts = pa.Array.from_buffers(pa.int64(), len(rows), [None, pa.py_buffer(epoch_micros(rows, f["ts"]))])
+    ts = pa.Array.from_buffers(pa.int64(), len(rows), [None, pa.py_buffer(speedups.epoch_micros(rows, f["ts"]))])
     igen = f["generated_id"]
-    return pa.table({
-        "event_id": col(f["event_id"]), "payload_hash": col(f["payload_hash"]),
-        "generated_id": pa.array([r[igen] for r in rows], pa.bool_()),
-        "cohort_key": pa.array(cohort_keys, pa.int32()),
-        "ts": ts.cast(pa.timestamp("us", tz="UTC")),
-        "served_model": col(f["served_model"]), "contract_version": col(f["contract_version"]),
-        "source": col(f["source"]), "run_id": col(f["run_id"]), "agent_release": col(f["agent_release"]),
-        "finish_reason": col(f["finish_reason"]), "attributes": col(f["attributes_json"]),
-        "output": col(f["output_json"]),
-    })
+    return pa.table(
+        {
+            "event_id": col(f["event_id"]),
+            "payload_hash": col(f["payload_hash"]),
+            "generated_id": pa.array([r[igen] for r in rows], pa.bool_()),
+            "cohort_key": pa.array(cohort_keys, pa.int32()),
+            "ts": ts.cast(pa.timestamp("us", tz="UTC")),
+            "served_model": col(f["served_model"]),
+            "contract_version": col(f["contract_version"]),
+            "source": col(f["source"]),
+            "run_id": col(f["run_id"]),
+            "agent_release": col(f["agent_release"]),
+            "finish_reason": col(f["finish_reason"]),
+            "attributes": col(f["attributes_json"]),
+            "output": col(f["output_json"]),
+        }
+    )
 
 
 _WAL_COPIES_KEPT = 5
@@ -476,8 +553,9 @@ def _copy_wal(path: Path) -> Path | None:
         copy = where / f"{path.name}.wal.{stamp}.unclean"
         shutil.copyfile(wal, copy)
     except OSError as exc:  # a full disk must not also keep the service from starting
-        log.warning("%s: a write-ahead log left by an unclean shutdown could not be copied aside (%s); "
-                    "replaying it", path, exc)
+        log.warning(
+            "%s: a write-ahead log left by an unclean shutdown could not be copied aside (%s); replaying it", path, exc
+        )
         return None
     for old in sorted(where.glob(f"{path.name}.wal.*.unclean"))[:-_WAL_COPIES_KEPT]:
         old.unlink(missing_ok=True)
@@ -492,10 +570,12 @@ def _is_wal_error(exc: duckdb.Error) -> bool:
 def _wal_refusal(path: Path, exc: duckdb.Error) -> str:
     wal = f"{path}.wal"
     detail = " ".join(str(exc).split())
-    return (f"its write-ahead log {wal} is damaged and cannot be replayed, so the database is not opened and "
-            f"nothing was changed ({detail}). To start anyway, move it aside (mv {wal} {wal}.damaged): the "
-            f"database then opens without the writes the log holds (copies of it are kept in "
-            f"{path.parent / 'quarantine'}); or restore the database from a backup")
+    return (
+        f"its write-ahead log {wal} is damaged and cannot be replayed, so the database is not opened and "
+        f"nothing was changed ({detail}). To start anyway, move it aside (mv {wal} {wal}.damaged): the "
+        f"database then opens without the writes the log holds (copies of it are kept in "
+        f"{path.parent / 'quarantine'}); or restore the database from a backup"
+    )
 
 
 def _is_lock_error(exc: duckdb.Error) -> bool:
@@ -529,15 +609,19 @@ def _store_error(doing: str, exc: duckdb.Error) -> StoreError:
     if isinstance(exc, duckdb.FatalException) or "database has been invalidated" in str(exc).lower():
         return StoreInvalidated(doing, exc)
     if "out of memory" in str(exc).lower():
-        return StoreUnavailable(f"DuckDB ran out of memory while {doing} ({' '.join(str(exc).split())[:300]}); "
-                                "raise memory_limit (import_memory_limit for shapewatch ingest)")
+        return StoreUnavailable(
+            f"DuckDB ran out of memory while {doing} ({' '.join(str(exc).split())[:300]}); "
+            "raise memory_limit (import_memory_limit for shapewatch ingest)"
+        )
     return StoreUnavailable(exc) if _is_space_error(exc) else StoreError(doing, exc)
 
 
 def _is_space_error(exc: BaseException) -> bool:
     msg = str(exc).lower()
-    return any(s in msg for s in ("no space left", "disk full", "out of disk", "could not write",
-                                  "i/o error", "input/output error"))
+    return any(
+        s in msg
+        for s in ("no space left", "disk full", "out of disk", "could not write", "i/o error", "input/output error")
+    )
 
 
 class _StoredBefore(Exception):
@@ -560,7 +644,7 @@ def _look_up(con: duckdb.DuckDBPyConnection, select: str, mark: str, keys: list[
     """
     rows: list[tuple[Any, ...]] = []
     for i in range(0, len(keys), _PROBE_KEYS):
-        chunk = keys[i:i + _PROBE_KEYS]
+        chunk = keys[i : i + _PROBE_KEYS]
         rows += con.execute(f"{select} ({', '.join([mark] * len(chunk))})", chunk).fetchall()
     return rows
 
@@ -572,8 +656,9 @@ class Store:
     ...     store.write_batch(envelopes)
     """
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, path: Path, *, bucket_seconds: int,
-                 rollup: RollupConfig, read_only: bool) -> None:
+    def __init__(
+        self, con: duckdb.DuckDBPyConnection, path: Path, *, bucket_seconds: int, rollup: RollupConfig, read_only: bool
+    ) -> None:
         self._con = con
         self.path = path
         self.bucket_seconds = bucket_seconds
@@ -621,9 +706,18 @@ class Store:
     # --- opening --------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, path: Path | str, *, memory_limit: str = "2GB", threads: int = 1, checkpoint_threshold: str = "256MB",
-             bucket_seconds: int = 60, rollup: RollupConfig | None = None,
-             read_only: bool = False, schemas: Sequence[Schema] = ()) -> Store:
+    def open(
+        cls,
+        path: Path | str,
+        *,
+        memory_limit: str = "2GB",
+        threads: int = 1,
+        checkpoint_threshold: str = "256MB",
+        bucket_seconds: int = 60,
+        rollup: RollupConfig | None = None,
+        read_only: bool = False,
+        schemas: Sequence[Schema] = (),
+    ) -> Store:
         """Open (creating or migrating) the database at ``path``, with the tables of ``schemas``."""
         path = Path(path)
         if not read_only:
@@ -633,10 +727,14 @@ class Store:
                 raise StoreError(f"opening {path}", f"cannot create its directory: {exc}") from exc
         elif not path.exists():
             raise StoreError("opening", f"database {path} does not exist")
-        config: dict[str, str | bool | int | float | list[str]] = {"memory_limit": memory_limit, "threads": str(threads),
-                  "checkpoint_threshold": checkpoint_threshold,
-                  "enable_external_access": "false", "autoinstall_known_extensions": "false",
-                  "autoload_known_extensions": "false"}
+        config: dict[str, str | bool | int | float | list[str]] = {
+            "memory_limit": memory_limit,
+            "threads": str(threads),
+            "checkpoint_threshold": checkpoint_threshold,
+            "enable_external_access": "false",
+            "autoinstall_known_extensions": "false",
+            "autoload_known_extensions": "false",
+        }
         # A write-ahead log left by an unclean shutdown is copied aside before DuckDB replays
         # it: DuckDB drops a torn or unreadable tail without a word, so the copy (and the
         # warning below) is what lets anyone find out what was on disk.
@@ -652,11 +750,14 @@ class Store:
                 raise StoreError(f"opening {path}", _wal_refusal(path, exc)) from exc
             raise StoreError(f"opening {path}", exc) from exc
         if wal_copy is not None:
-            log.warning("%s: replayed a write-ahead log left by an unclean shutdown; a copy of it is kept as %s "
-                        "(DuckDB drops a torn or unreadable tail of the log: if acknowledged events are "
-                        "missing, that copy holds what was on disk)", path, wal_copy)
-        store = cls(con, path, bucket_seconds=bucket_seconds, rollup=rollup or RollupConfig(),
-                    read_only=read_only)
+            log.warning(
+                "%s: replayed a write-ahead log left by an unclean shutdown; a copy of it is kept as %s "
+                "(DuckDB drops a torn or unreadable tail of the log: if acknowledged events are "
+                "missing, that copy holds what was on disk)",
+                path,
+                wal_copy,
+            )
+        store = cls(con, path, bucket_seconds=bucket_seconds, rollup=rollup or RollupConfig(), read_only=read_only)
         try:
             store._migrate()
             for schema in schemas:
@@ -706,8 +807,11 @@ class Store:
                 self._con.execute("INSERT INTO meta VALUES ('bucket_seconds', ?)", [str(self.bucket_seconds)])
             return
         if int(row[0]) != self.bucket_seconds:
-            raise StoreError("opening", f"database {self.path} was created with bucket_seconds={row[0]}; "
-                             f"set bucket_seconds to {row[0]} (it cannot change once rollups are stored)")
+            raise StoreError(
+                "opening",
+                f"database {self.path} was created with bucket_seconds={row[0]}; "
+                f"set bucket_seconds to {row[0]} (it cannot change once rollups are stored)",
+            )
 
     def _migrate(self) -> None:
         found = self._schema_version()
@@ -716,8 +820,11 @@ class Store:
         if found == SCHEMA_VERSION:
             return
         if self.read_only:
-            raise StoreError("opening", f"database {self.path} has schema version {found} and needs "
-                             f"migrating to {SCHEMA_VERSION}; open it once read-write (shapewatch serve)")
+            raise StoreError(
+                "opening",
+                f"database {self.path} has schema version {found} and needs "
+                f"migrating to {SCHEMA_VERSION}; open it once read-write (shapewatch serve)",
+            )
         for version in range(found, SCHEMA_VERSION):
             log.info("migrating %s from schema version %d to %d", self.path, version, version + 1)
             with self._transaction(f"migrating to schema version {version + 1}") as con:
@@ -726,8 +833,10 @@ class Store:
                     step(con)
                 else:
                     con.execute(step.replace("{bucket}", str(int(self.bucket_seconds))))
-                con.execute("INSERT INTO meta VALUES ('schema_version', ?) "
-                            "ON CONFLICT DO UPDATE SET value = excluded.value", [str(version + 1)])
+                con.execute(
+                    "INSERT INTO meta VALUES ('schema_version', ?) ON CONFLICT DO UPDATE SET value = excluded.value",
+                    [str(version + 1)],
+                )
 
     def _migrate_schema(self, schema: Schema) -> None:
         key = f"schema_version.{schema.name}"
@@ -738,14 +847,19 @@ class Store:
         if found == schema.version:
             return
         if self.read_only:
-            raise StoreError("opening", f"database {self.path} has {schema.name} tables at version {found} and "
-                             f"needs migrating to {schema.version}; open it once read-write (shapewatch serve)")
+            raise StoreError(
+                "opening",
+                f"database {self.path} has {schema.name} tables at version {found} and "
+                f"needs migrating to {schema.version}; open it once read-write (shapewatch serve)",
+            )
         for version in range(found, schema.version):
             log.info("migrating %s tables of %s from version %d to %d", schema.name, self.path, version, version + 1)
             with self._transaction(f"migrating {schema.name} tables to version {version + 1}") as con:
                 con.execute(schema.migrations[version])
-                con.execute("INSERT INTO meta VALUES (?, ?) ON CONFLICT DO UPDATE SET value = excluded.value",
-                            [key, str(version + 1)])
+                con.execute(
+                    "INSERT INTO meta VALUES (?, ?) ON CONFLICT DO UPDATE SET value = excluded.value",
+                    [key, str(version + 1)],
+                )
 
     @contextmanager
     def transaction(self, doing: str) -> Iterator[duckdb.DuckDBPyConnection]:
@@ -760,8 +874,9 @@ class Store:
             yield con
 
     @contextmanager
-    def _transaction(self, doing: str, con: duckdb.DuckDBPyConnection | None = None
-                     ) -> Iterator[duckdb.DuckDBPyConnection]:
+    def _transaction(
+        self, doing: str, con: duckdb.DuckDBPyConnection | None = None
+    ) -> Iterator[duckdb.DuckDBPyConnection]:
         """BEGIN ... COMMIT on the writing connection (or ``con``, the merges'); any failure
         rolls back (never left open).
 
@@ -838,8 +953,9 @@ class Store:
 
     def healthcheck(self) -> dict[str, Any]:
         """A real query: the schema version and the number of stored events."""
-        row = self.query("SELECT (SELECT value FROM meta WHERE key = 'schema_version'), "
-                         "(SELECT count(*) FROM events)")[0]
+        row = self.query("SELECT (SELECT value FROM meta WHERE key = 'schema_version'), (SELECT count(*) FROM events)")[
+            0
+        ]
         return {"schema_version": int(row[0]), "events": int(row[1])}
 
     # --- contracts ----------------------------------------------------------------------------
@@ -856,8 +972,12 @@ class Store:
     def _rollup_batch(self) -> RollupBatch:
         # Every batch of counts checks outputs against their contract version: ingest, a
         # partial insert and the recovery at open count the same way.
-        return RollupBatch(self.rollup, bucket_seconds=self.bucket_seconds, check=self._check_contract,
-                           registered=self._contract_registered)
+        return RollupBatch(
+            self.rollup,
+            bucket_seconds=self.bucket_seconds,
+            check=self._check_contract,
+            registered=self._contract_registered,
+        )
 
     def unchecked_counts(self) -> dict[str, int]:
         """Outputs of registered contract versions counted unchecked since start, by reason."""
@@ -878,8 +998,9 @@ class Store:
                     self.contract_unchecked.update(batch.unchecked)
                 batch.unchecked.clear()
 
-    def _check_contract(self, cohort: tuple[str, str, str], version: str, bucket: int,
-                        output: dict[str, Any] | str) -> tuple[ContractStatus, Sequence[tuple[str | None, str]]]:
+    def _check_contract(
+        self, cohort: tuple[str, str, str], version: str, bucket: int, output: dict[str, Any] | str
+    ) -> tuple[ContractStatus, Sequence[tuple[str | None, str]]]:
         validators = self.contract_validators
         cap = self.rollup.contract_checks_per_bucket
         if cap:
@@ -932,8 +1053,11 @@ class Store:
         """True when deferred rollups cover ``max_events`` or have waited ``max_seconds``
         (the writer then flushes)."""
         first = self._pending_first
-        return self._defer is not None and first is not None and (
-            self._pending_events >= self._defer[0] or time.monotonic() - first >= self._defer[1])
+        return (
+            self._defer is not None
+            and first is not None
+            and (self._pending_events >= self._defer[0] or time.monotonic() - first >= self._defer[1])
+        )
 
     @property
     def pending_rollup_events(self) -> int:
@@ -965,7 +1089,7 @@ class Store:
             merge_rollups(con, [batch for batch, _, _ in taken], self.rollup)
             self._set_watermark(con, taken[-1][1])
         with self._pending_lock:
-            del self._pending[:len(taken)]
+            del self._pending[: len(taken)]
             self._pending_events -= n
             self._pending_first = self._pending[0][2] if self._pending else None
         return n
@@ -992,8 +1116,10 @@ class Store:
             self.last_merge_error = None
 
     def _set_watermark(self, con: duckdb.DuckDBPyConnection, through: datetime) -> None:
-        con.execute("INSERT INTO meta VALUES ('rollups_through', ?) ON CONFLICT DO UPDATE SET value = excluded.value",
-                    [str(_epoch_us(through))])
+        con.execute(
+            "INSERT INTO meta VALUES ('rollups_through', ?) ON CONFLICT DO UPDATE SET value = excluded.value",
+            [str(_epoch_us(through))],
+        )
 
     def _recover_rollups(self) -> None:
         """Roll up events committed after the watermark (a crash before their merge)."""
@@ -1001,27 +1127,36 @@ class Store:
         # the watermark and the rows of a batch are told apart by it.
         last = self._con.execute(
             "SELECT greatest(coalesce(max(epoch_us(received_at)), 0), "
-            "coalesce((SELECT value::BIGINT FROM meta WHERE key = 'rollups_through'), 0)) FROM events").fetchone()
+            "coalesce((SELECT value::BIGINT FROM meta WHERE key = 'rollups_through'), 0)) FROM events"
+        ).fetchone()
         if last and last[0]:
             self._last_batch_time = _EPOCH + timedelta(microseconds=int(last[0]))
         row = self._con.execute("SELECT value FROM meta WHERE key = 'rollups_through'").fetchone()
         if row is None:  # older files rolled up synchronously: everything stored is counted
             self._con.execute(
                 "INSERT INTO meta SELECT 'rollups_through', coalesce(max(epoch_us(received_at)), 0)::VARCHAR "
-                "FROM events")
+                "FROM events"
+            )
             return
         rows = self._con.execute(
             """SELECT e.output, c.model, c.prompt_version, c.contract, epoch_us(e.ts), e.served_model,
                       e.contract_version, epoch_us(e.received_at)
                FROM events e JOIN cohorts c USING (cohort_id)
-               WHERE epoch_us(e.received_at) > ? ORDER BY e.received_at""", [int(row[0])]).fetchall()
+               WHERE epoch_us(e.received_at) > ? ORDER BY e.received_at""",
+            [int(row[0])],
+        ).fetchall()
         if not rows:
             return
         log.warning("rolling up %d events stored after the last rollup merge (after a crash)", len(rows))
         batch = self._rollup_batch()
         outputs, models, prompt_versions, contracts, ts_us, served, versions, _ = zip(*rows, strict=True)
-        batch.add_many(outputs, list(zip(models, prompt_versions, contracts, strict=True)),
-                       [datetime.fromtimestamp(t / 1_000_000, UTC) for t in ts_us], served, versions)
+        batch.add_many(
+            outputs,
+            list(zip(models, prompt_versions, contracts, strict=True)),
+            [datetime.fromtimestamp(t / 1_000_000, UTC) for t in ts_us],
+            served,
+            versions,
+        )
         with self._transaction("rolling up events stored after the last merge") as con:
             merge_rollups(con, [batch], self.rollup)
             con.execute("UPDATE meta SET value = ? WHERE key = 'rollups_through'", [str(rows[-1][7])])
@@ -1030,8 +1165,9 @@ class Store:
         """The counts of some rows of a prepared batch, re-read from its columns."""
         cohorts = list(batch.cohorts)
         rollups = self._rollup_batch()
-        cols = batch.table.select(["event_id", "cohort_key", "ts", "served_model", "contract_version",
-                                   "output"]).to_pydict()
+        cols = batch.table.select(
+            ["event_id", "cohort_key", "ts", "served_model", "contract_version", "output"]
+        ).to_pydict()
         rows = [row for row in zip(*cols.values(), strict=True) if row[0] in event_ids]
         if rows:
             _, keys, tss, served, versions, outputs = zip(*rows, strict=True)
@@ -1039,8 +1175,9 @@ class Store:
         rollups.tables()
         return rollups
 
-    def write_batch(self, envelopes: Sequence[Envelope] | PreparedBatch, *,
-                    now: datetime | None = None, merge: bool = True) -> list[WriteResult]:
+    def write_batch(
+        self, envelopes: Sequence[Envelope] | PreparedBatch, *, now: datetime | None = None, merge: bool = True
+    ) -> list[WriteResult]:
         """Store the events not seen before, with their rollups, in one transaction.
 
         Returns one result per envelope, in order. A key seen before (in an
@@ -1055,8 +1192,9 @@ class Store:
         batch = envelopes if isinstance(envelopes, PreparedBatch) else self.prepare_batch(envelopes)
         return self.write_batches([batch], now=now, merge=merge)[0]
 
-    def write_batches(self, batches: Iterable[PreparedBatch], *, now: datetime | None = None,
-                      merge: bool = True) -> list[list[WriteResult]]:
+    def write_batches(
+        self, batches: Iterable[PreparedBatch], *, now: datetime | None = None, merge: bool = True
+    ) -> list[list[WriteResult]]:
         """Several prepared batches in one transaction; the results of each, as ``write_batch``.
 
         Bulk import writes a row group's worth of events (122,880) or more per transaction:
@@ -1082,8 +1220,7 @@ class Store:
             if merge and self._defer is not None and self._pending_events >= self._defer[0]:
                 with self._merge_lock:
                     self._flush_after_commit()
-        return [_results(batch, inserted, existing)
-                for batch, (inserted, existing) in zip(drawn, written, strict=True)]
+        return [_results(batch, inserted, existing) for batch, (inserted, existing) in zip(drawn, written, strict=True)]
 
     def _batch_time(self, now: datetime | None) -> datetime:
         # Strictly increasing per store, so one batch's received_at never equals another's.
@@ -1094,8 +1231,9 @@ class Store:
         self._last_batch_time = t
         return t
 
-    def _write(self, batches: Iterable[PreparedBatch], now: datetime | None
-               ) -> tuple[list[PreparedBatch], list[tuple[set[str], dict[str, str]]]]:
+    def _write(
+        self, batches: Iterable[PreparedBatch], now: datetime | None
+    ) -> tuple[list[PreparedBatch], list[tuple[set[str], dict[str, str]]]]:
         """The batches drawn from ``batches``, and (ids inserted, {stored id: its hash}) of each;
         the write lock is held."""
         drawn: list[PreparedBatch] = []
@@ -1113,15 +1251,19 @@ class Store:
             try:
                 if isinstance(batches, Sequence) and len(batches) == 1 and self._defer is not None:
                     drawn, times = [batches[0]], [self._batch_time(now)]
-                    out = [self._insert(self._con, drawn[0], times[0], probe=False, whole=True)
-                           if drawn[0].unique else (set(), {})]
+                    out = [
+                        self._insert(self._con, drawn[0], times[0], probe=False, whole=True)
+                        if drawn[0].unique
+                        else (set(), {})
+                    ]
                 else:
                     with self._transaction("writing a batch") as con:
                         for batch in rest:
                             drawn.append(batch)
                             times.append(self._batch_time(now))
-                            out.append(self._insert(con, batch, times[-1], probe=False) if batch.unique
-                                       else (set(), {}))
+                            out.append(
+                                self._insert(con, batch, times[-1], probe=False) if batch.unique else (set(), {})
+                            )
                 self._committed(out)
             except _StoredBefore:  # rolled back: again, a batch at a time, knowing which keys are stored
                 self._pending_cohorts = {}
@@ -1167,8 +1309,9 @@ class Store:
                     self._pending.append((rollups, received_at, added))
                     self._pending_events += rollups.events
 
-    def _insert(self, con: duckdb.DuckDBPyConnection, batch: PreparedBatch, now: datetime, *,
-                probe: bool, whole: bool = False) -> tuple[set[str], dict[str, str]]:
+    def _insert(
+        self, con: duckdb.DuckDBPyConnection, batch: PreparedBatch, now: datetime, *, probe: bool, whole: bool = False
+    ) -> tuple[set[str], dict[str, str]]:
         """Insert the keys and the events of the batch that are not stored yet; (ids inserted,
         {stored id: its hash}). ``whole``: the insert is its own transaction, begun and
         committed in the same call (the caller opened none).
@@ -1199,12 +1342,14 @@ class Store:
                 return set(), existing
         con.register("_batch", table)
         stamp = f"'{now.isoformat()}'::TIMESTAMPTZ"  # ours, aware: a literal, so both go in one call
-        writes = (f"INSERT INTO event_keys SELECT md5_number(event_id), payload_hash, {stamp} FROM _batch; "
-                  f"""INSERT INTO events
+        writes = (
+            f"INSERT INTO event_keys SELECT md5_number(event_id), payload_hash, {stamp} FROM _batch; "
+            f"""INSERT INTO events
                       SELECT md5_number(event_id), event_id, payload_hash, generated_id, cohort_id, ts, {stamp},
                              served_model, contract_version, source, run_id, agent_release, finish_reason,
                              attributes, output
-                      FROM _batch""")
+                      FROM _batch"""
+        )
         try:
             con.execute(f"BEGIN TRANSACTION; {writes}; COMMIT" if whole else writes)
         except BaseException as exc:
@@ -1249,21 +1394,24 @@ class Store:
         """
         probe = "SELECT md5_number(e) AS id_key, e FROM unnest(?::VARCHAR[]) AS t(e)"
         if len(event_ids) * _KEYS_SCANNED_PER_ID > self._indexed_keys:
-            rows = con.execute(f"SELECT p.e, k.payload_hash FROM ({probe}) p JOIN event_keys k USING (id_key)",
-                               [event_ids]).fetchall()
+            rows = con.execute(
+                f"SELECT p.e, k.payload_hash FROM ({probe}) p JOIN event_keys k USING (id_key)", [event_ids]
+            ).fetchall()
         else:
             rows = []
             for i in range(0, len(event_ids), _PROBE_KEYS):
-                chunk = event_ids[i:i + _PROBE_KEYS]
+                chunk = event_ids[i : i + _PROBE_KEYS]
                 marks = ", ".join(["md5_number(?)"] * len(chunk))
                 rows += con.execute(
                     f"""SELECT p.e, k.payload_hash FROM ({probe}) p
                         JOIN (SELECT id_key, payload_hash FROM event_keys WHERE id_key IN ({marks})) k USING (id_key)""",
-                    [chunk, *chunk]).fetchall()
+                    [chunk, *chunk],
+                ).fetchall()
         return dict(rows)
 
-    def _cohort_ids(self, con: duckdb.DuckDBPyConnection,
-                    first_ts: dict[tuple[str, str, str], datetime]) -> dict[tuple[str, str, str], int]:
+    def _cohort_ids(
+        self, con: duckdb.DuckDBPyConnection, first_ts: dict[tuple[str, str, str], datetime]
+    ) -> dict[tuple[str, str, str], int]:
         """The id of each cohort, creating new ones (set-based) in the current transaction."""
         ids: dict[tuple[str, str, str], int] = {}
         new: list[tuple[str, str, str]] = []
@@ -1275,19 +1423,27 @@ class Store:
                 ids[key] = cid
         if not new:
             return ids
-        con.register("_nc", pa.table({
-            "model": pa.array([k[0] for k in new], pa.string()),
-            "prompt_version": pa.array([k[1] for k in new], pa.string()),
-            "contract": pa.array([k[2] for k in new], pa.string()),
-            "first_seen": pa.array([first_ts[k] for k in new], pa.timestamp("us", tz="UTC"))}))
+        con.register(
+            "_nc",
+            pa.table(
+                {
+                    "model": pa.array([k[0] for k in new], pa.string()),
+                    "prompt_version": pa.array([k[1] for k in new], pa.string()),
+                    "contract": pa.array([k[2] for k in new], pa.string()),
+                    "first_seen": pa.array([first_ts[k] for k in new], pa.timestamp("us", tz="UTC")),
+                }
+            ),
+        )
         try:
             con.execute(
                 """INSERT INTO cohorts
                    SELECT nextval('cohort_seq'), model, prompt_version, contract, first_seen FROM _nc
-                   ON CONFLICT DO NOTHING""")
+                   ON CONFLICT DO NOTHING"""
+            )
             rows = con.execute(
                 """SELECT c.cohort_id, c.model, c.prompt_version, c.contract
-                   FROM cohorts c JOIN _nc USING (model, prompt_version, contract)""").fetchall()
+                   FROM cohorts c JOIN _nc USING (model, prompt_version, contract)"""
+            ).fetchall()
         finally:
             con.unregister("_nc")
         for cid, model, prompt_version, contract in rows:
@@ -1295,9 +1451,13 @@ class Store:
             ids[cohort] = self._pending_cohorts[cohort] = int(cid)
         return ids
 
-    def record_outcomes(self, outcomes: Sequence[tuple[str, str, str, datetime, str]], *,
-                        keys: Sequence[str | None] | None = None,
-                        served: Sequence[str | None] | None = None) -> list[bool]:
+    def record_outcomes(
+        self,
+        outcomes: Sequence[tuple[str, str, str, datetime, str]],
+        *,
+        keys: Sequence[str | None] | None = None,
+        served: Sequence[str | None] | None = None,
+    ) -> list[bool]:
         """Count provider outcomes, (model, prompt_version, contract, ts, kind) each; returns,
         in order, whether each was counted.
 
@@ -1329,7 +1489,8 @@ class Store:
                 first_ts: dict[tuple[str, str, str], datetime] = {}
                 counted = [False] * len(outcomes)
                 for i, ((model, prompt_version, contract, ts, kind), okey, other) in enumerate(
-                        zip(outcomes, keys, answered, strict=True)):
+                    zip(outcomes, keys, answered, strict=True)
+                ):
                     if okey is not None:
                         if okey not in new:
                             continue
@@ -1347,7 +1508,8 @@ class Store:
                 con.executemany(
                     """INSERT INTO outcomes VALUES (?, to_timestamp(?), ?, ?)
                        ON CONFLICT DO UPDATE SET n = n + excluded.n""",
-                    [[ids[c], epoch, kind, n] for (c, epoch, kind), n in counts.items()])
+                    [[ids[c], epoch, kind, n] for (c, epoch, kind), n in counts.items()],
+                )
             self._cohorts.update(self._pending_cohorts)
         return counted
 
@@ -1423,7 +1585,8 @@ class Store:
                 row = con.execute(
                     f"""DELETE FROM {table} WHERE rowid IN (
                             SELECT rowid FROM {table} WHERE received_at < ? LIMIT ?)""",
-                    [before, _PURGE_CHUNK]).fetchone()
+                    [before, _PURGE_CHUNK],
+                ).fetchone()
             n = int(row[0]) if row else 0
             deleted += n
             if n < _PURGE_CHUNK:

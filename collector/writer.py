@@ -111,9 +111,15 @@ class _Gathering:
 class Writer:
     """The one thread that writes events to the store, committing requests in groups."""
 
-    def __init__(self, store: Store, *, max_events: int = 5000, max_wait: float = 0.002,
-                 max_queued: int = 200_000,
-                 on_batch: Callable[[int, float], None] | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        max_events: int = 5000,
+        max_wait: float = 0.002,
+        max_queued: int = 200_000,
+        on_batch: Callable[[int, float], None] | None = None,
+    ) -> None:
         self._store = store
         self._max_events = max_events
         self._max_wait = max_wait
@@ -166,8 +172,7 @@ class Writer:
                 if self._stopping:
                     raise StoreUnavailable("the service is shutting down")
                 if self._queued_events + n > self._max_queued:
-                    raise StoreUnavailable(f"{self._queued_events} events are waiting to be written",
-                                           retry_after=1)
+                    raise StoreUnavailable(f"{self._queued_events} events are waiting to be written", retry_after=1)
                 last = self._queue[-1] if self._queue else None
                 if last is None or last.failed is not None or (last.events and last.events + n > self._max_events):
                     last = _Gathering(self._store.batch_builder())
@@ -175,8 +180,10 @@ class Writer:
             try:
                 last.builder.add_many(envelopes)
             except Exception as exc:  # the batch holds part of this request: prepared again without it
-                log.exception("preparing a request's events failed; the request is refused, the others "
-                              "in its batch are prepared again")
+                log.exception(
+                    "preparing a request's events failed; the request is refused, the others "
+                    "in its batch are prepared again"
+                )
                 try:
                     rebuilt = self._store.batch_builder()
                     for earlier in last.envelopes:
@@ -206,8 +213,12 @@ class Writer:
             # A short wait lets concurrent requests join this commit (not when another batch is
             # already gathering behind it: this one is full).
             deadline = time.monotonic() + self._max_wait
-            while (len(self._queue) == 1 and self._queue[0].events < self._max_events
-                   and self._queue[0].failed is None and not self._stopping):
+            while (
+                len(self._queue) == 1
+                and self._queue[0].events < self._max_events
+                and self._queue[0].failed is None
+                and not self._stopping
+            ):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
@@ -258,7 +269,7 @@ class Writer:
         self.last_error = None
         i = 0
         for n, fut in taken.requests:
-            _settle(fut, result=results[i:i + n])
+            _settle(fut, result=results[i : i + n])
             i += n
         if self._on_batch is not None:
             self._on_batch(taken.events, time.perf_counter() - t0)
@@ -271,8 +282,9 @@ class Writer:
         return self._thread.is_alive() and self._merger.alive
 
 
-def _settle(fut: Future[list[WriteResult]], *, result: list[WriteResult] | None = None,
-            error: BaseException | None = None) -> None:
+def _settle(
+    fut: Future[list[WriteResult]], *, result: list[WriteResult] | None = None, error: BaseException | None = None
+) -> None:
     """Resolve a request's future unless its caller gave up on it (a cancelled request).
 
     The events of a cancelled request are committed all the same; a retry finds them

@@ -8,5 +8,13 @@ runs it; ``shapewatch up`` runs it beside the service.
 from .client import ApiClient, AuthRejected, DashboardError, RequestRefused, ServiceFailed, ServiceUnreachable
 from .settings import DashboardSettings, load_settings
 
-__all__ = ["ApiClient", "AuthRejected", "DashboardError", "DashboardSettings", "RequestRefused", "ServiceFailed",
-           "ServiceUnreachable", "load_settings"]
+__all__ = [
+    "ApiClient",
+    "AuthRejected",
+    "DashboardError",
+    "DashboardSettings",
+    "RequestRefused",
+    "ServiceFailed",
+    "ServiceUnreachable",
+    "load_settings",
+]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import streamlit as st
 from streamlit.errors import StreamlitSecretNotFoundError
 
-from dashboard import ui
+from shapewatch.dashboard import ui
 
 
 def _auth_configured() -> bool:

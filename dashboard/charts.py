@@ -16,8 +16,17 @@ from typing import Any
 import altair as alt
 import pandas as pd
 
-__all__ = ["TOLERANCE", "Chart", "array_chart", "presence_chart", "series_frame", "type_chart", "unknown_chart",
-           "values_chart", "values_table"]
+__all__ = [
+    "TOLERANCE",
+    "Chart",
+    "array_chart",
+    "presence_chart",
+    "series_frame",
+    "type_chart",
+    "unknown_chart",
+    "values_chart",
+    "values_table",
+]
 
 Chart = alt.Chart | alt.LayerChart | alt.FacetChart
 
@@ -38,17 +47,29 @@ def series_frame(doc: dict[str, Any]) -> pd.DataFrame:
     rows = []
     for item in doc["series"]:
         arr = item.get("array") or {}
-        rows.append({"time": _time(item), "units": item["units"], "presence": item.get("presence_rate"),
-                     "unknown share": item.get("unknown_share"), "p50": arr.get("p50"), "p90": arr.get("p90"),
-                     "p99": arr.get("p99"), "empty share": arr.get("empty_share")})
-    return pd.DataFrame(rows, columns=["time", "units", "presence", "unknown share", "p50", "p90", "p99",
-                                       "empty share"])
+        rows.append(
+            {
+                "time": _time(item),
+                "units": item["units"],
+                "presence": item.get("presence_rate"),
+                "unknown share": item.get("unknown_share"),
+                "p50": arr.get("p50"),
+                "p90": arr.get("p90"),
+                "p99": arr.get("p99"),
+                "empty share": arr.get("empty_share"),
+            }
+        )
+    return pd.DataFrame(
+        rows, columns=["time", "units", "presence", "unknown share", "p50", "p90", "p99", "empty share"]
+    )
 
 
 def contract_changes_frame(doc: dict[str, Any]) -> pd.DataFrame:
     """Contract versions first seen inside the range (``contract_changes`` of the series route)."""
-    rows = [{"time": pd.Timestamp(c["at"]), "contract": f"contract {c['version']}"}
-            for c in doc.get("contract_changes") or []]
+    rows = [
+        {"time": pd.Timestamp(c["at"]), "contract": f"contract {c['version']}"}
+        for c in doc.get("contract_changes") or []
+    ]
     return pd.DataFrame(rows, columns=["time", "contract"])
 
 
@@ -57,94 +78,159 @@ def with_contract_changes(doc: dict[str, Any], chart: Chart) -> Chart:
     frame = contract_changes_frame(doc)
     if not len(frame):
         return chart
-    rules = alt.Chart(frame).mark_rule(color="#7a3db8", strokeDash=[2, 2]).encode(
-        x="time:T", tooltip=["time:T", "contract:N"])
-    labels = alt.Chart(frame).mark_text(align="left", dx=3, dy=-4, color="#7a3db8").encode(
-        x="time:T", y=alt.value(8), text="contract:N")
+    rules = (
+        alt.Chart(frame)
+        .mark_rule(color="#7a3db8", strokeDash=[2, 2])
+        .encode(x="time:T", tooltip=["time:T", "contract:N"])
+    )
+    labels = (
+        alt.Chart(frame)
+        .mark_text(align="left", dx=3, dy=-4, color="#7a3db8")
+        .encode(x="time:T", y=alt.value(8), text="contract:N")
+    )
     return alt.layer(chart, rules, labels)
 
 
 def violation_chart(doc: dict[str, Any]) -> Chart:
     """Share of checked outputs breaking the registered contract at this field, per step."""
-    rows = [{"time": _time(item), "violations": item.get("violation_rate")} for item in doc["series"]
-            if item.get("violation_rate") is not None]
+    rows = [
+        {"time": _time(item), "violations": item.get("violation_rate")}
+        for item in doc["series"]
+        if item.get("violation_rate") is not None
+    ]
     frame = pd.DataFrame(rows, columns=["time", "violations"])
-    chart: alt.Chart = alt.Chart(frame).mark_line(point=True, color="#7a3db8").encode(
-        x=_x(doc), y=alt.Y("violations:Q", axis=alt.Axis(format=".0%"), title="breaking the contract",
-                           scale=alt.Scale(domainMin=0)),
-        tooltip=["time:T", alt.Tooltip("violations:Q", format=".1%")])
+    chart: alt.Chart = (
+        alt.Chart(frame)
+        .mark_line(point=True, color="#7a3db8")
+        .encode(
+            x=_x(doc),
+            y=alt.Y(
+                "violations:Q", axis=alt.Axis(format=".0%"), title="breaking the contract", scale=alt.Scale(domainMin=0)
+            ),
+            tooltip=["time:T", alt.Tooltip("violations:Q", format=".1%")],
+        )
+    )
     return with_contract_changes(doc, chart)
 
 
 def presence_chart(doc: dict[str, Any], tolerance: float = TOLERANCE) -> Chart:
     """Presence per step; the baseline level and a +/- tolerance band when there is a baseline."""
     frame = series_frame(doc)[["time", "presence", "units"]]
-    line = alt.Chart(frame).mark_line(point=True).encode(
-        x=_x(doc),
-        y=alt.Y("presence:Q", title="presence", axis=alt.Axis(format="%"), scale=alt.Scale(domain=[0, 1])),
-        tooltip=[alt.Tooltip("time:T"), alt.Tooltip("presence:Q", format=".1%"), alt.Tooltip("units:Q")])
+    line = (
+        alt.Chart(frame)
+        .mark_line(point=True)
+        .encode(
+            x=_x(doc),
+            y=alt.Y("presence:Q", title="presence", axis=alt.Axis(format="%"), scale=alt.Scale(domain=[0, 1])),
+            tooltip=[alt.Tooltip("time:T"), alt.Tooltip("presence:Q", format=".1%"), alt.Tooltip("units:Q")],
+        )
+    )
     layers: list[Any] = []
     base = (doc.get("baseline") or {}).get("presence_rate")
     if base is not None:
-        band = pd.DataFrame({"time": [pd.Timestamp(doc["since"]), pd.Timestamp(doc["until"])],
-                             "lo": [max(0.0, base - tolerance)] * 2, "hi": [min(1.0, base + tolerance)] * 2})
-        layers.append(alt.Chart(band).mark_area(opacity=0.15, color="#2f6fdf").encode(x="time:T", y="lo:Q",
-                                                                                    y2="hi:Q"))
-        layers.append(alt.Chart(pd.DataFrame({"baseline": [base]})).mark_rule(strokeDash=[6, 3], color="#555")
-                      .encode(y="baseline:Q"))
+        band = pd.DataFrame(
+            {
+                "time": [pd.Timestamp(doc["since"]), pd.Timestamp(doc["until"])],
+                "lo": [max(0.0, base - tolerance)] * 2,
+                "hi": [min(1.0, base + tolerance)] * 2,
+            }
+        )
+        layers.append(alt.Chart(band).mark_area(opacity=0.15, color="#2f6fdf").encode(x="time:T", y="lo:Q", y2="hi:Q"))
+        layers.append(
+            alt.Chart(pd.DataFrame({"baseline": [base]}))
+            .mark_rule(strokeDash=[6, 3], color="#555")
+            .encode(y="baseline:Q")
+        )
     return with_contract_changes(doc, alt.layer(*layers, line))
 
 
 def type_chart(doc: dict[str, Any]) -> Chart:
     """Type shares per step, stacked (shares of the present values)."""
-    rows = [{"time": _time(item), "type": t, "share": share}
-            for item in doc["series"] for t, share in (item.get("types") or {}).items()]
+    rows = [
+        {"time": _time(item), "type": t, "share": share}
+        for item in doc["series"]
+        for t, share in (item.get("types") or {}).items()
+    ]
     frame = pd.DataFrame(rows, columns=["time", "type", "share"])
-    chart: alt.Chart = alt.Chart(frame).mark_area().encode(
-        x=_x(doc), y=alt.Y("share:Q", stack="zero", axis=alt.Axis(format="%"), title="share"),
-        color=alt.Color("type:N"), tooltip=["time:T", "type:N", alt.Tooltip("share:Q", format=".1%")])
+    chart: alt.Chart = (
+        alt.Chart(frame)
+        .mark_area()
+        .encode(
+            x=_x(doc),
+            y=alt.Y("share:Q", stack="zero", axis=alt.Axis(format="%"), title="share"),
+            color=alt.Color("type:N"),
+            tooltip=["time:T", "type:N", alt.Tooltip("share:Q", format=".1%")],
+        )
+    )
     return with_contract_changes(doc, chart)
 
 
 def unknown_chart(doc: dict[str, Any]) -> Chart:
     """Share of string values outside the baseline's set, per step (0 in the baseline by definition)."""
     frame = series_frame(doc)[["time", "unknown share"]]
-    chart: alt.Chart = alt.Chart(frame).mark_line(point=True, color="#b00020").encode(
-        x=_x(doc),
-        y=alt.Y("unknown share:Q", axis=alt.Axis(format=".0%"), title="unknown share",
-                scale=alt.Scale(domainMin=0)),
-        tooltip=["time:T", alt.Tooltip("unknown share:Q", format=".1%")])
+    chart: alt.Chart = (
+        alt.Chart(frame)
+        .mark_line(point=True, color="#b00020")
+        .encode(
+            x=_x(doc),
+            y=alt.Y(
+                "unknown share:Q", axis=alt.Axis(format=".0%"), title="unknown share", scale=alt.Scale(domainMin=0)
+            ),
+            tooltip=["time:T", alt.Tooltip("unknown share:Q", format=".1%")],
+        )
+    )
     return with_contract_changes(doc, chart)
 
 
 def array_chart(doc: dict[str, Any]) -> Chart:
     """Array-size p50/p90/p99 per step, with the baseline's levels as dashed rules."""
     frame = series_frame(doc)
-    long = frame.melt(id_vars=["time"], value_vars=["p50", "p90", "p99"], var_name="percentile",
-                      value_name="length").dropna()
-    lines = alt.Chart(long).mark_line(point=True).encode(
-        x=_x(doc), y=alt.Y("length:Q", title="items"), color=alt.Color("percentile:N"),
-        tooltip=["time:T", "percentile:N", "length:Q"])
+    long = frame.melt(
+        id_vars=["time"], value_vars=["p50", "p90", "p99"], var_name="percentile", value_name="length"
+    ).dropna()
+    lines = (
+        alt.Chart(long)
+        .mark_line(point=True)
+        .encode(
+            x=_x(doc),
+            y=alt.Y("length:Q", title="items"),
+            color=alt.Color("percentile:N"),
+            tooltip=["time:T", "percentile:N", "length:Q"],
+        )
+    )
     layers: list[Any] = [lines]
     base = (doc.get("baseline") or {}).get("array")
     if base:
-        levels = pd.DataFrame([{"percentile": k, "length": base[k]} for k in ("p50", "p90", "p99")
-                               if base.get(k) is not None])
-        layers.append(alt.Chart(levels).mark_rule(strokeDash=[6, 3]).encode(
-            y="length:Q", color=alt.Color("percentile:N")))
+        levels = pd.DataFrame(
+            [{"percentile": k, "length": base[k]} for k in ("p50", "p90", "p99") if base.get(k) is not None]
+        )
+        layers.append(
+            alt.Chart(levels).mark_rule(strokeDash=[6, 3]).encode(y="length:Q", color=alt.Color("percentile:N"))
+        )
     return with_contract_changes(doc, alt.layer(*layers))
 
 
 def values_chart(values: pd.DataFrame, top: int = 20) -> Chart:
     """The most frequent values of the period as bars; the ones the baseline never had stand out."""
-    frame = values.sort_values("count (period)", ascending=False).head(top).assign(
-        seen=lambda f: f["new"].map({True: "new (not in the baseline)", False: "in the baseline"}))
-    chart: alt.Chart = alt.Chart(frame).mark_bar().encode(
-        x=alt.X("count (period):Q", title="outputs in the period"),
-        y=alt.Y("value:N", sort="-x", title=None),
-        color=alt.Color("seen:N", title=None, scale=alt.Scale(domain=["new (not in the baseline)", "in the baseline"],
-                                                              range=["#e8590c", "#9aa5b1"])),
-        tooltip=["value:N", "count (period):Q", "count (baseline):Q", "seen:N"])
+    frame = (
+        values.sort_values("count (period)", ascending=False)
+        .head(top)
+        .assign(seen=lambda f: f["new"].map({True: "new (not in the baseline)", False: "in the baseline"}))
+    )
+    chart: alt.Chart = (
+        alt.Chart(frame)
+        .mark_bar()
+        .encode(
+            x=alt.X("count (period):Q", title="outputs in the period"),
+            y=alt.Y("value:N", sort="-x", title=None),
+            color=alt.Color(
+                "seen:N",
+                title=None,
+                scale=alt.Scale(domain=["new (not in the baseline)", "in the baseline"], range=["#e8590c", "#9aa5b1"]),
+            ),
+            tooltip=["value:N", "count (period):Q", "count (baseline):Q", "seen:N"],
+        )
+    )
     return chart
 
 
@@ -157,7 +243,14 @@ def values_table(doc: dict[str, Any]) -> pd.DataFrame:
             seen[v] = seen.get(v, 0) + int(n)
     base = (doc.get("baseline") or {}).get("values") or {}
     has_baseline = bool(doc.get("baseline") and doc["baseline"].get("present"))
-    rows = [{"value": v, "count (period)": seen.get(v, 0), "count (baseline)": base.get(v, 0),
-             "new": has_baseline and v not in base} for v in set(seen) | set(base)]
+    rows = [
+        {
+            "value": v,
+            "count (period)": seen.get(v, 0),
+            "count (baseline)": base.get(v, 0),
+            "new": has_baseline and v not in base,
+        }
+        for v in set(seen) | set(base)
+    ]
     frame = pd.DataFrame(rows, columns=["value", "count (period)", "count (baseline)", "new"])
     return frame.sort_values(["new", "count (period)", "value"], ascending=[False, False, True]).reset_index(drop=True)

@@ -28,19 +28,23 @@ class DashboardError(Exception):
 class ServiceUnreachable(DashboardError):
     def __init__(self, url: str, reason: str) -> None:
         self.url = url
-        super().__init__(f"Cannot reach the shapewatch service at {url} ({reason}). Start it with "
-                         "`shapewatch serve` or `make up`, or point the dashboard at it with SHAPEWATCH_URL "
-                         "(`shapewatch dashboard --url URL`).")
+        super().__init__(
+            f"Cannot reach the shapewatch service at {url} ({reason}). Start it with "
+            "`shapewatch serve` or `make up`, or point the dashboard at it with SHAPEWATCH_URL "
+            "(`shapewatch dashboard --url URL`)."
+        )
 
 
 class AuthRejected(DashboardError):
     def __init__(self, url: str, status: int, message: str) -> None:
         self.url = url
         self.status = status
-        fix = ("Give the dashboard a token with the read scope, and admin for acknowledging, silencing, "
-               "freezing and activating (a SHAPEWATCH_TOKENS entry `read+admin:SECRET`, or a bare SECRET)."
-               if status == 403 else
-               "Set SHAPEWATCH_TOKEN (`shapewatch dashboard --token T`) to one of the service's tokens.")
+        fix = (
+            "Give the dashboard a token with the read scope, and admin for acknowledging, silencing, "
+            "freezing and activating (a SHAPEWATCH_TOKENS entry `read+admin:SECRET`, or a bare SECRET)."
+            if status == 403
+            else "Set SHAPEWATCH_TOKEN (`shapewatch dashboard --token T`) to one of the service's tokens."
+        )
         super().__init__(f"The service at {url} refused the dashboard's token ({status}: {message}). {fix}")
 
 
@@ -48,8 +52,9 @@ class ServiceFailed(DashboardError):
     def __init__(self, url: str, status: int, message: str) -> None:
         self.url = url
         self.status = status
-        super().__init__(f"The service at {url} failed to answer ({status}: {message}). Its log says more; "
-                         "try again in a moment.")
+        super().__init__(
+            f"The service at {url} failed to answer ({status}: {message}). Its log says more; try again in a moment."
+        )
 
 
 class RequestRefused(DashboardError):
@@ -78,16 +83,24 @@ class ApiClient:
         self.token = token or None
         self.timeout = timeout
 
-    def request(self, method: str, path: str, *, params: dict[str, Any] | None = None,
-                json: Any = None) -> httpx.Response:
+    def request(
+        self, method: str, path: str, *, params: dict[str, Any] | None = None, json: Any = None
+    ) -> httpx.Response:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         clean = {k: v for k, v in (params or {}).items() if v is not None and v != ""}
         try:
-            r = httpx.request(method, self.url + path, params=clean, json=json, headers=headers,
-                              timeout=httpx.Timeout(self.timeout, connect=3.0))
+            r = httpx.request(
+                method,
+                self.url + path,
+                params=clean,
+                json=json,
+                headers=headers,
+                timeout=httpx.Timeout(self.timeout, connect=3.0),
+            )
         except httpx.HTTPError as exc:
-            raise ServiceUnreachable(self.url, f"{type(exc).__name__}: {exc}" if str(exc)
-                                     else type(exc).__name__) from exc
+            raise ServiceUnreachable(
+                self.url, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            ) from exc
         if r.status_code in (401, 403):
             raise AuthRejected(self.url, r.status_code, _message(r))
         if r.status_code >= 500:
@@ -129,15 +142,37 @@ class ApiClient:
         return dict(self.post(f"/v1/alerts/{fingerprint}/ack", {"author": author}))
 
     def silence(self, *, duration: str, author: str, reason: str, **match: str | None) -> dict[str, Any]:
-        body = {"duration": duration, "author": author, "reason": reason,
-                **{k: v for k, v in match.items() if v is not None}}
+        body = {
+            "duration": duration,
+            "author": author,
+            "reason": reason,
+            **{k: v for k, v in match.items() if v is not None},
+        }
         return dict(self.post("/v1/silences", body))
 
-    def freeze(self, *, model: str, prompt_version: str, contract: str, since: str, until: str, note: str,
-               author: str, activate: bool = True, force: str | None = None) -> dict[str, Any]:
-        body: dict[str, Any] = {"model": model, "prompt_version": prompt_version, "contract": contract,
-                                "since": since, "until": until, "note": note, "author": author,
-                                "activate": activate}
+    def freeze(
+        self,
+        *,
+        model: str,
+        prompt_version: str,
+        contract: str,
+        since: str,
+        until: str,
+        note: str,
+        author: str,
+        activate: bool = True,
+        force: str | None = None,
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": model,
+            "prompt_version": prompt_version,
+            "contract": contract,
+            "since": since,
+            "until": until,
+            "note": note,
+            "author": author,
+            "activate": activate,
+        }
         if force:
             body["force"] = force
         return dict(self.post("/v1/baselines", body))

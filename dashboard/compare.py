@@ -18,8 +18,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["FieldStats", "alert_diff_rows", "baseline_window_rows", "field_stats", "format_value",
-           "new_values", "percentile"]
+__all__ = [
+    "FieldStats",
+    "alert_diff_rows",
+    "baseline_window_rows",
+    "field_stats",
+    "format_value",
+    "new_values",
+    "percentile",
+]
 
 
 def format_value(key: str, value: Any) -> str:
@@ -47,8 +54,9 @@ def alert_diff_rows(alert: Mapping[str, Any]) -> list[dict[str, str]]:
     """One row per measure of the alert's baseline and current values (baseline's order first)."""
     base, cur = alert.get("baseline") or {}, alert.get("current") or {}
     keys = list(base) + [k for k in cur if k not in base]
-    return [{"measure": k, "baseline": format_value(k, base.get(k)), "current": format_value(k, cur.get(k))}
-            for k in keys]
+    return [
+        {"measure": k, "baseline": format_value(k, base.get(k)), "current": format_value(k, cur.get(k))} for k in keys
+    ]
 
 
 def percentile(histogram: Mapping[str, int] | Mapping[int, int], q: float) -> int | None:
@@ -85,10 +93,13 @@ def field_stats(f: Mapping[str, Any]) -> FieldStats:
     filled = present - types.get("null", 0)
     lengths = f.get("array_lengths") or {}
     return FieldStats(
-        path=str(f["path"]), units=units, presence=filled / units if units else None,
+        path=str(f["path"]),
+        units=units,
+        presence=filled / units if units else None,
         types={t: n / present for t, n in sorted(types.items()) if n} if present else {},
         values={str(v): int(n) for v, n in (f.get("values") or {}).items()},
-        arrays=(percentile(lengths, 0.5), percentile(lengths, 0.9), percentile(lengths, 0.99)) if lengths else None)
+        arrays=(percentile(lengths, 0.5), percentile(lengths, 0.9), percentile(lengths, 0.99)) if lengths else None,
+    )
 
 
 def new_values(base: FieldStats | None, cur: FieldStats | None) -> list[str]:
@@ -110,25 +121,36 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
 
-def baseline_window_rows(baseline_fields: Mapping[str, Mapping[str, Any]],
-                         window_fields: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def baseline_window_rows(
+    baseline_fields: Mapping[str, Mapping[str, Any]], window_fields: list[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
     """Side by side, per field path: presence, types, new values, array sizes; largest presence moves first."""
     base = {p: field_stats({**f, "path": p}) for p, f in baseline_fields.items()}
     cur = {str(f["path"]): field_stats(f) for f in window_fields}
     rows = []
     for path in sorted(set(base) | set(cur)):
         b, c = base.get(path), cur.get(path)
-        move = None if b is None or c is None or b.presence is None or c.presence is None \
+        move = (
+            None
+            if b is None or c is None or b.presence is None or c.presence is None
             else round(100 * (c.presence - b.presence), 1)
-        rows.append({"field": path, "status": "new" if b is None else "missing" if c is None else "",
-                     "presence (baseline)": _pct(b.presence if b else None),
-                     "presence (window)": _pct(c.presence if c else None),
-                     "move (points)": move,
-                     "types (baseline)": _types_text(b.types) if b else "-",
-                     "types (window)": _types_text(c.types) if c else "-",
-                     "new values": ", ".join(new_values(b, c)[:10]),
-                     "arrays p50/p90/p99 (baseline)": _arrays_text(b.arrays) if b else "-",
-                     "arrays p50/p90/p99 (window)": _arrays_text(c.arrays) if c else "-",
-                     "samples (baseline / window)": f"{b.units if b else 0} / {c.units if c else 0}"})
-    return sorted(rows, key=lambda r: (-(abs(r["move (points)"] or 0) + (100 if r["status"] or r["new values"]
-                                                                          else 0)), r["field"]))
+        )
+        rows.append(
+            {
+                "field": path,
+                "status": "new" if b is None else "missing" if c is None else "",
+                "presence (baseline)": _pct(b.presence if b else None),
+                "presence (window)": _pct(c.presence if c else None),
+                "move (points)": move,
+                "types (baseline)": _types_text(b.types) if b else "-",
+                "types (window)": _types_text(c.types) if c else "-",
+                "new values": ", ".join(new_values(b, c)[:10]),
+                "arrays p50/p90/p99 (baseline)": _arrays_text(b.arrays) if b else "-",
+                "arrays p50/p90/p99 (window)": _arrays_text(c.arrays) if c else "-",
+                "samples (baseline / window)": f"{b.units if b else 0} / {c.units if c else 0}",
+            }
+        )
+    return sorted(
+        rows,
+        key=lambda r: (-(abs(r["move (points)"] or 0) + (100 if r["status"] or r["new values"] else 0)), r["field"]),
+    )

@@ -50,8 +50,9 @@ def parse_metrics(text: str) -> IngestionHealth:
             labels = s.labels
             if s.name == "shapewatch_events_total":
                 outcome[labels.get("outcome", "")] += s.value
-                cohort[(labels.get("model", ""), labels.get("prompt_version", ""))][labels.get("outcome", "")] \
-                    += s.value
+                cohort[(labels.get("model", ""), labels.get("prompt_version", ""))][labels.get("outcome", "")] += (
+                    s.value
+                )
             elif s.name == "shapewatch_events_rejected_total":
                 rejected[labels.get("reason", "")] += s.value
             elif s.name == "shapewatch_dedup_hits_total":
@@ -68,5 +69,15 @@ def parse_metrics(text: str) -> IngestionHealth:
                 pending[labels.get("target", "")] = s.value
             elif s.name == "shapewatch_job_runs_total":
                 jobs[(labels.get("job", ""), labels.get("outcome", ""))] = s.value
-    return IngestionHealth(dict(outcome), {k: dict(v) for k, v in cohort.items()}, dict(rejected), duplicates,
-                           dict(provider), runs, last_success, alerts, pending, jobs)
+    return IngestionHealth(
+        dict(outcome),
+        {k: dict(v) for k, v in cohort.items()},
+        dict(rejected),
+        duplicates,
+        dict(provider),
+        runs,
+        last_success,
+        alerts,
+        pending,
+        jobs,
+    )

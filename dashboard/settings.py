@@ -56,5 +56,6 @@ def load_settings(argv: Sequence[str], env: Mapping[str, str]) -> DashboardSetti
     if not 1 <= refresh <= 3600:
         raise SettingsInvalid("SHAPEWATCH_DASHBOARD_REFRESH", refresh_text, "give seconds between 1 and 3600")
     token = args.token or env.get("SHAPEWATCH_TOKEN") or None
-    return DashboardSettings(url=url, token=token, refresh_seconds=refresh,
-                             author=env.get("SHAPEWATCH_AUTHOR") or env.get("USER") or "")
+    return DashboardSettings(
+        url=url, token=token, refresh_seconds=refresh, author=env.get("SHAPEWATCH_AUTHOR") or env.get("USER") or ""
+    )

@@ -36,8 +36,21 @@ import streamlit as st
 from .client import ApiClient, AuthRejected, DashboardError, ServiceUnreachable
 from .settings import DashboardSettings, SettingsInvalid, load_settings
 
-__all__ = ["APP_PATH", "READ_TTL", "Session", "after_write", "ago", "cohort_label", "literal", "relative", "guard",
-           "run_page", "session", "show_error", "show_flash"]
+__all__ = [
+    "APP_PATH",
+    "READ_TTL",
+    "Session",
+    "after_write",
+    "ago",
+    "cohort_label",
+    "guard",
+    "literal",
+    "relative",
+    "run_page",
+    "session",
+    "show_error",
+    "show_flash",
+]
 
 APP_PATH = Path(__file__).resolve().parent / "app.py"
 READ_TTL = 10  # seconds: fresh enough at 3 a.m., cheap enough for a room of reviewers

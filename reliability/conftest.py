@@ -45,8 +45,12 @@ def report(request: pytest.FixtureRequest) -> Iterator[dict[str, object]]:
     figures: dict[str, object] = {}
     yield figures
     doc = (request.node.function.__doc__ or "").strip().splitlines()
-    _REPORT.record(request.node.nodeid, doc[0] if doc else request.node.name, figures,
-                   lambda: request.node.stash.get(_OUTCOME, "failed"))
+    _REPORT.record(
+        request.node.nodeid,
+        doc[0] if doc else request.node.name,
+        figures,
+        lambda: request.node.stash.get(_OUTCOME, "failed"),
+    )
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

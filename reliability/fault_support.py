@@ -62,8 +62,11 @@ class Daemon:
     def start(self, *, timeout: float = 60.0, healthy: bool = True) -> float:
         """Start the process; with ``healthy``, wait until /healthz answers 200 and return the seconds."""
         assert self.proc is None or self.proc.poll() is not None, "already running"
-        env = {**{k: v for k, v in os.environ.items() if not k.startswith("SHAPEWATCH_")},
-               "PYTHONPATH": str(ROOT), **(self.env or {})}
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("SHAPEWATCH_")},
+            "PYTHONPATH": str(ROOT),
+            **(self.env or {}),
+        }
         cmd = [*self.prefix, *SHAPEWATCH]
         if self.config is not None:
             cmd += ["--config", str(self.config)]
@@ -100,8 +103,9 @@ class Daemon:
         return self.log.read_text(errors="replace")[-n:] if self.log.exists() else ""
 
 
-def spawn(tmp: Path, db: Path, *, config: Path | None = None, env: dict[str, str] | None = None,
-          prefix: tuple[str, ...] = ()) -> Daemon:
+def spawn(
+    tmp: Path, db: Path, *, config: Path | None = None, env: dict[str, str] | None = None, prefix: tuple[str, ...] = ()
+) -> Daemon:
     port = free_port()
     return Daemon(db, port, tmp / f"serve-{port}.log", config, env, prefix)
 
@@ -114,8 +118,9 @@ def tmpfs(where: Path, size: str) -> Iterator[Path]:
     where.mkdir(parents=True, exist_ok=True)
     if os.geteuid() != 0 or shutil.which("mount") is None:
         pytest.skip("mounting a small tmpfs needs root and mount(8); this scenario cannot run here")
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
-                       capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True, text=True, timeout=30
+    )
     if r.returncode != 0:
         pytest.skip(f"mount -t tmpfs is not permitted here ({r.stderr.strip()}); this scenario cannot run")
     try:
@@ -131,6 +136,7 @@ def tmpfs(where: Path, size: str) -> Iterator[Path]:
 
 def ensure_faketime() -> str | None:
     """The path of libfaketime's shared library, installing Debian's ``faketime`` once if missing."""
+
     def find() -> str | None:
         for d in ("/usr/lib/x86_64-linux-gnu/faketime", "/usr/lib/aarch64-linux-gnu/faketime", "/usr/lib/faketime"):
             lib = Path(d) / "libfaketime.so.1"

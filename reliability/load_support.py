@@ -37,10 +37,24 @@ import orjson
 from rel_support import ROOT
 
 sys.path.insert(0, str(ROOT / "bench"))
-from gen import COHORTS, make_envelopes  # noqa: E402
+from gen import COHORTS, make_envelopes
 
-__all__ = ["LoadPlan", "LoadResult", "PollResult", "Poller", "cpu_seconds", "log_problems", "pct", "run_load",
-           "histogram_counts", "mean", "seed_baselines", "stored_sequence_numbers", "summary", "write_config"]
+__all__ = [
+    "LoadPlan",
+    "LoadResult",
+    "PollResult",
+    "Poller",
+    "cpu_seconds",
+    "histogram_counts",
+    "log_problems",
+    "mean",
+    "pct",
+    "run_load",
+    "seed_baselines",
+    "stored_sequence_numbers",
+    "summary",
+    "write_config",
+]
 
 
 def pct(values: list[float], q: float) -> float:
@@ -48,7 +62,7 @@ def pct(values: list[float], q: float) -> float:
     if not values:
         return 0.0
     s = sorted(values)
-    return s[min(len(s) - 1, max(0, int(round(q * len(s) + 0.5)) - 1))]
+    return s[min(len(s) - 1, max(0, round(q * len(s) + 0.5) - 1))]
 
 
 def _iso(t: datetime) -> str:
@@ -56,6 +70,7 @@ def _iso(t: datetime) -> str:
 
 
 # --- the workspace -------------------------------------------------------------------------------
+
 
 def write_config(path: Path, *, interval: str, window: str = "1h") -> Path:
     """Service settings and the analyzer's schedule in one TOML file (``shapewatch --config``)."""
@@ -88,15 +103,24 @@ def seed_baselines(c: httpx.Client, now: datetime, n: int = 10_000) -> dict[str,
             batch = []
     assert not batch
     for co in COHORTS:
-        r = c.post("/v1/baselines", json={
-            "model": co.model, "prompt_version": co.prompt_version, "contract": co.contract,
-            "since": since.isoformat(), "until": until.isoformat(), "note": "load scenario baseline",
-            "author": "reliability"})
+        r = c.post(
+            "/v1/baselines",
+            json={
+                "model": co.model,
+                "prompt_version": co.prompt_version,
+                "contract": co.contract,
+                "since": since.isoformat(),
+                "until": until.isoformat(),
+                "note": "load scenario baseline",
+                "author": "reliability",
+            },
+        )
         assert r.status_code == 201, r.text[:500]
     return dict(per_cohort)
 
 
 # --- the generator ---------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class LoadPlan:
@@ -115,7 +139,7 @@ class LoadPlan:
 
     @property
     def batches(self) -> int:
-        return max(1, int(round(self.seconds / self.period)))
+        return max(1, round(self.seconds / self.period))
 
 
 @dataclass
@@ -144,8 +168,10 @@ class _Bodies:
     def body(self, first: int, n: int) -> bytes:
         ts = _iso(datetime.now(UTC)).encode()
         tails, size = self.tails, len(self.tails)
-        parts = [b'{"event_id":"%s%09d","ts":"%s",%s' % (self.prefix, seq, ts, tails[seq % size])
-                 for seq in range(first, first + n)]
+        parts = [
+            b'{"event_id":"%s%09d","ts":"%s",%s' % (self.prefix, seq, ts, tails[seq % size])
+            for seq in range(first, first + n)
+        ]
         return b"[" + b",".join(parts) + b"]"
 
 
@@ -243,8 +269,7 @@ def run_load(url: str, plan: LoadPlan, *, on_tick: Callable[[float], None] | Non
     sent: list[Sent] = []
 
     def worker() -> None:
-        with httpx.Client(base_url=url, timeout=plan.timeout,
-                          headers={"content-type": "application/json"}) as client:
+        with httpx.Client(base_url=url, timeout=plan.timeout, headers={"content-type": "application/json"}) as client:
             while (item := work.get()) is not None:
                 _post(client, bodies, plan, item)
 
@@ -272,6 +297,7 @@ def run_load(url: str, plan: LoadPlan, *, on_tick: Callable[[float], None] | Non
 
 # --- the dashboard's reads ------------------------------------------------------------------------
 
+
 @dataclass
 class PollResult:
     latencies: dict[str, list[float]] = field(default_factory=dict)
@@ -287,8 +313,12 @@ class Poller:
 
     def __init__(self, url: str, every: float, cohort_id: int | None = None) -> None:
         self.url, self.every = url, every
-        self.paths = [("/v1/alerts", {"state": "open"}), ("/v1/cohorts", {}),
-                      ("/v1/analyzer/runs", {"limit": 50}), ("/metrics", {})]
+        self.paths = [
+            ("/v1/alerts", {"state": "open"}),
+            ("/v1/cohorts", {}),
+            ("/v1/analyzer/runs", {"limit": 50}),
+            ("/metrics", {}),
+        ]
         if cohort_id is not None:  # the field page: a window profile read back from the rollups
             self.paths.append((f"/v1/cohorts/{cohort_id}/fields", {}))
         self.result = PollResult()
@@ -325,14 +355,18 @@ class Poller:
 
 # --- evidence -------------------------------------------------------------------------------------
 
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds a process has used so far (``/proc/PID/stat``)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-_PROBLEM = re.compile(r"Traceback|\bERROR\b|\bCRITICAL\b|\block(ed)?\b|could not set lock|writer|"
-                      r"Exception|failed", re.IGNORECASE)
+_PROBLEM = re.compile(
+    r"Traceback|\bERROR\b|\bCRITICAL\b|\block(ed)?\b|could not set lock|writer|"
+    r"Exception|failed",
+    re.IGNORECASE,
+)
 
 
 def log_problems(text: str) -> list[str]:
@@ -346,8 +380,10 @@ def stored_sequence_numbers(db: Path, prefix: str) -> Iterator[int]:
 
     con = duckdb.connect(str(db), read_only=True)
     try:
-        rows = con.execute("SELECT CAST(substr(event_id, ?) AS BIGINT) FROM events WHERE starts_with(event_id, ?)",
-                           [len(prefix) + 1, prefix]).fetchall()
+        rows = con.execute(
+            "SELECT CAST(substr(event_id, ?) AS BIGINT) FROM events WHERE starts_with(event_id, ?)",
+            [len(prefix) + 1, prefix],
+        ).fetchall()
     finally:
         con.close()
     return (int(r[0]) for r in rows)

@@ -6,7 +6,7 @@ import platform
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import duckdb
 
@@ -28,8 +28,9 @@ class Report:
 
     def render(self, exitstatus: int) -> str:
         try:
-            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                    timeout=10).stdout.strip()
+            commit = subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10
+            ).stdout.strip()
         except OSError:
             commit = "?"
         outcomes = [e.outcome() for e in self.entries]
@@ -38,7 +39,7 @@ class Report:
             "",
             "Written by `make reliability` (reliability/conftest.py); do not edit by hand.",
             "",
-            f"- run: {datetime.now(timezone.utc).isoformat(timespec='seconds')}, commit {commit or '?'}",
+            f"- run: {datetime.now(UTC).isoformat(timespec='seconds')}, commit {commit or '?'}",
             f"- machine: {platform.machine()}, {_cpus()} CPUs, Python {platform.python_version()}, "
             f"DuckDB {duckdb.__version__}",
             f"- scenarios: {len(self.entries)}; passed {outcomes.count('passed')}, "

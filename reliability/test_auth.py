@@ -26,14 +26,19 @@ import pytest
 from hostile_support import Service, start_service
 from starlette.routing import Route
 
-from analysis.service import create_app
-from collector import Settings
+from shapewatch.analysis.service import create_app
+from shapewatch.collector import Settings
 
 TOKENS = {"ingest": "ingest-secret-1", "read": "read-secret-2", "admin": "admin-secret-3"}
 FULL = "full-secret-4"
 ENTRIES = ",".join(f"{scope}:{secret}" for scope, secret in TOKENS.items()) + "," + FULL
-OPEN = {("GET", "/healthz"), ("GET", "/openapi.json"), ("GET", "/docs"), ("GET", "/docs/oauth2-redirect"),
-        ("GET", "/redoc")}
+OPEN = {
+    ("GET", "/healthz"),
+    ("GET", "/openapi.json"),
+    ("GET", "/docs"),
+    ("GET", "/docs/oauth2-redirect"),
+    ("GET", "/redoc"),
+}
 INGEST = re.compile(r"^/v1/(outputs|provider/)")
 
 
@@ -57,8 +62,11 @@ def needed_scope(method: str, path: str) -> str:
 
 
 def concrete(path: str) -> str:
-    return re.sub(r"\{[^}]+\}", lambda m: "1" if m.group(0) == "{cohort_id}" else "openai"
-                  if m.group(0) == "{provider}" else "feedbeef01", path)
+    return re.sub(
+        r"\{[^}]+\}",
+        lambda m: "1" if m.group(0) == "{cohort_id}" else "openai" if m.group(0) == "{provider}" else "feedbeef01",
+        path,
+    )
 
 
 _CLIENTS: dict[str, httpx.Client] = {}
@@ -67,8 +75,9 @@ _CLIENTS: dict[str, httpx.Client] = {}
 def call(svc: Service, method: str, path: str, headers: dict[str, str], body: bytes | None = b"{}") -> httpx.Response:
     c = _CLIENTS.setdefault(svc.url, httpx.Client(base_url=svc.url, timeout=30))  # keep-alive: one connection
     h = {"content-type": "application/json", **headers}
-    return c.request(method, concrete(path), headers=h, content=body,
-                     params={"prompt_version": "p", "ids": "x", "field": "f"})
+    return c.request(
+        method, concrete(path), headers=h, content=body, params={"prompt_version": "p", "ids": "x", "field": "f"}
+    )
 
 
 def is_error(r: httpx.Response, status: int) -> dict[str, Any]:
@@ -78,8 +87,13 @@ def is_error(r: httpx.Response, status: int) -> dict[str, Any]:
     return dict(body["error"])
 
 
-BAD_HEADERS = ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {FULL}"},
-               {"Authorization": "Bearer"}, {"Authorization": f"Bearer {FULL}x"})
+BAD_HEADERS = (
+    {},
+    {"Authorization": "Bearer wrong"},
+    {"Authorization": f"Basic {FULL}"},
+    {"Authorization": "Bearer"},
+    {"Authorization": f"Bearer {FULL}x"},
+)
 
 
 @pytest.mark.reliability
@@ -93,15 +107,17 @@ def test_every_route_wants_a_token_with_its_scope_smoke(tmp_path: Path, report: 
     _run(tmp_path, report, BAD_HEADERS[:1], (b"{not json",))
 
 
-def _run(tmp_path: Path, report: dict[str, object], bad_headers: tuple[dict[str, str], ...],
-         bodies: tuple[bytes | None, ...]) -> None:
+def _run(
+    tmp_path: Path, report: dict[str, object], bad_headers: tuple[dict[str, str], ...], bodies: tuple[bytes | None, ...]
+) -> None:
     routes = app_routes(tmp_path)
     guarded = [r for r in routes if r not in OPEN]
     svc = start_service(tmp_path / "auth.duckdb", env={"SHAPEWATCH_TOKENS": ENTRIES})
     answers: Counter[str] = Counter()
     try:
-        listening = {c.laddr.ip for c in psutil.Process(svc.proc.pid).net_connections("inet")
-                     if c.status == psutil.CONN_LISTEN}
+        listening = {
+            c.laddr.ip for c in psutil.Process(svc.proc.pid).net_connections("inet") if c.status == psutil.CONN_LISTEN
+        }
         for method, path in guarded:
             need = needed_scope(method, path)
             for headers in bad_headers:

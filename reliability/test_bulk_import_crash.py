@@ -30,7 +30,7 @@ import fault_support  # noqa: F401  (registers the tests' helpers that rel_suppo
 import pytest
 from rel_support import ROOT, SHAPEWATCH
 
-from collector import Store
+from shapewatch.collector import Store
 
 MODEL = "claude-sonnet-4-5-20250929"
 
@@ -50,26 +50,47 @@ def _write_file(path: Path, n: int, rng: random.Random) -> dict[str, Any]:
             continue
         if roll < 0.09 and valid_ids:  # an id reused with another payload
             eid = rng.choice(list(valid_ids))
-            lines.append(json.dumps({"event_id": eid, "model": MODEL, "served_model": MODEL,
-                                     "prompt_version": "bulk-v1", "output": {"i": -1, "conflict": no}}))
+            lines.append(
+                json.dumps(
+                    {
+                        "event_id": eid,
+                        "model": MODEL,
+                        "served_model": MODEL,
+                        "prompt_version": "bulk-v1",
+                        "output": {"i": -1, "conflict": no},
+                    }
+                )
+            )
             quarantined[no] = "conflict"
             continue
         if roll < 0.15:
             kind = rng.randrange(4)
-            bad = ["{not json", json.dumps({"prompt_version": "bulk-v1", "output": {"i": i}}),
-                   json.dumps({"model": MODEL, "prompt_version": "bulk-v1", "output": [i]}),
-                   json.dumps({"model": MODEL, "prompt_version": "bulk-v1", "ts": "2026-11-29T12:00:00",
-                               "output": {"i": i}})][kind]
+            bad = [
+                "{not json",
+                json.dumps({"prompt_version": "bulk-v1", "output": {"i": i}}),
+                json.dumps({"model": MODEL, "prompt_version": "bulk-v1", "output": [i]}),
+                json.dumps(
+                    {"model": MODEL, "prompt_version": "bulk-v1", "ts": "2026-11-29T12:00:00", "output": {"i": i}}
+                ),
+            ][kind]
             lines.append(bad)
             quarantined[no] = ("invalid_json", "missing", "wrong_type", "invalid_timestamp")[kind]
             continue
         if roll < 0.16:
             lines.append("")  # blank lines are skipped
             continue
-        env: dict[str, Any] = {"model": MODEL, "served_model": MODEL, "prompt_version": "bulk-v1",
-                               "ts": f"2026-11-29T{i % 24:02d}:{i % 60:02d}:00Z",
-                               "output": {"i": i, "tier": ("gold", "silver", "bronze")[i % 3],
-                                          "tags": ["x"] * (i % 4), "text": "y" * (i % 50)}}
+        env: dict[str, Any] = {
+            "model": MODEL,
+            "served_model": MODEL,
+            "prompt_version": "bulk-v1",
+            "ts": f"2026-11-29T{i % 24:02d}:{i % 60:02d}:00Z",
+            "output": {
+                "i": i,
+                "tier": ("gold", "silver", "bronze")[i % 3],
+                "tags": ["x"] * (i % 4),
+                "text": "y" * (i % 50),
+            },
+        }
         if roll < 0.5:
             # No event_id: derived from the file, the line number and its bytes, so a repeat
             # of this line elsewhere is another event (README); only lines with ids are repeated.
@@ -80,14 +101,24 @@ def _write_file(path: Path, n: int, rng: random.Random) -> dict[str, Any]:
             stored_lines.append(env)
         lines.append(json.dumps(env))
     path.write_text("\n".join(lines) + "\n")
-    return {"lines": len(lines), "ids": valid_ids, "generated": generated, "quarantined": quarantined,
-            "valid_lines": sum(1 for line in lines if line) - len(quarantined)}
+    return {
+        "lines": len(lines),
+        "ids": valid_ids,
+        "generated": generated,
+        "quarantined": quarantined,
+        "valid_lines": sum(1 for line in lines if line) - len(quarantined),
+    }
 
 
 def _ingest(src: Path, db: Path) -> subprocess.Popen[bytes]:
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("SHAPEWATCH_")}, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([*SHAPEWATCH, "ingest", str(src), "--db", str(db), "--format", "json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=ROOT)
+    return subprocess.Popen(
+        [*SHAPEWATCH, "ingest", str(src), "--db", str(db), "--format", "json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd=ROOT,
+    )
 
 
 def _finish(proc: subprocess.Popen[bytes], timeout: float) -> tuple[int, dict[str, Any], str]:
@@ -97,8 +128,11 @@ def _finish(proc: subprocess.Popen[bytes], timeout: float) -> tuple[int, dict[st
 
 
 def _quarantine_stamp(db: Path) -> tuple[tuple[str, int, int], ...]:
-    return tuple(sorted((p.name, p.stat().st_mtime_ns, p.stat().st_ino)
-                        for p in (db.parent / "quarantine").glob("*.rejected.jsonl")))
+    return tuple(
+        sorted(
+            (p.name, p.stat().st_mtime_ns, p.stat().st_ino) for p in (db.parent / "quarantine").glob("*.rejected.jsonl")
+        )
+    )
 
 
 def _wait_for_lines(proc: subprocess.Popen[bytes], db: Path, before: tuple[tuple[str, int, int], ...]) -> None:
@@ -111,8 +145,16 @@ def _wait_for_lines(proc: subprocess.Popen[bytes], db: Path, before: tuple[tuple
         time.sleep(0.002)
 
 
-def _scenario(tmp_path: Path, report: dict[str, object], *, lines: int, kills: int, seed: int,
-              min_offset: float, max_offset: float) -> None:
+def _scenario(
+    tmp_path: Path,
+    report: dict[str, object],
+    *,
+    lines: int,
+    kills: int,
+    seed: int,
+    min_offset: float,
+    max_offset: float,
+) -> None:
     rng = random.Random(seed)
     src, db = tmp_path / "outputs.jsonl", tmp_path / "db" / "import.duckdb"
     want = _write_file(src, lines, rng)
@@ -149,36 +191,54 @@ def _scenario(tmp_path: Path, report: dict[str, object], *, lines: int, kills: i
     with Store.open(db) as store:
         ids = store.query("SELECT event_id, generated_id, output FROM events")
         counted = store.query("SELECT coalesce(sum(events), 0) FROM cohort_buckets")[0][0]
-        present_i = store.query("SELECT coalesce(sum(present), 0) FROM field_rollups "
-                                "WHERE scope IS NULL AND path = 'i'")[0][0]
+        present_i = store.query(
+            "SELECT coalesce(sum(present), 0) FROM field_rollups WHERE scope IS NULL AND path = 'i'"
+        )[0][0]
     named = {i: json.loads(o) for i, g, o in ids if not g}
     n_generated = sum(1 for _, g, _ in ids if g)
     quarantine_lines = [json.loads(x) for p in qfiles for x in Path(p).read_text().splitlines()]
     got_q = {q["line"]: q for q in quarantine_lines}
     src_lines = src.read_text().split("\n")
 
-    report.update({
-        "lines in file": want["lines"], "valid lines": want["valid_lines"],
-        "distinct valid events": len(want["ids"]) + want["generated"],
-        "invalid or conflicting lines": len(want["quarantined"]), "runs SIGKILLed": killed,
-        "runs that finished before their kill": completed, "kill offsets after reading began, s": offsets,
-        "rows stored": len(ids), "accepted by the completing rerun": first.get("accepted"),
-        "completing rerun, s": round(rerun_seconds, 2), "accepted by the final rerun": again.get("accepted"),
-        "quarantined lines": len(got_q), "rollup events counted": counted,
-    })
+    report.update(
+        {
+            "lines in file": want["lines"],
+            "valid lines": want["valid_lines"],
+            "distinct valid events": len(want["ids"]) + want["generated"],
+            "invalid or conflicting lines": len(want["quarantined"]),
+            "runs SIGKILLed": killed,
+            "runs that finished before their kill": completed,
+            "kill offsets after reading began, s": offsets,
+            "rows stored": len(ids),
+            "accepted by the completing rerun": first.get("accepted"),
+            "completing rerun, s": round(rerun_seconds, 2),
+            "accepted by the final rerun": again.get("accepted"),
+            "quarantined lines": len(got_q),
+            "rollup events counted": counted,
+        }
+    )
     assert killed >= max(1, kills // 2), f"too few runs were killed mid-import: {report}"
     assert named == want["ids"], "the stored events with an id differ from the first valid line of each id"
     assert n_generated == want["generated"]
     assert len(ids) == len(want["ids"]) + want["generated"]
     assert (counted, present_i) == (len(ids), len(ids)), "rollups do not count each stored event once"
-    assert (code2, again) == (1, {
-        "accepted": 0, "duplicate": want["valid_lines"], "rejected": len(want["quarantined"]),
-        "rejected_by_reason": dict(sorted(reasons.items())), "quarantine": qfiles, "unreadable": []}), err2
+    assert (code2, again) == (
+        1,
+        {
+            "accepted": 0,
+            "duplicate": want["valid_lines"],
+            "rejected": len(want["quarantined"]),
+            "rejected_by_reason": dict(sorted(reasons.items())),
+            "quarantine": qfiles,
+            "unreadable": [],
+        },
+    ), err2
     assert first["rejected"] == len(want["quarantined"]) and first["rejected_by_reason"] == again["rejected_by_reason"]
     assert len(qfiles) == 1 and len(quarantine_lines) == len(got_q)  # one line per rejected input line
     assert sorted(got_q) == sorted(want["quarantined"])
-    assert all(got_q[n]["raw"] == src_lines[n - 1] and got_q[n]["file"] == str(src) and got_q[n]["errors"]
-               for n in got_q)
+    assert all(
+        got_q[n]["raw"] == src_lines[n - 1] and got_q[n]["file"] == str(src) and got_q[n]["errors"] for n in got_q
+    )
 
 
 def test_bulk_import_killed_once_smoke(tmp_path: Path, report: dict[str, object]) -> None:

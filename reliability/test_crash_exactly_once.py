@@ -30,14 +30,13 @@ import pytest
 from fault_support import Daemon, spawn
 from rel_support import make_envelope
 
-from collector import Store
+from shapewatch.collector import Store
 
 SEED = 20261207
 COHORTS = (("m-a", "p1"), ("m-b", "p1"), ("m-a", "p2"))
 
 
-def _run(tmp_path: Path, report: dict[str, object], *, clients: int, kills: int, budget: float,
-         seed: int) -> None:
+def _run(tmp_path: Path, report: dict[str, object], *, clients: int, kills: int, budget: float, seed: int) -> None:
     t_start = time.monotonic()
     deadline = t_start + budget - 25  # time left to stop, reopen the file and check
     rng = random.Random(seed)
@@ -62,9 +61,15 @@ def _run(tmp_path: Path, report: dict[str, object], *, clients: int, kills: int,
                 envs = []
                 for i in range(size):
                     model, prompt = COHORTS[crng.randrange(len(COHORTS))]
-                    envs.append(make_envelope(event_id=f"c{n}-r{seq}-{i}", model=model, served_model=model,
-                                              prompt_version=prompt,
-                                              output={"n": crng.randint(0, 4), "who": f"c{n}"}))
+                    envs.append(
+                        make_envelope(
+                            event_id=f"c{n}-r{seq}-{i}",
+                            model=model,
+                            served_model=model,
+                            prompt_version=prompt,
+                            output={"n": crng.randint(0, 4), "who": f"c{n}"},
+                        )
+                    )
                 seq += 1
                 if mode == "single":
                     body, ctype = json.dumps(envs[0]).encode(), "application/json"
@@ -130,16 +135,27 @@ def _run(tmp_path: Path, report: dict[str, object], *, clients: int, kills: int,
     with Store.open(db) as store:
         final_open = time.monotonic() - t0
         stored = dict(store.query("SELECT event_id, count(*) FROM events GROUP BY event_id"))
-        rows = store.query("SELECT event_id, c.model, c.prompt_version, e.output FROM events e "
-                           "JOIN cohorts c USING (cohort_id)")
-        buckets = dict(store.query("SELECT c.model || '/' || c.prompt_version, sum(events) FROM cohort_buckets "
-                                   "JOIN cohorts c USING (cohort_id) GROUP BY ALL"))
-        presence = dict(store.query(
-            "SELECT c.model || '/' || c.prompt_version, sum(present) FROM field_rollups "
-            "JOIN cohorts c USING (cohort_id) WHERE scope IS NULL AND path = 'n' GROUP BY ALL"))
-        values = dict(store.query(
-            "SELECT c.model || '/' || c.prompt_version || '/' || value, sum(n) FROM value_rollups "
-            "JOIN cohorts c USING (cohort_id) WHERE path = 'who' GROUP BY ALL"))
+        rows = store.query(
+            "SELECT event_id, c.model, c.prompt_version, e.output FROM events e JOIN cohorts c USING (cohort_id)"
+        )
+        buckets = dict(
+            store.query(
+                "SELECT c.model || '/' || c.prompt_version, sum(events) FROM cohort_buckets "
+                "JOIN cohorts c USING (cohort_id) GROUP BY ALL"
+            )
+        )
+        presence = dict(
+            store.query(
+                "SELECT c.model || '/' || c.prompt_version, sum(present) FROM field_rollups "
+                "JOIN cohorts c USING (cohort_id) WHERE scope IS NULL AND path = 'n' GROUP BY ALL"
+            )
+        )
+        values = dict(
+            store.query(
+                "SELECT c.model || '/' || c.prompt_version || '/' || value, sum(n) FROM value_rollups "
+                "JOIN cohorts c USING (cohort_id) WHERE path = 'who' GROUP BY ALL"
+            )
+        )
     per_cohort = Counter(f"{m}/{p}" for _, m, p, _ in rows)
     per_value = Counter(f"{m}/{p}/{json.loads(o)['who']}" for _, m, p, o in rows)
 
@@ -154,20 +170,33 @@ def _run(tmp_path: Path, report: dict[str, object], *, clients: int, kills: int,
     value_diff |= {k: (n, per_value.get(k)) for k, n in values.items() if per_value.get(k) != n}
     elapsed = time.monotonic() - t_start
 
-    report.update({
-        "clients": clients, "kills (SIGKILL)": kills, "events sent": len(sent), "acknowledged (ok)": len(acked),
-        "stored": len(stored), "stored but not acknowledged (sent, answer lost)": len(stored.keys() - acked),
-        "lost": len(lost), "duplicated": len(duplicated), "unexpected": len(unexpected),
-        "payload changed": len(changed), "rollup cohorts off": len(rollup_diff),
-        "rollup presence off": len(presence_diff), "rollup values off": len(value_diff),
-        "failed attempts (retried)": sum(failures.values()),
-        "restart to healthy, s (first start included)": [round(x, 2) for x in restarts],
-        "max restart to healthy, s": round(max(restarts[1:] or restarts), 2),
-        "final reopen, s": round(final_open, 2), "elapsed, s": round(elapsed, 1),
-    })
-    detail = (f"{report} problems={problems[:3]} lost={sorted(lost)[:5]} dup={sorted(duplicated)[:5]} "
-              f"unexpected={sorted(unexpected)[:5]} rollups={list(rollup_diff.items())[:3]} "
-              f"presence={list(presence_diff.items())[:3]} values={list(value_diff.items())[:3]}")
+    report.update(
+        {
+            "clients": clients,
+            "kills (SIGKILL)": kills,
+            "events sent": len(sent),
+            "acknowledged (ok)": len(acked),
+            "stored": len(stored),
+            "stored but not acknowledged (sent, answer lost)": len(stored.keys() - acked),
+            "lost": len(lost),
+            "duplicated": len(duplicated),
+            "unexpected": len(unexpected),
+            "payload changed": len(changed),
+            "rollup cohorts off": len(rollup_diff),
+            "rollup presence off": len(presence_diff),
+            "rollup values off": len(value_diff),
+            "failed attempts (retried)": sum(failures.values()),
+            "restart to healthy, s (first start included)": [round(x, 2) for x in restarts],
+            "max restart to healthy, s": round(max(restarts[1:] or restarts), 2),
+            "final reopen, s": round(final_open, 2),
+            "elapsed, s": round(elapsed, 1),
+        }
+    )
+    detail = (
+        f"{report} problems={problems[:3]} lost={sorted(lost)[:5]} dup={sorted(duplicated)[:5]} "
+        f"unexpected={sorted(unexpected)[:5]} rollups={list(rollup_diff.items())[:3]} "
+        f"presence={list(presence_diff.items())[:3]} values={list(value_diff.items())[:3]}"
+    )
     assert problems == [], detail
     assert (len(lost), len(duplicated), len(unexpected), len(changed)) == (0, 0, 0, 0), detail
     assert (rollup_diff, presence_diff, value_diff) == ({}, {}, {}), detail

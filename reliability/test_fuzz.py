@@ -22,24 +22,44 @@ from hostile_support import make_envelope
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from collector import EnvelopeInvalid, Store, flatten_output, import_files, parse_body, parse_envelope
-from collector.envelope import LIMITS, validate_envelope
-from collector.rollup import RollupConfig
+from shapewatch.collector import EnvelopeInvalid, Store, flatten_output, import_files, parse_body, parse_envelope
+from shapewatch.collector.envelope import LIMITS, validate_envelope
+from shapewatch.collector.rollup import RollupConfig
 
 DEADLINE_MS = 1000
 
 # --- strategies --------------------------------------------------------------------------------
 
-_scalars = (st.none() | st.booleans() | st.integers() | st.integers(min_value=-(2**70), max_value=2**70)
-            | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=40)
-            | st.sampled_from(["", "\x00", "\ud800", "a.b[]\\", "'; DROP TABLE events; --", '"', "é" * 70]))
-json_values = st.recursive(_scalars, lambda c: st.lists(c, max_size=6) | st.dictionaries(st.text(max_size=12), c,
-                                                                                          max_size=6),
-                           max_leaves=40)
+_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=40)
+    | st.sampled_from(["", "\x00", "\ud800", "a.b[]\\", "'; DROP TABLE events; --", '"', "é" * 70])
+)
+json_values = st.recursive(
+    _scalars, lambda c: st.lists(c, max_size=6) | st.dictionaries(st.text(max_size=12), c, max_size=6), max_leaves=40
+)
 json_objects = st.dictionaries(st.text(max_size=12), json_values, max_size=8)
 
-_FIELDS = ["event_id", "ts", "model", "prompt_version", "contract", "output", "source", "attributes",
-           "served_model", "contract_version", "run_id", "agent_release", "finish_reason", "extra"]
+_FIELDS = [
+    "event_id",
+    "ts",
+    "model",
+    "prompt_version",
+    "contract",
+    "output",
+    "source",
+    "attributes",
+    "served_model",
+    "contract_version",
+    "run_id",
+    "agent_release",
+    "finish_reason",
+    "extra",
+]
 
 
 def _dumps(v: Any) -> bytes:
@@ -65,20 +85,37 @@ def envelope_texts(draw: st.DrawFn) -> bytes:
     if kind == 3:  # a duplicate key, written into the text (json.dumps cannot)
         key = draw(st.sampled_from(["model", "output", "intent", "a"]))
         raw = _dumps({**env, "output": {"intent": "x"}})
-        return raw.replace(b'"intent": "x"', b'"intent": "x", "' + key.encode() + b'": 1', 1) \
-            if key != "model" else raw[:-1] + b', "model": "again"}'
+        return (
+            raw.replace(b'"intent": "x"', b'"intent": "x", "' + key.encode() + b'": 1', 1)
+            if key != "model"
+            else raw[:-1] + b', "model": "again"}'
+        )
     if kind == 4:  # deep nesting inside the output
         depth = draw(st.integers(1, 5000))
         opener, closer = draw(st.sampled_from([("[", "]"), ('{"a":', "}")]))
-        return b'{"model":"m","prompt_version":"p","output":{"x":' + (opener * depth).encode() + b"1" \
-            + (closer * depth).encode() + b"}}"
+        return (
+            b'{"model":"m","prompt_version":"p","output":{"x":'
+            + (opener * depth).encode()
+            + b"1"
+            + (closer * depth).encode()
+            + b"}}"
+        )
     return draw(st.binary(max_size=200))
 
 
-_SMOKE = settings(max_examples=150, deadline=DEADLINE_MS, derandomize=True, database=None,
-                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-_LONG = settings(max_examples=2000, deadline=DEADLINE_MS, database=None,
-                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+_SMOKE = settings(
+    max_examples=150,
+    deadline=DEADLINE_MS,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+_LONG = settings(
+    max_examples=2000,
+    deadline=DEADLINE_MS,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 
 def _only_validation_errors(fn: Callable[[], Any]) -> str:
@@ -190,9 +227,9 @@ def _fuzz_jsonl(cfg: settings, tmp_path: Path, report: dict[str, object]) -> Non
     totals = {"files": 0, "lines": 0, "accepted": 0, "duplicate": 0, "rejected": 0}
     slowest = 0.0
     try:
+
         @cfg
-        @given(lines=st.lists(envelope_texts(), min_size=1, max_size=8),
-               sep=st.sampled_from([b"\n", b"\r\n"]))
+        @given(lines=st.lists(envelope_texts(), min_size=1, max_size=8), sep=st.sampled_from([b"\n", b"\r\n"]))
         def check(lines: list[bytes], sep: bytes) -> None:
             nonlocal slowest
             totals["files"] += 1

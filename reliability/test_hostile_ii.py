@@ -58,20 +58,29 @@ def schema_server() -> Iterator[SchemaServer]:
 def _plant_remote_ref_contract(db: Path, url: str) -> None:
     """A contract version holding a remote $ref, as a file registered before references were
     checked would hold it (registration refuses it now)."""
-    from collector import Store
-    from collector.contracts import register_contract
+    from shapewatch.collector import Store
+    from shapewatch.collector.contracts import register_contract
 
     doc = {"type": "object", "properties": {"code": {"$ref": url}}}
     with Store.open(db) as store:
         register_contract(store, "codes", "2", {"type": "object"})
         tools = [{"name": None, "description": None, "format": "json_schema", "strict": None, "schema": doc}]
         with store.transaction("planting an old registration") as con:
-            con.execute("UPDATE contract_versions SET document = ?, tools = ? WHERE contract = 'codes' "
-                        "AND version = '2'", [orjson.dumps(doc).decode(), orjson.dumps(tools).decode()])
+            con.execute(
+                "UPDATE contract_versions SET document = ?, tools = ? WHERE contract = 'codes' AND version = '2'",
+                [orjson.dumps(doc).decode(), orjson.dumps(tools).decode()],
+            )
 
 
-def _contract_traps(tmp_path: Path, report: dict[str, object], server: SchemaServer, *, seconds: float,
-                    unrelated_requests: int, p99_bar: float | None) -> None:
+def _contract_traps(
+    tmp_path: Path,
+    report: dict[str, object],
+    server: SchemaServer,
+    *,
+    seconds: float,
+    unrelated_requests: int,
+    p99_bar: float | None,
+) -> None:
     url = server.url + "/code.json"
     db = tmp_path / "traps.duckdb"
     _plant_remote_ref_contract(db, url)
@@ -80,10 +89,22 @@ def _contract_traps(tmp_path: Path, report: dict[str, object], server: SchemaSer
     hostile_acked = [0]
     try:
         with svc.client() as c:
-            assert c.post("/v1/contracts", json={"contract": "codes", "version": "1", "author": "rel",
-                                                 "document": BACKTRACKING}).status_code == 201
-            refused = c.post("/v1/contracts", json={"contract": "codes", "version": "3", "author": "rel",
-                                                    "document": {"properties": {"code": {"$ref": url}}}})
+            assert (
+                c.post(
+                    "/v1/contracts",
+                    json={"contract": "codes", "version": "1", "author": "rel", "document": BACKTRACKING},
+                ).status_code
+                == 201
+            )
+            refused = c.post(
+                "/v1/contracts",
+                json={
+                    "contract": "codes",
+                    "version": "3",
+                    "author": "rel",
+                    "document": {"properties": {"code": {"$ref": url}}},
+                },
+            )
             report["registering a remote $ref: status"] = refused.status_code
             assert refused.status_code == 422
 
@@ -92,8 +113,10 @@ def _contract_traps(tmp_path: Path, report: dict[str, object], server: SchemaSer
             trap = "a" * 4000 + "!"
             with svc.client() as h:
                 while not stop.is_set():
-                    batch = [make_envelope(contract="codes", contract_version="1" if i % 2 else "2",
-                                           output={"code": trap}) for i in range(200)]
+                    batch = [
+                        make_envelope(contract="codes", contract_version="1" if i % 2 else "2", output={"code": trap})
+                        for i in range(200)
+                    ]
                     r = h.post("/v1/outputs", json=batch)
                     assert r.status_code == 200, r.text
                     hostile_acked[0] += r.json()["accepted"]
@@ -115,12 +138,17 @@ def _contract_traps(tmp_path: Path, report: dict[str, object], server: SchemaSer
         stop.set()
         svc.stop()
     with duckdb.connect(str(db), read_only=True) as con:
-        statuses = dict(con.execute("SELECT contract_version || ':' || status, sum(n)::BIGINT FROM contract_rollups "
-                                    "WHERE contract_version IN ('1', '2') GROUP BY ALL").fetchall())
+        statuses = dict(
+            con.execute(
+                "SELECT contract_version || ':' || status, sum(n)::BIGINT FROM contract_rollups "
+                "WHERE contract_version IN ('1', '2') GROUP BY ALL"
+            ).fetchall()
+        )
     report["hostile outputs acknowledged"] = hostile_acked[0]
     report["unrelated requests"] = len(latencies)
-    report["unrelated p50 / p99 / max ms"] = (f"{pct(latencies, 0.5) * 1000:.1f} / {pct(latencies, 0.99) * 1000:.1f}"
-                                              f" / {max(latencies) * 1000:.1f}")
+    report["unrelated p50 / p99 / max ms"] = (
+        f"{pct(latencies, 0.5) * 1000:.1f} / {pct(latencies, 0.99) * 1000:.1f} / {max(latencies) * 1000:.1f}"
+    )
     report["fetches of the remote $ref"] = len(server.hits)
     report["contract counts (version:status)"] = ", ".join(f"{k} {v}" for k, v in sorted(statuses.items()))
     assert hostile_acked[0] > 0
@@ -132,8 +160,9 @@ def _contract_traps(tmp_path: Path, report: dict[str, object], server: SchemaSer
 
 
 @pytest.mark.reliability
-def test_contract_traps_stall_no_other_client(tmp_path: Path, report: dict[str, object],
-                                             schema_server: SchemaServer) -> None:
+def test_contract_traps_stall_no_other_client(
+    tmp_path: Path, report: dict[str, object], schema_server: SchemaServer
+) -> None:
     """Contract traps: a backtracking pattern and a remote $ref under fire; an unrelated client's p99 under 100 ms"""
     _contract_traps(tmp_path, report, schema_server, seconds=30, unrelated_requests=1000, p99_bar=0.100)
 
@@ -145,8 +174,9 @@ def test_contract_traps_smoke(tmp_path: Path, report: dict[str, object], schema_
 
 def _invalid_batch(target_bytes: int) -> bytes:
     # small envelopes (87 bytes), each missing its model: the most rejections a body can carry
-    one = json.dumps({"prompt_version": "intake-v3", "contract": "intake",
-                      "output": {"intent": "refund", "priority": "high"}}).encode()
+    one = json.dumps(
+        {"prompt_version": "intake-v3", "contract": "intake", "output": {"intent": "refund", "priority": "high"}}
+    ).encode()
     n = target_bytes // (len(one) + 1)
     return b"[" + b",".join([one] * n) + b"]"
 
@@ -215,8 +245,7 @@ def _fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def _half_open(tmp_path: Path, report: dict[str, object], *, connections: int, procs: int,
-               judge_latency: bool) -> None:
+def _half_open(tmp_path: Path, report: dict[str, object], *, connections: int, procs: int, judge_latency: bool) -> None:
     svc = start_service(tmp_path / "fd.duckdb")
     host, port = svc.url.removeprefix("http://").split(":")
     floods: list[subprocess.Popen[str]] = []
@@ -225,9 +254,15 @@ def _half_open(tmp_path: Path, report: dict[str, object], *, connections: int, p
     try:
         fds0 = _fds(svc.proc.pid)
         for i in range(procs):  # from addresses of their own, as a flood comes (the probe uses 127.0.0.1)
-            floods.append(subprocess.Popen([sys.executable, "-c", _FLOOD, host, port, str(connections // procs),
-                                            f"127.0.0.{i + 2}"],
-                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+            floods.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", _FLOOD, host, port, str(connections // procs), f"127.0.0.{i + 2}"],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
+            )
+
         def probe(into: list[float]) -> None:
             t0 = time.perf_counter()
             r = httpx.get(svc.url + "/healthz", timeout=10)
@@ -251,8 +286,7 @@ def _half_open(tmp_path: Path, report: dict[str, object], *, connections: int, p
     opened = sum(int(c[0]) for c in counts if c)
     report["half-open connections opened"] = opened
     report["healthz probes while the connections opened"] = len(latencies)
-    report["healthz p50 / max ms while they opened"] = (f"{pct(latencies, 0.5) * 1000:.1f} / "
-                                                        f"{max(latencies) * 1000:.1f}")
+    report["healthz p50 / max ms while they opened"] = f"{pct(latencies, 0.5) * 1000:.1f} / {max(latencies) * 1000:.1f}"
     report["healthz p50 / max ms with all of them held"] = f"{pct(held, 0.5) * 1000:.1f} / {max(held) * 1000:.1f}"
     report["service descriptors before / most seen"] = f"{fds0} / {max(fds)}"
     assert opened >= connections * 0.95
@@ -305,8 +339,14 @@ def _raw(url: str, head: bytes, timeout: float = 10) -> tuple[int, bytes]:
             data += chunk
         head_part, _, body = data.partition(b"\r\n\r\n")
         status = int(head_part.split()[1]) if head_part else 0
-        length = next((int(line.split(b":")[1]) for line in head_part.split(b"\r\n")
-                       if line.lower().startswith(b"content-length:")), 0)
+        length = next(
+            (
+                int(line.split(b":")[1])
+                for line in head_part.split(b"\r\n")
+                if line.lower().startswith(b"content-length:")
+            ),
+            0,
+        )
         while len(body) < length:
             chunk = s.recv(65536)
             if not chunk:
@@ -350,13 +390,28 @@ def test_hostile_matrix(tmp_path: Path, report: dict[str, object]) -> None:
             now = datetime.now(UTC).replace(microsecond=0)
             since, until = now - timedelta(hours=3), now - timedelta(hours=1)
             for cohort in ("a", "b"):
-                envs = [make_envelope(model=f"m-{cohort}", contract="intake", ts=(since + timedelta(seconds=20 * i))
-                                      .isoformat(), output={"priority": ("low", "high")[i % 2], "note": "x"})
-                        for i in range(300)]
+                envs = [
+                    make_envelope(
+                        model=f"m-{cohort}",
+                        contract="intake",
+                        ts=(since + timedelta(seconds=20 * i)).isoformat(),
+                        output={"priority": ("low", "high")[i % 2], "note": "x"},
+                    )
+                    for i in range(300)
+                ]
                 assert c.post("/v1/outputs", json=envs).json()["accepted"] == 300
-                r = c.post("/v1/baselines", json={"model": f"m-{cohort}", "prompt_version": "intake-v3",
-                                                  "contract": "intake", "since": since.isoformat(),
-                                                  "until": until.isoformat(), "note": "reference", "author": "rel"})
+                r = c.post(
+                    "/v1/baselines",
+                    json={
+                        "model": f"m-{cohort}",
+                        "prompt_version": "intake-v3",
+                        "contract": "intake",
+                        "since": since.isoformat(),
+                        "until": until.isoformat(),
+                        "note": "reference",
+                        "author": "rel",
+                    },
+                )
                 assert r.status_code == 201, r.text
                 baseline_id = r.json()["baseline_id"]
             doc = c.get(f"/v1/baselines/{baseline_id}").json()
@@ -371,18 +426,32 @@ def test_hostile_matrix(tmp_path: Path, report: dict[str, object]) -> None:
                 got[name], want[name] = r.status_code, status
                 return r
 
-            crafted = check("baseline with \"present\": \"lots\", hash recomputed", 422,
-                            lambda: c.post("/v1/baselines/import", json=_rehashed(doc)))
+            crafted = check(
+                'baseline with "present": "lots", hash recomputed',
+                422,
+                lambda: c.post("/v1/baselines/import", json=_rehashed(doc)),
+            )
             report["crafted baseline refused, naming"] = crafted.json()["error"]["fields"][0]["path"]
             for since_text in ("nand", "infd", "1e308d", "99999999999d", "10000d", "100000d"):
                 check(f"review since={since_text}", 422, lambda s=since_text: c.get("/v1/review", params={"since": s}))
-            check("silence duration nanh", 422, lambda: c.post("/v1/silences", json={
-                "duration": "nanh", "author": "rel", "reason": "x", "contract": "intake"}))
-            check("cohorts until before since", 422, lambda: c.get("/v1/cohorts", params={
-                "since": now.isoformat(), "until": since.isoformat()}))
+            check(
+                "silence duration nanh",
+                422,
+                lambda: c.post(
+                    "/v1/silences", json={"duration": "nanh", "author": "rel", "reason": "x", "contract": "intake"}
+                ),
+            )
+            check(
+                "cohorts until before since",
+                422,
+                lambda: c.get("/v1/cohorts", params={"since": now.isoformat(), "until": since.isoformat()}),
+            )
             for year in ("0001", "9999"):
-                check(f"ts in year {year}", 422, lambda y=year: c.post("/v1/outputs", json=make_envelope(
-                    ts=f"{y}-06-01T00:00:00Z")))
+                check(
+                    f"ts in year {year}",
+                    422,
+                    lambda y=year: c.post("/v1/outputs", json=make_envelope(ts=f"{y}-06-01T00:00:00Z")),
+                )
             first = make_envelope(output={"a": 1, "b": {"c": [1, {"d": 2, "e": 3}]}})
             check("first send", 200, lambda: c.post("/v1/outputs", json=first))
             retry = {**first, "output": {"b": {"c": [1, {"e": 3, "d": 2}]}, "a": 1}}
@@ -391,9 +460,15 @@ def test_hostile_matrix(tmp_path: Path, report: dict[str, object]) -> None:
             assert r.json()["duplicate"] == 1
             reused = {**first, "output": {"a": 2, "b": {"c": [1, {"d": 2, "e": 3}]}}}
             check("same id, another value", 422, lambda: c.post("/v1/outputs", json=reused))
-            marked = [make_envelope(model="m-a", contract="intake", output={
-                "priority": v, "note": v}) for v in ("![x](http://127.0.0.1:9/x.png)", "<script>alert(1)</script>",
-                                                     "[link](http://127.0.0.1:9/)", "a|b\nc")]
+            marked = [
+                make_envelope(model="m-a", contract="intake", output={"priority": v, "note": v})
+                for v in (
+                    "![x](http://127.0.0.1:9/x.png)",
+                    "<script>alert(1)</script>",
+                    "[link](http://127.0.0.1:9/)",
+                    "a|b\nc",
+                )
+            ]
             assert c.post("/v1/outputs", json=marked).json()["accepted"] == 4
             review = check("review as Markdown", 200, lambda: c.get("/v1/review", params={"format": "markdown"}))
             # an escaped character (a backslash before it) is text in Markdown, not markup
@@ -408,12 +483,18 @@ def test_hostile_matrix(tmp_path: Path, report: dict[str, object]) -> None:
             rss0 = rss_mb(svc)
         for path in ("/v1/baselines/import", "/v1/silences"):
             t0 = time.perf_counter()
-            status, _ = _raw(svc.url, f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                                      f"content-length: 300000000\r\n\r\n{{".encode())
+            status, _ = _raw(
+                svc.url,
+                f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                f"content-length: 300000000\r\n\r\n{{".encode(),
+            )
             slowest = max(slowest, time.perf_counter() - t0)
             got[f"300 MB body to {path}"], want[f"300 MB body to {path}"] = status, 413
-            status, _ = _raw(svc.url, f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                                      f"content-length: 100\r\n\r\n{{\"dur".encode())
+            status, _ = _raw(
+                svc.url,
+                f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                f'content-length: 100\r\n\r\n{{"dur'.encode(),
+            )
             got[f"stalled body to {path}"], want[f"stalled body to {path}"] = status, 408
         report["service RSS growth after the 300 MB bodies MB"] = round(rss_mb(svc) - rss0, 1)
     finally:

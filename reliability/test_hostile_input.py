@@ -78,8 +78,12 @@ HOSTILE: list[tuple[str, int, Callable[[httpx.Client], httpx.Response], int]] = 
     ("invalid UTF-8 in a key", 400, _post(_env_text('{"kXX": 1}').replace(b"XX", b"\xfe\xfe")), 0),
     ("300-digit integer (beyond 64 bits)", 422, _post(_env_text('{"n": ' + "9" * 300 + "}")), 0),
     ("5,000-digit integer", 400, _post(_env_text('{"n": ' + "9" * 5000 + "}")), 0),
-    ("5,000-digit negative integer in a tag", 400,
-     _post(json.dumps(make_envelope(model="__M__")).replace('"__M__"', "-" + "1" * 5000).encode()), 0),
+    (
+        "5,000-digit negative integer in a tag",
+        400,
+        _post(json.dumps(make_envelope(model="__M__")).replace('"__M__"', "-" + "1" * 5000).encode()),
+        0,
+    ),
     ("NUL in a tag", 422, _post(json.dumps(make_envelope(model="gpt\u0000" + _SQL)).encode()), 0),
     ("SQL in an unknown top-level field", 422, _post(json.dumps({**make_envelope(), _SQL: 1}).encode()), 0),
     ("lone surrogate escape", 400, _post(_env_text('{"a": "\\ud800"}')), 0),
@@ -87,18 +91,41 @@ HOSTILE: list[tuple[str, int, Callable[[httpx.Client], httpx.Response], int]] = 
 ]
 
 # Valid although they look dangerous: stored and read back byte for byte.
-ODD = ["it's", 'say "hi"', "a;b", _SQL, "1; DELETE FROM events WHERE 1=1", "\\", "\\\\'\"", "a.b[]",
-       "Robert'); DROP TABLE cohorts;--", "%s %d {0} ${x}", "ünïcødé ✓ 日本語 🙂", "\u202e\u200b", "$1"]
+ODD = [
+    "it's",
+    'say "hi"',
+    "a;b",
+    _SQL,
+    "1; DELETE FROM events WHERE 1=1",
+    "\\",
+    "\\\\'\"",
+    "a.b[]",
+    "Robert'); DROP TABLE cohorts;--",
+    "%s %d {0} ${x}",
+    "ünïcødé ✓ 日本語 🙂",
+    "\u202e\u200b",
+    "$1",
+]
 
 
 def _round_trip_envelopes() -> list[dict[str, Any]]:
     envs = []
     for i, s in enumerate(ODD):
-        envs.append(make_envelope(
-            event_id=f"odd-{i}-{s}"[:128], model=f"m {s}", prompt_version=s, contract=s, served_model=s,
-            contract_version=s, run_id=s, agent_release=s, finish_reason=s,
-            attributes={s[:64]: s, "sql": _SQL},
-            output={s: s, "nested": {s: [s, {s: None}]}, "nul": "a\u0000b", "quote\"key": "'", "": ""}))
+        envs.append(
+            make_envelope(
+                event_id=f"odd-{i}-{s}"[:128],
+                model=f"m {s}",
+                prompt_version=s,
+                contract=s,
+                served_model=s,
+                contract_version=s,
+                run_id=s,
+                agent_release=s,
+                finish_reason=s,
+                attributes={s[:64]: s, "sql": _SQL},
+                output={s: s, "nested": {s: [s, {s: None}]}, "nul": "a\u0000b", 'quote"key': "'", "": ""},
+            )
+        )
     return envs
 
 
@@ -117,8 +144,11 @@ def test_hostile_inputs_smoke(tmp_path: Path, report: dict[str, object]) -> None
     _run(tmp_path, report, [h for h in HOSTILE if not h[0].startswith(("oversized", "million", "1 MB"))])
 
 
-def _run(tmp_path: Path, report: dict[str, object],
-         hostile: list[tuple[str, int, Callable[[httpx.Client], httpx.Response], int]]) -> None:
+def _run(
+    tmp_path: Path,
+    report: dict[str, object],
+    hostile: list[tuple[str, int, Callable[[httpx.Client], httpx.Response], int]],
+) -> None:
     svc = start_service(tmp_path / "hostile.duckdb")
     stopped = False
     try:
@@ -164,21 +194,36 @@ def _run(tmp_path: Path, report: dict[str, object],
         for e in envs:  # through the API: output and tags, byte for byte
             b = back[e["event_id"]]
             assert (b["output"], b["cohort"], b["served_model"], b["contract_version"]) == (
-                e["output"], {"model": e["model"], "prompt_version": e["prompt_version"], "contract": e["contract"]},
-                e["served_model"], e["contract_version"])
+                e["output"],
+                {"model": e["model"], "prompt_version": e["prompt_version"], "contract": e["contract"]},
+                e["served_model"],
+                e["contract_version"],
+            )
             assert json.dumps(b["output"], ensure_ascii=False) == json.dumps(e["output"], ensure_ascii=False)
         svc.stop()
         stopped = True
         with duckdb.connect(str(svc.db_path), read_only=True) as con:  # every column, from the file
-            rows = {r[0]: r[1:] for r in con.execute(
-                """SELECT e.event_id, c.model, c.prompt_version, c.contract, e.served_model, e.contract_version,
+            rows = {
+                r[0]: r[1:]
+                for r in con.execute(
+                    """SELECT e.event_id, c.model, c.prompt_version, c.contract, e.served_model, e.contract_version,
                           e.run_id, e.agent_release, e.finish_reason, e.attributes, e.output
-                   FROM events e JOIN cohorts c USING (cohort_id)""").fetchall()}
+                   FROM events e JOIN cohorts c USING (cohort_id)"""
+                ).fetchall()
+            }
         assert len(rows) == 1 + len(envs)
         for e in envs:
             row = rows[e["event_id"]]
-            assert row[:8] == (e["model"], e["prompt_version"], e["contract"], e["served_model"],
-                               e["contract_version"], e["run_id"], e["agent_release"], e["finish_reason"])
+            assert row[:8] == (
+                e["model"],
+                e["prompt_version"],
+                e["contract"],
+                e["served_model"],
+                e["contract_version"],
+                e["run_id"],
+                e["agent_release"],
+                e["finish_reason"],
+            )
             assert json.loads(row[8]) == e["attributes"] and json.loads(row[9]) == e["output"]
             # key order and every character as sent (orjson writes compact JSON; so do we, here)
             assert row[9] == json.dumps(e["output"], ensure_ascii=False, separators=(",", ":"))

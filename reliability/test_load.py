@@ -37,6 +37,7 @@ default 5: three dashboards open at the default 15 s refresh).
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import time
@@ -82,8 +83,10 @@ def _scenario(tmp_path: Path, report: dict[str, object], *, seconds: float, inte
     db = tmp_path / "load.duckdb"
     svc = spawn(tmp_path, db, config=config)
     plan = LoadPlan(rate=RATE, batch=BATCH, seconds=seconds, prefix=f"load-{int(time.time())}-")
-    report["offered"] = (f"{plan.rate:,.0f} events/s for {plan.seconds:g} s: {plan.batches:,} bodies of "
-                         f"{plan.batch} from {plan.workers} workers, one every {plan.period * 1000:.0f} ms")
+    report["offered"] = (
+        f"{plan.rate:,.0f} events/s for {plan.seconds:g} s: {plan.batches:,} bodies of "
+        f"{plan.batch} from {plan.workers} workers, one every {plan.period * 1000:.0f} ms"
+    )
     report["analyzer interval, s"] = interval
     report["dashboard poll period, s"] = POLL_SECONDS
     report["load average before (1 min)"] = os.getloadavg()[0]
@@ -133,15 +136,17 @@ def _scenario(tmp_path: Path, report: dict[str, object], *, seconds: float, inte
 
     report["events offered"] = result.offered_events
     report["events acknowledged (accepted + duplicate)"] = result.acked_events
-    report["accepted / duplicate / rejected"] = f"{counts['accepted']:,} / {counts['duplicate']:,} / " \
-                                                f"{counts['rejected']:,}"
+    report["accepted / duplicate / rejected"] = (
+        f"{counts['accepted']:,} / {counts['duplicate']:,} / {counts['rejected']:,}"
+    )
     report["achieved rate, events/s (first due time to last answer)"] = result.achieved_rate()
     report["achieved rate, events/s (first answer to last answer)"] = achieved
     report["achieved / offered (first answer to last answer)"] = achieved / plan.rate
-    report["10 s slices: min / max events/s"] = (f"{min(slices, default=0):,.0f} / {max(slices, default=0):,.0f}"
-                                                 f" over {len(slices)} slices")
+    report["10 s slices: min / max events/s"] = (
+        f"{min(slices, default=0):,.0f} / {max(slices, default=0):,.0f} over {len(slices)} slices"
+    )
     report["10 s slices, events/s"] = " ".join(f"{x:.0f}" for x in slices)
-    cpu_per_slice = [b - a for a, b in zip(cpu_marks, cpu_marks[1:], strict=False)]
+    cpu_per_slice = [b - a for a, b in itertools.pairwise(cpu_marks)]
     report["service CPU per 10 s slice, share of one core"] = " ".join(f"{c / 10:.2f}" for c in cpu_per_slice) or "-"
     report["ingest requests by outcome"] = dict(sorted(outcomes.items()))
     report["ingest latency p50 / p99 / max, ms (send to answer)"] = summary(lat)
@@ -149,17 +154,21 @@ def _scenario(tmp_path: Path, report: dict[str, object], *, seconds: float, inte
     report["send lateness p50 / p99 / max, ms"] = summary(late)
     report["commits (whole service life) / over 0.25 s / over 1 s"] = (
         f"{commits.get('count', 0):,.0f} / {commits.get('count', 0) - commits.get('0.25', 0):,.0f} / "
-        f"{commits.get('count', 0) - commits.get('1.0', 0):,.0f}")
+        f"{commits.get('count', 0) - commits.get('1.0', 0):,.0f}"
+    )
     report["dashboard reads by outcome"] = dict(sorted(poller.result.outcomes.items()))
     report["dashboard reads p50 / p99 / max, ms (all)"] = summary(read_lat)
     report["dashboard reads p50 / p99, ms, per route"] = "; ".join(
-        f"{k} {pct(v, 0.5) * 1000:.0f}/{pct(v, 0.99) * 1000:.0f}" for k, v in poller.result.latencies.items())
+        f"{k} {pct(v, 0.5) * 1000:.0f}/{pct(v, 0.99) * 1000:.0f}" for k, v in poller.result.latencies.items()
+    )
     report["analyzer runs during the load (ok / all; at least)"] = (
-        f"{sum(1 for r in runs if r['ok'])} / {len(runs)}; {min_runs}")
+        f"{sum(1 for r in runs if r['ok'])} / {len(runs)}; {min_runs}"
+    )
     report["analyzer run seconds p50 / max"] = f"{pct(run_seconds, 0.5):.2f} / {max(run_seconds, default=0):.2f}"
     ordered = [float(r["duration_seconds"]) for r in sorted(runs, key=lambda r: r["run_id"])]
-    report["analyzer run seconds, first 5 / last 5"] = (" ".join(f"{x:.2f}" for x in ordered[:5]) + " / "
-                                                         + " ".join(f"{x:.2f}" for x in ordered[-5:]))
+    report["analyzer run seconds, first 5 / last 5"] = (
+        " ".join(f"{x:.2f}" for x in ordered[:5]) + " / " + " ".join(f"{x:.2f}" for x in ordered[-5:])
+    )
     report["analyzer checks per run (max)"] = max((int(r["checks"] or 0) for r in runs), default=0)
     report["acknowledged events missing from the file"] = len(missing)
     report["events in the file (healthz, before stop)"] = health.get("events")

@@ -26,15 +26,29 @@ MAX_SERIES = 500
 
 
 def _event(i: int) -> dict[str, object]:
-    return {"event_id": f"card-{i}", "model": f"model-{i}", "prompt_version": f"pv-{i}", "contract": f"c-{i}",
-            "served_model": f"served-{i}", "run_id": f"run-{i}", "agent_release": f"rel-{i}",
-            "finish_reason": f"fin-{i}", "source": ("production", "probe", "shadow")[i % 3],
-            "attributes": {f"attr-{i % 32}": f"value-{i}"}, "output": {f"field_{i}": i, "common": "x"}}
+    return {
+        "event_id": f"card-{i}",
+        "model": f"model-{i}",
+        "prompt_version": f"pv-{i}",
+        "contract": f"c-{i}",
+        "served_model": f"served-{i}",
+        "run_id": f"run-{i}",
+        "agent_release": f"rel-{i}",
+        "finish_reason": f"fin-{i}",
+        "source": ("production", "probe", "shadow")[i % 3],
+        "attributes": {f"attr-{i % 32}": f"value-{i}"},
+        "output": {f"field_{i}": i, "common": "x"},
+    }
 
 
 def _wide(i: int) -> dict[str, object]:
-    return {"event_id": f"wide-{i}", "model": "wide-model-2026-01-01", "prompt_version": "wide-v1",
-            "contract": "wide", "output": {f"k_{i}": True, "common": "y"}}
+    return {
+        "event_id": f"wide-{i}",
+        "model": "wide-model-2026-01-01",
+        "prompt_version": "wide-v1",
+        "contract": "wide",
+        "output": {f"k_{i}": True, "common": "y"},
+    }
 
 
 @pytest.mark.reliability
@@ -47,17 +61,27 @@ def test_metrics_stay_under_500_series_with_10000_tag_values(tmp_path: Path, rep
             accepted = 0
             events = [_event(i) for i in range(N)] + [_wide(i) for i in range(WIDE_EVENTS)]
             for start in range(0, len(events), 1000):
-                r = c.post("/v1/outputs", content=json.dumps(events[start:start + 1000]).encode(), headers=JSON)
+                r = c.post("/v1/outputs", content=json.dumps(events[start : start + 1000]).encode(), headers=JSON)
                 assert r.status_code == 200, r.text
                 accepted += r.json()["accepted"]
             # a rejected event with a distinct model too: reasons are a closed set
-            c.post("/v1/outputs", content=json.dumps({"model": "bad-model", "prompt_version": "x"}).encode(),
-                   headers=JSON)
+            c.post(
+                "/v1/outputs", content=json.dumps({"model": "bad-model", "prompt_version": "x"}).encode(), headers=JSON
+            )
             until = datetime.now(UTC) + timedelta(seconds=1)
-            r = c.post("/v1/baselines", json={"model": "wide-model-2026-01-01", "prompt_version": "wide-v1",
-                                              "contract": "wide", "since": since.isoformat(),
-                                              "until": until.isoformat(), "note": "cardinality", "author": "rel",
-                                              "force": "cardinality scenario"})
+            r = c.post(
+                "/v1/baselines",
+                json={
+                    "model": "wide-model-2026-01-01",
+                    "prompt_version": "wide-v1",
+                    "contract": "wide",
+                    "since": since.isoformat(),
+                    "until": until.isoformat(),
+                    "note": "cardinality",
+                    "author": "rel",
+                    "force": "cardinality scenario",
+                },
+            )
             assert r.status_code == 201, r.text
             t0 = time.perf_counter()
             r = c.post("/v1/analyzer/run", timeout=600)  # 10,001 cohorts: one evaluation takes a while

@@ -45,8 +45,13 @@ def test_pager_faults_and_a_kill_between_commit_and_send(tmp_path: Path, report:
         procs.append(svc)
         svc.start()
         with svc.client() as c:
-            seed_drift(c, now, baseline_ago=timedelta(hours=3), drift_ago=timedelta(minutes=45),
-                       drift_span=timedelta(minutes=20))
+            seed_drift(
+                c,
+                now,
+                baseline_ago=timedelta(hours=3),
+                drift_ago=timedelta(minutes=45),
+                drift_span=timedelta(minutes=20),
+            )
             r = c.post("/v1/analyzer/run")
             assert r.status_code == 200 and r.json()["transitions"] >= 2, r.text
             pages = {a["fingerprint"]: a for a in c.get("/v1/alerts", params={"severity": "page"}).json()}
@@ -61,8 +66,12 @@ def test_pager_faults_and_a_kill_between_commit_and_send(tmp_path: Path, report:
         pager.script(400, Step(429, {"Retry-After": "1"}), 500, RESET, ACCEPT_THEN_DROP)  # then 202
         svc.start()
         with svc.client() as c:
-            wait_for("both triggers settled (one failed for good, one delivered)",
-                     lambda: len(pager.requests) >= 6 and not _pending(c.get("/metrics").text), 120, 0.2)
+            wait_for(
+                "both triggers settled (one failed for good, one delivered)",
+                lambda: len(pager.requests) >= 6 and not _pending(c.get("/metrics").text),
+                120,
+                0.2,
+            )
             refused = pager.requests[0].body["dedup_key"]
             delivered = next(fp for fp in pages if fp != refused)
             # The drift clears: normal traffic dilutes it far below the tolerance.
@@ -72,35 +81,52 @@ def test_pager_faults_and_a_kill_between_commit_and_send(tmp_path: Path, report:
                 assert c.post("/v1/analyzer/run").status_code == 200
             states = sorted(a["state"] for a in c.get("/v1/alerts", params={"severity": "page"}).json())
             assert states == ["resolved", "resolved"], states
-            wait_for("the resolve sent", lambda: len(pager.requests) >= 7 and not _pending(c.get("/metrics").text),
-                     60, 0.2)
+            wait_for(
+                "the resolve sent", lambda: len(pager.requests) >= 7 and not _pending(c.get("/metrics").text), 60, 0.2
+            )
         svc.stop()
     ev = evidence(db)
     answers = [r.answer for r in pager.requests]
-    by_fp = {fp: [(r.body["event_action"], r.answer) for r in pager.requests if r.body.get("dedup_key") == fp]
-             for fp in pages}
-    report.update({
-        "page fingerprints": len(pages), "seconds from start to committed alerts (life 1)": round(committed_after, 1),
-        "requests to the pager": len(answers), "answers in order": answers,
-        "attempts of the refused (400) trigger": sum(1 for a, _ in by_fp[refused] if a == "trigger"),
-        "attempts of the delivered trigger": sum(1 for a, _ in by_fp[delivered] if a == "trigger"),
-        "incidents per fingerprint": sorted(len(pager.incidents_for(fp)) for fp in pages),
-        "outbox (fingerprint, action) -> state": sorted((fp[:8], a, s) for (fp, a), (_, s) in ev["outbox"].items()),
-    })
+    by_fp = {
+        fp: [(r.body["event_action"], r.answer) for r in pager.requests if r.body.get("dedup_key") == fp]
+        for fp in pages
+    }
+    report.update(
+        {
+            "page fingerprints": len(pages),
+            "seconds from start to committed alerts (life 1)": round(committed_after, 1),
+            "requests to the pager": len(answers),
+            "answers in order": answers,
+            "attempts of the refused (400) trigger": sum(1 for a, _ in by_fp[refused] if a == "trigger"),
+            "attempts of the delivered trigger": sum(1 for a, _ in by_fp[delivered] if a == "trigger"),
+            "incidents per fingerprint": sorted(len(pager.incidents_for(fp)) for fp in pages),
+            "outbox (fingerprint, action) -> state": sorted((fp[:8], a, s) for (fp, a), (_, s) in ev["outbox"].items()),
+        }
+    )
     assert answers == [400, 429, 500, RESET, ACCEPT_THEN_DROP, 202, 202], answers
     assert by_fp[refused] == [("trigger", 400)]  # never retried, and no resolve for what never opened
-    assert by_fp[delivered] == [("trigger", 429), ("trigger", 500), ("trigger", RESET), ("trigger", ACCEPT_THEN_DROP),
-                                ("trigger", 202), ("resolve", 202)]
+    assert by_fp[delivered] == [
+        ("trigger", 429),
+        ("trigger", 500),
+        ("trigger", RESET),
+        ("trigger", ACCEPT_THEN_DROP),
+        ("trigger", 202),
+        ("resolve", 202),
+    ]
     assert pager.incidents_for(refused) == []
     assert pager.incidents_for(delivered) == [Incident(delivered, open=False, triggers=2)]  # one incident
     bodies = [r.body for r in pager.requests]
     assert all(b["routing_key"] == ROUTING_KEY and b["dedup_key"] in pages for b in bodies)
     assert [b for b in bodies if b["event_action"] == "resolve"] == [
-        {"routing_key": ROUTING_KEY, "event_action": "resolve", "dedup_key": delivered}]
+        {"routing_key": ROUTING_KEY, "event_action": "resolve", "dedup_key": delivered}
+    ]
     triggers = [b for b in bodies if b["event_action"] == "trigger" and b["dedup_key"] == delivered]
     assert all(t == triggers[0] for t in triggers)  # every retry is the same trigger
     assert {k: s for k, (_, s) in ev["outbox"].items()} == {
-        (refused, "trigger"): "failed", (delivered, "trigger"): "sent", (delivered, "resolve"): "sent"}
+        (refused, "trigger"): "failed",
+        (delivered, "trigger"): "sent",
+        (delivered, "resolve"): "sent",
+    }
     assert all(ep == 1 for _, ep in ev["alerts"].values())
 
 

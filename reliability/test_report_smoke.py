@@ -7,8 +7,12 @@ from rel_report import Report
 
 def test_report_lists_each_scenario_with_figures_and_outcome() -> None:
     r = Report()
-    r.record("reliability/test_a.py::test_a", "Crash, exactly once", {"sent": 12000, "lost": 0, "p99 ms": 3.25},
-             lambda: "passed")
+    r.record(
+        "reliability/test_a.py::test_a",
+        "Crash, exactly once",
+        {"sent": 12000, "lost": 0, "p99 ms": 3.25},
+        lambda: "passed",
+    )
     r.record("reliability/test_b.py::test_b", "Pager faults", {"note": "a|b"}, lambda: "failed")
     text = r.render(1)
     assert "scenarios: 2; passed 1, failed 1, skipped 0 (pytest exit status 1)" in text

@@ -12,6 +12,7 @@ incident opened by one trigger).
 
 from __future__ import annotations
 
+import itertools
 import random
 import signal
 import threading
@@ -57,8 +58,9 @@ def _start(tmp_path: Path, pager: FaultPager, *, interval: str, **kw: Any) -> Da
 
 def _seed(svc: Daemon) -> None:
     with svc.client() as c:
-        seed_drift(c, utc_now(), baseline_ago=timedelta(hours=40), drift_ago=timedelta(hours=10),
-                   drift_span=timedelta(hours=8))
+        seed_drift(
+            c, utc_now(), baseline_ago=timedelta(hours=40), drift_ago=timedelta(hours=10), drift_span=timedelta(hours=8)
+        )
 
 
 def _wait_paged(pager: FaultPager) -> None:
@@ -99,11 +101,18 @@ def test_slow_evaluations_never_overlap(tmp_path: Path, report: dict[str, object
         log = svc.log_tail(200_000)
     runs = ev["runs"]
     slow = sum(1 for r in runs if r[4] > interval)
-    report.update({"interval, s": interval, "evaluations recorded": len(runs),
-                   "evaluations slower than the interval": slow, "runs requested over HTTP": len(manual),
-                   "max evaluation, s": round(max(r[4] for r in runs), 3),
-                   "skipped by the scheduler (max_instances)": log.count("maximum number of running instances"),
-                   "overlapping evaluations": overlaps(runs), "failed evaluations": sum(1 for r in runs if not r[3])})
+    report.update(
+        {
+            "interval, s": interval,
+            "evaluations recorded": len(runs),
+            "evaluations slower than the interval": slow,
+            "runs requested over HTTP": len(manual),
+            "max evaluation, s": round(max(r[4] for r in runs), 3),
+            "skipped by the scheduler (max_instances)": log.count("maximum number of running instances"),
+            "overlapping evaluations": overlaps(runs),
+            "failed evaluations": sum(1 for r in runs if not r[3]),
+        }
+    )
     assert slow >= 10, "evaluations were not slower than the interval: the scenario tested nothing"
     assert set(manual) == {200}, manual[:20]
     assert overlaps(runs) == 0
@@ -138,9 +147,14 @@ def test_a_paused_service_catches_up_once(tmp_path: Path, report: dict[str, obje
             svc.proc.send_signal(signal.SIGCONT)
             resumed = time.time()
             with svc.client() as c:
-                wait_for("three evaluations after the pause",
-                         lambda: sum(1 for r in _runs(c) if datetime.fromisoformat(r["started_at"]).timestamp()
-                                     >= resumed) >= 3, 30, 0.1)
+                wait_for(
+                    "three evaluations after the pause",
+                    lambda: (
+                        sum(1 for r in _runs(c) if datetime.fromisoformat(r["started_at"]).timestamp() >= resumed) >= 3
+                    ),
+                    30,
+                    0.1,
+                )
         finally:
             svc.stop()
         ev = evidence(svc.db)
@@ -148,13 +162,18 @@ def test_a_paused_service_catches_up_once(tmp_path: Path, report: dict[str, obje
     during = [s for s in starts if paused_at + 0.2 < s < resumed]
     first_gap = [s for s in starts if resumed <= s < resumed + interval - 0.5]
     three = [s for s in starts if resumed <= s < resumed + 3 * interval - 0.5]
-    report.update({"interval, s": interval, "paused, s": round(resumed - paused_at, 1),
-                   "intervals missed": int((resumed - paused_at) // interval),
-                   "evaluations started during the pause": len(during),
-                   "evaluations in the first 1.5 s after SIGCONT (catch-up)": len(first_gap),
-                   "evaluations in the 5.5 s after SIGCONT": len(three),
-                   "catch-up delay, s": round(first_gap[0] - resumed, 3) if first_gap else None,
-                   "overlapping evaluations": overlaps(ev["runs"])})
+    report.update(
+        {
+            "interval, s": interval,
+            "paused, s": round(resumed - paused_at, 1),
+            "intervals missed": int((resumed - paused_at) // interval),
+            "evaluations started during the pause": len(during),
+            "evaluations in the first 1.5 s after SIGCONT (catch-up)": len(first_gap),
+            "evaluations in the 5.5 s after SIGCONT": len(three),
+            "catch-up delay, s": round(first_gap[0] - resumed, 3) if first_gap else None,
+            "overlapping evaluations": overlaps(ev["runs"]),
+        }
+    )
     assert resumed - paused_at >= 4 * interval
     assert (len(during), len(first_gap), len(three)) == (0, 1, 3), (during, first_gap, three)
     assert overlaps(ev["runs"]) == 0
@@ -186,9 +205,14 @@ def test_kills_during_evaluations(tmp_path: Path, report: dict[str, object]) -> 
             svc.stop()
         ev = evidence(svc.db)
         log = svc.log_tail(300_000)
-    report.update({"kills (SIGKILL)": 4, "evaluations recorded": len(ev["runs"]),
-                   "overlapping evaluations": overlaps(ev["runs"]),
-                   "failed evaluations": sum(1 for r in ev["runs"] if not r[3])})
+    report.update(
+        {
+            "kills (SIGKILL)": 4,
+            "evaluations recorded": len(ev["runs"]),
+            "overlapping evaluations": overlaps(ev["runs"]),
+            "failed evaluations": sum(1 for r in ev["runs"] if not r[3]),
+        }
+    )
     assert overlaps(ev["runs"]) == 0
     assert all(r[3] for r in ev["runs"]), [r for r in ev["runs"] if not r[3]][:3]
     assert "Traceback" not in log, log[-3000:]
@@ -203,8 +227,13 @@ def test_wall_clock_jumps_forward_and_back(tmp_path: Path, report: dict[str, obj
     interval = 2.0
     clock = tmp_path / "faketime.rc"
     clock.write_text("+0\n")
-    env = {"LD_PRELOAD": lib, "FAKETIME_TIMESTAMP_FILE": str(clock), "FAKETIME_NO_CACHE": "1",
-           "FAKETIME_DONT_FAKE_MONOTONIC": "1", "FAKETIME_DONT_RESET": "1"}
+    env = {
+        "LD_PRELOAD": lib,
+        "FAKETIME_TIMESTAMP_FILE": str(clock),
+        "FAKETIME_NO_CACHE": "1",
+        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+        "FAKETIME_DONT_RESET": "1",
+    }
     with FaultPager() as pager:
         svc = _start(tmp_path, pager, interval="2s", env=env)
         svc.start()
@@ -213,6 +242,7 @@ def test_wall_clock_jumps_forward_and_back(tmp_path: Path, report: dict[str, obj
             _seed(svc)
             _wait_paged(pager)
             with svc.client() as c:
+
                 def run_ids() -> list[int]:
                     return [r["run_id"] for r in _runs(c)]
 
@@ -223,31 +253,43 @@ def test_wall_clock_jumps_forward_and_back(tmp_path: Path, report: dict[str, obj
                     tmp.replace(clock)  # atomic: libfaketime never reads a half-written offset
                     segments.append((offset, last, time.monotonic()))
                     # the service resumes evaluating: a run recorded after the jump
-                    return wait_for(f"an evaluation after the jump to {offset}",
-                                    lambda: max(run_ids(), default=0) > last, 3 * interval + 5, 0.05)
+                    return wait_for(
+                        f"an evaluation after the jump to {offset}",
+                        lambda: max(run_ids(), default=0) > last,
+                        3 * interval + 5,
+                        0.05,
+                    )
 
                 wait_for("two evaluations", lambda: len(run_ids()) >= 2, 30, 0.1)
                 after_forward = jump("+3h")
                 wait_for("three more evaluations", lambda: len(run_ids()) >= len(segments) + 5, 30, 0.1)
                 n_before_back = len(run_ids())
                 after_back = jump("-1h")
-                wait_for("three evaluations after the jump back", lambda: len(run_ids()) >= n_before_back + 3,
-                         4 * interval + 5, 0.1)
+                wait_for(
+                    "three evaluations after the jump back",
+                    lambda: len(run_ids()) >= n_before_back + 3,
+                    4 * interval + 5,
+                    0.1,
+                )
         finally:
             svc.stop()
         ev = evidence(svc.db)
     runs = ev["runs"]
     # Compare runs within one clock segment only (a jump moves started_at by hours).
     bounds = [0] + [last for _, last, _ in segments] + [10**9]
-    parts = [[r for r in runs if lo < r[0] <= hi] for lo, hi in zip(bounds, bounds[1:], strict=False)]
+    parts = [[r for r in runs if lo < r[0] <= hi] for lo, hi in itertools.pairwise(bounds)]
     overlapping = sum(overlaps(p[1:] if i else p) for i, p in enumerate(parts))
-    bursts = sum(1 for p in parts for a, b in zip(p, p[1:], strict=False)
-                 if (b[1] - a[1]).total_seconds() < interval / 2)
-    report.update({"interval, s": interval, "evaluations before / after +3h / after -1h":
-                   [len(p) for p in parts], "seconds to an evaluation after +3h": round(after_forward, 2),
-                   "seconds to an evaluation after -1h (4 h back)": round(after_back, 2),
-                   "evaluations less than half an interval apart (catch-up bursts)": bursts,
-                   "overlapping evaluations": overlapping})
+    bursts = sum(1 for p in parts for a, b in itertools.pairwise(p) if (b[1] - a[1]).total_seconds() < interval / 2)
+    report.update(
+        {
+            "interval, s": interval,
+            "evaluations before / after +3h / after -1h": [len(p) for p in parts],
+            "seconds to an evaluation after +3h": round(after_forward, 2),
+            "seconds to an evaluation after -1h (4 h back)": round(after_back, 2),
+            "evaluations less than half an interval apart (catch-up bursts)": bursts,
+            "overlapping evaluations": overlapping,
+        }
+    )
     # No stall: the next evaluation comes at its pace (an interval, plus the watcher's 1 s tick
     # and polling), not after the hour the clock went back.
     assert after_forward < 2 * interval + 1.5 and after_back < 2 * interval + 1.5

@@ -30,17 +30,38 @@ expected-statuses = ["2xx", "3xx", "401", "403", "404", "409", "422", "429", "5x
 """
 
 
-def run_schemathesis(tmp_path: Path, *, examples: int, max_time: int, paths: str | None,
-                     phases: str | None = None) -> dict[str, Any]:
+def run_schemathesis(
+    tmp_path: Path, *, examples: int, max_time: int, paths: str | None, phases: str | None = None
+) -> dict[str, Any]:
     svc = start_service(tmp_path / "st.duckdb", env={"SHAPEWATCH_TOKENS": TOKEN})
     try:
         config = tmp_path / "schemathesis.toml"
         config.write_text(CONFIG)
-        cmd = [str(Path(sys.executable).with_name("st")), "--config-file", str(config), "run",
-               svc.url + "/openapi.json", "--checks", "all", "-H", f"Authorization: Bearer {TOKEN}",
-               "-n", str(examples), "--workers", "1", "--seed", "7", "--max-time", str(max_time),
-               "--report", "json", "--report-json-path", str(tmp_path / "st.json"),
-               "--request-timeout", "30"]
+        cmd = [
+            str(Path(sys.executable).with_name("st")),
+            "--config-file",
+            str(config),
+            "run",
+            svc.url + "/openapi.json",
+            "--checks",
+            "all",
+            "-H",
+            f"Authorization: Bearer {TOKEN}",
+            "-n",
+            str(examples),
+            "--workers",
+            "1",
+            "--seed",
+            "7",
+            "--max-time",
+            str(max_time),
+            "--report",
+            "json",
+            "--report-json-path",
+            str(tmp_path / "st.json"),
+            "--request-timeout",
+            "30",
+        ]
         if paths:
             cmd += ["--include-path-regex", paths]
         if phases:
@@ -69,13 +90,14 @@ def record(report: dict[str, object], st: dict[str, Any]) -> dict[str, int]:
 
 def _failure_text(st: dict[str, Any]) -> str:
     out = st["_output"]
-    return out[out.find("FAILURES"):][-6000:] if "FAILURES" in out else out[-3000:]
+    return out[out.find("FAILURES") :][-6000:] if "FAILURES" in out else out[-3000:]
 
 
 def test_schemathesis_finds_nothing_on_the_ingest_routes(tmp_path: Path, report: dict[str, object]) -> None:
     """Schemathesis, smoke: the ingest routes and /healthz, every check, few examples"""
-    st = run_schemathesis(tmp_path, examples=5, max_time=12, paths="^/(v1/outputs|v1/provider|healthz)",
-                          phases="coverage,fuzzing")
+    st = run_schemathesis(
+        tmp_path, examples=5, max_time=12, paths="^/(v1/outputs|v1/provider|healthz)", phases="coverage,fuzzing"
+    )
     failures = record(report, st)
     assert st["operations"]["tested"] == 3
     assert (failures, st["errors"]) == ({}, []), _failure_text(st)
@@ -90,4 +112,3 @@ def test_schemathesis_finds_nothing_on_the_whole_api(tmp_path: Path, report: dic
     assert spec_ops >= 20 and st["operations"]["tested"] == spec_ops
     assert st["phases"]["stateful"]["status"] != "skip"
     assert (failures, st["errors"]) == ({}, []), _failure_text(st)
-

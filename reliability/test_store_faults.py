@@ -29,12 +29,16 @@ import pytest
 from fault_support import spawn, tmpfs, wait_for
 from rel_support import ROOT, SHAPEWATCH, make_envelope
 
-from collector import Store
+from shapewatch.collector import Store
 
 
 def _envs(prefix: str, n: int) -> list[dict[str, object]]:
-    return [make_envelope(event_id=f"{prefix}-{i}", served_model=None,
-                          output={"i": i, "pad": "x" * 300, "tags": ["a", "b"]}) for i in range(n)]
+    return [
+        make_envelope(
+            event_id=f"{prefix}-{i}", served_model=None, output={"i": i, "pad": "x" * 300, "tags": ["a", "b"]}
+        )
+        for i in range(n)
+    ]
 
 
 def _fill(where: Path, leave: int) -> Path:
@@ -47,7 +51,7 @@ def _fill(where: Path, leave: int) -> Path:
             free = st.f_bavail * st.f_frsize
             if free <= leave:
                 break
-            f.write(chunk[:max(4096, min(len(chunk), free - leave))])
+            f.write(chunk[: max(4096, min(len(chunk), free - leave))])
             f.flush()
     return filler
 
@@ -107,15 +111,21 @@ def test_disk_full_answers_503_and_recovers_when_space_is_freed(tmp_path: Path, 
             stored = dict(store.query("SELECT event_id, count(*) FROM events GROUP BY ALL"))
             counted = store.query("SELECT coalesce(sum(events), 0) FROM cohort_buckets")[0][0]
     lost = acked - stored.keys()
-    report.update({
-        "filesystem": "tmpfs 40 MB", "batches of 100 posted before writes failed": batches_before_full,
-        "free bytes when writes failed": full_free, "events acknowledged": len(acked), "stored": len(stored),
-        "lost (acknowledged, absent)": len(lost), "answers other than 200 or 503+Retry-After": len(bad),
-        "/healthz while writes failed": sorted(set(health_while_failing)),
-        "seconds to the first good write after freeing space": round(recovery, 2),
-        "seconds to a healthy /healthz after that": round(health_after, 2),
-        "rollup events counted / stored": f"{counted} / {len(stored)}",
-    })
+    report.update(
+        {
+            "filesystem": "tmpfs 40 MB",
+            "batches of 100 posted before writes failed": batches_before_full,
+            "free bytes when writes failed": full_free,
+            "events acknowledged": len(acked),
+            "stored": len(stored),
+            "lost (acknowledged, absent)": len(lost),
+            "answers other than 200 or 503+Retry-After": len(bad),
+            "/healthz while writes failed": sorted(set(health_while_failing)),
+            "seconds to the first good write after freeing space": round(recovery, 2),
+            "seconds to a healthy /healthz after that": round(health_after, 2),
+            "rollup events counted / stored": f"{counted} / {len(stored)}",
+        }
+    )
     assert bad == [], bad[:5]
     assert health_while_failing and set(health_while_failing) == {503}, health_while_failing
     assert alive, "the service died while the disk was full"
@@ -154,16 +164,23 @@ def _damaged_wal(tmp_path: Path, damage: str) -> tuple[Path, int, int]:
 @pytest.mark.reliability
 @pytest.mark.parametrize("damage", ["truncated", "garbage in the middle", "garbage in the header"])
 def test_a_damaged_wal_is_refused_clearly_or_quarantined_with_a_warning(
-        tmp_path: Path, report: dict[str, object], damage: str) -> None:
+    tmp_path: Path, report: dict[str, object], damage: str
+) -> None:
     """Damaged WAL after a kill: a clear refusal, or a start with a warning and a kept copy"""
     db, acked, wal_bytes = _damaged_wal(tmp_path, damage)
     svc = spawn(tmp_path, db)
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("SHAPEWATCH_")}, "PYTHONPATH": str(ROOT)}
     t0 = time.monotonic()
-    proc = subprocess.Popen([*SHAPEWATCH, "serve", "--db", str(db), "--port", str(svc.port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=ROOT)
+    proc = subprocess.Popen(
+        [*SHAPEWATCH, "serve", "--db", str(db), "--port", str(svc.port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd=ROOT,
+    )
     outcome, err = "", ""
     try:
+
         def decided() -> bool:
             if proc.poll() is not None:
                 return True
@@ -194,10 +211,18 @@ def test_a_damaged_wal_is_refused_clearly_or_quarantined_with_a_warning(
             proc.wait(30)
     copies = sorted(p.name for p in (db.parent / "quarantine").glob("*wal*")) if outcome == "started" else []
     warnings = [line for line in err.splitlines() if "WARNING" in line and "write-ahead log" in line]
-    report.update({"damage": damage, "WAL bytes before damage": wal_bytes, "events acknowledged": acked,
-                   "outcome": outcome, "seconds to decide": round(seconds, 2),
-                   "events after start (started only)": events, "WAL copies kept": len(copies),
-                   "message": (warnings[0] if warnings else err.strip().splitlines()[-1] if err.strip() else "")[:300]})
+    report.update(
+        {
+            "damage": damage,
+            "WAL bytes before damage": wal_bytes,
+            "events acknowledged": acked,
+            "outcome": outcome,
+            "seconds to decide": round(seconds, 2),
+            "events after start (started only)": events,
+            "WAL copies kept": len(copies),
+            "message": (warnings[0] if warnings else err.strip().splitlines()[-1] if err.strip() else "")[:300],
+        }
+    )
     assert "Traceback" not in err, err[-3000:]
     if outcome == "started":
         assert warnings, f"started without a warning about the write-ahead log:\n{err[-3000:]}"
@@ -205,9 +230,20 @@ def test_a_damaged_wal_is_refused_clearly_or_quarantined_with_a_warning(
     else:
         assert proc.returncode == 2, err
         lines = [line for line in err.strip().splitlines() if line.strip()]
-        assert len(lines) == 1 and lines[0].startswith("error: ") and "write-ahead log" in lines[0] \
-            and f"{db}.wal" in lines[0] and "move it aside" in lines[0], err
+        assert (
+            len(lines) == 1
+            and lines[0].startswith("error: ")
+            and "write-ahead log" in lines[0]
+            and f"{db}.wal" in lines[0]
+            and "move it aside" in lines[0]
+        ), err
         # The refusal is stable: a second start says the same, and the file was not touched.
-        again = subprocess.run([*SHAPEWATCH, "serve", "--db", str(db), "--port", str(svc.port)],
-                               capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+        again = subprocess.run(
+            [*SHAPEWATCH, "serve", "--db", str(db), "--port", str(svc.port)],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=ROOT,
+            timeout=60,
+        )
         assert (again.returncode, again.stderr.strip()) == (2, lines[0])

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from harness import Service, make_envelope, start_service
 
-from collector import Store
-from collector.rollup import RollupConfig
+from shapewatch.collector import Store
+from shapewatch.collector.rollup import RollupConfig
 
 
 @pytest.fixture

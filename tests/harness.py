@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
-SHAPEWATCH = [sys.executable, "-m", "analysis.cli"]
+SHAPEWATCH = [sys.executable, "-m", "shapewatch.analysis.cli"]
 
 
 def make_envelope(**overrides: Any) -> dict[str, Any]:
@@ -35,9 +35,14 @@ def make_envelope(**overrides: Any) -> dict[str, Any]:
         "contract": "intake",
         "contract_version": "3",
         "source": "production",
-        "output": {"intent": "refund", "priority": "high", "confidence": 0.87,
-                   "customer": {"tier": "gold", "id": "c-1"},
-                   "entities": [{"type": "order", "value": "A-1"}], "tags": ["billing"]},
+        "output": {
+            "intent": "refund",
+            "priority": "high",
+            "confidence": 0.87,
+            "customer": {"tier": "gold", "id": "c-1"},
+            "entities": [{"type": "order", "value": "A-1"}],
+            "tags": ["billing"],
+        },
     }
     for k, v in overrides.items():
         if v is None:
@@ -73,14 +78,20 @@ class Service:
             self.proc.wait(30)
 
 
-def start_service(db_path: Path, *, env: dict[str, str] | None = None, port: int | None = None,
-                  timeout: float = 60.0) -> Service:
+def start_service(
+    db_path: Path, *, env: dict[str, str] | None = None, port: int | None = None, timeout: float = 60.0
+) -> Service:
     """Start ``shapewatch serve`` and wait (bounded) until /healthz answers 200."""
     port = port or free_port()
     log = db_path.parent / f"serve-{port}.log"
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    proc = subprocess.Popen([*SHAPEWATCH, "serve", "--db", str(db_path), "--port", str(port)],
-                            stdout=log.open("ab"), stderr=subprocess.STDOUT, env=full_env, cwd=ROOT)
+    proc = subprocess.Popen(
+        [*SHAPEWATCH, "serve", "--db", str(db_path), "--port", str(port)],
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+        env=full_env,
+        cwd=ROOT,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -103,8 +114,13 @@ def ensure_tool(name: str) -> str | None:
 
     found = shutil.which(name)
     if found is None:
-        subprocess.run([str(ROOT / ".ci" / "install-tools")], check=False, timeout=900,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run(
+            [str(ROOT / ".ci" / "install-tools")],
+            check=False,
+            timeout=900,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         found = shutil.which(name)
     return found
 
@@ -124,7 +140,7 @@ class SchemaServer:
         hits: list[str] = []
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - the handler's protocol
+            def do_GET(self) -> None:
                 hits.append(self.path)
                 body = b'{"type": "string"}'
                 self.send_response(200)

@@ -13,13 +13,28 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from dashboard import ui
-from dashboard.compare import alert_diff_rows
+from shapewatch.dashboard import ui
+from shapewatch.dashboard.compare import alert_diff_rows
 
-ALERT_KINDS = ("presence_drop", "field_missing", "presence_rise", "new_type", "type_shift", "new_enum_value",
-               "unknown_enum_growth", "cardinality_jump", "array_size_shift", "new_field")
-STATES = {"open (pending and firing)": "open", "firing": "firing", "pending": "pending", "resolved": "resolved",
-          "all": None}
+ALERT_KINDS = (
+    "presence_drop",
+    "field_missing",
+    "presence_rise",
+    "new_type",
+    "type_shift",
+    "new_enum_value",
+    "unknown_enum_growth",
+    "cardinality_jump",
+    "array_size_shift",
+    "new_field",
+)
+STATES = {
+    "open (pending and firing)": "open",
+    "firing": "firing",
+    "pending": "pending",
+    "resolved": "resolved",
+    "all": None,
+}
 ALL = "(all)"
 
 
@@ -54,13 +69,19 @@ def _actions(s: ui.Session, a: dict[str, Any]) -> None:
     fp = a["fingerprint"]
     left, right = st.columns([1, 3])
     with left:
-        if st.button("Acknowledge", key=f"ack-{fp}", disabled=bool(a.get("acknowledged_by")),
-                     help="Say that someone is on it; it changes who is told, not the alert's state."):
+        if st.button(
+            "Acknowledge",
+            key=f"ack-{fp}",
+            disabled=bool(a.get("acknowledged_by")),
+            help="Say that someone is on it; it changes who is told, not the alert's state.",
+        ):
             if not s.author:
                 st.warning("Write your name in the sidebar first: acknowledgements are signed.")
             else:
                 s.api.acknowledge(fp, author=s.author)
-                ui.after_write(f"Acknowledged {ui.literal(a['kind'])} on {ui.literal(a['field'])} as {ui.literal(s.author)}.")
+                ui.after_write(
+                    f"Acknowledged {ui.literal(a['kind'])} on {ui.literal(a['field'])} as {ui.literal(s.author)}."
+                )
     with right, st.expander("Silence this alert"):
         with st.form(f"silence-{fp}", border=False):
             duration = st.text_input("For how long", value="2h", help="e.g. 30m, 2h, 3d", key=f"silence-for-{fp}")
@@ -70,27 +91,35 @@ def _actions(s: ui.Session, a: dict[str, Any]) -> None:
             if not reason.strip() or not s.author:
                 st.warning("A silence needs a reason, and your name in the sidebar.")
             else:
-                done = s.api.silence(duration=duration.strip(), author=s.author, reason=reason.strip(),
-                                     fingerprint=fp)
-                ui.after_write(f"Silenced {ui.literal(a['kind'])} on {ui.literal(a['field'])} until {ui.literal(done['ends_at'])}.")
+                done = s.api.silence(duration=duration.strip(), author=s.author, reason=reason.strip(), fingerprint=fp)
+                ui.after_write(
+                    f"Silenced {ui.literal(a['kind'])} on {ui.literal(a['field'])} until {ui.literal(done['ends_at'])}."
+                )
 
 
-def _alert_card(s: ui.Session, a: dict[str, Any], cohort_ids: dict[tuple[str, str, str], int],
-                events: dict[str, dict[str, Any]]) -> None:
+def _alert_card(
+    s: ui.Session, a: dict[str, Any], cohort_ids: dict[tuple[str, str, str], int], events: dict[str, dict[str, Any]]
+) -> None:
     c = a["cohort"]
     value = f" = {ui.literal(a['value'], code=True)}" if a.get("value") else ""
     with st.container(border=True):
-        st.markdown(f"**:{'red' if a['severity'] == 'page' else 'orange'}[{ui.literal(str(a['severity']).upper())}]** "
-                    f"{ui.literal(a['field'], code=True)} · **{ui.literal(a['kind'])}**{value} · {ui.literal(a['state'])} · "
-                    f"{ui.literal(ui.cohort_label(c))}")
+        st.markdown(
+            f"**:{'red' if a['severity'] == 'page' else 'orange'}[{ui.literal(str(a['severity']).upper())}]** "
+            f"{ui.literal(a['field'], code=True)} · **{ui.literal(a['kind'])}**{value} · {ui.literal(a['state'])} · "
+            f"{ui.literal(ui.cohort_label(c))}"
+        )
         st.markdown(ui.literal(a["detail"]))
-        when = (f"first seen {ui.literal(ui.ago(a['first_seen']))} · last seen {ui.literal(ui.ago(a['last_seen']))}"
-                + (f" · fired {ui.literal(ui.ago(a['fired_at']))}" if a.get("fired_at") else "")
-                + (f" · resolved {ui.literal(ui.ago(a['resolved_at']))}" if a.get("resolved_at") else ""))
+        when = (
+            f"first seen {ui.literal(ui.ago(a['first_seen']))} · last seen {ui.literal(ui.ago(a['last_seen']))}"
+            + (f" · fired {ui.literal(ui.ago(a['fired_at']))}" if a.get("fired_at") else "")
+            + (f" · resolved {ui.literal(ui.ago(a['resolved_at']))}" if a.get("resolved_at") else "")
+        )
         st.caption(when)
         notes = []
         if a.get("acknowledged_by"):
-            notes.append(f"acknowledged by **{ui.literal(a['acknowledged_by'])}** {ui.literal(ui.ago(a.get('acknowledged_at')))}")
+            notes.append(
+                f"acknowledged by **{ui.literal(a['acknowledged_by'])}** {ui.literal(ui.ago(a.get('acknowledged_at')))}"
+            )
         if a.get("silenced_until"):
             notes.append(f"silenced until {ui.literal(ui.ago(a['silenced_until']))}")
         if notes:
@@ -104,16 +133,23 @@ def _alert_card(s: ui.Session, a: dict[str, Any], cohort_ids: dict[tuple[str, st
                 f"p-value {'-' if p is None else f'{p:.2g}'} (adjusted {'-' if q is None else f'{q:.2g}'})  \n"
                 f"effect {ui.literal(a.get('effect'))} over threshold {ui.literal(a.get('threshold'))}  \n"
                 f"compared with {ui.literal(a.get('compared_with') or '-')}  \n"
-                + contract_line(a.get("contracts") or {}) +
-                f"fingerprint {ui.literal(a['fingerprint'], code=True)}, episode {ui.literal(a.get('episode'))}")
+                + contract_line(a.get("contracts") or {})
+                + f"fingerprint {ui.literal(a['fingerprint'], code=True)}, episode {ui.literal(a.get('episode'))}"
+            )
             cid = cohort_ids.get(_cohort_key(c))
             if cid is not None:
-                st.page_link("views/field.py", label=f"Charts of {ui.literal(a['field'])}", icon=":material/show_chart:",
-                             query_params={"cohort": str(cid), "field": a["field"]})
+                st.page_link(
+                    "views/field.py",
+                    label=f"Charts of {ui.literal(a['field'])}",
+                    icon=":material/show_chart:",
+                    query_params={"cohort": str(cid), "field": a["field"]},
+                )
         samples = [events[i] for i in a.get("samples") or [] if i in events]
         with st.expander(f"Sample outputs ({len(samples)})"):
             for e in samples:
-                st.caption(f"{ui.literal(e['event_id'])} · {ui.literal(e['ts'])} · served by {ui.literal(e.get('served_model') or '-')}")
+                st.caption(
+                    f"{ui.literal(e['event_id'])} · {ui.literal(e['ts'])} · served by {ui.literal(e.get('served_model') or '-')}"
+                )
                 st.json(e["output"], expanded=True)
         if a["state"] != "resolved":
             _actions(s, a)
@@ -126,11 +162,15 @@ def _alert_list(s: ui.Session, filters: dict[str, str | None]) -> None:
     cohort_ids = {_cohort_key(c["cohort"]): int(c["cohort_id"]) for c in s.read("/v1/cohorts")}
     ids = sorted({i for a in alerts for i in (a.get("samples") or [])})[:100]
     events = {e["event_id"]: e for e in s.read("/v1/events", ids=ids)} if ids else {}
-    st.caption(f"{len(alerts)} alert(s) · refreshed {ui.literal(ui.ago(pd.Timestamp.now(tz='UTC').isoformat()))} "
-               f"every {s.settings.refresh_seconds:g} s")
+    st.caption(
+        f"{len(alerts)} alert(s) · refreshed {ui.literal(ui.ago(pd.Timestamp.now(tz='UTC').isoformat()))} "
+        f"every {s.settings.refresh_seconds:g} s"
+    )
     if not alerts:
-        st.info("No alert matches. Nothing is drifting away from its baseline, or nothing is judged yet "
-                "(a cohort needs a frozen baseline: see Baselines and review).")
+        st.info(
+            "No alert matches. Nothing is drifting away from its baseline, or nothing is judged yet "
+            "(a cohort needs a frozen baseline: see Baselines and review)."
+        )
     for severity in ("page", "warn"):
         group = [a for a in alerts if a["severity"] == severity]
         if not group:
@@ -146,11 +186,26 @@ def _history(s: ui.Session, filters: dict[str, str | None]) -> None:
     if not resolved:
         st.caption("No resolved alert yet.")
         return
-    st.dataframe(pd.DataFrame([{
-        "severity": a["severity"], "field": a["field"], "kind": a["kind"], "value": a.get("value") or "",
-        "cohort": ui.cohort_label(a["cohort"]), "first seen": a["first_seen"], "fired": a.get("fired_at"),
-        "resolved": a.get("resolved_at"), "acknowledged by": a.get("acknowledged_by") or "",
-        "detail": a["detail"]} for a in resolved]), hide_index=True)
+    st.dataframe(
+        pd.DataFrame(
+            [
+                {
+                    "severity": a["severity"],
+                    "field": a["field"],
+                    "kind": a["kind"],
+                    "value": a.get("value") or "",
+                    "cohort": ui.cohort_label(a["cohort"]),
+                    "first seen": a["first_seen"],
+                    "fired": a.get("fired_at"),
+                    "resolved": a.get("resolved_at"),
+                    "acknowledged by": a.get("acknowledged_by") or "",
+                    "detail": a["detail"],
+                }
+                for a in resolved
+            ]
+        ),
+        hide_index=True,
+    )
 
 
 def contract_line(k: dict[str, Any]) -> str:

@@ -17,9 +17,9 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from dashboard import ui
-from dashboard.client import RequestRefused
-from dashboard.compare import baseline_window_rows
+from shapewatch.dashboard import ui
+from shapewatch.dashboard.client import RequestRefused
+from shapewatch.dashboard.compare import baseline_window_rows
 
 PENDING = "_baselines_pending"
 
@@ -40,12 +40,26 @@ def _listing(baselines: list[dict[str, Any]]) -> None:
     if not baselines:
         st.info("No baseline yet. Pick a cohort and a calm window below, compare it, and freeze it.")
         return
-    st.dataframe(pd.DataFrame([{
-        "baseline": b["baseline_id"], "active": "active" if b["active"] else "", "cohort": ui.cohort_label(b["cohort"]),
-        "window": f"{b['window']['since']} .. {b['window']['until']}", "samples": b["samples"],
-        "author": b["author"], "note": b["note"], "frozen": b["created_at"],
-        "unpinned model": "⚠ unpinned" if b.get("unpinned") else "", "forced": b.get("forced") or ""}
-        for b in baselines]), hide_index=True)
+    st.dataframe(
+        pd.DataFrame(
+            [
+                {
+                    "baseline": b["baseline_id"],
+                    "active": "active" if b["active"] else "",
+                    "cohort": ui.cohort_label(b["cohort"]),
+                    "window": f"{b['window']['since']} .. {b['window']['until']}",
+                    "samples": b["samples"],
+                    "author": b["author"],
+                    "note": b["note"],
+                    "frozen": b["created_at"],
+                    "unpinned model": "⚠ unpinned" if b.get("unpinned") else "",
+                    "forced": b.get("forced") or "",
+                }
+                for b in baselines
+            ]
+        ),
+        hide_index=True,
+    )
 
 
 def _confirm(s: ui.Session) -> None:
@@ -55,13 +69,17 @@ def _confirm(s: ui.Session) -> None:
         return
     with st.container(border=True):
         if pending["action"] == "freeze":
-            st.warning(f"Freeze **{ui.literal(pending['label'])}** over {ui.literal(pending['since'])} .. "
-                       f"{ui.literal(pending['until'])} as a new "
-                       f"baseline{' and make it active' if pending['activate'] else ''}? A frozen baseline never "
-                       f"changes. Note: \u201c{ui.literal(pending['note'])}\u201d")
+            st.warning(
+                f"Freeze **{ui.literal(pending['label'])}** over {ui.literal(pending['since'])} .. "
+                f"{ui.literal(pending['until'])} as a new "
+                f"baseline{' and make it active' if pending['activate'] else ''}? A frozen baseline never "
+                f"changes. Note: \u201c{ui.literal(pending['note'])}\u201d"
+            )
         else:
-            st.warning(f"Make baseline **{ui.literal(pending['baseline_id'])}** the active one of "
-                       f"**{ui.literal(pending['label'])}**? Note: \u201c{ui.literal(pending['note'])}\u201d")
+            st.warning(
+                f"Make baseline **{ui.literal(pending['baseline_id'])}** the active one of "
+                f"**{ui.literal(pending['label'])}**? Note: \u201c{ui.literal(pending['note'])}\u201d"
+            )
         yes, no = st.columns(2)
         confirmed = yes.button("Confirm", type="primary", key="baselines-confirm")
         cancelled = no.button("Cancel", key="baselines-cancel")
@@ -74,11 +92,20 @@ def _confirm(s: ui.Session) -> None:
     try:
         if pending["action"] == "freeze":
             c = pending["cohort"]
-            done = s.api.freeze(model=c["model"], prompt_version=c["prompt_version"], contract=c["contract"],
-                                since=pending["since"], until=pending["until"], note=pending["note"],
-                                author=s.author, activate=pending["activate"], force=pending["force"] or None)
-            message = (f"Froze baseline {ui.literal(done['baseline_id'])} ({ui.literal(done['samples'])} samples)"
-                       + (", now active." if done.get("active") else ", not active."))
+            done = s.api.freeze(
+                model=c["model"],
+                prompt_version=c["prompt_version"],
+                contract=c["contract"],
+                since=pending["since"],
+                until=pending["until"],
+                note=pending["note"],
+                author=s.author,
+                activate=pending["activate"],
+                force=pending["force"] or None,
+            )
+            message = f"Froze baseline {ui.literal(done['baseline_id'])} ({ui.literal(done['samples'])} samples)" + (
+                ", now active." if done.get("active") else ", not active."
+            )
         else:
             done = s.api.activate(pending["baseline_id"], author=s.author, note=pending["note"])
             message = f"Baseline {ui.literal(done['baseline_id'])} is now active."
@@ -90,42 +117,57 @@ def _confirm(s: ui.Session) -> None:
 
 def _compare_and_freeze(s: ui.Session, cohorts: list[dict[str, Any]], baselines: list[dict[str, Any]]) -> None:
     by_id = {int(c["cohort_id"]): c for c in cohorts}
-    cid = st.selectbox("Cohort", list(by_id), format_func=lambda i: ui.cohort_label(by_id[i]["cohort"]),
-                       key="baselines-cohort")
+    cid = st.selectbox(
+        "Cohort", list(by_id), format_func=lambda i: ui.cohort_label(by_id[i]["cohort"]), key="baselines-cohort"
+    )
     cohort = by_id[cid]
     today = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
     left, right = st.columns(2)
-    since_text = left.text_input("Candidate window from", _iso(today - timedelta(days=1)), key="baselines-since",
-                                 help="ISO 8601 with a zone, e.g. 2026-11-29T00:00:00Z")
+    since_text = left.text_input(
+        "Candidate window from",
+        _iso(today - timedelta(days=1)),
+        key="baselines-since",
+        help="ISO 8601 with a zone, e.g. 2026-11-29T00:00:00Z",
+    )
     until_text = right.text_input("until (exclusive)", _iso(today), key="baselines-until")
     since, until = _parse(since_text), _parse(until_text)
     if since is None or until is None or since >= until:
-        st.error("Give the window as two ISO 8601 times with a zone (e.g. 2026-11-29T00:00:00Z), the first "
-                 "one earlier.")
+        st.error(
+            "Give the window as two ISO 8601 times with a zone (e.g. 2026-11-29T00:00:00Z), the first one earlier."
+        )
         return
 
     own = [b for b in baselines if b["cohort"] == cohort["cohort"]]
     current = cohort.get("baseline")
-    choices = {b["baseline_id"]: f"{b['baseline_id']} ({'active, ' if b['active'] else ''}{b['window']['since']} "
-               f".. {b['window']['until']})" for b in own}
+    choices = {
+        b["baseline_id"]: f"{b['baseline_id']} ({'active, ' if b['active'] else ''}{b['window']['since']} "
+        f".. {b['window']['until']})"
+        for b in own
+    }
     if current and current["baseline_id"] not in choices:
-        choices = {current["baseline_id"]: f"{current['baseline_id']} (inherited: "
-                                           f"{current['how'].replace('_', ' ')})", **choices}
+        choices = {
+            current["baseline_id"]: f"{current['baseline_id']} (inherited: {current['how'].replace('_', ' ')})",
+            **choices,
+        }
     window = s.read(f"/v1/cohorts/{cid}/fields", since=_iso(since), until=_iso(until))
     if choices:
         ids = list(choices)
         default = ids.index(current["baseline_id"]) if current and current["baseline_id"] in ids else 0
-        bid = st.selectbox("Compare with baseline", ids, index=default, format_func=lambda i: choices[i],
-                           key="baselines-compare")
+        bid = st.selectbox(
+            "Compare with baseline", ids, index=default, format_func=lambda i: choices[i], key="baselines-compare"
+        )
         doc = s.read(f"/v1/baselines/{bid}")
-        st.caption(f"Baseline {ui.literal(bid)}: {ui.literal(doc['samples'])} samples over "
-                   f"{ui.literal(doc['window']['since'])} .. {ui.literal(doc['window']['until'])}, by "
-                   f"{ui.literal(doc['author'])}: {ui.literal(doc['note'])}  \n"
-                   f"Candidate window: {ui.literal(window['events'])} events.")
+        st.caption(
+            f"Baseline {ui.literal(bid)}: {ui.literal(doc['samples'])} samples over "
+            f"{ui.literal(doc['window']['since'])} .. {ui.literal(doc['window']['until'])}, by "
+            f"{ui.literal(doc['author'])}: {ui.literal(doc['note'])}  \n"
+            f"Candidate window: {ui.literal(window['events'])} events."
+        )
         rows = baseline_window_rows(doc["fields"], window["fields"])
     else:
-        st.caption("This cohort has no baseline to compare with. Candidate window: "
-                   f"{ui.literal(window['events'])} events.")
+        st.caption(
+            f"This cohort has no baseline to compare with. Candidate window: {ui.literal(window['events'])} events."
+        )
         rows = baseline_window_rows({}, window["fields"])
     if rows:
         st.dataframe(pd.DataFrame(rows), hide_index=True)
@@ -142,25 +184,39 @@ def _compare_and_freeze(s: ui.Session, cohorts: list[dict[str, Any]], baselines:
         if not note.strip() or not s.author:
             st.warning("A baseline needs a note, and your name in the sidebar.")
         else:
-            st.session_state[PENDING] = {"action": "freeze", "cohort": cohort["cohort"],
-                                         "label": ui.cohort_label(cohort["cohort"]), "since": _iso(since),
-                                         "until": _iso(until), "note": note.strip(), "activate": activate,
-                                         "force": force.strip()}
+            st.session_state[PENDING] = {
+                "action": "freeze",
+                "cohort": cohort["cohort"],
+                "label": ui.cohort_label(cohort["cohort"]),
+                "since": _iso(since),
+                "until": _iso(until),
+                "note": note.strip(),
+                "activate": activate,
+                "force": force.strip(),
+            }
 
     inactive = [b for b in own if not b["active"]]
     if inactive:
         st.markdown("**Activate another baseline of this cohort**")
         with st.form("activate-form"):
-            pick = st.selectbox("Baseline", [b["baseline_id"] for b in inactive], key="activate-pick",
-                                format_func=lambda i: choices.get(i, i))
+            pick = st.selectbox(
+                "Baseline",
+                [b["baseline_id"] for b in inactive],
+                key="activate-pick",
+                format_func=lambda i: choices.get(i, i),
+            )
             note2 = st.text_input("Note: why", key="activate-note")
             asked2 = st.form_submit_button("Activate…")
         if asked2:
             if not note2.strip() or not s.author:
                 st.warning("An activation needs a note, and your name in the sidebar.")
             else:
-                st.session_state[PENDING] = {"action": "activate", "baseline_id": pick, "note": note2.strip(),
-                                             "label": ui.cohort_label(cohort["cohort"])}
+                st.session_state[PENDING] = {
+                    "action": "activate",
+                    "baseline_id": pick,
+                    "note": note2.strip(),
+                    "label": ui.cohort_label(cohort["cohort"]),
+                }
     _confirm(s)
 
 
@@ -169,8 +225,13 @@ def _review(s: ui.Session) -> None:
     html = s.text("/v1/review", format="html", since=period)
     # The service's Markdown report escapes every stored value itself (analysis.review), so it is
     # rendered as Markdown here: its headings, lists and tables are the report's own.
-    st.download_button("Download the report (HTML)", html, file_name=f"shapewatch-review-{period}.html",
-                       mime="text/html", icon=":material/download:")
+    st.download_button(
+        "Download the report (HTML)",
+        html,
+        file_name=f"shapewatch-review-{period}.html",
+        mime="text/html",
+        icon=":material/download:",
+    )
     st.markdown(s.text("/v1/review", format="markdown", since=period))
 
 

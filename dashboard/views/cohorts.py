@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from dashboard import ui
+from shapewatch.dashboard import ui
 
 UNPINNED = "⚠ unpinned alias"
 
@@ -23,23 +23,34 @@ def cohort_rows(cohorts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for c in cohorts:
         b = c.get("baseline")
         firing = c.get("alerts_firing") or {}
-        rows.append({
-            "id": c["cohort_id"], "model": c["cohort"]["model"],
-            "pinned": UNPINNED if c.get("unpinned") else "pinned",
-            "prompt version": c["cohort"]["prompt_version"], "contract": c["cohort"]["contract"],
-            "events (7 days)": c["events"],
-            "served models": ", ".join(f"{m} ({n})" for m, n in (c.get("served_models") or {}).items()) or "-",
-            # a served cohort also holds the outputs this model gave under these aliases
-            "answers for alias": ", ".join(c.get("answered_for") or []) or "-",
-            "baseline": b["baseline_id"] if b else "none: not judged",
-            "baseline how": "" if not b else "own" if b["how"] == "own" else
-            f"inherited ({b['how'].replace('_', ' ')}: {ui.cohort_label(b['cohort'])})",
-            "baseline age (days)": b["age_days"] if b else None,
-            "baseline samples": b["samples"] if b else None,
-            "page firing": firing.get("page", 0), "warn firing": firing.get("warn", 0),
-            "truncated / refused outputs": ", ".join(
-                f"{k} {n}" for k, n in (c.get("provider_outcomes") or {}).items()) or "-",
-            "first seen": c.get("first_seen")})
+        rows.append(
+            {
+                "id": c["cohort_id"],
+                "model": c["cohort"]["model"],
+                "pinned": UNPINNED if c.get("unpinned") else "pinned",
+                "prompt version": c["cohort"]["prompt_version"],
+                "contract": c["cohort"]["contract"],
+                "events (7 days)": c["events"],
+                "served models": ", ".join(f"{m} ({n})" for m, n in (c.get("served_models") or {}).items()) or "-",
+                # a served cohort also holds the outputs this model gave under these aliases
+                "answers for alias": ", ".join(c.get("answered_for") or []) or "-",
+                "baseline": b["baseline_id"] if b else "none: not judged",
+                "baseline how": ""
+                if not b
+                else "own"
+                if b["how"] == "own"
+                else f"inherited ({b['how'].replace('_', ' ')}: {ui.cohort_label(b['cohort'])})",
+                "baseline age (days)": b["age_days"] if b else None,
+                "baseline samples": b["samples"] if b else None,
+                "page firing": firing.get("page", 0),
+                "warn firing": firing.get("warn", 0),
+                "truncated / refused outputs": ", ".join(
+                    f"{k} {n}" for k, n in (c.get("provider_outcomes") or {}).items()
+                )
+                or "-",
+                "first seen": c.get("first_seen"),
+            }
+        )
     return rows
 
 
@@ -58,23 +69,41 @@ def render(s: ui.Session) -> None:
     cols[3].metric("Page alerts firing", sum((c.get("alerts_firing") or {}).get("page", 0) for c in cohorts))
     st.dataframe(pd.DataFrame(cohort_rows(cohorts)), hide_index=True)
     if unpinned:
-        st.caption(f"{UNPINNED}: " + ", ".join(ui.literal(m) for m in sorted({c['cohort']['model'] for c in unpinned}))
-                   + " has no dated snapshot; the provider can change the model behind it. "
-                   "Pin a dated version, or watch the served models below.")
+        st.caption(
+            f"{UNPINNED}: "
+            + ", ".join(ui.literal(m) for m in sorted({c["cohort"]["model"] for c in unpinned}))
+            + " has no dated snapshot; the provider can change the model behind it. "
+            "Pin a dated version, or watch the served models below."
+        )
     st.subheader("Open a field")
     labels = {ui.cohort_label(c["cohort"]): c["cohort_id"] for c in cohorts}
     picked = st.selectbox("Cohort", list(labels), key="cohorts-open")
-    st.page_link("views/field.py", label="Field detail of this cohort", icon=":material/show_chart:",
-                 query_params={"cohort": str(labels[picked])})
+    st.page_link(
+        "views/field.py",
+        label="Field detail of this cohort",
+        icon=":material/show_chart:",
+        query_params={"cohort": str(labels[picked])},
+    )
 
     st.subheader("Served-model changes")
     changes = s.read("/v1/served-model-changes")
     if not changes:
         st.caption("No change of served model recorded behind any requested model id.")
     else:
-        st.dataframe(pd.DataFrame([{"cohort": ui.cohort_label(ch["cohort"]), "previous": ch["previous"],
-                                    "current": ch["current"], "detected": ch["detected_at"]}
-                                   for ch in changes]), hide_index=True)
+        st.dataframe(
+            pd.DataFrame(
+                [
+                    {
+                        "cohort": ui.cohort_label(ch["cohort"]),
+                        "previous": ch["previous"],
+                        "current": ch["current"],
+                        "detected": ch["detected_at"],
+                    }
+                    for ch in changes
+                ]
+            ),
+            hide_index=True,
+        )
 
 
 ui.run_page(render)

@@ -16,10 +16,13 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts, ui
+from shapewatch.dashboard import charts, ui
 
-PERIODS = {"last 24 hours": (timedelta(hours=24), 24), "last 3 days": (timedelta(days=3), 36),
-           "last 7 days": (timedelta(days=7), 42)}
+PERIODS = {
+    "last 24 hours": (timedelta(hours=24), 24),
+    "last 3 days": (timedelta(days=3), 36),
+    "last 7 days": (timedelta(days=7), 42),
+}
 
 
 def _iso(t: datetime) -> str:
@@ -31,11 +34,22 @@ def _index(options: list[Any], wanted: Any, fallback: int = 0) -> int:
 
 
 def _field_table(fields: dict[str, Any]) -> pd.DataFrame:
-    return pd.DataFrame([{
-        "field": f["path"], "units": f["units"], "filled": f["filled"], "presence": f["presence_rate"],
-        "types": ", ".join(f"{t} {n}" for t, n in sorted(f["types"].items()) if n),
-        "distinct values": len(f.get("values") or {}), "array p50": f.get("array_p50"),
-        "array p90": f.get("array_p90"), "array p99": f.get("array_p99")} for f in fields["fields"]])
+    return pd.DataFrame(
+        [
+            {
+                "field": f["path"],
+                "units": f["units"],
+                "filled": f["filled"],
+                "presence": f["presence_rate"],
+                "types": ", ".join(f"{t} {n}" for t, n in sorted(f["types"].items()) if n),
+                "distinct values": len(f.get("values") or {}),
+                "array p50": f.get("array_p50"),
+                "array p90": f.get("array_p90"),
+                "array p99": f.get("array_p99"),
+            }
+            for f in fields["fields"]
+        ]
+    )
 
 
 def render(s: ui.Session) -> None:
@@ -49,8 +63,12 @@ def render(s: ui.Session) -> None:
     wanted = st.query_params.get("cohort", "")
     left, mid, right = st.columns([3, 3, 2])
     with left:
-        cid = st.selectbox("Cohort", ids, index=_index(ids, int(wanted) if wanted.isdigit() else None),
-                           format_func=lambda i: ui.cohort_label(by_id[i]["cohort"]))
+        cid = st.selectbox(
+            "Cohort",
+            ids,
+            index=_index(ids, int(wanted) if wanted.isdigit() else None),
+            format_func=lambda i: ui.cohort_label(by_id[i]["cohort"]),
+        )
     with right:
         period = st.selectbox("Period", list(PERIODS))
     span, points = PERIODS[period]
@@ -66,8 +84,9 @@ def render(s: ui.Session) -> None:
         st.info("No field seen in this period.")
         return
     c = cohort["cohort"]
-    open_alerts = s.read("/v1/alerts", state="open", model=c["model"], prompt_version=c["prompt_version"],
-                         contract=c["contract"])
+    open_alerts = s.read(
+        "/v1/alerts", state="open", model=c["model"], prompt_version=c["prompt_version"], contract=c["contract"]
+    )
     default_field = st.query_params.get("field") or next((a["field"] for a in open_alerts), paths[0])
     with mid:
         field = st.selectbox("Field", paths, index=_index(paths, default_field))
@@ -77,26 +96,33 @@ def render(s: ui.Session) -> None:
     doc = s.read(f"/v1/cohorts/{cid}/series", field=field, since=since, points=points)
     base = doc.get("baseline")
     if base is None:
-        st.warning("This cohort has no baseline: the charts show the period alone. Freeze one on "
-                   "Baselines and review.")
+        st.warning("This cohort has no baseline: the charts show the period alone. Freeze one on Baselines and review.")
     elif not base.get("present"):
-        st.warning(f"{ui.literal(field, code=True)} is not in the baseline ({ui.literal(base['baseline_id'])}): "
-                   "every value of it is new.")
+        st.warning(
+            f"{ui.literal(field, code=True)} is not in the baseline ({ui.literal(base['baseline_id'])}): "
+            "every value of it is new."
+        )
     else:
-        st.caption(f"Compared with baseline {ui.literal(base['baseline_id'])} "
-                   f"({ui.literal(str(base['how']).replace('_', ' '))}).")
+        st.caption(
+            f"Compared with baseline {ui.literal(base['baseline_id'])} "
+            f"({ui.literal(str(base['how']).replace('_', ' '))})."
+        )
     field_alerts = [a for a in open_alerts if a["field"] == field]
     for a in field_alerts:
-        st.markdown(f"**:{'red' if a['severity'] == 'page' else 'orange'}[{ui.literal(str(a['severity']).upper())}]** "
-                    f"{ui.literal(a['kind'])}: {ui.literal(a['detail'])}")
+        st.markdown(
+            f"**:{'red' if a['severity'] == 'page' else 'orange'}[{ui.literal(str(a['severity']).upper())}]** "
+            f"{ui.literal(a['kind'])}: {ui.literal(a['detail'])}"
+        )
 
     st.subheader("Presence")
     # The field's configured tolerance (the series route carries it); the default before it did.
     tolerance = float((base or {}).get("tolerance", charts.TOLERANCE))
     st.altair_chart(charts.presence_chart(doc, tolerance))
     if base and base.get("present"):
-        st.caption(f"Baseline presence {100 * base['presence_rate']:.1f}%; the band is +/- "
-                   f"{100 * tolerance:.0f} points (the field's tolerance).")
+        st.caption(
+            f"Baseline presence {100 * base['presence_rate']:.1f}%; the band is +/- "
+            f"{100 * tolerance:.0f} points (the field's tolerance)."
+        )
 
     st.subheader("Type shares")
     st.altair_chart(charts.type_chart(doc))
@@ -108,8 +134,10 @@ def render(s: ui.Session) -> None:
         st.subheader("Values")
         new = values[values["new"]]
         if len(new):
-            st.markdown(f"**{len(new)} value(s) the baseline never had:** "
-                        + ", ".join(ui.literal(v, code=True) for v in new["value"].head(10)))
+            st.markdown(
+                f"**{len(new)} value(s) the baseline never had:** "
+                + ", ".join(ui.literal(v, code=True) for v in new["value"].head(10))
+            )
         st.altair_chart(charts.values_chart(values))
         st.dataframe(values, hide_index=True)
         if any(item.get("unknown_share") is not None for item in doc["series"]):
@@ -121,16 +149,20 @@ def render(s: ui.Session) -> None:
         st.altair_chart(charts.violation_chart(doc))
         st.caption("Share of the outputs checked against their registered contract version that break it here.")
     for change in doc.get("contract_changes") or []:
-        st.caption(f"Contract version {ui.literal(change['version'])} went out at {ui.literal(ui.ago(change['at']))} "
-                   "(marked on the charts).")
+        st.caption(
+            f"Contract version {ui.literal(change['version'])} went out at {ui.literal(ui.ago(change['at']))} "
+            "(marked on the charts)."
+        )
 
     if any(item.get("array") for item in doc["series"]) or (base and base.get("array")):
         st.subheader("Array size")
         st.altair_chart(charts.array_chart(doc))
         if base and base.get("array"):
             b = base["array"]
-            st.caption(f"Baseline p50/p90/p99: {ui.literal(b['p50'])}/{ui.literal(b['p90'])}/{ui.literal(b['p99'])} "
-                       "items (dashed).")
+            st.caption(
+                f"Baseline p50/p90/p99: {ui.literal(b['p50'])}/{ui.literal(b['p90'])}/{ui.literal(b['p99'])} "
+                "items (dashed)."
+            )
 
     ids_ = sorted({i for a in field_alerts for i in (a.get("samples") or [])})[:100]
     if ids_:
@@ -140,8 +172,9 @@ def render(s: ui.Session) -> None:
                 st.json(e["output"], expanded=True)
 
     st.subheader("Every field of the cohort")
-    st.caption(f"{ui.literal(fields['events'])} events from {ui.literal(fields['since'])} to "
-               f"{ui.literal(fields['until'])}.")
+    st.caption(
+        f"{ui.literal(fields['events'])} events from {ui.literal(fields['since'])} to {ui.literal(fields['until'])}."
+    )
     st.dataframe(_field_table(fields), hide_index=True)
 
 

@@ -13,8 +13,8 @@ from datetime import UTC, datetime
 import pandas as pd
 import streamlit as st
 
-from dashboard import ui
-from dashboard.health import parse_metrics
+from shapewatch.dashboard import ui
+from shapewatch.dashboard.health import parse_metrics
 
 
 @ui.guard
@@ -31,36 +31,50 @@ def _counters(s: ui.Session) -> None:
     cols[1].metric("Duplicates", f"{h.duplicates:,.0f}", help="Retried events stored once (same event_id).")
     cols[2].metric("Rejected", f"{h.events_by_outcome.get('rejected', 0):,.0f}")
     cols[3].metric("Provider responses without output", f"{sum(h.provider_outcomes.values()):,.0f}")
-    cols[4].metric("Events/s", "-" if rate is None else f"{rate:,.1f}",
-                   help="Between the last two refreshes of this page.")
+    cols[4].metric(
+        "Events/s", "-" if rate is None else f"{rate:,.1f}", help="Between the last two refreshes of this page."
+    )
     st.caption("Counted since the service started.")
 
     left, right = st.columns(2)
     with left:
         st.subheader("Rejects by reason")
         if h.rejected_by_reason:
-            st.dataframe(pd.DataFrame(sorted(h.rejected_by_reason.items(), key=lambda kv: -kv[1]),
-                                      columns=["reason", "events"]), hide_index=True)
+            st.dataframe(
+                pd.DataFrame(sorted(h.rejected_by_reason.items(), key=lambda kv: -kv[1]), columns=["reason", "events"]),
+                hide_index=True,
+            )
         else:
             st.caption("No event rejected.")
         st.subheader("Truncated or refused outputs")
         if h.provider_outcomes:
-            st.dataframe(pd.DataFrame([{"provider": p, "kind": k, "responses": n}
-                                       for (p, k), n in sorted(h.provider_outcomes.items())]), hide_index=True)
+            st.dataframe(
+                pd.DataFrame(
+                    [{"provider": p, "kind": k, "responses": n} for (p, k), n in sorted(h.provider_outcomes.items())]
+                ),
+                hide_index=True,
+            )
         else:
             st.caption("None: every provider response yielded an output.")
     with right:
         st.subheader("Events by model and prompt version")
         if h.events_by_cohort:
-            st.dataframe(pd.DataFrame([{"model": m, "prompt version": p, **counts}
-                                       for (m, p), counts in sorted(h.events_by_cohort.items())]).fillna(0),
-                         hide_index=True)
+            st.dataframe(
+                pd.DataFrame(
+                    [
+                        {"model": m, "prompt version": p, **counts}
+                        for (m, p), counts in sorted(h.events_by_cohort.items())
+                    ]
+                ).fillna(0),
+                hide_index=True,
+            )
         else:
             st.caption("No event received since the service started.")
         if h.notifications_pending:
             st.subheader("Pager notifications waiting")
-            st.dataframe(pd.DataFrame(sorted(h.notifications_pending.items()), columns=["target", "pending"]),
-                         hide_index=True)
+            st.dataframe(
+                pd.DataFrame(sorted(h.notifications_pending.items()), columns=["target", "pending"]), hide_index=True
+            )
 
 
 def _analyzer(s: ui.Session) -> None:
@@ -74,18 +88,35 @@ def _analyzer(s: ui.Session) -> None:
     cols = st.columns(4)
     cols[0].metric("Last run", ui.literal(ui.relative(last["started_at"])), help=ui.literal(ui.ago(last["started_at"])))
     cols[1].metric("Result", "ok" if last["ok"] else "FAILED")
-    cols[2].metric("Cohorts / checks / breaches",
-                   " / ".join(ui.literal(last[k]) for k in ("cohorts", "checks", "breaches")))
+    cols[2].metric(
+        "Cohorts / checks / breaches", " / ".join(ui.literal(last[k]) for k in ("cohorts", "checks", "breaches"))
+    )
     cols[3].metric("Failures in the last runs", len(failures))
     if not last["ok"]:
         st.error(f"The last evaluation failed: {ui.literal(last['error'])}")
     elif failures:
-        st.warning(f"{len(failures)} of the last {len(runs)} evaluations failed; the latest: "
-                   f"{ui.literal(failures[0]['error'])}")
-    st.dataframe(pd.DataFrame([{"run": r["run_id"], "started": r["started_at"], "ok": r["ok"],
-                                "seconds": r["duration_seconds"], "cohorts": r["cohorts"], "checks": r["checks"],
-                                "breaches": r["breaches"], "error": r["error"] or ""} for r in runs]),
-                 hide_index=True)
+        st.warning(
+            f"{len(failures)} of the last {len(runs)} evaluations failed; the latest: "
+            f"{ui.literal(failures[0]['error'])}"
+        )
+    st.dataframe(
+        pd.DataFrame(
+            [
+                {
+                    "run": r["run_id"],
+                    "started": r["started_at"],
+                    "ok": r["ok"],
+                    "seconds": r["duration_seconds"],
+                    "cohorts": r["cohorts"],
+                    "checks": r["checks"],
+                    "breaches": r["breaches"],
+                    "error": r["error"] or "",
+                }
+                for r in runs
+            ]
+        ),
+        hide_index=True,
+    )
 
 
 def render(s: ui.Session) -> None:

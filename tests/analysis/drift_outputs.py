@@ -16,8 +16,12 @@ def output(i: int, drift: bool = False, *, urgent_every: int = 10) -> dict[str, 
     """A deterministic output; ``drift`` drops customer.tier from every second one (a presence
     drop, page) and sends priority "URGENT" (never in the baseline) in every ``urgent_every``-th
     (every 4th: a quarter unknown, unknown_enum_growth above its page level)."""
-    out: dict[str, Any] = {"intent": INTENTS[i % 4], "priority": PRIORITIES[i % 3],
-                           "customer": {"tier": TIERS[i % 3]}, "tags": ["billing"] * (i % 3)}
+    out: dict[str, Any] = {
+        "intent": INTENTS[i % 4],
+        "priority": PRIORITIES[i % 3],
+        "customer": {"tier": TIERS[i % 3]},
+        "tags": ["billing"] * (i % 3),
+    }
     if drift:
         if i % 2 == 0:
             del out["customer"]["tier"]
@@ -26,12 +30,30 @@ def output(i: int, drift: bool = False, *, urgent_every: int = 10) -> dict[str, 
     return out
 
 
-def envelopes(start: datetime, n: int, step: timedelta, *, model: str, prompt_version: str, contract: str,
-              drift: bool = False, urgent_every: int = 10) -> list[dict[str, Any]]:
+def envelopes(
+    start: datetime,
+    n: int,
+    step: timedelta,
+    *,
+    model: str,
+    prompt_version: str,
+    contract: str,
+    drift: bool = False,
+    urgent_every: int = 10,
+) -> list[dict[str, Any]]:
     """``n`` envelopes of ``output`` from ``start``, ``step`` apart, each with a fresh event id."""
-    return [{"event_id": uuid.uuid4().hex, "ts": iso(start + i * step), "model": model, "served_model": model,
-             "prompt_version": prompt_version, "contract": contract,
-             "output": output(i, drift, urgent_every=urgent_every)} for i in range(n)]
+    return [
+        {
+            "event_id": uuid.uuid4().hex,
+            "ts": iso(start + i * step),
+            "model": model,
+            "served_model": model,
+            "prompt_version": prompt_version,
+            "contract": contract,
+            "output": output(i, drift, urgent_every=urgent_every),
+        }
+        for i in range(n)
+    ]
 
 
 def iso(t: datetime) -> str:

@@ -70,7 +70,7 @@ class PagerReceiver:
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (the http.server API)
+            def do_POST(self) -> None:
                 receiver._handle(self)
 
             def log_message(self, format: str, *args: Any) -> None:
@@ -79,8 +79,9 @@ class PagerReceiver:
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         # A short poll interval: shutdown() returns once the serving loop next looks.
-        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.02,), name="pager-receiver",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, args=(0.02,), name="pager-receiver", daemon=True
+        )
         self._thread.start()
 
     @property
@@ -145,9 +146,15 @@ class PagerReceiver:
             return
         status = step.status if isinstance(step, Step) else int(step)
         headers = step.headers if isinstance(step, Step) else {}
-        text = step.body if isinstance(step, Step) and step.body else (
-            json.dumps({"status": "success", "message": "Event processed"}) if 200 <= status < 300
-            else json.dumps({"status": "error", "message": f"scripted {status}"}))
+        text = (
+            step.body
+            if isinstance(step, Step) and step.body
+            else (
+                json.dumps({"status": "success", "message": "Event processed"})
+                if 200 <= status < 300
+                else json.dumps({"status": "error", "message": f"scripted {status}"})
+            )
+        )
         data = text.encode()
         h.send_response(status)
         h.send_header("Content-Type", "application/json")

@@ -27,9 +27,9 @@ from typing import Any
 import orjson
 from harness import make_envelope
 
-from collector import FieldProfile, Store
-from collector.envelope import LIMITS, parse_envelope
-from collector.flatten import json_type_of
+from shapewatch.collector import FieldProfile, Store
+from shapewatch.collector.envelope import LIMITS, parse_envelope
+from shapewatch.collector.flatten import json_type_of
 
 MODEL = "claude-sonnet-4-5-20250929"
 PROMPT = "intake-v3"
@@ -46,8 +46,14 @@ TAGS = ("billing", "delivery", "refund", "account", "bug", "feedback")
 # Lengths with CDFs 0.08, 0.35, 0.70, 0.88, 1.0 (p50 = 2, p90 = 4) and 0.12, 0.57, 0.82, 1.0.
 ENTITY_LENGTHS = {0: 0.08, 1: 0.27, 2: 0.35, 3: 0.18, 4: 0.12}
 TAG_LENGTHS = {0: 0.12, 1: 0.45, 2: 0.25, 3: 0.18}
-VERBS = ("asks about", "wants to cancel", "reports a problem with", "requests a refund for", "complains about",
-         "needs help with")
+VERBS = (
+    "asks about",
+    "wants to cancel",
+    "reports a problem with",
+    "requests a refund for",
+    "complains about",
+    "needs help with",
+)
 OBJECTS = ("order", "invoice", "subscription", "delivery", "account", "payment")
 
 ENUM_FIELDS = ("intent", "priority", "sentiment", "language")
@@ -111,12 +117,17 @@ def synth_output(rnd: random.Random, drift: Drift = NO_DRIFT) -> dict[str, Any]:
     quantity: Any = rnd.randint(1, 5)
     if r() < drift.quantity_fraction_share:
         quantity += 0.5
-    customer: dict[str, Any] = {"id": f"c-{rnd.randrange(10 ** 6):06d}", "tier": _pick(rnd, TIER)}
+    customer: dict[str, Any] = {"id": f"c-{rnd.randrange(10**6):06d}", "tier": _pick(rnd, TIER)}
     if r() < drift.email_presence:
-        customer["email"] = f"user{rnd.randrange(10 ** 6)}@example.com"
-    entities = [{"type": _pick(rnd, ENTITY_TYPE), "value": f"{rnd.choice('AB')}-{rnd.randrange(10 ** 5)}",
-                 "confidence": round(rnd.uniform(0.3, 0.99), 2)}
-                for _ in range(_pick(rnd, ENTITY_LENGTHS) + drift.entities_extra)]
+        customer["email"] = f"user{rnd.randrange(10**6)}@example.com"
+    entities = [
+        {
+            "type": _pick(rnd, ENTITY_TYPE),
+            "value": f"{rnd.choice('AB')}-{rnd.randrange(10**5)}",
+            "confidence": round(rnd.uniform(0.3, 0.99), 2),
+        }
+        for _ in range(_pick(rnd, ENTITY_LENGTHS) + drift.entities_extra)
+    ]
     out: dict[str, Any] = {
         "intent": _enum(rnd, "intent", INTENT, drift),
         "priority": _enum(rnd, "priority", PRIORITY, drift),
@@ -124,18 +135,20 @@ def synth_output(rnd: random.Random, drift: Drift = NO_DRIFT) -> dict[str, Any]:
     }
     if r() < drift.language_presence:
         out["language"] = _enum(rnd, "language", LANGUAGE, drift)
-    out.update({
-        "confidence": confidence,
-        "summary": f"Customer {rnd.choice(VERBS)} {rnd.choice(OBJECTS)} {rnd.randrange(10 ** 7):07d}",
-        "requires_human": r() < 0.15,
-        "amount": amount,
-        "quantity": quantity,
-        "eta_days": "unknown" if r() < drift.eta_string_share else rnd.randint(1, 14),
-        "customer": customer,
-        "entities": entities,
-        "tags": rnd.sample(TAGS, _pick(rnd, TAG_LENGTHS)),
-        "reference": f"REF-{rnd.randrange(10 ** 6)}" if r() < 0.8 else None,
-    })
+    out.update(
+        {
+            "confidence": confidence,
+            "summary": f"Customer {rnd.choice(VERBS)} {rnd.choice(OBJECTS)} {rnd.randrange(10**7):07d}",
+            "requires_human": r() < 0.15,
+            "amount": amount,
+            "quantity": quantity,
+            "eta_days": "unknown" if r() < drift.eta_string_share else rnd.randint(1, 14),
+            "customer": customer,
+            "entities": entities,
+            "tags": rnd.sample(TAGS, _pick(rnd, TAG_LENGTHS)),
+            "reference": f"REF-{rnd.randrange(10**6)}" if r() < 0.8 else None,
+        }
+    )
     if r() < drift.follow_up_presence:
         out["follow_up"] = {"channel": _pick(rnd, CHANNEL), "within_hours": rnd.choice([4, 24, 48])}
     if r() < drift.new_key_share:
@@ -148,9 +161,19 @@ def synth_outputs(seed: int, n: int, drift: Drift = NO_DRIFT) -> list[dict[str, 
     return [synth_output(rnd, drift) for _ in range(n)]
 
 
-def write_outputs(store: Store, outputs: Sequence[dict[str, Any]], since: datetime, span: timedelta, *,
-                  prompt_version: str = PROMPT, model: str = MODEL, contract: str = CONTRACT,
-                  batch: int = 2000, id_prefix: str | None = None, served_model: str | None = None) -> None:
+def write_outputs(
+    store: Store,
+    outputs: Sequence[dict[str, Any]],
+    since: datetime,
+    span: timedelta,
+    *,
+    prompt_version: str = PROMPT,
+    model: str = MODEL,
+    contract: str = CONTRACT,
+    batch: int = 2000,
+    id_prefix: str | None = None,
+    served_model: str | None = None,
+) -> None:
     """Store ``outputs`` through the ingest path, evenly spread over ``[since, since + span)``
     (answered by ``served_model``; by default the model requested)."""
     seconds = int(span.total_seconds())
@@ -159,8 +182,15 @@ def write_outputs(store: Store, outputs: Sequence[dict[str, Any]], since: dateti
     envs = []
     for i, out in enumerate(outputs):
         ts = since + timedelta(seconds=i * seconds // n)
-        env = make_envelope(event_id=f"{prefix}/{i}", ts=ts.isoformat(), model=model, served_model=served_model or model,
-                            prompt_version=prompt_version, contract=contract, output=out)
+        env = make_envelope(
+            event_id=f"{prefix}/{i}",
+            ts=ts.isoformat(),
+            model=model,
+            served_model=served_model or model,
+            prompt_version=prompt_version,
+            contract=contract,
+            output=out,
+        )
         envs.append(parse_envelope(orjson.dumps(env), LIMITS))
         if len(envs) == batch:
             store.write_batch(envs)
@@ -170,6 +200,7 @@ def write_outputs(store: Store, outputs: Sequence[dict[str, Any]], since: dateti
 
 
 # --- reference statistics, computed from the raw outputs (not from the rollups) ------------------
+
 
 @dataclass
 class PathStats:
@@ -217,7 +248,7 @@ def path_stats(outputs: Iterable[dict[str, Any]], path: str) -> PathStats:
         steps.extend([None] * ((len(part) - len(key)) // 2))
     last = max((i for i, st in enumerate(steps) if st is None), default=-1)
     units: list[Any] = list(outputs)
-    for st in steps[:last + 1]:
+    for st in steps[: last + 1]:
         if st is None:
             units = [item for u in units if isinstance(u, list) for item in u]
         else:
@@ -225,7 +256,7 @@ def path_stats(outputs: Iterable[dict[str, Any]], path: str) -> PathStats:
     s = PathStats(units=len(units))
     for u in units:
         found, v = True, u
-        for st in steps[last + 1:]:
+        for st in steps[last + 1 :]:
             if not isinstance(v, dict) or st not in v:
                 found = False
                 break
@@ -244,6 +275,7 @@ def path_stats(outputs: Iterable[dict[str, Any]], path: str) -> PathStats:
 
 # --- aggregates -------------------------------------------------------------------------------
 
+
 def merge_fields(*profiles: dict[str, FieldProfile]) -> dict[str, FieldProfile]:
     """The field profiles of several cohorts summed as one (what an endpoint-level monitor would see)."""
     out: dict[str, FieldProfile] = {}
@@ -254,9 +286,17 @@ def merge_fields(*profiles: dict[str, FieldProfile]) -> dict[str, FieldProfile]:
                 continue
             g = out[path]
             out[path] = FieldProfile(
-                path, f.scope, g.units + f.units, g.present + f.present, _add(g.types, f.types),
-                g.long_strings + f.long_strings, _add(g.values, f.values), g.values_overflow + f.values_overflow,
-                _add(g.array_lengths, f.array_lengths), _add(g.numbers, f.numbers))
+                path,
+                f.scope,
+                g.units + f.units,
+                g.present + f.present,
+                _add(g.types, f.types),
+                g.long_strings + f.long_strings,
+                _add(g.values, f.values),
+                g.values_overflow + f.values_overflow,
+                _add(g.array_lengths, f.array_lengths),
+                _add(g.numbers, f.numbers),
+            )
     return out
 
 

@@ -19,7 +19,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from synth import write_outputs
 
-from analysis.alerts import (
+from shapewatch.analysis.alerts import (
     ALERTS_SCHEMA,
     Alert,
     AlertBook,
@@ -31,11 +31,11 @@ from analysis.alerts import (
     fingerprint,
     step,
 )
-from analysis.analyzer import Analyzer
-from analysis.config import DEFAULT_SEVERITY, AlertKind, AnalyzerConfig, FieldRules, Severity
-from analysis.rules import Check
-from baselines import BASELINES_SCHEMA, Cohort, freeze_baseline
-from collector import Store
+from shapewatch.analysis.analyzer import Analyzer
+from shapewatch.analysis.config import DEFAULT_SEVERITY, AlertKind, AnalyzerConfig, FieldRules, Severity
+from shapewatch.analysis.rules import Check
+from shapewatch.baselines import BASELINES_SCHEMA, Cohort, freeze_baseline
+from shapewatch.collector import Store
 
 MODEL = "claude-sonnet-4-5-20250929"
 COHORT = Cohort(MODEL, "intake-v3", "intake")
@@ -45,11 +45,31 @@ EVERY = timedelta(minutes=5)
 EMAIL = "customer.email"
 
 
-def chk(effect: float, *, kind: AlertKind = AlertKind.presence_drop, q: float = 1e-9, value: str | None = None,
-        path: str = EMAIL, threshold: float = 0.10, escalate_at: float | None = None) -> Check:
-    return Check(path, kind, value, DEFAULT_SEVERITY[kind], effect, threshold, q, 0.01,
-                 {"presence_rate": 0.7, "samples": 5000}, {"presence_rate": round(0.7 - effect, 6), "samples": 3000},
-                 f"effect {effect}", escalate_at, q_value=q)
+def chk(
+    effect: float,
+    *,
+    kind: AlertKind = AlertKind.presence_drop,
+    q: float = 1e-9,
+    value: str | None = None,
+    path: str = EMAIL,
+    threshold: float = 0.10,
+    escalate_at: float | None = None,
+) -> Check:
+    return Check(
+        path,
+        kind,
+        value,
+        DEFAULT_SEVERITY[kind],
+        effect,
+        threshold,
+        q,
+        0.01,
+        {"presence_rate": 0.7, "samples": 5000},
+        {"presence_rate": round(0.7 - effect, 6), "samples": 3000},
+        f"effect {effect}",
+        escalate_at,
+        q_value=q,
+    )
 
 
 def judged(*checks: Check, insufficient: tuple[str, ...] = (), cohort: Cohort = COHORT) -> Judged:
@@ -76,7 +96,7 @@ class Memory:
         return moves
 
     def one(self) -> Alert:
-        alert, = self.alerts.values()
+        (alert,) = self.alerts.values()
         return alert
 
     def states(self) -> tuple[str, int, int]:
@@ -85,11 +105,11 @@ class Memory:
 
 
 def moves_of(moves: list[Transition]) -> list[tuple[str | None, str, int, bool]]:
-    return [(m.previous.value if m.previous else None, m.alert.state.value, m.alert.episode, m.notify)
-            for m in moves]
+    return [(m.previous.value if m.previous else None, m.alert.state.value, m.alert.episode, m.notify) for m in moves]
 
 
 # --- step: identity and confirmation ----------------------------------------------------------
+
 
 def test_one_alert_per_fingerprint_across_many_evaluations() -> None:
     mem = Memory()
@@ -99,29 +119,54 @@ def test_one_alert_per_fingerprint_across_many_evaluations() -> None:
     assert list(mem.alerts) == [fp]
     a = mem.one()
     assert (a.state, a.severity, a.episode, a.streak, a.first_seen, a.fired_at, a.last_seen, a.resolved_at) == (
-        AlertState.firing, Severity.page, 1, 0, T, T + EVERY, T + 11 * EVERY, None)
+        AlertState.firing,
+        Severity.page,
+        1,
+        0,
+        T,
+        T + EVERY,
+        T + 11 * EVERY,
+        None,
+    )
     assert moves_of(mem.moves) == [(None, "pending", 0, False), ("pending", "firing", 1, True)]
-    assert a.diff == {"baseline": {"presence_rate": 0.7, "samples": 5000},
-                      "current": {"presence_rate": 0.4, "samples": 3000}, "p_value": 1e-9, "q_value": 1e-9,
-                      "effect": 0.3, "threshold": 0.1, "detail": "effect 0.3 (p < 1e-6)",
-                      "baseline_id": "b" * 16, "compared_with": "baseline " + "b" * 16, "contracts": {}}
+    assert a.diff == {
+        "baseline": {"presence_rate": 0.7, "samples": 5000},
+        "current": {"presence_rate": 0.4, "samples": 3000},
+        "p_value": 1e-9,
+        "q_value": 1e-9,
+        "effect": 0.3,
+        "threshold": 0.1,
+        "detail": "effect 0.3 (p < 1e-6)",
+        "baseline_id": "b" * 16,
+        "compared_with": "baseline " + "b" * 16,
+        "contracts": {},
+    }
 
 
 def test_the_fingerprint_is_cohort_field_kind_and_value() -> None:
     fp = fingerprint(COHORT, EMAIL, AlertKind.new_enum_value, "URGENT")
-    others = {fingerprint(OTHER, EMAIL, AlertKind.new_enum_value, "URGENT"),
-              fingerprint(COHORT, "priority", AlertKind.new_enum_value, "URGENT"),
-              fingerprint(COHORT, EMAIL, AlertKind.unknown_enum_growth, "URGENT"),
-              fingerprint(COHORT, EMAIL, AlertKind.new_enum_value, "urgent"),
-              fingerprint(COHORT, EMAIL, AlertKind.new_enum_value, None)}
+    others = {
+        fingerprint(OTHER, EMAIL, AlertKind.new_enum_value, "URGENT"),
+        fingerprint(COHORT, "priority", AlertKind.new_enum_value, "URGENT"),
+        fingerprint(COHORT, EMAIL, AlertKind.unknown_enum_growth, "URGENT"),
+        fingerprint(COHORT, EMAIL, AlertKind.new_enum_value, "urgent"),
+        fingerprint(COHORT, EMAIL, AlertKind.new_enum_value, None),
+    }
     assert fp == fingerprint(Cohort(*COHORT), EMAIL, AlertKind.new_enum_value, "URGENT")
     assert fp not in others and len(others) == 5
     mem = Memory()
-    mem.evaluate(judged(chk(9, kind=AlertKind.new_enum_value, value="URGENT", threshold=5),
-                        chk(7, kind=AlertKind.new_enum_value, value="CRITICAL", threshold=5)),
-                 judged(chk(9, kind=AlertKind.new_enum_value, value="URGENT", threshold=5), cohort=OTHER))
+    mem.evaluate(
+        judged(
+            chk(9, kind=AlertKind.new_enum_value, value="URGENT", threshold=5),
+            chk(7, kind=AlertKind.new_enum_value, value="CRITICAL", threshold=5),
+        ),
+        judged(chk(9, kind=AlertKind.new_enum_value, value="URGENT", threshold=5), cohort=OTHER),
+    )
     assert sorted((a.cohort.prompt_version, a.value, a.state.value) for a in mem.alerts.values()) == [
-        ("intake-v3", "CRITICAL", "firing"), ("intake-v3", "URGENT", "firing"), ("intake-v4", "URGENT", "firing")]
+        ("intake-v3", "CRITICAL", "firing"),
+        ("intake-v3", "URGENT", "firing"),
+        ("intake-v4", "URGENT", "firing"),
+    ]
 
 
 def test_a_page_is_pending_first_and_fires_on_the_second_evaluation() -> None:
@@ -180,17 +225,31 @@ def test_a_pending_alert_that_clears_is_not_told_to_the_pager() -> None:
 
 # --- step: hysteresis and resolving -----------------------------------------------------------
 
+
 def test_an_effect_hovering_below_the_threshold_keeps_firing_until_clear_twice() -> None:
     # threshold 0.10, hysteresis 0.8: the band is [0.08, 0.10); clear is under 0.08 or not significant.
     mem = Memory()
     seen = []
-    for effect, q in [(0.30, 1e-9), (0.09, 1e-9), (0.081, 1e-9), (0.0999, 1e-9), (0.10, 1e-9), (0.05, 1e-9),
-                      (0.085, 1e-9), (0.079, 1e-9), (0.09, 1e-9), (0.30, 0.5), (0.0, 1.0)]:
+    for effect, q in [
+        (0.30, 1e-9),
+        (0.09, 1e-9),
+        (0.081, 1e-9),
+        (0.0999, 1e-9),
+        (0.10, 1e-9),
+        (0.05, 1e-9),
+        (0.085, 1e-9),
+        (0.079, 1e-9),
+        (0.09, 1e-9),
+        (0.30, 0.5),
+        (0.0, 1.0),
+    ]:
         mem.evaluate(judged(chk(effect, kind=AlertKind.presence_rise, q=q)))
         seen.append(mem.states())
     assert seen == [
         ("firing", 0, 1),  # a warn fires at once
-        ("firing", 0, 1), ("firing", 0, 1), ("firing", 0, 1),  # in the band: no flapping
+        ("firing", 0, 1),
+        ("firing", 0, 1),
+        ("firing", 0, 1),  # in the band: no flapping
         ("firing", 0, 1),  # a breach again
         ("firing", 1, 1),  # clear once
         ("firing", 0, 1),  # back in the band: the clear streak starts over
@@ -223,10 +282,20 @@ def test_a_resolved_alert_that_breaches_again_is_episode_2() -> None:
         mem.evaluate(judged(chk(effect)))
     again = mem.one()
     assert (again.fingerprint, again.state, again.episode, again.first_seen, again.fired_at, again.resolved_at) == (
-        first.fingerprint, AlertState.firing, 2, T, T + 5 * EVERY, None)
-    assert moves_of(mem.moves) == [(None, "pending", 0, False), ("pending", "firing", 1, True),
-                                   ("firing", "resolved", 1, True), ("resolved", "pending", 1, False),
-                                   ("pending", "firing", 2, True)]
+        first.fingerprint,
+        AlertState.firing,
+        2,
+        T,
+        T + 5 * EVERY,
+        None,
+    )
+    assert moves_of(mem.moves) == [
+        (None, "pending", 0, False),
+        ("pending", "firing", 1, True),
+        ("firing", "resolved", 1, True),
+        ("resolved", "pending", 1, False),
+        ("pending", "firing", 2, True),
+    ]
 
 
 def test_a_field_that_cannot_be_judged_keeps_its_state() -> None:
@@ -249,14 +318,15 @@ def test_unknown_growth_escalates_to_page_and_back_while_firing() -> None:
     mem = Memory()
     seen = []
     for effect in (0.10, 0.30, 0.30, 0.10):
-        moves = mem.evaluate(judged(chk(effect, kind=AlertKind.unknown_enum_growth, threshold=0.05,
-                                        escalate_at=0.20)))
+        moves = mem.evaluate(judged(chk(effect, kind=AlertKind.unknown_enum_growth, threshold=0.05, escalate_at=0.20)))
         a = mem.one()
         seen.append((a.state.value, a.severity.value, moves_of(moves)))
-    assert seen == [("firing", "warn", [(None, "firing", 1, True)]),
-                    ("firing", "page", [("firing", "firing", 1, True)]),
-                    ("firing", "page", []),
-                    ("firing", "warn", [("firing", "firing", 1, True)])]
+    assert seen == [
+        ("firing", "warn", [(None, "firing", 1, True)]),
+        ("firing", "page", [("firing", "firing", 1, True)]),
+        ("firing", "page", []),
+        ("firing", "warn", [("firing", "firing", 1, True)]),
+    ]
     # Above the page threshold from the start, it needs confirming like any page.
     mem = Memory()
     mem.evaluate(judged(chk(0.3, kind=AlertKind.unknown_enum_growth, threshold=0.05, escalate_at=0.20)))
@@ -339,7 +409,12 @@ def test_the_analyzer_keeps_one_alert_through_its_whole_life(store: Store) -> No
     final = book.get(fp)
     assert final is not None
     assert (final.first_seen, final.fired_at, final.last_seen, final.resolved_at, final.acknowledged_by) == (
-        hour(1), hour(10), hour(10), None, None)  # a new episode is not acknowledged
+        hour(1),
+        hour(10),
+        hour(10),
+        None,
+        None,
+    )  # a new episode is not acknowledged
     # Examples are attached when an episode opens: the newest outputs without an email then.
     assert final.samples == ("h8/499", "h8/498", "h8/497")
     assert [(h["at"], h["from"], h["to"], h["episode"], h["actor"]) for h in book.history(fp)] == [
@@ -351,7 +426,7 @@ def test_the_analyzer_keeps_one_alert_through_its_whole_life(store: Store) -> No
         ("2026-11-02T10:00:00Z", "pending", "firing", 2, None),
     ]
     assert book.history(fp)[2]["detail"] == "acknowledged"
-    silenced, = book.alerts(now=hour(10))
+    (silenced,) = book.alerts(now=hour(10))
     assert silenced.silenced_until == hour(12)
     assert book.alerts(now=hour(12))[0].silenced_until is None
     # Every run recorded; metrics from this registry only.
@@ -360,8 +435,13 @@ def test_the_analyzer_keeps_one_alert_through_its_whole_life(store: Store) -> No
     assert registry.get_sample_value("shapewatch_analyzer_runs_total", {"result": "ok"}) == len(plan)
     assert registry.get_sample_value("shapewatch_analyzer_runs_total", {"result": "failed"}) == 0
     assert registry.get_sample_value("shapewatch_alerts", {"state": "firing", "severity": "page"}) == 1
-    assert registry.get_sample_value("shapewatch_field_presence_ratio", {
-        "model": MODEL, "prompt_version": "intake-v3", "contract": "intake", "field": "priority"}) == 1.0
+    assert (
+        registry.get_sample_value(
+            "shapewatch_field_presence_ratio",
+            {"model": MODEL, "prompt_version": "intake-v3", "contract": "intake", "field": "priority"},
+        )
+        == 1.0
+    )
 
 
 def test_acknowledge_and_silence_refuse_what_cannot_be_done(store: Store) -> None:
@@ -374,21 +454,21 @@ def test_acknowledge_and_silence_refuse_what_cannot_be_done(store: Store) -> Non
         book.silence(starts_at=T, ends_at=T + HOUR, author="ana", reason=" ", field=EMAIL)
     with pytest.raises(AlertError, match="must match something"):
         book.silence(starts_at=T, ends_at=T + HOUR, author="ana", reason="maintenance")
-    s = book.silence(starts_at=T, ends_at=T + HOUR, author="ana", reason="maintenance", model=MODEL,
-                     kind="presence_drop")
+    s = book.silence(
+        starts_at=T, ends_at=T + HOUR, author="ana", reason="maintenance", model=MODEL, kind="presence_drop"
+    )
     assert book.silences(now=T) == [s]
     assert book.silences(now=T + HOUR) == []
     assert store.query("SELECT count(*) FROM alert_history") == [(0,)]
 
 
-def test_a_failing_run_is_recorded_counted_and_does_not_raise(store: Store,
-                                                             caplog: pytest.LogCaptureFixture) -> None:
+def test_a_failing_run_is_recorded_counted_and_does_not_raise(store: Store, caplog: pytest.LogCaptureFixture) -> None:
     write_outputs(store, outputs(500, 200), hour(0), HOUR)
     registry = CollectorRegistry()
     # A broken configuration: comparing a sample count with None raises inside evaluate.
     broken = AnalyzerConfig(window=HOUR, defaults=replace(FieldRules(), min_samples=None))  # type: ignore[arg-type]
     az = Analyzer(store, broken, registry=registry, clock=lambda: hour(1))
-    with caplog.at_level(logging.ERROR, logger="analysis.analyzer"):
+    with caplog.at_level(logging.ERROR, logger="shapewatch.analysis.analyzer"):
         result = az.run(hour(1))
     # The rule raises for the only cohort: no cohort judged is a failed run, naming the cohort.
     cause = "TypeError: '<' not supported between instances of 'int' and 'NoneType'"
@@ -404,7 +484,8 @@ def test_a_failing_run_is_recorded_counted_and_does_not_raise(store: Store,
     assert registry.get_sample_value("shapewatch_analyzer_last_success_timestamp_seconds") == 0
     assert [(r.levelname, r.getMessage(), r.exc_info is not None) for r in caplog.records] == [
         ("ERROR", f"evaluating cohort {MODEL} / intake-v3 / intake failed", True),
-        ("ERROR", f"analyzer run at {hour(1).isoformat()} failed: {error}", False)]
+        ("ERROR", f"analyzer run at {hour(1).isoformat()} failed: {error}", False),
+    ]
     assert AlertBook(store).alerts() == []
 
 
@@ -414,12 +495,14 @@ def test_a_run_on_a_closed_store_fails_without_raising(tmp_path: Path, caplog: p
     registry = CollectorRegistry()
     az = Analyzer(s, AnalyzerConfig(), registry=registry, clock=lambda: T)
     s.close()
-    with caplog.at_level(logging.ERROR, logger="analysis.analyzer"):
+    with caplog.at_level(logging.ERROR, logger="shapewatch.analysis.analyzer"):
         result = az.run(T)
     assert (result.ok, result.evaluation, result.transitions) == (False, None, [])
     assert result.error is not None and result.error.startswith("StoreError: ")
     assert registry.get_sample_value("shapewatch_analyzer_runs_total", {"result": "failed"}) == 1
-    assert [r.getMessage() for r in caplog.records] == [f"analyzer run at {T.isoformat()} failed",
-                                                        "could not record the failed analyzer run"]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"analyzer run at {T.isoformat()} failed",
+        "could not record the failed analyzer run",
+    ]
     # The scrape does not fail either.
     assert registry.get_sample_value("shapewatch_alerts", {"state": "firing", "severity": "page"}) == 0

@@ -19,12 +19,12 @@ from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 from synth import write_outputs
 
-from analysis.alerts import ALERTS_SCHEMA, AlertBook, AlertState
-from analysis.analyzer import Analyzer
-from analysis.config import AlertKind, AnalyzerConfig, FieldRules
-from analysis.service import create_app
-from baselines import BASELINES_SCHEMA, Baseline, Cohort, freeze_baseline
-from collector import Settings, Store
+from shapewatch.analysis.alerts import ALERTS_SCHEMA, AlertBook, AlertState
+from shapewatch.analysis.analyzer import Analyzer
+from shapewatch.analysis.config import AlertKind, AnalyzerConfig, FieldRules
+from shapewatch.analysis.service import create_app
+from shapewatch.baselines import BASELINES_SCHEMA, Baseline, Cohort, freeze_baseline
+from shapewatch.collector import Settings, Store
 
 A = Cohort("claude-sonnet-4-5-20250929", "intake-v3", "intake")
 B = Cohort("gpt-4o-2024-08-06", "intake-v3", "intake")
@@ -60,12 +60,27 @@ def plant(store: Store, cohort: Cohort, doc: dict[str, Any]) -> None:
     """Store ``doc`` and make it the cohort's active baseline, bypassing every check (a backup restored
     by hand, a row written by an older release)."""
     with store.transaction("planting a baseline") as con:
-        con.execute("INSERT INTO baselines VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    [doc["baseline_id"], doc["hash"], *cohort, hour(-24), hour(0), 1, "mallory", "x", hour(0),
-                     orjson.dumps(doc).decode()])
-        con.execute("""INSERT INTO baseline_activations (model, prompt_version, contract, action, baseline_id,
+        con.execute(
+            "INSERT INTO baselines VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [
+                doc["baseline_id"],
+                doc["hash"],
+                *cohort,
+                hour(-24),
+                hour(0),
+                1,
+                "mallory",
+                "x",
+                hour(0),
+                orjson.dumps(doc).decode(),
+            ],
+        )
+        con.execute(
+            """INSERT INTO baseline_activations (model, prompt_version, contract, action, baseline_id,
                                                           activated_at, author, note)
-                       VALUES (?, ?, ?, 'activate', ?, ?, 'mallory', '')""", [*cohort, doc["baseline_id"], hour(0)])
+                       VALUES (?, ?, ?, 'activate', ?, ?, 'mallory', '')""",
+            [*cohort, doc["baseline_id"], hour(0)],
+        )
 
 
 @pytest.fixture
@@ -98,17 +113,24 @@ def test_a_planted_baseline_fails_its_own_cohort_and_every_other_is_judged(store
     plant(store, A, bad)
     result = az.run(hour(3))
 
-    cause = (f"BaselineInvalid: stored baseline {bad['baseline_id']}: not a valid baseline document: "
-             "/fields/priority/present: must be an integer, got string")
+    cause = (
+        f"BaselineInvalid: stored baseline {bad['baseline_id']}: not a valid baseline document: "
+        "/fields/priority/present: must be an integer, got string"
+    )
     error = f"1 of 2 cohorts not judged: cohort {A}: {cause}"
     assert (result.ok, result.error) == (True, error)
     assert result.evaluation is not None
     assert {r.cohort: (r.error, r.baseline_id is None) for r in result.evaluation.cohorts} == {
-        A: (cause, True), B: (None, False)}
+        A: (cause, True),
+        B: (None, False),
+    }
     # B was judged at hour 3; A's alert keeps the state it had (not resolved for want of a check).
     assert (email_alert(store, A), email_alert(store, B)) == (("firing", hour(2)), ("firing", hour(3)))
     assert store.query("SELECT evaluated_at, ok, error, cohorts FROM analyzer_runs ORDER BY run_id") == [
-        (hour(1), True, None, 2), (hour(2), True, None, 2), (hour(3), True, error, 2)]
+        (hour(1), True, None, 2),
+        (hour(2), True, None, 2),
+        (hour(3), True, error, 2),
+    ]
     assert registry.get_sample_value("shapewatch_analyzer_cohort_failures_total") == 1
     assert registry.get_sample_value("shapewatch_analyzer_runs_total", {"result": "ok"}) == 3
     assert registry.get_sample_value("shapewatch_analyzer_runs_total", {"result": "failed"}) == 0
@@ -116,7 +138,9 @@ def test_a_planted_baseline_fails_its_own_cohort_and_every_other_is_judged(store
     (report,) = store.query("SELECT report FROM analyzer_runs WHERE evaluated_at = ?", [hour(3)])[0]
     b_id = next(r.baseline_id for r in result.evaluation.cohorts if r.cohort == B)
     assert {(c["cohort"]["model"], c["error"], c["compared_with"]) for c in orjson.loads(report)["cohorts"]} == {
-        (A.model, cause, f"not judged: {cause}"), (B.model, None, f"baseline {b_id}")}
+        (A.model, cause, f"not judged: {cause}"),
+        (B.model, None, f"baseline {b_id}"),
+    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,9 +186,13 @@ def test_a_rule_raising_for_one_contract_leaves_the_other_judged(tmp_path: Path)
 
         registry = CollectorRegistry()
         result = Analyzer(s, TriageRaises(window=HOUR), registry=registry, clock=lambda: hour(1)).run(hour(1))
-        assert (result.ok, result.error) == (True, f"1 of 2 cohorts not judged: cohort {broken}: KeyError: 'triage rules'")
+        assert (result.ok, result.error) == (
+            True,
+            f"1 of 2 cohorts not judged: cohort {broken}: KeyError: 'triage rules'",
+        )
         assert {(a.cohort, a.field, a.kind, a.state) for a in AlertBook(s).alerts()} == {
-            (good, EMAIL, AlertKind.presence_drop, AlertState.pending)}
+            (good, EMAIL, AlertKind.presence_drop, AlertState.pending)
+        }
         assert registry.get_sample_value("shapewatch_analyzer_cohort_failures_total") == 1
     finally:
         s.close()
@@ -179,32 +207,65 @@ def test_a_crafted_document_is_refused_at_the_http_import_with_422_naming_the_fi
     settings = dataclasses.replace(Settings(), db_path=tmp_path / "api.duckdb")
     app = create_app(settings, registry=CollectorRegistry(), analyze=False)
     with TestClient(app) as c:
-        events = [{"event_id": uuid.uuid4().hex, "ts": (base + i * timedelta(seconds=30)).isoformat(),
-                   "model": A.model, "prompt_version": A.prompt_version, "contract": A.contract,
-                   "output": {"priority": ("low", "high")[i % 2]}} for i in range(300)]
+        events = [
+            {
+                "event_id": uuid.uuid4().hex,
+                "ts": (base + i * timedelta(seconds=30)).isoformat(),
+                "model": A.model,
+                "prompt_version": A.prompt_version,
+                "contract": A.contract,
+                "output": {"priority": ("low", "high")[i % 2]},
+            }
+            for i in range(300)
+        ]
         assert c.post("/v1/outputs", json=events).json()["accepted"] == 300
-        r = c.post("/v1/baselines", json={**A._asdict(), "since": base.isoformat(),
-                                          "until": (base + 4 * HOUR).isoformat(), "note": "week 48", "author": "ana"})
+        r = c.post(
+            "/v1/baselines",
+            json={
+                **A._asdict(),
+                "since": base.isoformat(),
+                "until": (base + 4 * HOUR).isoformat(),
+                "note": "week 48",
+                "author": "ana",
+            },
+        )
         assert r.status_code == 201, r.text
         doc = c.get(f"/v1/baselines/{r.json()['baseline_id']}").json()
 
         r = c.post("/v1/baselines/import", json=crafted(doc, {"present": "lots"}))
-        assert (r.status_code, r.json()) == (422, {"error": {
-            "status": 422,
-            "message": "request body: not a valid baseline document: /fields/priority/present: "
-                       "must be an integer, got string",
-            "fields": [{"path": "/fields/priority/present", "reason": "must be an integer, got string"}]}})
+        assert (r.status_code, r.json()) == (
+            422,
+            {
+                "error": {
+                    "status": 422,
+                    "message": "request body: not a valid baseline document: /fields/priority/present: "
+                    "must be an integer, got string",
+                    "fields": [{"path": "/fields/priority/present", "reason": "must be an integer, got string"}],
+                }
+            },
+        )
 
-        reversed_window = {**crafted(doc, {}), "window": {"since": doc["window"]["until"],
-                                                         "until": doc["window"]["since"]}, "samples": -1}
+        reversed_window = {
+            **crafted(doc, {}),
+            "window": {"since": doc["window"]["until"], "until": doc["window"]["since"]},
+            "samples": -1,
+        }
         r = c.post("/v1/baselines/import", json=reversed_window)
         reason = f"must be after /window/since ({doc['window']['until']}), got {doc['window']['since']}"
-        assert (r.status_code, r.json()) == (422, {"error": {
-            "status": 422,
-            "message": f"request body: not a valid baseline document: /window/until: {reason}; "
-                       "/samples: must be between 0 and 9223372036854775807, got -1",
-            "fields": [{"path": "/window/until", "reason": reason},
-                       {"path": "/samples", "reason": "must be between 0 and 9223372036854775807, got -1"}]}})
+        assert (r.status_code, r.json()) == (
+            422,
+            {
+                "error": {
+                    "status": 422,
+                    "message": f"request body: not a valid baseline document: /window/until: {reason}; "
+                    "/samples: must be between 0 and 9223372036854775807, got -1",
+                    "fields": [
+                        {"path": "/window/until", "reason": reason},
+                        {"path": "/samples", "reason": "must be between 0 and 9223372036854775807, got -1"},
+                    ],
+                }
+            },
+        )
         assert [b["baseline_id"] for b in c.get("/v1/baselines").json()] == [doc["baseline_id"]]
         # The analyzer still judges the cohort: nothing crafted was stored.
         run = c.post("/v1/analyzer/run")
@@ -214,7 +275,7 @@ def test_a_crafted_document_is_refused_at_the_http_import_with_422_naming_the_fi
 def test_a_frozen_baseline_is_valid_under_the_document_schema(store: Store) -> None:
     # The schema check never refuses what freezing writes (a check that refused real exports
     # would be worse than none).
-    from baselines import document_problems, list_baselines
+    from shapewatch.baselines import document_problems, list_baselines
 
     listed: list[Baseline] = [item.baseline for item in list_baselines(store)]
     assert len(listed) == 2

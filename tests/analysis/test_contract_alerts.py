@@ -19,29 +19,48 @@ import pytest
 from harness import make_envelope
 from synth import CONTRACT, MODEL, PROMPT, synth_outputs
 
-from analysis.alerts import ALERTS_SCHEMA
-from analysis.analyzer import analyze_once, evaluate
-from analysis.config import AnalyzerConfig
-from baselines import BASELINES_SCHEMA, Cohort, freeze_baseline
-from collector import Store, register_contract
-from collector.envelope import LIMITS, parse_envelope
+from shapewatch.analysis.alerts import ALERTS_SCHEMA
+from shapewatch.analysis.analyzer import analyze_once, evaluate
+from shapewatch.analysis.config import AnalyzerConfig
+from shapewatch.baselines import BASELINES_SCHEMA, Cohort, freeze_baseline
+from shapewatch.collector import Store, register_contract
+from shapewatch.collector.envelope import LIMITS, parse_envelope
 
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
 DAY = timedelta(days=1)
 COHORT = Cohort(MODEL, PROMPT, CONTRACT)
-SCHEMA = {"type": "object", "required": ["intent", "priority"],
-          "properties": {"intent": {"type": "string"},
-                         "priority": {"type": "string", "enum": ["low", "medium", "high", "urgent"]}}}
+SCHEMA = {
+    "type": "object",
+    "required": ["intent", "priority"],
+    "properties": {
+        "intent": {"type": "string"},
+        "priority": {"type": "string", "enum": ["low", "medium", "high", "urgent"]},
+    },
+}
 
 
 def write(store: Store, outputs: list[dict[str, Any]], day: int, version: str | None = "3") -> None:
     start = T0 + day * DAY + timedelta(hours=6)
-    envs = [parse_envelope(orjson.dumps(make_envelope(
-        event_id=f"{day}-{version}-{i}", ts=(start + timedelta(seconds=i % 1200)).isoformat(), model=MODEL,
-        served_model=MODEL, prompt_version=PROMPT, contract=CONTRACT, contract_version=version, output=o)), LIMITS)
-        for i, o in enumerate(outputs)]
+    envs = [
+        parse_envelope(
+            orjson.dumps(
+                make_envelope(
+                    event_id=f"{day}-{version}-{i}",
+                    ts=(start + timedelta(seconds=i % 1200)).isoformat(),
+                    model=MODEL,
+                    served_model=MODEL,
+                    prompt_version=PROMPT,
+                    contract=CONTRACT,
+                    contract_version=version,
+                    output=o,
+                )
+            ),
+            LIMITS,
+        )
+        for i, o in enumerate(outputs)
+    ]
     for i in range(0, len(envs), 2000):
-        store.write_batch(envs[i:i + 2000])
+        store.write_batch(envs[i : i + 2000])
 
 
 def without(outputs: list[dict[str, Any]], key: str, share: float, seed: int) -> list[dict[str, Any]]:
@@ -76,8 +95,11 @@ def test_outputs_breaking_the_contract_page_before_presence_moves_a_tolerance(st
     assert brief(alerts) == [("intent", "schema_violation", None, "page")]
     a = alerts[0]
     assert a.diff["baseline"] == {"violation_rate": 0.0, "samples": 4_000}
-    assert a.diff["current"] == {"violation_rate": round(missing / 3_000, 6), "samples": 3_000,
-                                 "keywords": {"required": missing}}
+    assert a.diff["current"] == {
+        "violation_rate": round(missing / 3_000, 6),
+        "samples": 3_000,
+        "keywords": {"required": missing},
+    }
     # its samples are outputs without intent
     rows = store.query("SELECT output FROM events WHERE list_contains(?, event_id)", [list(a.samples)])
     assert len(rows) == len(a.samples) > 0 and all("intent" not in orjson.loads(r[0]) for r in rows)
@@ -88,8 +110,11 @@ def test_outputs_breaking_the_contract_page_before_presence_moves_a_tolerance(st
 def test_declared_enum_values_are_known_and_others_are_unknown(store: Store) -> None:
     declared = with_priority(synth_outputs(4, 3_000), "urgent", 0.15, seed=5)  # in the contract's enum
     write(store, declared, day=6)
-    checks = {(c.field, c.kind.value, c.value): c for r in evaluate(store, AnalyzerConfig(), T0 + 7 * DAY).cohorts
-              for c in r.checks}
+    checks = {
+        (c.field, c.kind.value, c.value): c
+        for r in evaluate(store, AnalyzerConfig(), T0 + 7 * DAY).cohorts
+        for c in r.checks
+    }
     # a declared value is no new enum value and not unknown; the shares moved, which type rules do not judge
     assert ("priority", "new_enum_value", "urgent") not in checks
     unknown = checks[("priority", "unknown_enum_growth", None)]
@@ -99,9 +124,11 @@ def test_declared_enum_values_are_known_and_others_are_unknown(store: Store) -> 
     undeclared = with_priority(synth_outputs(6, 3_000), "URGENT", 0.15, seed=7)
     write(store, undeclared, day=8)
     _, alerts = analyze_once(store, AnalyzerConfig(), T0 + 9 * DAY)
-    assert brief(alerts) == [("priority", "new_enum_value", "URGENT", "warn"),
-                             ("priority", "schema_violation", None, "page"),
-                             ("priority", "unknown_enum_growth", None, "warn")]
+    assert brief(alerts) == [
+        ("priority", "new_enum_value", "URGENT", "warn"),
+        ("priority", "schema_violation", None, "page"),
+        ("priority", "unknown_enum_growth", None, "warn"),
+    ]
 
 
 def test_a_baseline_frozen_before_its_contract_expects_no_violation(tmp_path: Path) -> None:
@@ -120,28 +147,50 @@ V4 = {**SCHEMA, "required": ["intent", "priority", "language"]}  # a new require
 
 
 def test_the_alert_cohort_review_and_charts_say_which_contract_was_live_and_when_it_changed(store: Store) -> None:
-    from analysis import admin
-    from analysis.review import build_review, render_markdown
+    from shapewatch.analysis import admin
+    from shapewatch.analysis.review import build_review, render_markdown
 
     register_contract(store, CONTRACT, "4", V4)
     write(store, synth_outputs(2, 1_500), day=6)  # 06:00-06:20, still v3
     late = without(synth_outputs(3, 1_500), "language", 0.3, seed=9)  # v4 from 07:00: language often missing
     start = T0 + 6 * DAY + timedelta(hours=7)
-    store.write_batch([parse_envelope(orjson.dumps(make_envelope(
-        event_id=f"v4-{i}", ts=(start + timedelta(seconds=i % 1200)).isoformat(), model=MODEL, served_model=MODEL,
-        prompt_version=PROMPT, contract=CONTRACT, contract_version="4", output=o)), LIMITS) for i, o in enumerate(late)])
+    store.write_batch(
+        [
+            parse_envelope(
+                orjson.dumps(
+                    make_envelope(
+                        event_id=f"v4-{i}",
+                        ts=(start + timedelta(seconds=i % 1200)).isoformat(),
+                        model=MODEL,
+                        served_model=MODEL,
+                        prompt_version=PROMPT,
+                        contract=CONTRACT,
+                        contract_version="4",
+                        output=o,
+                    )
+                ),
+                LIMITS,
+            )
+            for i, o in enumerate(late)
+        ]
+    )
     at = T0 + 7 * DAY
     _, alerts = analyze_once(store, AnalyzerConfig(), at)
     language = [a for a in alerts if (a.field, a.kind.value) == ("language", "schema_violation")]
     assert len(language) == 1
     contracts = language[0].to_json()["contracts"]
-    assert contracts == {"window": {"3": 1_500, "4": 1_500}, "live": "3", "baseline": {"3": 4_000},
-                         "changes": [{"version": "4", "first_seen": start.isoformat()}]}
+    assert contracts == {
+        "window": {"3": 1_500, "4": 1_500},
+        "live": "3",
+        "baseline": {"3": 4_000},
+        "changes": [{"version": "4", "first_seen": start.isoformat()}],
+    }
 
     (cohort,) = admin.cohorts(store, since=at - DAY, until=at)
     assert cohort["contract_versions"] == {"3": 1_500, "4": 1_500}
-    series = admin.field_series(store, AnalyzerConfig(), cohort["cohort_id"], "language", since=at - DAY, until=at,
-                                points=24)
+    series = admin.field_series(
+        store, AnalyzerConfig(), cohort["cohort_id"], "language", since=at - DAY, until=at, points=24
+    )
     assert series["contract_changes"] == [{"version": "4", "at": start.isoformat().replace("+00:00", "Z")}]
     rates = {item["since"][11:13]: item["violation_rate"] for item in series["series"] if item["violation_rate"]}
     missing = sum("language" not in o for o in late)

@@ -22,8 +22,8 @@ import pytest
 from pager_receiver import ACCEPT_THEN_DROP, DROP, HANG, Incident, PagerReceiver, Step
 from prometheus_client import CollectorRegistry
 
-from analysis.errors import NotifyConfigInvalid
-from analysis.notify import (
+from shapewatch.analysis.errors import NotifyConfigInvalid
+from shapewatch.analysis.notify import (
     NOTIFY_SCHEMA,
     PAGERDUTY_EVENTS_URL,
     DeliveryReport,
@@ -39,7 +39,7 @@ from analysis.notify import (
     summarize_alert,
     targets_from_config,
 )
-from collector import Store, StoreError
+from shapewatch.collector import Store, StoreError
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 MODEL = "claude-sonnet-4-5-20250929"
@@ -51,7 +51,10 @@ def make_alert(**overrides: Any) -> dict[str, Any]:
     """An alert as the README shows it; keyword arguments replace top-level fields."""
     alert: dict[str, Any] = {
         "cohort": {"model": MODEL, "prompt_version": "intake-v3", "contract": "intake"},
-        "field": "customer.tier", "kind": "presence_drop", "severity": "page", "state": "firing",
+        "field": "customer.tier",
+        "kind": "presence_drop",
+        "severity": "page",
+        "state": "firing",
         "fingerprint": "fp-tier",
         "baseline": {"presence_rate": 0.61, "samples": 5000},
         "current": {"presence_rate": 0.30, "samples": 3000},
@@ -126,8 +129,10 @@ def notifier(outbox: Store, registry: CollectorRegistry) -> Iterator[Callable[..
 
 # --- exactly one incident per fingerprint ------------------------------------------------------
 
+
 def test_retries_through_500_429_and_a_dropped_connection_open_exactly_one_incident(
-        pager: PagerReceiver, outbox: Store, notifier: Callable[..., Notifier], registry: CollectorRegistry) -> None:
+    pager: PagerReceiver, outbox: Store, notifier: Callable[..., Notifier], registry: CollectorRegistry
+) -> None:
     target = pd_target(pager)
     n = notifier([target])
     assert raise_notices(outbox, [target], [trigger()], T0) == 1
@@ -142,13 +147,16 @@ def test_retries_through_500_429_and_a_dropped_connection_open_exactly_one_incid
     [(_, _, _, _, state, attempts, last_error)] = outbox_rows(outbox)
     assert (state, attempts) == ("sent", 4)
     assert last_error.startswith("RemoteProtocolError")  # the drop, the last failure before the 202
-    values = {r: registry.get_sample_value("shapewatch_notifications_total", {"target": "pd", "result": r})
-              for r in ("sent", "retried", "failed")}
+    values = {
+        r: registry.get_sample_value("shapewatch_notifications_total", {"target": "pd", "result": r})
+        for r in ("sent", "retried", "failed")
+    }
     assert values == {"sent": 1.0, "retried": 3.0, "failed": 0.0}
 
 
 def test_a_lost_answer_is_sent_again_with_the_same_dedup_key_and_folds_into_the_incident(
-        pager: PagerReceiver, outbox: Store, notifier: Callable[..., Notifier]) -> None:
+    pager: PagerReceiver, outbox: Store, notifier: Callable[..., Notifier]
+) -> None:
     target = pd_target(pager)
     n = notifier([target])
     raise_notices(outbox, [target], [trigger()], T0)
@@ -161,8 +169,7 @@ def test_a_lost_answer_is_sent_again_with_the_same_dedup_key_and_folds_into_the_
     assert pager.incidents == [Incident("fp-tier", open=True, triggers=2)]
 
 
-def test_a_restart_sends_nothing_twice_and_delivers_what_was_pending(
-        pager: PagerReceiver, db_path: Path) -> None:
+def test_a_restart_sends_nothing_twice_and_delivers_what_was_pending(pager: PagerReceiver, db_path: Path) -> None:
     target = pd_target(pager)
     store = Store.open(db_path, schemas=[NOTIFY_SCHEMA])
     raise_notices(store, [target], [trigger(fingerprint="fp-a"), trigger(fingerprint="fp-b")], T0)
@@ -181,7 +188,10 @@ def test_a_restart_sends_nothing_twice_and_delivers_what_was_pending(
         assert second.deliver(T0 + timedelta(minutes=2)) == DeliveryReport()
         second.close()
         assert [(fp, state) for _, fp, _, _, state, _, _ in outbox_rows(store)] == [
-            ("fp-a", "sent"), ("fp-b", "sent"), ("fp-c", "sent")]
+            ("fp-a", "sent"),
+            ("fp-b", "sent"),
+            ("fp-c", "sent"),
+        ]
     finally:
         store.close()
     assert sent_events(pager) == [("trigger", "fp-a"), ("trigger", "fp-b"), ("trigger", "fp-b"), ("trigger", "fp-c")]
@@ -189,7 +199,8 @@ def test_a_restart_sends_nothing_twice_and_delivers_what_was_pending(
 
 
 def test_a_crash_after_the_pager_accepted_but_before_the_row_was_marked_still_makes_one_incident(
-        pager: PagerReceiver, db_path: Path) -> None:
+    pager: PagerReceiver, db_path: Path
+) -> None:
     target = pd_target(pager)
     store = Store.open(db_path, schemas=[NOTIFY_SCHEMA])
     raise_notices(store, [target], [trigger()], T0)
@@ -212,8 +223,8 @@ def test_a_crash_after_the_pager_accepted_but_before_the_row_was_marked_still_ma
 
 
 def test_a_store_error_while_marking_sent_propagates_and_the_resend_is_deduplicated(
-        pager: PagerReceiver, outbox: Store, notifier: Callable[..., Notifier],
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    pager: PagerReceiver, outbox: Store, notifier: Callable[..., Notifier], monkeypatch: pytest.MonkeyPatch
+) -> None:
     target = pd_target(pager)
     raise_notices(outbox, [target], [trigger()], T0)
     n = notifier([target])
@@ -236,8 +247,10 @@ def test_a_store_error_while_marking_sent_propagates_and_the_resend_is_deduplica
 
 # --- resolve and episodes ----------------------------------------------------------------------
 
+
 def test_a_resolve_closes_the_incident_and_never_overtakes_its_pending_trigger(
-        pager: PagerReceiver, outbox: Store, notifier: Callable[..., Notifier]) -> None:
+    pager: PagerReceiver, outbox: Store, notifier: Callable[..., Notifier]
+) -> None:
     target = pd_target(pager)
     n = notifier([target], backoff_base=60.0)
     raise_notices(outbox, [target], [trigger()], T0)
@@ -258,7 +271,8 @@ def test_a_resolve_closes_the_incident_and_never_overtakes_its_pending_trigger(
 
 
 def test_an_alert_that_fires_again_is_a_new_incident_and_waits_for_the_previous_resolve(
-        pager: PagerReceiver, outbox: Store, notifier: Callable[..., Notifier]) -> None:
+    pager: PagerReceiver, outbox: Store, notifier: Callable[..., Notifier]
+) -> None:
     target = pd_target(pager)
     n = notifier([target], backoff_base=60.0)
     raise_notices(outbox, [target], [trigger(episode=1)], T0)
@@ -271,13 +285,18 @@ def test_an_alert_that_fires_again_is_a_new_incident_and_waits_for_the_previous_
     assert n.deliver(T0 + timedelta(minutes=5, seconds=1)) == DeliveryReport()
     assert n.deliver(T0 + timedelta(minutes=10)) == DeliveryReport(sent=2)
 
-    assert sent_events(pager) == [("trigger", "fp-tier"), ("resolve", "fp-tier"), ("resolve", "fp-tier"),
-                                  ("trigger", "fp-tier")]
+    assert sent_events(pager) == [
+        ("trigger", "fp-tier"),
+        ("resolve", "fp-tier"),
+        ("resolve", "fp-tier"),
+        ("trigger", "fp-tier"),
+    ]
     assert pager.incidents == [Incident("fp-tier", open=False), Incident("fp-tier", open=True)]
 
 
 def test_trigger_resolve_and_the_next_episode_enqueued_together_go_out_in_order(
-        pager: PagerReceiver, outbox: Store, notifier: Callable[..., Notifier]) -> None:
+    pager: PagerReceiver, outbox: Store, notifier: Callable[..., Notifier]
+) -> None:
     target = pd_target(pager)
     raise_notices(outbox, [target], [trigger(episode=1), resolve(episode=1), trigger(episode=2)], T0)
     assert notifier([target]).deliver(T0) == DeliveryReport(sent=3)
@@ -286,6 +305,7 @@ def test_trigger_resolve_and_the_next_episode_enqueued_together_go_out_in_order(
 
 
 # --- the outbox --------------------------------------------------------------------------------
+
 
 def test_enqueue_is_idempotent_and_routes_by_severity_and_trigger(outbox: Store) -> None:
     pd = Target("pd", TargetKind.pagerduty, "http://127.0.0.1:9/", routing_key=ROUTING_KEY)
@@ -318,10 +338,11 @@ def test_enqueued_notices_roll_back_with_the_alert_transaction(outbox: Store) ->
 
 
 def test_rows_of_a_target_no_longer_configured_stay_pending(
-        pager: PagerReceiver, outbox: Store, notifier: Callable[..., Notifier], caplog: pytest.LogCaptureFixture) -> None:
+    pager: PagerReceiver, outbox: Store, notifier: Callable[..., Notifier], caplog: pytest.LogCaptureFixture
+) -> None:
     old = Target("old-hook", TargetKind.webhook, pager.url)
     raise_notices(outbox, [old], [trigger()], T0)
-    with caplog.at_level(logging.WARNING, logger="analysis.notify"):
+    with caplog.at_level(logging.WARNING, logger="shapewatch.analysis.notify"):
         n = notifier([pd_target(pager)])
     assert "1 notifications for target 'old-hook' stay pending" in caplog.text
     assert n.deliver(T0) == DeliveryReport()
@@ -330,8 +351,10 @@ def test_rows_of_a_target_no_longer_configured_stay_pending(
 
 # --- failures ----------------------------------------------------------------------------------
 
+
 def test_a_400_is_not_retried_and_is_marked_failed_with_the_error(
-        pager: PagerReceiver, outbox: Store, notifier: Callable[..., Notifier], registry: CollectorRegistry) -> None:
+    pager: PagerReceiver, outbox: Store, notifier: Callable[..., Notifier], registry: CollectorRegistry
+) -> None:
     target = pd_target(pager)
     n = notifier([target])
     raise_notices(outbox, [target], [trigger()], T0)
@@ -341,31 +364,46 @@ def test_a_400_is_not_retried_and_is_marked_failed_with_the_error(
     assert n.deliver(T0 + timedelta(hours=1)) == DeliveryReport()
 
     assert len(pager.requests) == 1 and pager.incidents == []
-    assert outbox_rows(outbox) == [("pd", "fp-tier", 1, "trigger", "failed", 1,
-                                    'HTTP 400: {"status": "invalid event", "errors": ["Event object is invalid"]}')]
+    assert outbox_rows(outbox) == [
+        (
+            "pd",
+            "fp-tier",
+            1,
+            "trigger",
+            "failed",
+            1,
+            'HTTP 400: {"status": "invalid event", "errors": ["Event object is invalid"]}',
+        )
+    ]
     assert registry.get_sample_value("shapewatch_notifications_total", {"target": "pd", "result": "failed"}) == 1.0
 
 
 def test_retryable_failures_give_up_after_max_attempts(
-        pager: PagerReceiver, outbox: Store, notifier: Callable[..., Notifier]) -> None:
+    pager: PagerReceiver, outbox: Store, notifier: Callable[..., Notifier]
+) -> None:
     target = pd_target(pager, max_attempts=3)
     n = notifier([target])
     raise_notices(outbox, [target], [trigger()], T0)
     pager.script(500, 503, 502)
     reports = [n.deliver(T0 + timedelta(seconds=i)) for i in range(4)]
-    assert reports == [DeliveryReport(retried=1), DeliveryReport(retried=1), DeliveryReport(failed=1),
-                       DeliveryReport()]
+    assert reports == [DeliveryReport(retried=1), DeliveryReport(retried=1), DeliveryReport(failed=1), DeliveryReport()]
     assert outbox_rows(outbox)[0][4:] == (
-        "failed", 3, 'gave up after 3 attempts: HTTP 502: {"status": "error", "message": "scripted 502"}')
+        "failed",
+        3,
+        'gave up after 3 attempts: HTTP 502: {"status": "error", "message": "scripted 502"}',
+    )
 
 
-@pytest.mark.parametrize(("retry_after", "wait"), [
-    ("7", timedelta(seconds=7)),
-    (format_datetime(T0 + timedelta(seconds=90), usegmt=True), timedelta(seconds=90)),
-])
+@pytest.mark.parametrize(
+    ("retry_after", "wait"),
+    [
+        ("7", timedelta(seconds=7)),
+        (format_datetime(T0 + timedelta(seconds=90), usegmt=True), timedelta(seconds=90)),
+    ],
+)
 def test_retry_after_is_honoured_on_429_and_5xx(
-        pager: PagerReceiver, outbox: Store, notifier: Callable[..., Notifier], retry_after: str,
-        wait: timedelta) -> None:
+    pager: PagerReceiver, outbox: Store, notifier: Callable[..., Notifier], retry_after: str, wait: timedelta
+) -> None:
     target = pd_target(pager)
     n = notifier([target], backoff_base=1000.0)
     raise_notices(outbox, [target], [trigger()], T0)
@@ -378,7 +416,8 @@ def test_retry_after_is_honoured_on_429_and_5xx(
 
 
 def test_timeouts_and_refused_connections_are_retried_and_never_raise(
-        pager: PagerReceiver, outbox: Store, notifier: Callable[..., Notifier]) -> None:
+    pager: PagerReceiver, outbox: Store, notifier: Callable[..., Notifier]
+) -> None:
     with socket.socket() as s:  # a port with nobody listening
         s.bind(("127.0.0.1", 0))
         closed_port = s.getsockname()[1]
@@ -397,22 +436,36 @@ def test_timeouts_and_refused_connections_are_retried_and_never_raise(
 
 # --- wire formats ------------------------------------------------------------------------------
 
+
 def test_pagerduty_trigger_body(pager: PagerReceiver, outbox: Store, notifier: Callable[..., Notifier]) -> None:
     target = pd_target(pager, severities=("page", "warn"))
     long_detail = "x" * 2000
-    raise_notices(outbox, [target], [
-        trigger(dashboard_url="http://dash.local/alerts/fp-tier"),
-        trigger(fingerprint="fp-long", severity="warn", kind="type_shift", detail=long_detail),
-    ], T0)
+    raise_notices(
+        outbox,
+        [target],
+        [
+            trigger(dashboard_url="http://dash.local/alerts/fp-tier"),
+            trigger(fingerprint="fp-long", severity="warn", kind="type_shift", detail=long_detail),
+        ],
+        T0,
+    )
     assert notifier([target]).deliver(T0) == DeliveryReport(sent=2)
 
     bodies = {b["dedup_key"]: b for b in pager.bodies()}
     first, second = bodies["fp-tier"], bodies["fp-long"]
     assert first == {
-        "routing_key": ROUTING_KEY, "event_action": "trigger", "dedup_key": "fp-tier",
-        "payload": {"summary": SUMMARY, "source": "shapewatch", "severity": "critical",
-                    "component": "customer.tier", "group": f"{MODEL}/intake-v3/intake",
-                    "class": "presence_drop", "custom_details": make_alert()},
+        "routing_key": ROUTING_KEY,
+        "event_action": "trigger",
+        "dedup_key": "fp-tier",
+        "payload": {
+            "summary": SUMMARY,
+            "source": "shapewatch",
+            "severity": "critical",
+            "component": "customer.tier",
+            "group": f"{MODEL}/intake-v3/intake",
+            "class": "presence_drop",
+            "custom_details": make_alert(),
+        },
         "links": [{"href": "http://dash.local/alerts/fp-tier", "text": "shapewatch dashboard"}],
     }
     assert second["payload"]["severity"] == "warning" and second["payload"]["class"] == "type_shift"
@@ -427,72 +480,140 @@ def test_alertmanager_webhook_bodies(pager: PagerReceiver, outbox: Store, notifi
     raise_notices(outbox, [target], [resolve()], T0 + timedelta(hours=1, seconds=30))
     assert n.deliver(T0 + timedelta(hours=2)) == DeliveryReport(sent=2)
 
-    labels = {"alertname": "presence_drop", "severity": "critical", "model": MODEL, "prompt_version": "intake-v3",
-              "contract": "intake", "field": "customer.tier", "fingerprint": "fp-tier"}
+    labels = {
+        "alertname": "presence_drop",
+        "severity": "critical",
+        "model": MODEL,
+        "prompt_version": "intake-v3",
+        "contract": "intake",
+        "field": "customer.tier",
+        "fingerprint": "fp-tier",
+    }
     annotations = {"summary": SUMMARY, "description": "presence 61.0% -> 30.0% (p < 1e-6)"}
     firing, resolved = pager.bodies()
     assert firing == {
-        "version": "4", "groupKey": '{}:{fingerprint="fp-tier"}', "truncatedAlerts": 0, "status": "firing",
-        "receiver": "am", "groupLabels": {"fingerprint": "fp-tier"}, "commonLabels": labels,
-        "commonAnnotations": annotations, "externalURL": "http://dash.local/alerts/fp-tier",
-        "alerts": [{"status": "firing", "labels": labels, "annotations": annotations,
-                    "startsAt": "2026-11-29T12:00:00Z", "endsAt": "0001-01-01T00:00:00Z",
-                    "generatorURL": "http://dash.local/alerts/fp-tier", "fingerprint": "fp-tier"}],
+        "version": "4",
+        "groupKey": '{}:{fingerprint="fp-tier"}',
+        "truncatedAlerts": 0,
+        "status": "firing",
+        "receiver": "am",
+        "groupLabels": {"fingerprint": "fp-tier"},
+        "commonLabels": labels,
+        "commonAnnotations": annotations,
+        "externalURL": "http://dash.local/alerts/fp-tier",
+        "alerts": [
+            {
+                "status": "firing",
+                "labels": labels,
+                "annotations": annotations,
+                "startsAt": "2026-11-29T12:00:00Z",
+                "endsAt": "0001-01-01T00:00:00Z",
+                "generatorURL": "http://dash.local/alerts/fp-tier",
+                "fingerprint": "fp-tier",
+            }
+        ],
     }
     assert resolved == {
-        "version": "4", "groupKey": '{}:{fingerprint="fp-tier"}', "truncatedAlerts": 0, "status": "resolved",
-        "receiver": "am", "groupLabels": {"fingerprint": "fp-tier"}, "commonLabels": labels,
-        "commonAnnotations": annotations, "externalURL": "",
-        "alerts": [{"status": "resolved", "labels": labels, "annotations": annotations,
-                    "startsAt": "2026-11-29T12:00:00Z", "endsAt": "2026-11-29T13:00:30Z",
-                    "generatorURL": "", "fingerprint": "fp-tier"}],
+        "version": "4",
+        "groupKey": '{}:{fingerprint="fp-tier"}',
+        "truncatedAlerts": 0,
+        "status": "resolved",
+        "receiver": "am",
+        "groupLabels": {"fingerprint": "fp-tier"},
+        "commonLabels": labels,
+        "commonAnnotations": annotations,
+        "externalURL": "",
+        "alerts": [
+            {
+                "status": "resolved",
+                "labels": labels,
+                "annotations": annotations,
+                "startsAt": "2026-11-29T12:00:00Z",
+                "endsAt": "2026-11-29T13:00:30Z",
+                "generatorURL": "",
+                "fingerprint": "fp-tier",
+            }
+        ],
     }
 
 
 def test_generic_webhook_body_and_idempotency_key(
-        pager: PagerReceiver, outbox: Store, notifier: Callable[..., Notifier]) -> None:
+    pager: PagerReceiver, outbox: Store, notifier: Callable[..., Notifier]
+) -> None:
     target = Target("hook", TargetKind.webhook, pager.url, headers={"Authorization": "Bearer s3cret"})
     raise_notices(outbox, [target], [trigger(episode=2), resolve(episode=2)], T0)
     assert notifier([target]).deliver(T0) == DeliveryReport(sent=2)
 
     assert pager.bodies() == [
-        {"action": "trigger", "fingerprint": "fp-tier", "episode": 2, "severity": "page", "summary": SUMMARY,
-         "alert": make_alert(), "dashboard_url": None},
-        {"action": "resolve", "fingerprint": "fp-tier", "episode": 2, "severity": "page", "summary": SUMMARY,
-         "alert": make_alert(state="resolved"), "dashboard_url": None},
+        {
+            "action": "trigger",
+            "fingerprint": "fp-tier",
+            "episode": 2,
+            "severity": "page",
+            "summary": SUMMARY,
+            "alert": make_alert(),
+            "dashboard_url": None,
+        },
+        {
+            "action": "resolve",
+            "fingerprint": "fp-tier",
+            "episode": 2,
+            "severity": "page",
+            "summary": SUMMARY,
+            "alert": make_alert(state="resolved"),
+            "dashboard_url": None,
+        },
     ]
     assert [(r.headers["idempotency-key"], r.headers["authorization"]) for r in pager.requests] == [
-        ("fp-tier:2:trigger", "Bearer s3cret"), ("fp-tier:2:resolve", "Bearer s3cret")]
+        ("fp-tier:2:trigger", "Bearer s3cret"),
+        ("fp-tier:2:resolve", "Bearer s3cret"),
+    ]
 
 
 def test_summaries_are_one_line_and_secrets_stay_out_of_repr() -> None:
     assert summarize_alert(make_alert()) == SUMMARY
     assert summarize_alert({"kind": "new_field", "field": "a.b", "detail": "first seen\nin 3 outputs"}) == (
-        "new_field on a.b: first seen in 3 outputs")
-    target = Target("pd", TargetKind.pagerduty, PAGERDUTY_EVENTS_URL, routing_key=ROUTING_KEY,
-                    headers={"Authorization": "Bearer s3cret"})
+        "new_field on a.b: first seen in 3 outputs"
+    )
+    target = Target(
+        "pd",
+        TargetKind.pagerduty,
+        PAGERDUTY_EVENTS_URL,
+        routing_key=ROUTING_KEY,
+        headers={"Authorization": "Bearer s3cret"},
+    )
     assert ROUTING_KEY not in repr(target) and "s3cret" not in repr(target)
 
 
-@pytest.mark.parametrize("bad", [dict(severity="info"), dict(episode=0), dict(fingerprint="")])
+@pytest.mark.parametrize("bad", [{"severity": "info"}, {"episode": 0}, {"fingerprint": ""}])
 def test_a_notice_refuses_impossible_values(bad: dict[str, Any]) -> None:
-    values: dict[str, Any] = dict(fingerprint="fp", episode=1, action="trigger", severity="page", summary="s",
-                                  alert={})
+    values: dict[str, Any] = {
+        "fingerprint": "fp",
+        "episode": 1,
+        "action": "trigger",
+        "severity": "page",
+        "summary": "s",
+        "alert": {},
+    }
     with pytest.raises(ValueError):
         Notice(**{**values, **bad})
 
 
 # --- metrics -----------------------------------------------------------------------------------
 
+
 def test_pending_notifications_are_gauged_at_scrape_time(
-        pager: PagerReceiver, outbox: Store, notifier: Callable[..., Notifier], registry: CollectorRegistry) -> None:
+    pager: PagerReceiver, outbox: Store, notifier: Callable[..., Notifier], registry: CollectorRegistry
+) -> None:
     target = pd_target(pager)
     n = notifier([target], clock=lambda: T0 + timedelta(seconds=30))
     raise_notices(outbox, [target], [trigger(fingerprint="fp-a"), trigger(fingerprint="fp-b")], T0)
 
     def gauges() -> tuple[float | None, float | None]:
-        return (registry.get_sample_value("shapewatch_notifications_pending", {"target": "pd"}),
-                registry.get_sample_value("shapewatch_notifications_oldest_pending_seconds", {"target": "pd"}))
+        return (
+            registry.get_sample_value("shapewatch_notifications_pending", {"target": "pd"}),
+            registry.get_sample_value("shapewatch_notifications_oldest_pending_seconds", {"target": "pd"}),
+        )
 
     assert gauges() == (2.0, 30.0)
     assert n.deliver() == DeliveryReport(sent=2)
@@ -501,59 +622,107 @@ def test_pending_notifications_are_gauged_at_scrape_time(
 
 # --- configuration -----------------------------------------------------------------------------
 
+
 def test_targets_from_config_reads_every_kind() -> None:
     data = {
         "targets": [
             {"name": "pd", "kind": "pagerduty", "routing_key": ROUTING_KEY},
-            {"name": "am", "kind": "alertmanager", "url": "http://am.local:9095/hook", "severities": ["page", "warn"],
-             "timeout_seconds": 2, "max_attempts": 3},
-            {"name": "hook", "kind": "webhook", "url": "https://hooks.example/x",
-             "headers": {"Authorization": "Bearer t"}},
+            {
+                "name": "am",
+                "kind": "alertmanager",
+                "url": "http://am.local:9095/hook",
+                "severities": ["page", "warn"],
+                "timeout_seconds": 2,
+                "max_attempts": 3,
+            },
+            {
+                "name": "hook",
+                "kind": "webhook",
+                "url": "https://hooks.example/x",
+                "headers": {"Authorization": "Bearer t"},
+            },
         ],
         "digest": {"url": "http://digest.local/daily"},
     }
     assert targets_from_config(data) == [
         Target("pd", TargetKind.pagerduty, PAGERDUTY_EVENTS_URL, routing_key=ROUTING_KEY),
-        Target("am", TargetKind.alertmanager, "http://am.local:9095/hook", severities=("page", "warn"),
-               timeout_seconds=2.0, max_attempts=3),
+        Target(
+            "am",
+            TargetKind.alertmanager,
+            "http://am.local:9095/hook",
+            severities=("page", "warn"),
+            timeout_seconds=2.0,
+            max_attempts=3,
+        ),
         Target("hook", TargetKind.webhook, "https://hooks.example/x", headers={"Authorization": "Bearer t"}),
     ]
     assert digest_url_from_config(data) == "http://digest.local/daily"
     assert targets_from_config({}) == [] and digest_url_from_config({}) is None
 
 
-@pytest.mark.parametrize(("data", "message"), [
-    ({"targets": [{"name": "pd", "kind": "pagerduty"}]},
-     'notify.targets[0].routing_key: required for kind "pagerduty"; '
-     "set it to the integration key of the PagerDuty service (Events API v2)"),
-    ({"targets": [{"name": "a", "kind": "webhook", "url": "http://x/"}, {"name": "a", "kind": "webhook",
-                                                                         "url": "http://y/"}]},
-     "notify.targets[1].name: 'a' is already the name of notify.targets[0]; give each target its own name"),
-    ({"targets": [{"name": "a", "kind": "slack", "url": "http://x/"}]},
-     "notify.targets[0].kind: unknown kind 'slack'; use one of: \"pagerduty\", \"alertmanager\", \"webhook\""),
-    ({"targets": [{"name": "a", "kind": "webhook", "url": "ftp://x/"}]},
-     "notify.targets[0].url: 'ftp://x/' is not an http(s) URL; set it to an http:// or https:// URL"),
-    ({"targets": [{"name": "a", "kind": "webhook"}]},
-     "notify.targets[0].url: required, a string; set it to an http:// or https:// URL"),
-    ({"targets": [{"name": "a", "kind": "webhook", "url": "http://x/", "routing_key": "k"}]},
-     'notify.targets[0].routing_key: only used by kind "pagerduty", not "webhook"; remove it'),
-    ({"targets": [{"name": "a", "kind": "webhook", "url": "http://x/", "severities": ["critical"]}]},
-     "notify.targets[0].severities: must be a non-empty list of ['page', 'warn'], not ['critical']; "
-     'e.g. severities = ["page"]'),
-    ({"targets": [{"name": "a", "kind": "webhook", "url": "http://x/", "max_attempts": 0}]},
-     "notify.targets[0].max_attempts: must be >= 1, not 0"),
-    ({"targets": [{"name": "a", "kind": "webhook", "url": "http://x/", "timeout_seconds": True}]},
-     "notify.targets[0].timeout_seconds: must be a number, not True"),
-    ({"targets": [{"name": "a", "kind": "webhook", "url": "http://x/", "retries": 3}]},
-     "notify.targets[0].retries: unknown key; use one of: headers, kind, max_attempts, name, routing_key, "
-     "severities, timeout_seconds, url"),
-    ({"targets": [{"kind": "webhook", "url": "http://x/"}]},
-     "notify.targets[0].name: required, a non-empty string; "
-     'name the target (it labels metrics and the outbox rows), e.g. name = "pd"'),
-    ({"targets": {"name": "a"}},
-     "notify.targets: must be an array of tables; write each target as a [[notify.targets]] table"),
-    ({"target": []}, "notify.target: unknown key; use one of: digest, targets"),
-])
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (
+            {"targets": [{"name": "pd", "kind": "pagerduty"}]},
+            'notify.targets[0].routing_key: required for kind "pagerduty"; '
+            "set it to the integration key of the PagerDuty service (Events API v2)",
+        ),
+        (
+            {
+                "targets": [
+                    {"name": "a", "kind": "webhook", "url": "http://x/"},
+                    {"name": "a", "kind": "webhook", "url": "http://y/"},
+                ]
+            },
+            "notify.targets[1].name: 'a' is already the name of notify.targets[0]; give each target its own name",
+        ),
+        (
+            {"targets": [{"name": "a", "kind": "slack", "url": "http://x/"}]},
+            'notify.targets[0].kind: unknown kind \'slack\'; use one of: "pagerduty", "alertmanager", "webhook"',
+        ),
+        (
+            {"targets": [{"name": "a", "kind": "webhook", "url": "ftp://x/"}]},
+            "notify.targets[0].url: 'ftp://x/' is not an http(s) URL; set it to an http:// or https:// URL",
+        ),
+        (
+            {"targets": [{"name": "a", "kind": "webhook"}]},
+            "notify.targets[0].url: required, a string; set it to an http:// or https:// URL",
+        ),
+        (
+            {"targets": [{"name": "a", "kind": "webhook", "url": "http://x/", "routing_key": "k"}]},
+            'notify.targets[0].routing_key: only used by kind "pagerduty", not "webhook"; remove it',
+        ),
+        (
+            {"targets": [{"name": "a", "kind": "webhook", "url": "http://x/", "severities": ["critical"]}]},
+            "notify.targets[0].severities: must be a non-empty list of ['page', 'warn'], not ['critical']; "
+            'e.g. severities = ["page"]',
+        ),
+        (
+            {"targets": [{"name": "a", "kind": "webhook", "url": "http://x/", "max_attempts": 0}]},
+            "notify.targets[0].max_attempts: must be >= 1, not 0",
+        ),
+        (
+            {"targets": [{"name": "a", "kind": "webhook", "url": "http://x/", "timeout_seconds": True}]},
+            "notify.targets[0].timeout_seconds: must be a number, not True",
+        ),
+        (
+            {"targets": [{"name": "a", "kind": "webhook", "url": "http://x/", "retries": 3}]},
+            "notify.targets[0].retries: unknown key; use one of: headers, kind, max_attempts, name, routing_key, "
+            "severities, timeout_seconds, url",
+        ),
+        (
+            {"targets": [{"kind": "webhook", "url": "http://x/"}]},
+            "notify.targets[0].name: required, a non-empty string; "
+            'name the target (it labels metrics and the outbox rows), e.g. name = "pd"',
+        ),
+        (
+            {"targets": {"name": "a"}},
+            "notify.targets: must be an array of tables; write each target as a [[notify.targets]] table",
+        ),
+        ({"target": []}, "notify.target: unknown key; use one of: digest, targets"),
+    ],
+)
 def test_targets_from_config_names_the_key_and_the_fix(data: dict[str, Any], message: str) -> None:
     with pytest.raises(NotifyConfigInvalid) as err:
         targets_from_config(data)
@@ -569,13 +738,16 @@ def test_digest_config_errors() -> None:
 
 # --- the daily digest --------------------------------------------------------------------------
 
+
 def test_send_digest_retries_then_delivers_one_body(pager: PagerReceiver) -> None:
     warn = [make_alert(fingerprint="fp-w", severity="warn", kind="new_enum_value", field="priority")]
     pauses: list[float] = []
     pager.script(500, Step(429, {"Retry-After": "2"}), 200)
     with httpx.Client() as client:
-        assert send_digest(client, pager.url, warn, T0, backoff_base=1.0, sleep=pauses.append,
-                           rng=random.Random(1)) is True
+        assert (
+            send_digest(client, pager.url, warn, T0, backoff_base=1.0, sleep=pauses.append, rng=random.Random(1))
+            is True
+        )
     assert [r.answer for r in pager.requests] == [500, 429, 200]
     assert 0.5 <= pauses[0] <= 1.0 and pauses[1] == 2.0
     assert pager.bodies() == [{"kind": "digest", "generated_at": "2026-11-29T12:00:00Z", "alerts": warn}] * 3

@@ -25,13 +25,13 @@ from fastapi.testclient import TestClient
 from harness import free_port
 from prometheus_client import CollectorRegistry
 
-import analysis.admin
-import analysis.review
-from analysis.cli import cli
-from analysis.config import ConfigInvalid, parse_config
-from analysis.service import create_app
-from analysis.store_access import open_store
-from collector import Settings
+import shapewatch.analysis.admin
+import shapewatch.analysis.review
+from shapewatch.analysis.cli import cli
+from shapewatch.analysis.config import ConfigInvalid, parse_config
+from shapewatch.analysis.service import create_app
+from shapewatch.analysis.store_access import open_store
+from shapewatch.collector import Settings
 
 ENV = {"SHAPEWATCH_AUTHOR": "ana", "SHAPEWATCH_URL": None, "SHAPEWATCH_TOKEN": None, "SHAPEWATCH_CONFIG": None}
 NOW = datetime.now(UTC).replace(microsecond=0)
@@ -86,18 +86,32 @@ HOSTILE_TIMES = [
     ({"since": "1700000000"}, "since", "'1700000000' is not an ISO 8601 time; write e.g. 2026-11-29T12:00:00Z"),
     ({"until": ""}, "until", "'' is not an ISO 8601 time; write e.g. 2026-11-29T12:00:00Z"),
     ({"until": " "}, "until", "' ' is not an ISO 8601 time; write e.g. 2026-11-29T12:00:00Z"),
-    ({"since": "2026-11-20T00:00:00"}, "since",
-     "'2026-11-20T00:00:00' has no time zone; add Z or an offset such as +02:00"),
-    ({"since": "x" * 5000}, "since",
-     f"{'x' * 40 + '...'!r} is not an ISO 8601 time; write e.g. 2026-11-29T12:00:00Z"),
-    ({"since": "2026-11-02T00:00:00Z", "until": "2026-11-01T00:00:00Z"}, "until",
-     "2026-11-01T00:00:00Z is not after since 2026-11-02T00:00:00Z"),
-    ({"since": "2026-11-01T00:00:00Z", "until": "2026-11-01T00:00:00Z"}, "until",
-     "2026-11-01T00:00:00Z is not after since 2026-11-01T00:00:00Z"),
-    ({"since": "2020-01-01T00:00:00Z", "until": "2026-01-01T00:00:00Z"}, "since",
-     "the window 2020-01-01T00:00:00Z .. 2026-01-01T00:00:00Z is longer than the limit of 400d"),
-    ({"since": "1971-01-01T00:00:00Z", "until": "2199-12-31T00:00:00Z"}, "since",
-     "the window 1971-01-01T00:00:00Z .. 2199-12-31T00:00:00Z is longer than the limit of 400d"),
+    (
+        {"since": "2026-11-20T00:00:00"},
+        "since",
+        "'2026-11-20T00:00:00' has no time zone; add Z or an offset such as +02:00",
+    ),
+    ({"since": "x" * 5000}, "since", f"{'x' * 40 + '...'!r} is not an ISO 8601 time; write e.g. 2026-11-29T12:00:00Z"),
+    (
+        {"since": "2026-11-02T00:00:00Z", "until": "2026-11-01T00:00:00Z"},
+        "until",
+        "2026-11-01T00:00:00Z is not after since 2026-11-02T00:00:00Z",
+    ),
+    (
+        {"since": "2026-11-01T00:00:00Z", "until": "2026-11-01T00:00:00Z"},
+        "until",
+        "2026-11-01T00:00:00Z is not after since 2026-11-01T00:00:00Z",
+    ),
+    (
+        {"since": "2020-01-01T00:00:00Z", "until": "2026-01-01T00:00:00Z"},
+        "since",
+        "the window 2020-01-01T00:00:00Z .. 2026-01-01T00:00:00Z is longer than the limit of 400d",
+    ),
+    (
+        {"since": "1971-01-01T00:00:00Z", "until": "2199-12-31T00:00:00Z"},
+        "since",
+        "the window 1971-01-01T00:00:00Z .. 2199-12-31T00:00:00Z is longer than the limit of 400d",
+    ),
 ]
 
 
@@ -108,8 +122,13 @@ def ids(cases: list[Any]) -> list[str]:
 
 def error(path: str, reason: str, message: str | None = None) -> dict[str, Any]:
     """The whole body of a 422 naming ``path``."""
-    return {"error": {"status": 422, "message": message or f"{path}: {reason}",
-                      "fields": [{"path": path, "reason": reason}]}}
+    return {
+        "error": {
+            "status": 422,
+            "message": message or f"{path}: {reason}",
+            "fields": [{"path": path, "reason": reason}],
+        }
+    }
 
 
 def assert_refused(r: Any, path: str, reason: str, message: str | None = None) -> None:
@@ -122,9 +141,20 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
     db = tmp_path_factory.mktemp("ranges") / "ranges.duckdb"
     app = create_app(dataclasses.replace(Settings(), db_path=db), registry=CollectorRegistry(), analyze=False)
     with TestClient(app, raise_server_exceptions=False) as c:
-        r = c.post("/v1/outputs", json=[{"event_id": f"e{i}", "ts": iso(NOW - timedelta(hours=1, minutes=i)),
-                                         "model": "m", "prompt_version": "p", "contract": "c",
-                                         "output": {"a": i}} for i in range(3)])
+        r = c.post(
+            "/v1/outputs",
+            json=[
+                {
+                    "event_id": f"e{i}",
+                    "ts": iso(NOW - timedelta(hours=1, minutes=i)),
+                    "model": "m",
+                    "prompt_version": "p",
+                    "contract": "c",
+                    "output": {"a": i},
+                }
+                for i in range(3)
+            ],
+        )
         assert r.status_code == 200 and r.json()["accepted"] == 3, r.text
         yield c
 
@@ -145,11 +175,12 @@ def no_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         def read(*args: Any, **kw: Any) -> Any:
             reached.append(name)
             raise AssertionError(f"{name} was called")
+
         return read
 
-    monkeypatch.setattr(analysis.review, "build_review", refuse("build_review"))
+    monkeypatch.setattr(shapewatch.analysis.review, "build_review", refuse("build_review"))
     for name in ("cohorts", "cohort_fields", "field_series", "events"):
-        monkeypatch.setattr(analysis.admin, name, refuse(name))
+        monkeypatch.setattr(shapewatch.analysis.admin, name, refuse(name))
     return reached
 
 
@@ -157,8 +188,9 @@ def no_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 @pytest.mark.parametrize(("since", "reason"), HOSTILE_DURATIONS, ids=ids(HOSTILE_DURATIONS))
-def test_review_refuses_a_period_out_of_range_before_reading(client: TestClient, no_reads: list[str], since: str,
-                                                             reason: str) -> None:
+def test_review_refuses_a_period_out_of_range_before_reading(
+    client: TestClient, no_reads: list[str], since: str, reason: str
+) -> None:
     assert_refused(client.get("/v1/review", params={"since": since}), "since", reason)
     assert no_reads == []
 
@@ -198,10 +230,9 @@ def test_a_silence_of_an_unknown_kind_names_kind(client: TestClient) -> None:
 
 @pytest.mark.parametrize(("query", "path", "reason"), HOSTILE_TIMES, ids=[repr(q)[:48] for q, _, _ in HOSTILE_TIMES])
 @pytest.mark.parametrize("route", ["cohorts", "fields", "series"])
-def test_windowed_routes_refuse_times_out_of_range_before_reading(client: TestClient, cohort_id: int,
-                                                                  no_reads: list[str], route: str,
-                                                                  query: dict[str, str], path: str,
-                                                                  reason: str) -> None:
+def test_windowed_routes_refuse_times_out_of_range_before_reading(
+    client: TestClient, cohort_id: int, no_reads: list[str], route: str, query: dict[str, str], path: str, reason: str
+) -> None:
     url = "/v1/cohorts" if route == "cohorts" else f"/v1/cohorts/{cohort_id}/{route}"
     params = {**query, "field": "a"} if route == "series" else query
     assert_refused(client.get(url, params=params), path, reason)
@@ -224,16 +255,20 @@ def test_windowed_routes_take_a_window_of_400_days(client: TestClient, cohort_id
     assert r.status_code == 200, r.text
 
 
-@pytest.mark.parametrize(("points", "reason"), [
-    ("0", "Input should be greater than or equal to 1"),
-    ("501", "Input should be less than or equal to 500"),
-    ("-1", "Input should be greater than or equal to 1"),
-    ("99999999999", "Input should be less than or equal to 500"),
-    ("nan", "Input should be a valid integer, unable to parse string as an integer"),
-    ("", "Input should be a valid integer, unable to parse string as an integer"),
-])
-def test_series_points_are_bounded(client: TestClient, cohort_id: int, no_reads: list[str], points: str,
-                                   reason: str) -> None:
+@pytest.mark.parametrize(
+    ("points", "reason"),
+    [
+        ("0", "Input should be greater than or equal to 1"),
+        ("501", "Input should be less than or equal to 500"),
+        ("-1", "Input should be greater than or equal to 1"),
+        ("99999999999", "Input should be less than or equal to 500"),
+        ("nan", "Input should be a valid integer, unable to parse string as an integer"),
+        ("", "Input should be a valid integer, unable to parse string as an integer"),
+    ],
+)
+def test_series_points_are_bounded(
+    client: TestClient, cohort_id: int, no_reads: list[str], points: str, reason: str
+) -> None:
     r = client.get(f"/v1/cohorts/{cohort_id}/series", params={"field": "a", "points": points})
     assert_refused(r, "points", reason, "request is invalid")
     assert no_reads == []
@@ -242,13 +277,17 @@ def test_series_points_are_bounded(client: TestClient, cohort_id: int, no_reads:
 # --- sizes -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("ids", "reason"), [
-    (["e1"] * 101, "101 ids given; give between 1 and 100"),
-    (["e1", "x" * 129], "id 1 is 129 characters long; an event id has 1 to 128"),
-    (["e1", ""], "id 1 is 0 characters long; an event id has 1 to 128"),
-])
-def test_events_refuse_too_many_or_too_long_ids_before_reading(client: TestClient, no_reads: list[str],
-                                                               ids: list[str], reason: str) -> None:
+@pytest.mark.parametrize(
+    ("ids", "reason"),
+    [
+        (["e1"] * 101, "101 ids given; give between 1 and 100"),
+        (["e1", "x" * 129], "id 1 is 129 characters long; an event id has 1 to 128"),
+        (["e1", ""], "id 1 is 0 characters long; an event id has 1 to 128"),
+    ],
+)
+def test_events_refuse_too_many_or_too_long_ids_before_reading(
+    client: TestClient, no_reads: list[str], ids: list[str], reason: str
+) -> None:
     assert_refused(client.get("/v1/events", params={"ids": ids}), "ids", reason)
     assert no_reads == []
 
@@ -263,13 +302,16 @@ def test_events_take_100_ids(client: TestClient) -> None:
     assert sorted(e["event_id"] for e in r.json()) == ["e0", "e1"]
 
 
-@pytest.mark.parametrize(("limit", "reason"), [
-    ("0", "Input should be greater than or equal to 1"),
-    ("1001", "Input should be less than or equal to 1000"),
-    ("99999999999", "Input should be less than or equal to 1000"),
-    ("nan", "Input should be a valid integer, unable to parse string as an integer"),
-    ("1e3", "Input should be a valid integer, unable to parse string as an integer"),
-])
+@pytest.mark.parametrize(
+    ("limit", "reason"),
+    [
+        ("0", "Input should be greater than or equal to 1"),
+        ("1001", "Input should be less than or equal to 1000"),
+        ("99999999999", "Input should be less than or equal to 1000"),
+        ("nan", "Input should be a valid integer, unable to parse string as an integer"),
+        ("1e3", "Input should be a valid integer, unable to parse string as an integer"),
+    ],
+)
 def test_runs_limit_is_bounded(client: TestClient, limit: str, reason: str) -> None:
     assert_refused(client.get("/v1/analyzer/runs", params={"limit": limit}), "limit", reason, "request is invalid")
 
@@ -280,8 +322,16 @@ def test_runs_limit_is_bounded(client: TestClient, limit: str, reason: str) -> N
 def test_a_body_missing_its_fields_names_each_field(client: TestClient) -> None:
     r = client.post("/v1/silences", json={"author": "ana"})
     assert r.status_code == 422
-    assert r.json() == {"error": {"status": 422, "message": "request is invalid", "fields": [
-        {"path": "duration", "reason": "Field required"}, {"path": "reason", "reason": "Field required"}]}}
+    assert r.json() == {
+        "error": {
+            "status": 422,
+            "message": "request is invalid",
+            "fields": [
+                {"path": "duration", "reason": "Field required"},
+                {"path": "reason", "reason": "Field required"},
+            ],
+        }
+    }
 
 
 def test_a_body_that_is_not_json_names_the_body(client: TestClient) -> None:
@@ -292,28 +342,38 @@ def test_a_body_that_is_not_json_names_the_body(client: TestClient) -> None:
 
 
 def test_a_validation_error_still_needs_the_token_first(tmp_path: Path) -> None:
-    app = create_app(dataclasses.replace(Settings(), db_path=tmp_path / "t.duckdb", tokens=("read:s3cret",)),
-                     registry=CollectorRegistry(), analyze=False)
+    app = create_app(
+        dataclasses.replace(Settings(), db_path=tmp_path / "t.duckdb", tokens=("read:s3cret",)),
+        registry=CollectorRegistry(),
+        analyze=False,
+    )
     with TestClient(app) as c:
         assert c.get("/v1/analyzer/runs", params={"limit": "0"}).status_code == 401
         r = c.get("/v1/analyzer/runs", params={"limit": "0"}, headers={"Authorization": "Bearer s3cret"})
-        assert r.json()["error"]["fields"] == [{"path": "limit", "reason": "Input should be greater than or equal to 1"}]
+        assert r.json()["error"]["fields"] == [
+            {"path": "limit", "reason": "Input should be greater than or equal to 1"}
+        ]
 
 
 # --- the TOML configuration ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("data", "message"), [
-    ({"analyzer": {"window": "nand"}}, f"analyzer.window: {not_a_duration('nand')}"),
-    ({"analyzer": {"window": "1e308d"}}, f"analyzer.window: {not_a_duration('1e308d')}"),
-    ({"analyzer": {"window": "401d"}}, "analyzer.window: '401d' is longer than the limit of 400d"),
-    ({"analyzer": {"interval": "0s"}}, "analyzer.interval: '0s' is shorter than 0.001s"),
-    ({"analyzer": {"max_baseline_age": "99999999999d"}},
-     "analyzer.max_baseline_age: '99999999999d' is longer than the limit of 3650d"),
-    ({"defaults": {"tolerance": float("nan")}}, "defaults.tolerance: nan is out of range"),
-    ({"defaults": {"cardinality_factor": float("inf")}}, "defaults.cardinality_factor: inf is out of range"),
-    ({"contracts": {"c": {"alpha": float("-inf")}}}, "contracts.c.alpha: -inf is out of range"),
-])
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"analyzer": {"window": "nand"}}, f"analyzer.window: {not_a_duration('nand')}"),
+        ({"analyzer": {"window": "1e308d"}}, f"analyzer.window: {not_a_duration('1e308d')}"),
+        ({"analyzer": {"window": "401d"}}, "analyzer.window: '401d' is longer than the limit of 400d"),
+        ({"analyzer": {"interval": "0s"}}, "analyzer.interval: '0s' is shorter than 0.001s"),
+        (
+            {"analyzer": {"max_baseline_age": "99999999999d"}},
+            "analyzer.max_baseline_age: '99999999999d' is longer than the limit of 3650d",
+        ),
+        ({"defaults": {"tolerance": float("nan")}}, "defaults.tolerance: nan is out of range"),
+        ({"defaults": {"cardinality_factor": float("inf")}}, "defaults.cardinality_factor: inf is out of range"),
+        ({"contracts": {"c": {"alpha": float("-inf")}}}, "contracts.c.alpha: -inf is out of range"),
+    ],
+)
 def test_the_configuration_refuses_durations_and_numbers_out_of_range(data: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigInvalid) as caught:
         parse_config(data)
@@ -355,8 +415,9 @@ def test_cli_review_refuses_a_period_out_of_range(db: Path, since: str, reason: 
 def test_cli_review_refuses_before_asking_the_service() -> None:
     # Nothing listens on the port: the refusal comes before any request.
     url = f"http://127.0.0.1:{free_port()}"
-    assert_usage_error(run("review", "--url", url, "--since", "10000d"), "--since",
-                       "'10000d' is longer than the limit of 90d")
+    assert_usage_error(
+        run("review", "--url", url, "--since", "10000d"), "--since", "'10000d' is longer than the limit of 90d"
+    )
 
 
 def test_cli_review_takes_90_days(db: Path) -> None:
@@ -364,24 +425,35 @@ def test_cli_review_takes_90_days(db: Path) -> None:
     assert result.exit_code == 0, result.stderr
 
 
-@pytest.mark.parametrize(("window", "reason"), [
-    ("nand", not_a_duration("nand")), ("infd", not_a_duration("infd")), ("1e308d", not_a_duration("1e308d")),
-    ("0d", "'0d' is shorter than 1s"), ("-1d", not_a_duration("-1d")), ("", not_a_duration("")),
-    ("24", not_a_duration("24")), ("24x", not_a_duration("24x")),
-    ("99999999999d", "'99999999999d' is longer than the limit of 400d"),
-    ("10000d", "'10000d' is longer than the limit of 400d"),
-])
+@pytest.mark.parametrize(
+    ("window", "reason"),
+    [
+        ("nand", not_a_duration("nand")),
+        ("infd", not_a_duration("infd")),
+        ("1e308d", not_a_duration("1e308d")),
+        ("0d", "'0d' is shorter than 1s"),
+        ("-1d", not_a_duration("-1d")),
+        ("", not_a_duration("")),
+        ("24", not_a_duration("24")),
+        ("24x", not_a_duration("24x")),
+        ("99999999999d", "'99999999999d' is longer than the limit of 400d"),
+        ("10000d", "'10000d' is longer than the limit of 400d"),
+    ],
+)
 def test_cli_analyze_refuses_a_window_out_of_range(db: Path, window: str, reason: str) -> None:
     assert_usage_error(run("analyze", "--once", "--db", str(db), "--window", window), "--window", reason)
 
 
-@pytest.mark.parametrize(("at", "reason"), [
-    ("0001-01-01T00:00:00Z", f"'0001-01-01T00:00:00Z' {OUTSIDE}"),
-    ("0001-01-01T00:00:00+05:00", f"'0001-01-01T00:00:00+05:00' {OUTSIDE}"),
-    ("9999-12-31T23:59:59Z", f"'9999-12-31T23:59:59Z' {OUTSIDE}"),
-    ("nan", "'nan' is not an ISO 8601 time; write e.g. 2026-11-29T12:00:00Z"),
-    ("", "'' is not an ISO 8601 time; write e.g. 2026-11-29T12:00:00Z"),
-])
+@pytest.mark.parametrize(
+    ("at", "reason"),
+    [
+        ("0001-01-01T00:00:00Z", f"'0001-01-01T00:00:00Z' {OUTSIDE}"),
+        ("0001-01-01T00:00:00+05:00", f"'0001-01-01T00:00:00+05:00' {OUTSIDE}"),
+        ("9999-12-31T23:59:59Z", f"'9999-12-31T23:59:59Z' {OUTSIDE}"),
+        ("nan", "'nan' is not an ISO 8601 time; write e.g. 2026-11-29T12:00:00Z"),
+        ("", "'' is not an ISO 8601 time; write e.g. 2026-11-29T12:00:00Z"),
+    ],
+)
 def test_cli_analyze_refuses_a_time_out_of_range(db: Path, at: str, reason: str) -> None:
     assert_usage_error(run("analyze", "--once", "--db", str(db), "--at", at), "--at", reason)
 
@@ -391,22 +463,37 @@ def test_cli_analyze_takes_a_window_of_400_days(db: Path) -> None:
     assert result.exit_code == 0, result.stderr
 
 
-@pytest.mark.parametrize(("option", "value"), [
-    ("--since", "0001-01-01T00:00:00+05:00"), ("--until", "9999-12-31T23:59:59-01:00")])
+@pytest.mark.parametrize(
+    ("option", "value"), [("--since", "0001-01-01T00:00:00+05:00"), ("--until", "9999-12-31T23:59:59-01:00")]
+)
 def test_cli_freeze_refuses_a_time_no_datetime_holds(db: Path, option: str, value: str) -> None:
     args = {"--since": iso(NOW - timedelta(days=1)), "--until": iso(NOW), option: value}
-    result = run("baseline", "freeze", "--db", str(db), "--model", "m", "--prompt-version", "p", "--note", "n",
-                 *(x for kv in args.items() for x in kv))
+    result = run(
+        "baseline",
+        "freeze",
+        "--db",
+        str(db),
+        "--model",
+        "m",
+        "--prompt-version",
+        "p",
+        "--note",
+        "n",
+        *(x for kv in args.items() for x in kv),
+    )
     assert_usage_error(result, option, f"{value!r} is outside the times a datetime holds")
 
 
-@pytest.mark.parametrize(("args", "option", "reason"), [
-    (["--rate", "nan"], "'--rate'", "'nan' is not a finite number"),
-    (["--rate", "inf"], "'--rate'", "inf is not in the range 0.1<=x<=100000."),
-    (["--duration", "nan"], "'--duration'", "'nan' is not a finite number"),
-    (["--duration", "inf"], "'--duration'", "inf is not in the range 0.1<=x<=2592000."),
-    (["--duration", "1e308"], "'--duration'", "1e+308 is not in the range 0.1<=x<=2592000."),
-])
+@pytest.mark.parametrize(
+    ("args", "option", "reason"),
+    [
+        (["--rate", "nan"], "'--rate'", "'nan' is not a finite number"),
+        (["--rate", "inf"], "'--rate'", "inf is not in the range 0.1<=x<=100000."),
+        (["--duration", "nan"], "'--duration'", "'nan' is not a finite number"),
+        (["--duration", "inf"], "'--duration'", "inf is not in the range 0.1<=x<=2592000."),
+        (["--duration", "1e308"], "'--duration'", "1e+308 is not in the range 0.1<=x<=2592000."),
+    ],
+)
 def test_cli_demo_traffic_refuses_nan_and_inf(args: list[str], option: str, reason: str) -> None:
     url = f"http://127.0.0.1:{free_port()}"
     assert_usage_error(run("demo-traffic", "--url", url, *args), option, reason)

@@ -13,13 +13,13 @@ import pytest
 from harness import ensure_tool, make_envelope
 from prometheus_client import CollectorRegistry
 
-from analysis.alerts import ALERTS_SCHEMA
-from analysis.analyzer import Analyzer
-from analysis.config import AnalyzerConfig
-from analysis.review import build_review, render_html, render_markdown
-from baselines import BASELINES_SCHEMA, Cohort, freeze_baseline
-from collector import Store, parse_envelope
-from collector.envelope import LIMITS
+from shapewatch.analysis.alerts import ALERTS_SCHEMA
+from shapewatch.analysis.analyzer import Analyzer
+from shapewatch.analysis.config import AnalyzerConfig
+from shapewatch.analysis.review import build_review, render_html, render_markdown
+from shapewatch.baselines import BASELINES_SCHEMA, Cohort, freeze_baseline
+from shapewatch.collector import Store, parse_envelope
+from shapewatch.collector.envelope import LIMITS
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 DRIFT = Cohort("claude-sonnet-4-5-20250929", "intake-v3", "intake")
@@ -28,8 +28,11 @@ NEW = Cohort("claude-sonnet-4-5-20250929", "summary-v1", "summary")  # no baseli
 
 
 def _output(rng: random.Random, drifted: bool) -> dict[str, Any]:
-    out: dict[str, Any] = {"priority": rng.choice(["low", "medium", "high"]), "confidence": round(rng.random(), 3),
-                           "tags": ["x"] * rng.randint(0, 3)}
+    out: dict[str, Any] = {
+        "priority": rng.choice(["low", "medium", "high"]),
+        "confidence": round(rng.random(), 3),
+        "tags": ["x"] * rng.randint(0, 3),
+    }
     if rng.random() < 0.7:
         out["customer"] = {"tier": rng.choice(["gold", "silver"])}
     if drifted and rng.random() < 0.3:
@@ -37,13 +40,26 @@ def _output(rng: random.Random, drifted: bool) -> dict[str, Any]:
     return out
 
 
-def _events(cohort: Cohort, start: datetime, n: int, rng: random.Random, *, drifted: bool = False,
-            served: str | None = None) -> list[Any]:
+def _events(
+    cohort: Cohort, start: datetime, n: int, rng: random.Random, *, drifted: bool = False, served: str | None = None
+) -> list[Any]:
     step = timedelta(days=1) / n
-    return [parse_envelope(orjson.dumps(make_envelope(
-        ts=(start + i * step).isoformat(), model=cohort.model, prompt_version=cohort.prompt_version,
-        contract=cohort.contract, served_model=served or cohort.model, output=_output(rng, drifted))), LIMITS)
-        for i in range(n)]
+    return [
+        parse_envelope(
+            orjson.dumps(
+                make_envelope(
+                    ts=(start + i * step).isoformat(),
+                    model=cohort.model,
+                    prompt_version=cohort.prompt_version,
+                    contract=cohort.contract,
+                    served_model=served or cohort.model,
+                    output=_output(rng, drifted),
+                )
+            ),
+            LIMITS,
+        )
+        for i in range(n)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -60,10 +76,24 @@ def seeded(tmp_path_factory: pytest.TempPathFactory) -> Path:
             batch += _events(STABLE, start, 800, rng, served="gpt-4o-2024-11-20")
             batch += _events(NEW, start, 300, rng)
         store.write_batch(batch)
-        freeze_baseline(store, DRIFT, base_day, base_day + timedelta(days=1), author="ana", note="after the v3 rollout",
-                        now=base_day + timedelta(days=1))
-        freeze_baseline(store, STABLE, old_day, old_day + timedelta(days=1), author="bo", note="first triage baseline",
-                        now=old_day + timedelta(days=1))
+        freeze_baseline(
+            store,
+            DRIFT,
+            base_day,
+            base_day + timedelta(days=1),
+            author="ana",
+            note="after the v3 rollout",
+            now=base_day + timedelta(days=1),
+        )
+        freeze_baseline(
+            store,
+            STABLE,
+            old_day,
+            old_day + timedelta(days=1),
+            author="bo",
+            note="first triage baseline",
+            now=old_day + timedelta(days=1),
+        )
         analyzer = Analyzer(store, AnalyzerConfig(), registry=CollectorRegistry())
         for minutes in (10, 5, 0):  # the scheduler's last evaluations: page alerts confirmed and firing
             assert analyzer.run(NOW - timedelta(minutes=minutes)).ok
@@ -95,21 +125,23 @@ def test_the_review_lists_each_fact_of_the_seeded_database(seeded: Path) -> None
     assert stable["served_models"] == {"gpt-4o-2024-11-20": 2400}
     assert stable["alerts"] == {"fired": [], "acknowledged": [], "resolved": []}
     assert stable["baseline"]["stale"] is True
-    assert review["stale_baselines"] == [{"cohort": STABLE._asdict(), "baseline_id": stable["baseline"]["baseline_id"],
-                                          "age_days": 39.0}]
+    assert review["stale_baselines"] == [
+        {"cohort": STABLE._asdict(), "baseline_id": stable["baseline"]["baseline_id"], "age_days": 39.0}
+    ]
 
     assert by[NEW]["baseline"] is None
     assert review["without_baseline"] == [{"cohort": NEW._asdict(), "events": 900}]
     # The candidate is the latest whole day with enough samples and no page alert open in it.
-    assert by[NEW]["candidate"] == {"since": "2026-11-28T00:00:00Z", "until": "2026-11-29T00:00:00Z",
-                                    "samples": 300}
+    assert by[NEW]["candidate"] == {"since": "2026-11-28T00:00:00Z", "until": "2026-11-29T00:00:00Z", "samples": 300}
     assert by[STABLE]["candidate"]["differs"] == []
     # The day the firing page alert judged is skipped; an older drifted day is offered, saying what
     # freezing it would accept as the new normal.
     cand = by[DRIFT]["candidate"]
     assert (cand["since"], cand["until"], cand["samples"]) == ("2026-11-27T00:00:00Z", "2026-11-28T00:00:00Z", 800)
-    assert [d.split(":")[0] for d in cand["differs"]] == ["unknown_enum_growth on priority",
-                                                          "new_enum_value on priority = 'URGENT'"]
+    assert [d.split(":")[0] for d in cand["differs"]] == [
+        "unknown_enum_growth on priority",
+        "new_enum_value on priority = 'URGENT'",
+    ]
 
 
 def test_the_markdown_report_says_it_in_words(seeded: Path) -> None:
@@ -120,17 +152,33 @@ def test_the_markdown_report_says_it_in_words(seeded: Path) -> None:
     assert "page unknown\\_enum\\_growth on `priority`" in text
     assert "| `priority` | 100.0% -> 100.0% |" in text and "| URGENT |" in text
     assert "**unpinned model alias**: `gpt-4o` has no dated version; served models: `gpt-4o-2024-11-20` (2400)" in text
-    assert ("## Cohorts without a baseline\n\n- `claude-sonnet-4-5-20250929` / `summary-v1` / `summary`: 900 events"
-            in text)
+    assert (
+        "## Cohorts without a baseline\n\n- `claude-sonnet-4-5-20250929` / `summary-v1` / `summary`: 900 events" in text
+    )
     assert "**(older than the configured age)**" in text
 
 
-@pytest.mark.skipif(ensure_tool("chromium") is None, reason="chromium missing and not installable here (Debian package chromium)")
+@pytest.mark.skipif(
+    ensure_tool("chromium") is None, reason="chromium missing and not installable here (Debian package chromium)"
+)
 def test_the_html_report_renders_in_headless_chromium_without_errors(seeded: Path, tmp_path: Path) -> None:
     page = tmp_path / "review.html"
     page.write_text(render_html(_review(seeded)), encoding="utf-8")
-    run = subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr",
-                          "--v=0", "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [
+            "chromium",
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--dump-dom",
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     dom = run.stdout
     assert dom.count('<section class="cohort">') == 3
@@ -145,8 +193,8 @@ def test_the_review_is_served_in_each_format(seeded: Path, tmp_path: Path) -> No
 
     from fastapi.testclient import TestClient
 
-    from analysis.service import create_app
-    from collector import load_settings
+    from shapewatch.analysis.service import create_app
+    from shapewatch.collector import load_settings
 
     db = tmp_path / "copy.duckdb"
     sh.copy(seeded, db)

@@ -24,16 +24,16 @@ from fastapi.testclient import TestClient
 from markdown_it import MarkdownIt
 from prometheus_client import CollectorRegistry
 
-from analysis.alerts import ALERTS_SCHEMA
-from analysis.analyzer import Analyzer
-from analysis.cli import cli
-from analysis.config import MAX_REVIEW_PERIOD, AnalyzerConfig
-from analysis.errors import ConfigInvalid, ReviewPeriodTooLong
-from analysis.review import build_review, render_html, render_markdown
-from analysis.service import create_app
-from baselines import BASELINES_SCHEMA, Cohort, freeze_baseline
-from collector import Store, load_settings, parse_envelope
-from collector.envelope import LIMITS
+from shapewatch.analysis.alerts import ALERTS_SCHEMA
+from shapewatch.analysis.analyzer import Analyzer
+from shapewatch.analysis.cli import cli
+from shapewatch.analysis.config import MAX_REVIEW_PERIOD, AnalyzerConfig
+from shapewatch.analysis.errors import ConfigInvalid, ReviewPeriodTooLong
+from shapewatch.analysis.review import build_review, render_html, render_markdown
+from shapewatch.analysis.service import create_app
+from shapewatch.baselines import BASELINES_SCHEMA, Cohort, freeze_baseline
+from shapewatch.collector import Store, load_settings, parse_envelope
+from shapewatch.collector.envelope import LIMITS
 
 IMAGE = "![x](http://127.0.0.1:9/x.png)"
 LINK = "[link](http://evil)"
@@ -51,10 +51,24 @@ NOW = datetime.now(UTC).replace(second=0, microsecond=0)
 
 def _envelopes(cohort: Cohort, start: datetime, n: int, output: Any) -> list[Any]:
     step = timedelta(seconds=30)
-    return [parse_envelope(orjson.dumps({
-        "event_id": uuid.uuid4().hex, "ts": (start + i * step).isoformat(), "model": cohort.model,
-        "served_model": f"s {SCRIPT}", "prompt_version": cohort.prompt_version, "contract": cohort.contract,
-        "source": "production", "output": output(i)}), LIMITS) for i in range(n)]
+    return [
+        parse_envelope(
+            orjson.dumps(
+                {
+                    "event_id": uuid.uuid4().hex,
+                    "ts": (start + i * step).isoformat(),
+                    "model": cohort.model,
+                    "served_model": f"s {SCRIPT}",
+                    "prompt_version": cohort.prompt_version,
+                    "contract": cohort.contract,
+                    "source": "production",
+                    "output": output(i),
+                }
+            ),
+            LIMITS,
+        )
+        for i in range(n)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -66,9 +80,15 @@ def seeded(tmp_path_factory: pytest.TempPathFactory) -> Path:
         calm = {"status": "ok", FIELD: 1}
         store.write_batch(
             _envelopes(HOSTILE, base, 480, lambda i: {**calm, "status": ("ok", "fine")[i % 2]})
-            + _envelopes(HOSTILE, recent, 600, lambda i: {"status": ENUM_VALUES[i % 3] if i % 2 else "ok",
-                                                         **({FIELD: 1} if i % 2 else {})})
-            + _envelopes(BROKEN, base, 480, lambda i: calm) + _envelopes(BROKEN, recent, 600, lambda i: calm))
+            + _envelopes(
+                HOSTILE,
+                recent,
+                600,
+                lambda i: {"status": ENUM_VALUES[i % 3] if i % 2 else "ok", **({FIELD: 1} if i % 2 else {})},
+            )
+            + _envelopes(BROKEN, base, 480, lambda i: calm)
+            + _envelopes(BROKEN, recent, 600, lambda i: calm)
+        )
         until = base + timedelta(hours=4)
         freeze_baseline(store, HOSTILE, base, until, author=HTML, note=NOTE, now=until)
         broken = freeze_baseline(store, BROKEN, base, until, author="ana", note="calm", now=until)
@@ -77,12 +97,15 @@ def seeded(tmp_path_factory: pytest.TempPathFactory) -> Path:
             assert analyzer.run(NOW - timedelta(minutes=minutes)).ok
         # The broken cohort's stored document is edited afterwards: a count of the wrong type.
         with store.transaction("editing a stored baseline") as con:
-            (text,) = con.execute("SELECT document FROM baselines WHERE baseline_id = ?",
-                                  [broken.baseline_id]).fetchone()
+            (text,) = con.execute(
+                "SELECT document FROM baselines WHERE baseline_id = ?", [broken.baseline_id]
+            ).fetchone()
             doc = orjson.loads(text)
             doc["fields"]["status"]["present"] = "lots"
-            con.execute("UPDATE baselines SET document = ? WHERE baseline_id = ?",
-                        [orjson.dumps(doc).decode(), broken.baseline_id])
+            con.execute(
+                "UPDATE baselines SET document = ? WHERE baseline_id = ?",
+                [orjson.dumps(doc).decode(), broken.baseline_id],
+            )
     return path
 
 
@@ -109,7 +132,8 @@ def _assert_markdown_is_inert(text: str) -> None:
 
 def test_the_cli_markdown_review_escapes_every_value_and_keeps_every_table_row(seeded: Path) -> None:
     result = CliRunner(env={"SHAPEWATCH_URL": None, "SHAPEWATCH_TOKEN": None, "SHAPEWATCH_CONFIG": None}).invoke(
-        cli, ["review", "--format", "markdown", "--db", str(seeded)], prog_name="shapewatch")
+        cli, ["review", "--format", "markdown", "--db", str(seeded)], prog_name="shapewatch"
+    )
     assert result.exit_code == 0, result.output
     text = result.output
     _assert_markdown_is_inert(text)
@@ -140,9 +164,29 @@ def test_the_service_reviews_every_other_cohort_when_one_baseline_is_broken(seed
     _assert_markdown_is_inert(md.text)
     # The HTML escapes every value too: no tag but its own.
     assert "<script" not in page.text and "<img" not in page.text and "&lt;script&gt;" in page.text
-    assert set(re.findall(r"<([a-z0-9]+)", page.text)) <= {"html", "head", "meta", "title", "style", "body", "h1",
-                                                            "h2", "p", "section", "span", "code", "svg", "rect", "ul",
-                                                            "li", "strong", "table", "tr", "th", "td"}
+    assert set(re.findall(r"<([a-z0-9]+)", page.text)) <= {
+        "html",
+        "head",
+        "meta",
+        "title",
+        "style",
+        "body",
+        "h1",
+        "h2",
+        "p",
+        "section",
+        "span",
+        "code",
+        "svg",
+        "rect",
+        "ul",
+        "li",
+        "strong",
+        "table",
+        "tr",
+        "th",
+        "td",
+    }
 
 
 def test_a_review_period_longer_than_the_limit_is_refused_before_anything_is_read(seeded: Path) -> None:
@@ -153,28 +197,65 @@ def test_a_review_period_longer_than_the_limit_is_refused_before_anything_is_rea
                 build_review(store, AnalyzerConfig(), period=period)
             assert isinstance(refused.value, ConfigInvalid) and refused.value.key == "since"
     assert str(ReviewPeriodTooLong(timedelta(days=10000), MAX_REVIEW_PERIOD)).startswith(
-        "since: a review period of 10000 days is longer than the limit of 90 days")
+        "since: a review period of 10000 days is longer than the limit of 90 days"
+    )
 
 
 def test_render_markdown_escapes_a_crafted_review_document() -> None:
     """The renderers format a review read back from JSON (``review --url``) as safely as a built one."""
     c = HOSTILE._asdict()
     review: dict[str, Any] = {
-        "generated_at": IMAGE, "since": LINK, "until": SCRIPT, "max_baseline_age_days": HTML,
-        "cohorts": [{"cohort": c, "events": SCRIPT, "unpinned": True, "served_models": {IMAGE: LINK},
-                     "daily_events": [], "alerts": {"fired": [{"severity": HTML, "kind": IMAGE, "field": FIELD,
-                                                               "value": SCRIPT}], "acknowledged": [], "resolved": []},
-                     "candidate": {"since": IMAGE, "until": LINK, "samples": HTML, "differs": [SCRIPT]},
-                     "baseline": {"baseline_id": IMAGE, "how": LINK, "cohort": c, "created_at": HTML,
-                                  "age_days": SCRIPT, "author": HTML, "note": NOTE, "stale": True},
-                     "contracts": {"window": {LINK: 1}, "live": IMAGE, "checked": 1, "changes": [
-                         {"version": SCRIPT, "first_seen": HTML}], "violations": {FIELD: 1}},
-                     "fields": [{"field": FIELD, "presence": [1.0, 0.5], "types": [{"string": 1.0}, {}],
-                                 "new_values": list(ENUM_VALUES), "arrays": [None, None], "status": "",
-                                 "declared": None}]}],
+        "generated_at": IMAGE,
+        "since": LINK,
+        "until": SCRIPT,
+        "max_baseline_age_days": HTML,
+        "cohorts": [
+            {
+                "cohort": c,
+                "events": SCRIPT,
+                "unpinned": True,
+                "served_models": {IMAGE: LINK},
+                "daily_events": [],
+                "alerts": {
+                    "fired": [{"severity": HTML, "kind": IMAGE, "field": FIELD, "value": SCRIPT}],
+                    "acknowledged": [],
+                    "resolved": [],
+                },
+                "candidate": {"since": IMAGE, "until": LINK, "samples": HTML, "differs": [SCRIPT]},
+                "baseline": {
+                    "baseline_id": IMAGE,
+                    "how": LINK,
+                    "cohort": c,
+                    "created_at": HTML,
+                    "age_days": SCRIPT,
+                    "author": HTML,
+                    "note": NOTE,
+                    "stale": True,
+                },
+                "contracts": {
+                    "window": {LINK: 1},
+                    "live": IMAGE,
+                    "checked": 1,
+                    "changes": [{"version": SCRIPT, "first_seen": HTML}],
+                    "violations": {FIELD: 1},
+                },
+                "fields": [
+                    {
+                        "field": FIELD,
+                        "presence": [1.0, 0.5],
+                        "types": [{"string": 1.0}, {}],
+                        "new_values": list(ENUM_VALUES),
+                        "arrays": [None, None],
+                        "status": "",
+                        "declared": None,
+                    }
+                ],
+            }
+        ],
         "without_baseline": [{"cohort": c, "events": IMAGE}],
         "stale_baselines": [{"cohort": c, "baseline_id": SCRIPT, "age_days": LINK}],
-        "errors": [{"cohort": c, "events": 1, "error": NOTE}]}
+        "errors": [{"cohort": c, "events": 1, "error": NOTE}],
+    }
     _assert_markdown_is_inert(render_markdown(review))
     page = render_html(review)
     assert "<script" not in page and "<img" not in page

@@ -34,12 +34,12 @@ from synth import (
     write_outputs,
 )
 
-from analysis.alerts import ALERTS_SCHEMA, Alert, step
-from analysis.analyzer import analyze_once, evaluate
-from analysis.config import AlertKind, AnalyzerConfig, ConfigInvalid, parse_config
-from analysis.rules import Insufficient, adjust_p_values, compare_profiles
-from baselines import BASELINES_SCHEMA, Cohort, freeze_baseline, get_baseline, inherit_baseline
-from collector import Store, read_profiles
+from shapewatch.analysis.alerts import ALERTS_SCHEMA, Alert, step
+from shapewatch.analysis.analyzer import analyze_once, evaluate
+from shapewatch.analysis.config import AlertKind, AnalyzerConfig, ConfigInvalid, parse_config
+from shapewatch.analysis.rules import Insufficient, adjust_p_values, compare_profiles
+from shapewatch.baselines import BASELINES_SCHEMA, Cohort, freeze_baseline, get_baseline, inherit_baseline
+from shapewatch.collector import Store, read_profiles
 
 T0 = datetime(2026, 11, 1, tzinfo=UTC)  # day 0: the baseline; day k: a window
 HOUR = timedelta(hours=1)
@@ -78,8 +78,7 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Template:
     outputs = synth_outputs(0, N_BASE)
     with Store.open(path, schemas=SCHEMAS) as store:
         write_outputs(store, outputs, day(0) + 6 * HOUR, SPAN)
-        b = freeze_baseline(store, COHORT, day(0), day(1), author="ana", note="reference week",
-                            now=day(1) + HOUR)
+        b = freeze_baseline(store, COHORT, day(0), day(1), author="ana", note="reference week", now=day(1) + HOUR)
     return Template(path, b.baseline_id, outputs)
 
 
@@ -92,8 +91,16 @@ def store(template: Template, tmp_path: Path) -> Iterator[Store]:
     s.close()
 
 
-def write_window(store: Store, drift: Drift = NO_DRIFT, *, seed: int = 1, n: int = N_WIN, k: int = 7,
-                 prompt_version: str = PROMPT, model: str = MODEL) -> list[dict[str, Any]]:
+def write_window(
+    store: Store,
+    drift: Drift = NO_DRIFT,
+    *,
+    seed: int = 1,
+    n: int = N_WIN,
+    k: int = 7,
+    prompt_version: str = PROMPT,
+    model: str = MODEL,
+) -> list[dict[str, Any]]:
     outputs = synth_outputs(seed, n, drift)
     write_outputs(store, outputs, day(k) + 6 * HOUR, SPAN, prompt_version=prompt_version, model=model)
     return outputs
@@ -108,10 +115,26 @@ def whole(a: Alert) -> dict[str, Any]:
     return {k: j[k] for k in ("cohort", "field", "kind", "value", "severity", "state", "baseline", "current")}
 
 
-def expect(field: str, kind: str, value: str | None, severity: str, state: str, baseline: dict[str, Any],
-           current: dict[str, Any], cohort: Cohort = COHORT) -> dict[str, Any]:
-    return {"cohort": cohort._asdict(), "field": field, "kind": kind, "value": value, "severity": severity,
-            "state": state, "baseline": baseline, "current": current}
+def expect(
+    field: str,
+    kind: str,
+    value: str | None,
+    severity: str,
+    state: str,
+    baseline: dict[str, Any],
+    current: dict[str, Any],
+    cohort: Cohort = COHORT,
+) -> dict[str, Any]:
+    return {
+        "cohort": cohort._asdict(),
+        "field": field,
+        "kind": kind,
+        "value": value,
+        "severity": severity,
+        "state": state,
+        "baseline": baseline,
+        "current": current,
+    }
 
 
 def only(alerts: list[Alert], field: str, kind: str, value: str | None = None) -> Alert:
@@ -130,13 +153,14 @@ def share(part: int, whole_: int) -> float:
 
 # --- 1. every rule fires with its severity ----------------------------------------------------
 
+
 def test_presence_drop_pages(store: Store, template: Template) -> None:
     cur = path_stats(write_window(store, Drift(email_presence=0.40)), "customer.email")
     base = template.stats("customer.email")
     _, alerts = analyze_once(store, AnalyzerConfig(), at(7))
-    assert [whole(a) for a in alerts] == [expect(
-        "customer.email", "presence_drop", None, "page", "firing",
-        presence(base, N_BASE), presence(cur, N_WIN))]
+    assert [whole(a) for a in alerts] == [
+        expect("customer.email", "presence_drop", None, "page", "firing", presence(base, N_BASE), presence(cur, N_WIN))
+    ]
     assert base.presence_rate - cur.presence_rate > 0.25
     a = alerts[0]
     assert a.episode == 1 and a.fired_at == at(7) and a.first_seen == at(7) - timedelta(minutes=5)
@@ -149,17 +173,33 @@ def test_presence_drop_pages(store: Store, template: Template) -> None:
 def test_field_missing_pages(store: Store) -> None:
     write_window(store, Drift(language_presence=0.0))
     _, alerts = analyze_once(store, AnalyzerConfig(), at(7))
-    assert [whole(a) for a in alerts] == [expect(
-        "language", "field_missing", None, "page", "firing",
-        {"presence_rate": 1.0, "samples": N_BASE}, {"presence_rate": 0.0, "samples": N_WIN})]
+    assert [whole(a) for a in alerts] == [
+        expect(
+            "language",
+            "field_missing",
+            None,
+            "page",
+            "firing",
+            {"presence_rate": 1.0, "samples": N_BASE},
+            {"presence_rate": 0.0, "samples": N_WIN},
+        )
+    ]
 
 
 def test_presence_rise_warns(store: Store, template: Template) -> None:
     cur = path_stats(write_window(store, Drift(email_presence=0.95)), "customer.email")
-    evaluation, alerts = analyze_once(store, AnalyzerConfig(), at(7))
-    assert [whole(a) for a in alerts] == [expect(
-        "customer.email", "presence_rise", None, "warn", "firing",
-        presence(template.stats("customer.email"), N_BASE), presence(cur, N_WIN))]
+    _evaluation, alerts = analyze_once(store, AnalyzerConfig(), at(7))
+    assert [whole(a) for a in alerts] == [
+        expect(
+            "customer.email",
+            "presence_rise",
+            None,
+            "warn",
+            "firing",
+            presence(template.stats("customer.email"), N_BASE),
+            presence(cur, N_WIN),
+        )
+    ]
     assert alerts[0].first_seen == alerts[0].fired_at == at(7) - timedelta(minutes=5)  # a warn fires at once
 
 
@@ -167,9 +207,17 @@ def test_new_type_pages_when_confidence_arrives_as_a_string(store: Store) -> Non
     cur = path_stats(write_window(store, Drift(confidence_string_share=1 / 3)), "confidence")
     _, alerts = analyze_once(store, AnalyzerConfig(), at(7))
     assert cur.raw_shares()["string"] == pytest.approx(1 / 3, abs=0.03)
-    assert [whole(a) for a in alerts] == [expect(
-        "confidence", "new_type", "string", "page", "firing",
-        {"types": {"number": 1.0}, "samples": N_BASE}, {"types": cur.raw_shares(), "samples": N_WIN})]
+    assert [whole(a) for a in alerts] == [
+        expect(
+            "confidence",
+            "new_type",
+            "string",
+            "page",
+            "firing",
+            {"types": {"number": 1.0}, "samples": N_BASE},
+            {"types": cur.raw_shares(), "samples": N_WIN},
+        )
+    ]
     assert alerts[0].detail.startswith(f"new type string: {100 * cur.raw_shares()['string']:.1f}% of values")
 
 
@@ -177,9 +225,17 @@ def test_type_shift_warns_when_mixed_shares_move(store: Store, template: Templat
     cur = path_stats(write_window(store, Drift(eta_string_share=0.45)), "eta_days")
     base = template.stats("eta_days")
     _, alerts = analyze_once(store, AnalyzerConfig(), at(7))
-    assert [whole(a) for a in alerts] == [expect(
-        "eta_days", "type_shift", None, "warn", "firing",
-        {"types": base.shares(), "samples": N_BASE}, {"types": cur.shares(), "samples": N_WIN})]
+    assert [whole(a) for a in alerts] == [
+        expect(
+            "eta_days",
+            "type_shift",
+            None,
+            "warn",
+            "firing",
+            {"types": base.shares(), "samples": N_BASE},
+            {"types": cur.shares(), "samples": N_WIN},
+        )
+    ]
     assert cur.shares()["string"] - base.shares()["string"] > 0.15
 
 
@@ -189,21 +245,31 @@ def test_new_enum_value_warns_when_priority_gains_urgent(store: Store, template:
     _, alerts = analyze_once(store, AnalyzerConfig(), at(7))
     assert sorted(brief(a) for a in alerts) == [
         ("priority", "new_enum_value", "URGENT", "warn", "firing"),
-        ("priority", "unknown_enum_growth", None, "warn", "firing")]
+        ("priority", "unknown_enum_growth", None, "warn", "firing"),
+    ]
     urgent = cur.values["URGENT"]
     assert whole(only(alerts, "priority", "new_enum_value", "URGENT")) == expect(
-        "priority", "new_enum_value", "URGENT", "warn", "firing",
+        "priority",
+        "new_enum_value",
+        "URGENT",
+        "warn",
+        "firing",
         {"values": dict(sorted(base.values.items(), key=lambda kv: (-kv[1], kv[0]))), "samples": N_BASE},
-        {"count": urgent, "share": share(urgent, N_WIN), "samples": N_WIN})
+        {"count": urgent, "share": share(urgent, N_WIN), "samples": N_WIN},
+    )
     assert whole(only(alerts, "priority", "unknown_enum_growth")) == expect(
-        "priority", "unknown_enum_growth", None, "warn", "firing",
+        "priority",
+        "unknown_enum_growth",
+        None,
+        "warn",
+        "firing",
         {"unknown_share": 0.0, "samples": N_BASE, "known": ["high", "low", "medium"]},
-        {"unknown_share": share(urgent, N_WIN), "samples": N_WIN})
+        {"unknown_share": share(urgent, N_WIN), "samples": N_WIN},
+    )
 
 
 @pytest.mark.parametrize(("new_share", "severity"), [(0.08, "warn"), (0.30, "page")])
-def test_unknown_enum_growth_warns_and_pages_above_unknown_page(store: Store, new_share: float,
-                                                                severity: str) -> None:
+def test_unknown_enum_growth_warns_and_pages_above_unknown_page(store: Store, new_share: float, severity: str) -> None:
     # Unknown intents spread over three new values.
     extra = {f"intent_{i}": new_share / 3 for i in range(3)}
     cur = path_stats(write_window(store, Drift(extra_values={"intent": extra})), "intent")
@@ -211,11 +277,17 @@ def test_unknown_enum_growth_warns_and_pages_above_unknown_page(store: Store, ne
     unknown = sum(cur.values[v] for v in extra)
     assert sorted(brief(a) for a in alerts) == sorted(
         [("intent", "unknown_enum_growth", None, severity, "firing")]
-        + [("intent", "new_enum_value", v, "warn", "firing") for v in extra])
+        + [("intent", "new_enum_value", v, "warn", "firing") for v in extra]
+    )
     assert whole(only(alerts, "intent", "unknown_enum_growth")) == expect(
-        "intent", "unknown_enum_growth", None, severity, "firing",
+        "intent",
+        "unknown_enum_growth",
+        None,
+        severity,
+        "firing",
         {"unknown_share": 0.0, "samples": N_BASE, "known": ["billing", "cancel", "other", "refund", "shipping"]},
-        {"unknown_share": share(unknown, N_WIN), "samples": N_WIN})
+        {"unknown_share": share(unknown, N_WIN), "samples": N_WIN},
+    )
 
 
 def test_cardinality_jump_warns(store: Store) -> None:
@@ -223,14 +295,23 @@ def test_cardinality_jump_warns(store: Store) -> None:
     cur = path_stats(write_window(store, Drift(extra_values={"sentiment": moods})), "sentiment")
     _, alerts = analyze_once(store, AnalyzerConfig(), at(7))
     assert whole(only(alerts, "sentiment", "cardinality_jump")) == expect(
-        "sentiment", "cardinality_jump", None, "warn", "firing",
-        {"distinct": 3, "samples": N_BASE}, {"distinct": 9, "samples": N_WIN})
+        "sentiment",
+        "cardinality_jump",
+        None,
+        "warn",
+        "firing",
+        {"distinct": 3, "samples": N_BASE},
+        {"distinct": 9, "samples": N_WIN},
+    )
     assert only(alerts, "sentiment", "cardinality_jump").diff["effect"] == 3.0
     unknown = sum(cur.values[v] for v in moods)
     assert sorted(brief(a) for a in alerts) == sorted(
-        [("sentiment", "cardinality_jump", None, "warn", "firing"),
-         ("sentiment", "unknown_enum_growth", None, "warn", "firing")]
-        + [("sentiment", "new_enum_value", v, "warn", "firing") for v in moods])
+        [
+            ("sentiment", "cardinality_jump", None, "warn", "firing"),
+            ("sentiment", "unknown_enum_growth", None, "warn", "firing"),
+        ]
+        + [("sentiment", "new_enum_value", v, "warn", "firing") for v in moods]
+    )
     assert only(alerts, "sentiment", "unknown_enum_growth").diff["current"]["unknown_share"] == share(unknown, N_WIN)
 
 
@@ -239,12 +320,18 @@ def test_array_size_shift_warns(store: Store, template: Template) -> None:
     base = template.stats("entities")
 
     def sizes(s: PathStats, n: int) -> dict[str, Any]:
-        return {"p50": s.percentile(0.5), "p90": s.percentile(0.9), "p99": s.percentile(0.99),
-                "empty_share": share(s.lengths[0], n), "samples": n}
+        return {
+            "p50": s.percentile(0.5),
+            "p90": s.percentile(0.9),
+            "p99": s.percentile(0.99),
+            "empty_share": share(s.lengths[0], n),
+            "samples": n,
+        }
 
     _, alerts = analyze_once(store, AnalyzerConfig(), at(7))
-    assert [whole(a) for a in alerts] == [expect(
-        "entities", "array_size_shift", None, "warn", "firing", sizes(base, N_BASE), sizes(cur, N_WIN))]
+    assert [whole(a) for a in alerts] == [
+        expect("entities", "array_size_shift", None, "warn", "firing", sizes(base, N_BASE), sizes(cur, N_WIN))
+    ]
     assert (sizes(base, N_BASE)["p50"], sizes(cur, N_WIN)["p50"]) == (2, 4)
     assert alerts[0].diff["effect"] == 4.0  # p50 moved by 2 items on 2: 100%, four times the 25% tolerance
 
@@ -252,20 +339,28 @@ def test_array_size_shift_warns(store: Store, template: Template) -> None:
 def test_new_field_warns_once_for_a_new_key(store: Store) -> None:
     cur = path_stats(write_window(store, Drift(new_key_share=0.2)), "escalation_reason")
     _, alerts = analyze_once(store, AnalyzerConfig(), at(7))
-    assert [whole(a) for a in alerts] == [expect(
-        "escalation_reason", "new_field", None, "warn", "firing",
-        {"presence_rate": 0.0, "samples": N_BASE},
-        {"presence_rate": cur.presence_rate, "samples": N_WIN, "types": {"string": 1.0}})]
+    assert [whole(a) for a in alerts] == [
+        expect(
+            "escalation_reason",
+            "new_field",
+            None,
+            "warn",
+            "firing",
+            {"presence_rate": 0.0, "samples": N_BASE},
+            {"presence_rate": cur.presence_rate, "samples": N_WIN, "types": {"string": 1.0}},
+        )
+    ]
 
 
 # --- 2. no false alarms -----------------------------------------------------------------------
+
 
 def _no_alerts_for_seeds(store: Store, seeds: list[int]) -> None:
     for k, seed in enumerate(seeds, start=1):
         write_window(store, seed=seed, n=10_000, k=k)
     for k, seed in enumerate(seeds, start=1):
         evaluation, alerts = analyze_once(store, AnalyzerConfig(), at(k))
-        report, = evaluation.cohorts
+        (report,) = evaluation.cohorts
         assert (report.events, report.insufficient) == (10_000, []), seed
         assert len(report.checks) >= 35, seed  # every rule that applies ran
         breaches = [(c.field, c.kind.value, c.value, c.effect, c.q_value) for c in report.checks if c.breach]
@@ -283,6 +378,7 @@ def test_a_window_of_the_baseline_distribution_fires_nothing_for_20_seeds(store:
 
 # --- 3. under the sample minimum --------------------------------------------------------------
 
+
 def test_a_cohort_under_the_minimum_fires_nothing_and_says_why(tmp_path: Path) -> None:
     cohort = Cohort(MODEL, "tiny-v1", CONTRACT)
     with Store.open(tmp_path / "tiny.duckdb", schemas=SCHEMAS) as store:
@@ -293,18 +389,20 @@ def test_a_cohort_under_the_minimum_fires_nothing_and_says_why(tmp_path: Path) -
         window = [{"priority": "URGENT", "tags": ["a", "b"]} for _ in range(150)]
         write_outputs(store, window, day(7) + 6 * HOUR, HOUR, prompt_version="tiny-v1")
         evaluation, alerts = analyze_once(store, AnalyzerConfig(), at(7))
-    report, = evaluation.cohorts
+    (report,) = evaluation.cohorts
     assert alerts == []
     assert report.insufficient == [Insufficient("priority", 300, 150, 200), Insufficient("tags", 300, 150, 200)]
     assert report.to_json()["insufficient"] == [
         {"field": "priority", "baseline_samples": 300, "current_samples": 150, "needed": 200},
-        {"field": "tags", "baseline_samples": 300, "current_samples": 150, "needed": 200}]
+        {"field": "tags", "baseline_samples": 300, "current_samples": 150, "needed": 200},
+    ]
     # The items of tags (2 per output: 300 units) are enough to be judged, and are unchanged.
     assert {c.field for c in report.checks} == {"tags[]"}
     assert [c for c in report.checks if c.breach] == []
 
 
 # --- 4. a 10% rollout is seen in its own cohort -----------------------------------------------
+
 
 def test_a_change_on_10_percent_of_traffic_is_caught_in_its_cohort(store: Store, template: Template) -> None:
     v4 = Cohort(MODEL, "intake-v4", CONTRACT)
@@ -323,9 +421,10 @@ def test_a_change_on_10_percent_of_traffic_is_caught_in_its_cohort(store: Store,
     agg_cur = merge_fields(*(p.fields for p in profiles))
     drop = agg_base["customer.email"].presence_rate - agg_cur["customer.email"].presence_rate
     assert 0.03 < drop < 0.10
-    checks, _ = compare_profiles(agg_base, b3.samples + b4.samples, agg_cur, sum(p.events for p in profiles),
-                                 lambda _: AnalyzerConfig().defaults)
-    email, = [c for c in adjust_p_values(checks) if c.field == "customer.email"]
+    checks, _ = compare_profiles(
+        agg_base, b3.samples + b4.samples, agg_cur, sum(p.events for p in profiles), lambda _: AnalyzerConfig().defaults
+    )
+    (email,) = [c for c in adjust_p_values(checks) if c.field == "customer.email"]
     assert (email.kind, email.breach, round(email.effect, 6)) == (AlertKind.presence_drop, False, round(drop, 6))
 
     # Per cohort, the rollout's change pages; intake-v3 stays quiet.
@@ -351,6 +450,7 @@ def test_significance_is_adjusted_over_every_check_of_the_evaluation(store: Stor
 
 # --- 5. integers are numbers, fractions are not integers --------------------------------------
 
+
 def test_whole_numbers_on_a_number_field_are_no_new_type(store: Store) -> None:
     cur = path_stats(write_window(store, Drift(confidence_whole_share=0.3)), "confidence")
     evaluation, alerts = analyze_once(store, AnalyzerConfig(), at(7))
@@ -363,19 +463,28 @@ def test_whole_numbers_on_a_number_field_are_no_new_type(store: Store) -> None:
 def test_fractions_on_a_field_of_whole_numbers_are_a_new_type(store: Store) -> None:
     cur = path_stats(write_window(store, Drift(quantity_fraction_share=0.3)), "quantity")
     _, alerts = analyze_once(store, AnalyzerConfig(), at(7))
-    assert [whole(a) for a in alerts] == [expect(
-        "quantity", "new_type", "number", "page", "firing",
-        {"types": {"integer": 1.0}, "samples": N_BASE}, {"types": cur.raw_shares(), "samples": N_WIN})]
+    assert [whole(a) for a in alerts] == [
+        expect(
+            "quantity",
+            "new_type",
+            "number",
+            "page",
+            "firing",
+            {"types": {"integer": 1.0}, "samples": N_BASE},
+            {"types": cur.raw_shares(), "samples": N_WIN},
+        )
+    ]
 
 
 # --- 6. free text is not an enum --------------------------------------------------------------
+
 
 def _kept_summaries(outputs: list[dict[str, Any]]) -> tuple[set[str], int]:
     """The summaries the rollups keep (the 200 most frequent of each minute, ties by value), and the rest."""
     per_bucket = len(outputs) // 20  # SPAN is 20 one-minute buckets
     kept: set[str] = set()
     for b in range(20):
-        counts = Counter(o["summary"] for o in outputs[b * per_bucket:(b + 1) * per_bucket])
+        counts = Counter(o["summary"] for o in outputs[b * per_bucket : (b + 1) * per_bucket])
         kept.update(v for v, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:200])
     return kept, len(outputs) - sum(1 for o in outputs if o["summary"] in kept)
 
@@ -396,13 +505,21 @@ def test_free_text_never_raises_enum_alerts_unless_declared_an_enum(store: Store
     config = parse_config(tomllib.loads('[contracts.intake.fields.summary]\nmode = "enum"\n'))
     _, alerts = analyze_once(store, config, at(7))
     assert overflow == 6_000
-    assert [whole(a) for a in alerts] == [expect(
-        "summary", "unknown_enum_growth", None, "page", "firing",
-        {"unknown_share": share(overflow, N_BASE), "samples": N_BASE, "known": sorted(kept)[:50]},
-        {"unknown_share": share(new, n), "samples": n})]
+    assert [whole(a) for a in alerts] == [
+        expect(
+            "summary",
+            "unknown_enum_growth",
+            None,
+            "page",
+            "firing",
+            {"unknown_share": share(overflow, N_BASE), "samples": N_BASE, "known": sorted(kept)[:50]},
+            {"unknown_share": share(new, n), "samples": n},
+        )
+    ]
 
 
 # --- 7. configuration -------------------------------------------------------------------------
+
 
 def _kinds(alerts: list[Alert]) -> list[tuple[str, str, str | None, str, str]]:
     return sorted(brief(a) for a in alerts)
@@ -411,8 +528,12 @@ def _kinds(alerts: list[Alert]) -> list[tuple[str, str, str | None, str, str]]:
 def breaches(store: Store, config: AnalyzerConfig) -> list[tuple[str, str, str | None, str]]:
     """The breaches of one evaluation at the end of day 7 (what would open alerts)."""
     evaluation = evaluate(store, config, at(7))
-    return sorted((c.field, c.kind.value, c.value, c.effective_severity.value)
-                  for r in evaluation.cohorts for c in r.checks if c.breach)
+    return sorted(
+        (c.field, c.kind.value, c.value, c.effective_severity.value)
+        for r in evaluation.cohorts
+        for c in r.checks
+        if c.breach
+    )
 
 
 def test_tolerance_overrides_per_contract_and_field(store: Store) -> None:
@@ -427,12 +548,15 @@ def test_tolerance_overrides_per_contract_and_field(store: Store) -> None:
     assert run("[contracts.intake]\ntolerance = 0.2\n") == []
     assert run("[defaults]\ntolerance = 0.2\n") == []
     assert run("[contracts.other]\ntolerance = 0.2\n") == drop  # another contract's rules do not apply
-    assert run('[contracts.intake]\ntolerance = 0.2\n[contracts.intake.fields."customer.email"]\n'
-               "tolerance = 0.1\n") == drop  # the field's rule beats its contract's
-    assert run('[contracts.intake.fields.customer]\ntolerance = 0.2\n') == drop  # per path, not per parent
+    assert (
+        run('[contracts.intake]\ntolerance = 0.2\n[contracts.intake.fields."customer.email"]\ntolerance = 0.1\n')
+        == drop
+    )  # the field's rule beats its contract's
+    assert run("[contracts.intake.fields.customer]\ntolerance = 0.2\n") == drop  # per path, not per parent
     # The analyze command's view: the same alert, firing after the confirming evaluation.
     assert _kinds(analyze_once(store, AnalyzerConfig(), at(7))[1]) == [
-        ("customer.email", "presence_drop", None, "page", "firing")]
+        ("customer.email", "presence_drop", None, "page", "firing")
+    ]
 
 
 def test_ignore_suppresses_a_field(store: Store) -> None:
@@ -445,68 +569,94 @@ def test_ignore_suppresses_a_field(store: Store) -> None:
 
 def test_allowed_declares_the_known_set(store: Store, template: Template) -> None:
     base = template.stats("priority")
-    cur = path_stats(write_window(store, Drift(weights={"priority": {"low": 0.35, "medium": 0.30, "high": 0.35}})), "priority")
+    cur = path_stats(
+        write_window(store, Drift(weights={"priority": {"low": 0.35, "medium": 0.30, "high": 0.35}})), "priority"
+    )
     # Against the baseline's own values, nothing is unknown: no alert.
     assert breaches(store, AnalyzerConfig()) == []
     # Declared low and medium only: "high" counts as unknown, and it grew by about 15 points.
     config = parse_config(tomllib.loads('[contracts.intake.fields.priority]\nallowed = ["low", "medium"]\n'))
     _, alerts = analyze_once(store, config, at(7))
-    assert [whole(a) for a in alerts] == [expect(
-        "priority", "unknown_enum_growth", None, "warn", "firing",
-        {"unknown_share": share(base.values["high"], N_BASE), "samples": N_BASE, "known": ["low", "medium"]},
-        {"unknown_share": share(cur.values["high"], N_WIN), "samples": N_WIN})]
+    assert [whole(a) for a in alerts] == [
+        expect(
+            "priority",
+            "unknown_enum_growth",
+            None,
+            "warn",
+            "firing",
+            {"unknown_share": share(base.values["high"], N_BASE), "samples": N_BASE, "known": ["low", "medium"]},
+            {"unknown_share": share(cur.values["high"], N_WIN), "samples": N_WIN},
+        )
+    ]
 
 
 def test_an_allowed_value_is_no_new_enum_value(store: Store) -> None:
     write_window(store, Drift(extra_values={"priority": {"URGENT": 0.10}}))
-    config = parse_config(tomllib.loads(
-        '[contracts.intake.fields.priority]\nallowed = ["low", "medium", "high", "URGENT"]\n'))
+    config = parse_config(
+        tomllib.loads('[contracts.intake.fields.priority]\nallowed = ["low", "medium", "high", "URGENT"]\n')
+    )
     assert breaches(store, config) == []
-    assert breaches(store, AnalyzerConfig()) == [("priority", "new_enum_value", "URGENT", "warn"),
-                                                 ("priority", "unknown_enum_growth", None, "warn")]
+    assert breaches(store, AnalyzerConfig()) == [
+        ("priority", "new_enum_value", "URGENT", "warn"),
+        ("priority", "unknown_enum_growth", None, "warn"),
+    ]
 
 
 def test_severity_override(store: Store) -> None:
     write_window(store, Drift(extra_values={"priority": {"URGENT": 0.10}}))
-    config = parse_config(tomllib.loads(
-        '[contracts.intake.fields.priority]\nseverity = { new_enum_value = "page" }\n'))
+    config = parse_config(tomllib.loads('[contracts.intake.fields.priority]\nseverity = { new_enum_value = "page" }\n'))
     evaluation = evaluate(store, config, at(7) - timedelta(minutes=5))
-    urgent, = [c for c in evaluation.cohorts[0].checks if c.kind is AlertKind.new_enum_value]
+    (urgent,) = [c for c in evaluation.cohorts[0].checks if c.kind is AlertKind.new_enum_value]
     assert (urgent.value, urgent.severity.value, urgent.breach) == ("URGENT", "page", True)
     _, alerts = analyze_once(store, config, at(7))
-    assert _kinds(alerts) == [("priority", "new_enum_value", "URGENT", "page", "firing"),
-                              ("priority", "unknown_enum_growth", None, "warn", "firing")]
+    assert _kinds(alerts) == [
+        ("priority", "new_enum_value", "URGENT", "page", "firing"),
+        ("priority", "unknown_enum_growth", None, "warn", "firing"),
+    ]
     # After one evaluation only, the page is pending (not yet confirmed) while the warn fires.
     changed, _ = step({}, [j for r in evaluation.cohorts if (j := r.judged())], config, evaluation.at)
     assert sorted(brief(a) for a in changed.values()) == [
         ("priority", "new_enum_value", "URGENT", "page", "pending"),
-        ("priority", "unknown_enum_growth", None, "warn", "firing")]
+        ("priority", "unknown_enum_growth", None, "warn", "firing"),
+    ]
 
 
-@pytest.mark.parametrize(("data", "key", "says"), [
-    ({"defaults": {"tolerence": 0.1}}, "defaults.tolerence", "unknown key"),
-    ({"defaults": {"tolerance": 10}}, "defaults.tolerance", "out of range"),
-    ({"defaults": {"tolerance": "10%"}}, "defaults.tolerance", "must be a number"),
-    ({"defaults": {"min_samples": 1.5}}, "defaults.min_samples", "must be an integer"),
-    ({"defaults": {"min_samples": True}}, "defaults.min_samples", "must be an integer"),
-    ({"defaults": {"unknown_warn": 0.3}}, "defaults.unknown_page", "must not be lower than unknown_warn"),
-    ({"defaults": {"severity": {"presence_drop": "critical"}}}, "defaults.severity.presence_drop", "page or warn"),
-    ({"defaults": {"severity": {"presence_dip": "page"}}}, "defaults.severity.presence_dip", "the kind must be"),
-    ({"contracts": {"intake": {"fields": {"summary": {"mode": "freetext"}}}}},
-     'contracts.intake.fields."summary".mode', "not one of auto, enum, free_text"),
-    ({"contracts": {"intake": {"fields": {"priority": {"allowed": "low"}}}}},
-     'contracts.intake.fields."priority".allowed', "must be a list of strings"),
-    ({"contracts": {"intake": {"fields": {"priority": {"ignore": "yes"}}}}},
-     'contracts.intake.fields."priority".ignore', "must be true or false"),
-    ({"contracts": {"intake": {"fields": ["priority"]}}}, "contracts.intake.fields", "must be a table"),
-    ({"contracts": {"intake": 3}}, "contracts.intake", "must be a table"),
-    ({"analyzer": {"window": 24}}, "analyzer.window", "duration string"),
-    ({"analyzer": {"window": "24 hours"}}, "analyzer.window", "is not a duration"),
-    ({"analyzer": {"confirm_evaluations": 0}}, "analyzer.confirm_evaluations", "positive integer"),
-    ({"analyzer": {"hysteresis": 1.5}}, "analyzer.hysteresis", "(0, 1]"),
-    ({"analyzer": {"windows": "24h"}}, "analyzer.windows", "unknown key"),
-    ({"rules": {}}, "rules", "unknown table"),
-])
+@pytest.mark.parametrize(
+    ("data", "key", "says"),
+    [
+        ({"defaults": {"tolerence": 0.1}}, "defaults.tolerence", "unknown key"),
+        ({"defaults": {"tolerance": 10}}, "defaults.tolerance", "out of range"),
+        ({"defaults": {"tolerance": "10%"}}, "defaults.tolerance", "must be a number"),
+        ({"defaults": {"min_samples": 1.5}}, "defaults.min_samples", "must be an integer"),
+        ({"defaults": {"min_samples": True}}, "defaults.min_samples", "must be an integer"),
+        ({"defaults": {"unknown_warn": 0.3}}, "defaults.unknown_page", "must not be lower than unknown_warn"),
+        ({"defaults": {"severity": {"presence_drop": "critical"}}}, "defaults.severity.presence_drop", "page or warn"),
+        ({"defaults": {"severity": {"presence_dip": "page"}}}, "defaults.severity.presence_dip", "the kind must be"),
+        (
+            {"contracts": {"intake": {"fields": {"summary": {"mode": "freetext"}}}}},
+            'contracts.intake.fields."summary".mode',
+            "not one of auto, enum, free_text",
+        ),
+        (
+            {"contracts": {"intake": {"fields": {"priority": {"allowed": "low"}}}}},
+            'contracts.intake.fields."priority".allowed',
+            "must be a list of strings",
+        ),
+        (
+            {"contracts": {"intake": {"fields": {"priority": {"ignore": "yes"}}}}},
+            'contracts.intake.fields."priority".ignore',
+            "must be true or false",
+        ),
+        ({"contracts": {"intake": {"fields": ["priority"]}}}, "contracts.intake.fields", "must be a table"),
+        ({"contracts": {"intake": 3}}, "contracts.intake", "must be a table"),
+        ({"analyzer": {"window": 24}}, "analyzer.window", "duration string"),
+        ({"analyzer": {"window": "24 hours"}}, "analyzer.window", "is not a duration"),
+        ({"analyzer": {"confirm_evaluations": 0}}, "analyzer.confirm_evaluations", "positive integer"),
+        ({"analyzer": {"hysteresis": 1.5}}, "analyzer.hysteresis", "(0, 1]"),
+        ({"analyzer": {"windows": "24h"}}, "analyzer.windows", "unknown key"),
+        ({"rules": {}}, "rules", "unknown table"),
+    ],
+)
 def test_parse_config_errors_name_the_key(data: dict[str, Any], key: str, says: str) -> None:
     with pytest.raises(ConfigInvalid) as info:
         parse_config(data)
@@ -516,7 +666,8 @@ def test_parse_config_errors_name_the_key(data: dict[str, Any], key: str, says: 
 
 
 def test_parse_config_reads_the_documented_example() -> None:
-    config = parse_config(tomllib.loads("""
+    config = parse_config(
+        tomllib.loads("""
         [defaults]
         tolerance = 0.10
         min_samples = 200
@@ -531,11 +682,16 @@ def test_parse_config_reads_the_documented_example() -> None:
         severity = { new_enum_value = "page" }
         [contracts.intake.fields.summary]
         ignore = true
-    """))
+    """)
+    )
     tier = config.rules_for("intake", "customer.tier")
-    assert (tier.tolerance, tier.mode.value, tier.allowed, tier.severity_of(AlertKind.new_enum_value).value,
-            tier.severity_of(AlertKind.presence_drop).value) == (0.15, "enum", ("gold", "silver", "bronze"),
-                                                                 "page", "page")
+    assert (
+        tier.tolerance,
+        tier.mode.value,
+        tier.allowed,
+        tier.severity_of(AlertKind.new_enum_value).value,
+        tier.severity_of(AlertKind.presence_drop).value,
+    ) == (0.15, "enum", ("gold", "silver", "bronze"), "page", "page")
     assert config.rules_for("intake", "summary").ignore
     assert config.rules_for("intake", "priority").tolerance == 0.15
     assert config.rules_for("other", "priority").tolerance == 0.10
@@ -544,17 +700,22 @@ def test_parse_config_reads_the_documented_example() -> None:
 
 # --- 8. inheritance ---------------------------------------------------------------------------
 
-def test_a_new_prompt_version_is_compared_with_the_previous_ones_baseline(store: Store,
-                                                                          template: Template) -> None:
+
+def test_a_new_prompt_version_is_compared_with_the_previous_ones_baseline(store: Store, template: Template) -> None:
     v4 = Cohort(MODEL, "intake-v4", CONTRACT)
     write_window(store, Drift(email_presence=0.40), prompt_version="intake-v4")
     evaluation, alerts = analyze_once(store, AnalyzerConfig(), at(7))
-    report, = evaluation.cohorts
+    (report,) = evaluation.cohorts
     assert (report.cohort, report.baseline_id, report.how, report.baseline_cohort) == (
-        v4, template.baseline_id, "previous_prompt_version", COHORT)
+        v4,
+        template.baseline_id,
+        "previous_prompt_version",
+        COHORT,
+    )
     said = f"baseline {template.baseline_id} of intake-v3 ({MODEL}), inherited: previous prompt version"
     assert [(brief(a), a.cohort, a.to_json()["compared_with"], a.to_json()["baseline_id"]) for a in alerts] == [
-        (("customer.email", "presence_drop", None, "page", "firing"), v4, said, template.baseline_id)]
+        (("customer.email", "presence_drop", None, "page", "firing"), v4, said, template.baseline_id)
+    ]
 
 
 def test_a_named_parent_baseline_is_inherited(store: Store, template: Template) -> None:
@@ -563,12 +724,14 @@ def test_a_named_parent_baseline_is_inherited(store: Store, template: Template) 
     # Another model has no previous prompt version to fall back on: not compared at all.
     evaluation, alerts = analyze_once(store, AnalyzerConfig(), at(7))
     assert ([(r.cohort, r.baseline_id, r.compared_with) for r in evaluation.cohorts], alerts) == (
-        [(other, None, "no baseline")], [])
+        [(other, None, "no baseline")],
+        [],
+    )
     inherit_baseline(store, other, template.baseline_id, author="ana", note="same prompt on the new model")
     evaluation, alerts = analyze_once(store, AnalyzerConfig(), at(7))
-    report, = evaluation.cohorts
+    (report,) = evaluation.cohorts
     assert (report.baseline_id, report.how) == (template.baseline_id, "parent")
     said = f"baseline {template.baseline_id} of intake-v3 ({MODEL}), inherited: named parent"
     assert [(brief(a), a.cohort, a.to_json()["compared_with"]) for a in alerts] == [
-        (("customer.email", "presence_drop", None, "page", "firing"), other, said)]
-
+        (("customer.email", "presence_drop", None, "page", "firing"), other, said)
+    ]

@@ -74,10 +74,13 @@ def serve(tmp_path: Path) -> Iterator[Callable[[Path, Path], Service]]:
     def start(db: Path, config: Path) -> Service:
         port = free_port()
         log = tmp_path / f"serve-{port}.log"
-        proc = subprocess.Popen([*SHAPEWATCH, "--config", str(config), "serve", "--db", str(db), "--port", str(port)],
-                                stdout=log.open("ab"), stderr=subprocess.STDOUT, cwd=ROOT,
-                                env={**{k: v for k, v in os.environ.items() if not k.startswith("SHAPEWATCH_")},
-                                     "PYTHONPATH": str(ROOT)})
+        proc = subprocess.Popen(
+            [*SHAPEWATCH, "--config", str(config), "serve", "--db", str(db), "--port", str(port)],
+            stdout=log.open("ab"),
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env={**{k: v for k, v in os.environ.items() if not k.startswith("SHAPEWATCH_")}, "PYTHONPATH": str(ROOT)},
+        )
         svc = Service(f"http://127.0.0.1:{port}", db, proc, log)
         started.append(svc)
         deadline = time.monotonic() + 60
@@ -135,7 +138,8 @@ def page_alerts(c: httpx.Client) -> dict[str, dict[str, Any]]:
 
 @pytest.mark.slow
 def test_one_incident_per_fingerprint_across_retries_and_a_restart_then_resolved(
-        tmp_path: Path, serve: Callable[[Path, Path], Service]) -> None:
+    tmp_path: Path, serve: Callable[[Path, Path], Service]
+) -> None:
     now = datetime.now(UTC).replace(second=0, microsecond=0)
     db = tmp_path / "pager.duckdb"
     with PagerReceiver() as pager:
@@ -147,22 +151,35 @@ def test_one_incident_per_fingerprint_across_retries_and_a_restart_then_resolved
             # Baseline period (outside the one-hour window), then drift inside the window.
             seed(c, envelopes(now - timedelta(hours=3), 400, timedelta(seconds=10)))
             seed(c, envelopes(now - timedelta(minutes=45), 240, timedelta(seconds=5), drift=True))
-            r = c.post("/v1/baselines", json={
-                **COHORT, "since": (now - timedelta(hours=3)).isoformat(),
-                "until": (now - timedelta(minutes=90)).isoformat(), "note": "reviewed", "author": "ana"})
+            r = c.post(
+                "/v1/baselines",
+                json={
+                    **COHORT,
+                    "since": (now - timedelta(hours=3)).isoformat(),
+                    "until": (now - timedelta(minutes=90)).isoformat(),
+                    "note": "reviewed",
+                    "author": "ana",
+                },
+            )
             assert r.status_code == 201, r.text
             assert r.json()["samples"] == 400
 
             run_analyzer(c)  # confirm_evaluations = 1: a page fires at its first breach
             pages = page_alerts(c)
             assert sorted((a["field"], a["kind"], a["state"], a["episode"]) for a in pages.values()) == [
-                ("customer.tier", "presence_drop", "firing", 1), ("priority", "unknown_enum_growth", "firing", 1)]
+                ("customer.tier", "presence_drop", "firing", 1),
+                ("priority", "unknown_enum_growth", "firing", 1),
+            ]
             warn = c.get("/v1/alerts", params={"severity": "warn"}).json()
             assert [(a["kind"], a["state"]) for a in warn] == [("new_enum_value", "firing")]
 
-            wait_for("an open incident per page alert, everything sent", lambda: (
-                {i.dedup_key for i in pager.open_incidents()} == set(pages)
-                and notification_metrics(c).get("pending") == 0))
+            wait_for(
+                "an open incident per page alert, everything sent",
+                lambda: (
+                    {i.dedup_key for i in pager.open_incidents()} == set(pages)
+                    and notification_metrics(c).get("pending") == 0
+                ),
+            )
             assert notification_metrics(c) == {"sent": 2.0, "retried": 3.0, "failed": 0.0, "pending": 0.0}
 
         assert [r.answer for r in pager.requests] == [500, 429, DROP, 202, 202]
@@ -180,10 +197,12 @@ def test_one_incident_per_fingerprint_across_retries_and_a_restart_then_resolved
         assert svc.proc.returncode == -signal.SIGKILL
         svc = serve(db, config)
         with svc.client() as c:
+
             def episodes() -> dict[str, tuple[str, int, str, str]]:
                 # last_seen moves with every evaluation (the scheduler's first one included)
-                return {fp: (a["state"], a["episode"], a["first_seen"], a["fired_at"])
-                        for fp, a in page_alerts(c).items()}
+                return {
+                    fp: (a["state"], a["episode"], a["first_seen"], a["fired_at"]) for fp, a in page_alerts(c).items()
+                }
 
             fired = {fp: ("firing", 1, a["first_seen"], a["fired_at"]) for fp, a in pages.items()}
             assert episodes() == fired
@@ -201,23 +220,27 @@ def test_one_incident_per_fingerprint_across_retries_and_a_restart_then_resolved
             assert states[-1] == ["resolved", "resolved"], states
             resolved = page_alerts(c)
             assert all(a["resolved_at"] is not None and a["episode"] == 1 for a in resolved.values())
-            assert {(a["kind"], a["state"]) for a in c.get("/v1/alerts", params={"severity": "warn"}).json()} \
-                == {("new_enum_value", "firing")}  # 60 URGENT values are still a new value
+            assert {(a["kind"], a["state"]) for a in c.get("/v1/alerts", params={"severity": "warn"}).json()} == {
+                ("new_enum_value", "firing")
+            }  # 60 URGENT values are still a new value
 
-            wait_for("the incidents resolved", lambda: (
-                not pager.open_incidents() and notification_metrics(c).get("pending") == 0))
+            wait_for(
+                "the incidents resolved",
+                lambda: not pager.open_incidents() and notification_metrics(c).get("pending") == 0,
+            )
             assert notification_metrics(c) == {"sent": 2.0, "retried": 0.0, "failed": 0.0, "pending": 0.0}
 
         for fp in pages:
             assert pager.incidents_for(fp) == [Incident(fp, open=False, triggers=1)]
         resolves = [b for b in pager.bodies() if b["event_action"] == "resolve"]
         assert sorted(resolves, key=lambda b: b["dedup_key"]) == [
-            {"routing_key": ROUTING_KEY, "event_action": "resolve", "dedup_key": fp} for fp in sorted(pages)]
+            {"routing_key": ROUTING_KEY, "event_action": "resolve", "dedup_key": fp} for fp in sorted(pages)
+        ]
         assert len(pager.requests) == 7  # 4 attempts + 1 for the two triggers, 2 resolves: nothing else
 
 
 def test_a_repeated_accept_failure_is_logged_once_a_minute_with_a_count() -> None:
-    from analysis.service import RepeatedLogLimit
+    from shapewatch.analysis.service import RepeatedLogLimit
 
     now = [0.0]
     limit = RepeatedLogLimit("socket.accept() out of system resource", every=60, clock=lambda: now[0])

@@ -15,7 +15,7 @@ import orjson
 import pytest
 from harness import make_envelope
 
-from baselines import (
+from shapewatch.baselines import (
     BASELINES_SCHEMA,
     Activation,
     ActivationAction,
@@ -37,8 +37,8 @@ from baselines import (
     resolve_baseline,
     retire_baseline,
 )
-from collector import Store
-from collector.envelope import LIMITS, parse_envelope
+from shapewatch.collector import Store
+from shapewatch.collector.envelope import LIMITS, parse_envelope
 
 MODEL = "claude-sonnet-4-5-20250929"
 COHORT = Cohort(MODEL, "intake-v3", "intake")
@@ -53,15 +53,22 @@ def write(store: Store, n: int, since: datetime, *, cohort: Cohort = COHORT, see
     rnd = random.Random(seed)
     envs = []
     for i in range(n):
-        out: dict[str, Any] = {"priority": rnd.choice(["low", "medium", "high"]),
-                               "confidence": round(rnd.uniform(0.5, 0.99), 2),
-                               "tags": rnd.sample(["billing", "refund", "bug"], rnd.randint(0, 2))}
+        out: dict[str, Any] = {
+            "priority": rnd.choice(["low", "medium", "high"]),
+            "confidence": round(rnd.uniform(0.5, 0.99), 2),
+            "tags": rnd.sample(["billing", "refund", "bug"], rnd.randint(0, 2)),
+        }
         if rnd.random() < 0.7:
             out["customer"] = {"tier": rnd.choice(["gold", "silver"])}
-        env = make_envelope(event_id=f"{'/'.join(cohort)}/{since.isoformat()}/{seed}/{i}",
-                            ts=(since + timedelta(seconds=i * 3600 // n)).isoformat(), model=cohort.model,
-                            served_model=cohort.model, prompt_version=cohort.prompt_version,
-                            contract=cohort.contract, output=out)
+        env = make_envelope(
+            event_id=f"{'/'.join(cohort)}/{since.isoformat()}/{seed}/{i}",
+            ts=(since + timedelta(seconds=i * 3600 // n)).isoformat(),
+            model=cohort.model,
+            served_model=cohort.model,
+            prompt_version=cohort.prompt_version,
+            contract=cohort.contract,
+            output=out,
+        )
         envs.append(parse_envelope(orjson.dumps(env), LIMITS))
     store.write_batch(envs)
 
@@ -77,8 +84,15 @@ def store(tmp_path: Path) -> Any:
     s.close()
 
 
-def freeze(store: Store, *, since: datetime = T0, cohort: Cohort = COHORT, note: str = "reference week",
-           at: datetime | None = None, **kw: Any) -> Baseline:
+def freeze(
+    store: Store,
+    *,
+    since: datetime = T0,
+    cohort: Cohort = COHORT,
+    note: str = "reference week",
+    at: datetime | None = None,
+    **kw: Any,
+) -> Baseline:
     return freeze_baseline(store, cohort, since, since + DAY, author="ana", note=note, now=at or since + DAY, **kw)
 
 
@@ -87,6 +101,7 @@ def rows(store: Store) -> list[tuple[Any, ...]]:
 
 
 # --- freezing ---------------------------------------------------------------------------------
+
 
 def test_freezing_the_same_window_twice_gives_the_same_baseline(store: Store, tmp_path: Path) -> None:
     write(store, 300, T0 + timedelta(hours=6))
@@ -112,14 +127,18 @@ def test_freezing_under_the_minimum_is_refused_with_the_count_and_the_minimum(st
         freeze(store)
     objection = f"cohort {COHORT} has 150 samples in {WINDOW}, fewer than the minimum of 200"
     assert info.value.objections == [objection]
-    assert str(info.value) == (f"baseline not frozen: {objection} (freeze another window, or pass --force "
-                               "with a reason)")
+    assert str(info.value) == (
+        f"baseline not frozen: {objection} (freeze another window, or pass --force with a reason)"
+    )
     with pytest.raises(BaselineRefused):
         freeze(store, force="   ")  # a reason must say something
     assert (rows(store), activation_history(store)) == ([], [])
     forced = freeze(store, force="canary cohort, low traffic: reviewed by ana")
     assert (forced.forced, forced.samples, active_baseline(store, COHORT)) == (
-        "canary cohort, low traffic: reviewed by ana", 150, forced)
+        "canary cohort, low traffic: reviewed by ana",
+        150,
+        forced,
+    )
     assert freeze(store, min_samples=100, note="enough for a canary").forced is None
 
 
@@ -141,9 +160,15 @@ def test_contract_versions_count_the_same_events_as_the_profile(store: Store) ->
     # Off the minute grid: the profile holds the buckets that start in the window (06:01 .. 06:30), and
     # the contract versions must count those same events, not since <= ts < until (148 of them).
     write(store, 300, T0 + timedelta(hours=6))  # one output every 12 seconds
-    b = freeze_baseline(store, COHORT, T0 + timedelta(hours=6, seconds=30),
-                        T0 + timedelta(hours=6, minutes=30, seconds=10), author="ana", note="half an hour",
-                        min_samples=100)
+    b = freeze_baseline(
+        store,
+        COHORT,
+        T0 + timedelta(hours=6, seconds=30),
+        T0 + timedelta(hours=6, minutes=30, seconds=10),
+        author="ana",
+        note="half an hour",
+        min_samples=100,
+    )
     assert b.samples == 150  # the buckets 06:01 .. 06:30, five outputs each
     assert b.contract_versions == {"3": 150}
 
@@ -160,6 +185,7 @@ def test_freezing_needs_a_window_a_note_and_a_known_cohort(store: Store) -> None
 
 # --- immutability, export and import ----------------------------------------------------------
 
+
 def test_no_operation_changes_a_frozen_baseline(store: Store, tmp_path: Path) -> None:
     write(store, 300, T0 + timedelta(hours=6))
     write(store, 300, T0 + DAY + timedelta(hours=6), seed=1)
@@ -173,7 +199,7 @@ def test_no_operation_changes_a_frozen_baseline(store: Store, tmp_path: Path) ->
     activate_baseline(store, b.baseline_id[:8], author="bo")
     inherit_baseline(store, OTHER, b.baseline_id, author="bo", note="rollout")
     assert freeze(store, at=T0 + 5 * DAY) == b
-    path, = export_baselines(store, tmp_path / "export")
+    (path,) = export_baselines(store, tmp_path / "export")
     assert import_baseline(store, path) == (b, False)
     b2 = freeze(store, since=T0 + DAY, note="next week")  # another baseline of the same cohort
     assert [r for r in rows(store) if r[0] == b.baseline_id] == before
@@ -185,7 +211,7 @@ def test_no_operation_changes_a_frozen_baseline(store: Store, tmp_path: Path) ->
 def test_import_refuses_a_tampered_export(store: Store, tmp_path: Path, edit: str) -> None:
     write(store, 300, T0 + timedelta(hours=6))
     b = freeze(store)
-    path, = export_baselines(store, tmp_path / "export")
+    (path,) = export_baselines(store, tmp_path / "export")
     doc = orjson.loads(path.read_bytes())
     if edit == "count":
         doc["fields"]["priority"]["values"]["low"] += 1
@@ -211,7 +237,7 @@ def test_import_refuses_a_tampered_export(store: Store, tmp_path: Path, edit: st
 def test_import_of_the_same_file_twice_is_a_no_op(store: Store, tmp_path: Path) -> None:
     write(store, 300, T0 + timedelta(hours=6))
     b = freeze(store)
-    path, = export_baselines(store, tmp_path / "export")
+    (path,) = export_baselines(store, tmp_path / "export")
     with open_store(tmp_path / "fresh.duckdb") as fresh:
         assert import_baseline(fresh, path) == (b, True)
         assert import_baseline(fresh, path) == (b, False)
@@ -226,14 +252,18 @@ def test_export_then_import_round_trips_to_an_identical_baseline(store: Store, t
     out = tmp_path / "export"
     paths = export_baselines(store, out)
     assert sorted(paths) == sorted(
-        out / MODEL / "intake-v3" / "intake" / f"{b.until:%Y-%m-%d}-{b.baseline_id}.json" for b in (first, second))
+        out / MODEL / "intake-v3" / "intake" / f"{b.until:%Y-%m-%d}-{b.baseline_id}.json" for b in (first, second)
+    )
     for b in (first, second):
         path = out / MODEL / "intake-v3" / "intake" / f"{b.until:%Y-%m-%d}-{b.baseline_id}.json"
-        assert path.read_bytes() == orjson.dumps(b.document(), option=orjson.OPT_SORT_KEYS | orjson.OPT_INDENT_2) + b"\n"
+        assert (
+            path.read_bytes() == orjson.dumps(b.document(), option=orjson.OPT_SORT_KEYS | orjson.OPT_INDENT_2) + b"\n"
+        )
     with open_store(tmp_path / "fresh.duckdb") as fresh:
         imported = [import_baseline(fresh, p) for p in sorted(paths)]
         assert sorted(imported, key=lambda x: x[0].baseline_id) == sorted(
-            [(first, True), (second, True)], key=lambda x: x[0].baseline_id)
+            [(first, True), (second, True)], key=lambda x: x[0].baseline_id
+        )
         assert (get_baseline(fresh, first.baseline_id), get_baseline(fresh, second.baseline_id)) == (first, second)
         assert rows(fresh) == rows(store)  # byte for byte, created_at included
         # Imported, not activated: activation is a decision of the importing side.
@@ -243,7 +273,7 @@ def test_export_then_import_round_trips_to_an_identical_baseline(store: Store, t
 def test_a_document_of_another_format_is_refused(store: Store, tmp_path: Path) -> None:
     write(store, 300, T0 + timedelta(hours=6))
     freeze(store)
-    path, = export_baselines(store, tmp_path / "export")
+    (path,) = export_baselines(store, tmp_path / "export")
     doc = orjson.loads(path.read_bytes())
     path.write_bytes(orjson.dumps({**doc, "format": 2}))
     with pytest.raises(BaselineError, match="unknown baseline format 2"):
@@ -255,6 +285,7 @@ def test_a_document_of_another_format_is_refused(store: Store, tmp_path: Path) -
 
 # --- activation -------------------------------------------------------------------------------
 
+
 def test_activation_history_keeps_every_entry_and_listing_marks_the_active_one(store: Store) -> None:
     write(store, 300, T0 + timedelta(hours=6))
     write(store, 300, T0 + DAY + timedelta(hours=6), seed=1)
@@ -263,15 +294,21 @@ def test_activation_history_keeps_every_entry_and_listing_marks_the_active_one(s
     b1 = freeze(store, at=t[0])
     b2 = freeze(store, since=T0 + DAY, note="after the v3 fix", at=t[1])
     assert [(x.baseline.baseline_id, x.active) for x in list_baselines(store)] == [
-        (b2.baseline_id, True), (b1.baseline_id, False)]
+        (b2.baseline_id, True),
+        (b1.baseline_id, False),
+    ]
     activate_baseline(store, b1.baseline_id, author="bo", note="rollback: v3 fix reverted", now=t[2])
     assert [(x.baseline.baseline_id, x.active) for x in list_baselines(store)] == [
-        (b2.baseline_id, False), (b1.baseline_id, True)]
+        (b2.baseline_id, False),
+        (b1.baseline_id, True),
+    ]
     assert active_baseline(store, COHORT) == b1
     inherit_baseline(store, OTHER, b2.baseline_id, author="bo", note="v4 canary", now=t[3])
     retire_baseline(store, COHORT, author="bo", note="prompt retired", now=t[4])
     assert [(x.baseline.baseline_id, x.active) for x in list_baselines(store)] == [
-        (b2.baseline_id, False), (b1.baseline_id, False)]
+        (b2.baseline_id, False),
+        (b1.baseline_id, False),
+    ]
     assert active_baseline(store, COHORT) is None
     assert activation_history(store, COHORT) == [
         Activation(COHORT, ActivationAction.activate, b1.baseline_id, t[0], "ana", "reference week"),
@@ -280,7 +317,8 @@ def test_activation_history_keeps_every_entry_and_listing_marks_the_active_one(s
         Activation(COHORT, ActivationAction.retire, None, t[4], "bo", "prompt retired"),
     ]
     assert activation_history(store, OTHER) == [
-        Activation(OTHER, ActivationAction.inherit, b2.baseline_id, t[3], "bo", "v4 canary")]
+        Activation(OTHER, ActivationAction.inherit, b2.baseline_id, t[3], "bo", "v4 canary")
+    ]
     assert len(activation_history(store)) == 5
     # A named parent is not an active baseline of the cohort's own; it is what the cohort is compared with.
     assert active_baseline(store, OTHER) is None
@@ -295,7 +333,10 @@ def test_a_new_prompt_version_resolves_to_the_previous_ones_active_baseline(stor
     b = freeze(store)
     resolved = resolve_baseline(store, OTHER)
     assert resolved is not None and (resolved.baseline, resolved.how, resolved.inherited_from) == (
-        b, "previous_prompt_version", COHORT)
+        b,
+        "previous_prompt_version",
+        COHORT,
+    )
     own = resolve_baseline(store, COHORT)
     assert own is not None and (own.how, own.inherited_from) == ("own", None)
     retire_baseline(store, COHORT, author="bo")
@@ -305,27 +346,43 @@ def test_a_new_prompt_version_resolves_to_the_previous_ones_active_baseline(stor
 
 # --- model ids and paths ----------------------------------------------------------------------
 
-@pytest.mark.parametrize(("model", "unpinned"), [
-    ("gpt-4o", True), ("gpt-4o-mini", True), ("claude-sonnet-4-5", True), ("gemini-2.0-flash", True),
-    ("gpt-4o-2024-08-06", False), ("claude-sonnet-4-5-20250929", False), ("gpt-4-0613", False),
-    ("gemini-1.5-pro-002", False), ("mistral-large-2407", False), ("llama3:70b", False),
-    ("gpt-4-1106-preview", False),
-])
+
+@pytest.mark.parametrize(
+    ("model", "unpinned"),
+    [
+        ("gpt-4o", True),
+        ("gpt-4o-mini", True),
+        ("claude-sonnet-4-5", True),
+        ("gemini-2.0-flash", True),
+        ("gpt-4o-2024-08-06", False),
+        ("claude-sonnet-4-5-20250929", False),
+        ("gpt-4-0613", False),
+        ("gemini-1.5-pro-002", False),
+        ("mistral-large-2407", False),
+        ("llama3:70b", False),
+        ("gpt-4-1106-preview", False),
+    ],
+)
 def test_is_unpinned(model: str, unpinned: bool) -> None:
     assert is_unpinned(model) is unpinned
 
 
-@pytest.mark.parametrize("cohort", [
-    Cohort("../x", "a/b", ".."), Cohort("..", ".", "../../etc"), Cohort("a/b", "../x", "/abs/path"),
-    Cohort("..\\..\\x", "v1", "c"),
-])
+@pytest.mark.parametrize(
+    "cohort",
+    [
+        Cohort("../x", "a/b", ".."),
+        Cohort("..", ".", "../../etc"),
+        Cohort("a/b", "../x", "/abs/path"),
+        Cohort("..\\..\\x", "v1", "c"),
+    ],
+)
 def test_the_export_path_never_escapes_the_output_directory(tmp_path: Path, cohort: Cohort) -> None:
     with open_store(tmp_path / "odd.duckdb") as store:
         write(store, 300, T0 + timedelta(hours=6), cohort=cohort)
         b = freeze(store, cohort=cohort)
         out = tmp_path / "export"
         before = sorted(p for p in tmp_path.rglob("*") if not p.is_relative_to(out))
-        path, = export_baselines(store, out)
+        (path,) = export_baselines(store, out)
         after = sorted(p for p in tmp_path.rglob("*") if not p.is_relative_to(out))
     rel = path.relative_to(out)
     assert path.resolve().is_relative_to(out.resolve())

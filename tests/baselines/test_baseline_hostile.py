@@ -19,8 +19,8 @@ import pytest
 from click.testing import CliRunner, Result
 from harness import make_envelope
 
-from analysis.cli import cli
-from baselines import (
+from shapewatch.analysis.cli import cli
+from shapewatch.baselines import (
     BASELINES_SCHEMA,
     MAX_DOCUMENT_BYTES,
     Baseline,
@@ -31,8 +31,8 @@ from baselines import (
     import_document,
     list_baselines,
 )
-from collector import FieldError, Store
-from collector.envelope import LIMITS, parse_envelope
+from shapewatch.collector import FieldError, Store
+from shapewatch.collector.envelope import LIMITS, parse_envelope
 
 MODEL = "claude-sonnet-4-5-20250929"
 COHORT = Cohort(MODEL, "intake-v3", "intake")
@@ -43,10 +43,23 @@ LIMIT = 9223372036854775807
 
 
 def write(store: Store, cohort: Cohort, n: int = 50) -> None:
-    envs = [parse_envelope(orjson.dumps(make_envelope(
-        event_id=f"{i}/{hashlib.sha256(repr(cohort).encode()).hexdigest()}", ts=(T0 + timedelta(hours=6, seconds=i)).isoformat(),
-        model=cohort.model, served_model=cohort.model, prompt_version=cohort.prompt_version, contract=cohort.contract,
-        output={"priority": ("low", "high")[i % 2]})), LIMITS) for i in range(n)]
+    envs = [
+        parse_envelope(
+            orjson.dumps(
+                make_envelope(
+                    event_id=f"{i}/{hashlib.sha256(repr(cohort).encode()).hexdigest()}",
+                    ts=(T0 + timedelta(hours=6, seconds=i)).isoformat(),
+                    model=cohort.model,
+                    served_model=cohort.model,
+                    prompt_version=cohort.prompt_version,
+                    contract=cohort.contract,
+                    output={"priority": ("low", "high")[i % 2]},
+                )
+            ),
+            LIMITS,
+        )
+        for i in range(n)
+    ]
     store.write_batch(envs)
 
 
@@ -87,12 +100,14 @@ def stored(store: Store) -> list[str]:
 
 # --- documents ---------------------------------------------------------------------------------
 
+
 def _edit(path: list[str], value: Any) -> Callable[[dict[str, Any]], None]:
     def edit(doc: dict[str, Any]) -> None:
         obj = doc
         for k in path[:-1]:
             obj = obj[k]
         obj[path[-1]] = value
+
     return edit
 
 
@@ -108,30 +123,76 @@ def _nul_served(doc: dict[str, Any]) -> None:
     doc["served_models"] = {"gpt\x00-4o": 50}
 
 
-@pytest.mark.parametrize(("edit", "problems"), [
-    (_edit(["fields", "priority", "present"], "lots"),
-     [("/fields/priority/present", "must be an integer, got string", "wrong_type")]),
-    (_reverse, [("/window/until", "must be after /window/since (2026-11-02T00:00:00Z), got 2026-11-01T00:00:00Z",
-                 "invalid_value")]),
-    (_edit(["samples"], -50), [("/samples", f"must be between 0 and {LIMIT}, got -50", "invalid_value")]),
-    (_edit(["fields", "priority", "values", "low"], -1),
-     [("/fields/priority/values/low", f"must be between 0 and {LIMIT}, got -1", "invalid_value")]),
-    (_edit(["cohort", "model"], "claude\x00"), [("/cohort/model", "must not contain NUL characters", "invalid_value")]),
-    (_edit(["cohort", "prompt_version"], "v" * 5000),
-     [("/cohort/prompt_version", "is 5000 characters long; the limit is 256", "too_large")]),
-    (_nul_served, [("/served_models/gpt\x00-4o", "must not contain NUL characters", "invalid_value")]),
-    (_edit(["window", "until"], "9999-12-31T23:59:59Z"),
-     [("/window/until", "'9999-12-31T23:59:59Z' is out of range: baseline times lie in 1971-01-01T00:00:00Z .. "
-                        "9999-01-01T00:00:00Z", "invalid_timestamp")]),
-    (_edit(["fields", "priority", "types"], {"string": 25, "text": 25}),
-     [("/fields/priority/types/text", "is not a JSON type (one of array, boolean, integer, null, number, object, "
-                                      "string)", "invalid_value")]),
-    (_extra, [("/approved", "is not a field of a baseline document", "unknown_field")]),
-], ids=["wrong-type-count", "reversed-window", "negative-samples", "negative-value-count", "nul-tag",
-        "5000-character-tag", "nul-served-model", "window-past-9999", "unknown-json-type", "unknown-key"])
+@pytest.mark.parametrize(
+    ("edit", "problems"),
+    [
+        (
+            _edit(["fields", "priority", "present"], "lots"),
+            [("/fields/priority/present", "must be an integer, got string", "wrong_type")],
+        ),
+        (
+            _reverse,
+            [
+                (
+                    "/window/until",
+                    "must be after /window/since (2026-11-02T00:00:00Z), got 2026-11-01T00:00:00Z",
+                    "invalid_value",
+                )
+            ],
+        ),
+        (_edit(["samples"], -50), [("/samples", f"must be between 0 and {LIMIT}, got -50", "invalid_value")]),
+        (
+            _edit(["fields", "priority", "values", "low"], -1),
+            [("/fields/priority/values/low", f"must be between 0 and {LIMIT}, got -1", "invalid_value")],
+        ),
+        (
+            _edit(["cohort", "model"], "claude\x00"),
+            [("/cohort/model", "must not contain NUL characters", "invalid_value")],
+        ),
+        (
+            _edit(["cohort", "prompt_version"], "v" * 5000),
+            [("/cohort/prompt_version", "is 5000 characters long; the limit is 256", "too_large")],
+        ),
+        (_nul_served, [("/served_models/gpt\x00-4o", "must not contain NUL characters", "invalid_value")]),
+        (
+            _edit(["window", "until"], "9999-12-31T23:59:59Z"),
+            [
+                (
+                    "/window/until",
+                    "'9999-12-31T23:59:59Z' is out of range: baseline times lie in 1971-01-01T00:00:00Z .. "
+                    "9999-01-01T00:00:00Z",
+                    "invalid_timestamp",
+                )
+            ],
+        ),
+        (
+            _edit(["fields", "priority", "types"], {"string": 25, "text": 25}),
+            [
+                (
+                    "/fields/priority/types/text",
+                    "is not a JSON type (one of array, boolean, integer, null, number, object, string)",
+                    "invalid_value",
+                )
+            ],
+        ),
+        (_extra, [("/approved", "is not a field of a baseline document", "unknown_field")]),
+    ],
+    ids=[
+        "wrong-type-count",
+        "reversed-window",
+        "negative-samples",
+        "negative-value-count",
+        "nul-tag",
+        "5000-character-tag",
+        "nul-served-model",
+        "window-past-9999",
+        "unknown-json-type",
+        "unknown-key",
+    ],
+)
 def test_a_document_with_a_recomputed_hash_is_refused_field_by_field(
-        store: Store, tmp_path: Path, edit: Callable[[dict[str, Any]], None],
-        problems: list[tuple[str, str, str]]) -> None:
+    store: Store, tmp_path: Path, edit: Callable[[dict[str, Any]], None], problems: list[tuple[str, str, str]]
+) -> None:
     doc = freeze(store).document()
     edit(doc)
     doc = rehashed(doc)
@@ -141,14 +202,16 @@ def test_a_document_with_a_recomputed_hash_is_refused_field_by_field(
         assert stored(fresh) == []
     assert info.value.fields == [FieldError(*p) for p in problems]
     assert str(info.value) == "crafted.json: not a valid baseline document: " + "; ".join(
-        f"{p}: {r}" for p, r, _ in problems)
+        f"{p}: {r}" for p, r, _ in problems
+    )
 
 
 def test_the_schema_is_checked_before_the_hash(store: Store) -> None:
     doc = freeze(store).document()
     doc["samples"] = "many"  # and the hash left as it was: the schema speaks first
-    with pytest.raises(BaselineInvalid, match="^doc: not a valid baseline document: /samples: must be an integer, "
-                                              "got string$"):
+    with pytest.raises(
+        BaselineInvalid, match=r"^doc: not a valid baseline document: /samples: must be an integer, got string$"
+    ):
         import_document(store, doc, where="doc")
 
 
@@ -158,21 +221,32 @@ def test_a_document_with_thousands_of_problems_is_refused_with_a_bounded_list(st
     doc["fields"] = {f"f{i}": {**field, "path": f"f{i}", "units": "x"} for i in range(3000)}
     with pytest.raises(BaselineInvalid) as info:
         import_document(store, doc, where="doc")
-    assert info.value.fields == [FieldError(f"/fields/f{i}/units", "must be an integer, got string", "wrong_type")
-                                 for i in range(50)] + [FieldError("/", "and 2950 more problems, not listed")]
+    assert info.value.fields == [
+        FieldError(f"/fields/f{i}/units", "must be an integer, got string", "wrong_type") for i in range(50)
+    ] + [FieldError("/", "and 2950 more problems, not listed")]
     assert str(info.value).endswith("/fields/f9/units: must be an integer, got string (and 41 more)")
 
 
-@pytest.mark.parametrize(("since", "until", "message"), [
-    (T0, datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC),
-     "until 9999-12-31T23:59:59+00:00 is out of range: a baseline window lies in 1971-01-01T00:00:00Z .. "
-     "9999-01-01T00:00:00Z"),
-    (datetime(1, 1, 1, tzinfo=UTC), T0,
-     "since 0001-01-01T00:00:00+00:00 is out of range: a baseline window lies in 1971-01-01T00:00:00Z .. "
-     "9999-01-01T00:00:00Z"),
-])
+@pytest.mark.parametrize(
+    ("since", "until", "message"),
+    [
+        (
+            T0,
+            datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC),
+            "until 9999-12-31T23:59:59+00:00 is out of range: a baseline window lies in 1971-01-01T00:00:00Z .. "
+            "9999-01-01T00:00:00Z",
+        ),
+        (
+            datetime(1, 1, 1, tzinfo=UTC),
+            T0,
+            "since 0001-01-01T00:00:00+00:00 is out of range: a baseline window lies in 1971-01-01T00:00:00Z .. "
+            "9999-01-01T00:00:00Z",
+        ),
+    ],
+)
 def test_a_freeze_outside_the_representable_window_is_refused_naming_the_bound(
-        store: Store, since: datetime, until: datetime, message: str) -> None:
+    store: Store, since: datetime, until: datetime, message: str
+) -> None:
     write(store, COHORT)
     with pytest.raises(BaselineError) as info:
         freeze_baseline(store, COHORT, since, until, author="ana", note="far future", min_samples=1)
@@ -183,15 +257,35 @@ def test_a_freeze_outside_the_representable_window_is_refused_naming_the_bound(
 def test_the_cli_freeze_ending_at_9999_12_31_is_refused_with_a_clear_error(store: Store, db: Path) -> None:
     write(store, COHORT)
     store.close()
-    result = run("baseline", "freeze", "--db", str(db), "--model", MODEL, "--prompt-version", "intake-v3",
-                 "--contract", "intake", "--since", "2026-11-01T00:00:00Z", "--until", "9999-12-31T23:59:59Z",
-                 "--note", "forever", "--force", "test")
+    result = run(
+        "baseline",
+        "freeze",
+        "--db",
+        str(db),
+        "--model",
+        MODEL,
+        "--prompt-version",
+        "intake-v3",
+        "--contract",
+        "intake",
+        "--since",
+        "2026-11-01T00:00:00Z",
+        "--until",
+        "9999-12-31T23:59:59Z",
+        "--note",
+        "forever",
+        "--force",
+        "test",
+    )
     assert (result.exit_code, result.stdout) == (2, "")
-    assert result.stderr == ("error: until 9999-12-31T23:59:59+00:00 is out of range: a baseline window lies in "
-                             "1971-01-01T00:00:00Z .. 9999-01-01T00:00:00Z\n")
+    assert result.stderr == (
+        "error: until 9999-12-31T23:59:59+00:00 is out of range: a baseline window lies in "
+        "1971-01-01T00:00:00Z .. 9999-01-01T00:00:00Z\n"
+    )
 
 
 # --- export --------------------------------------------------------------------------------------
+
 
 def _short(escaped: str, original: str) -> str:
     """The shortened form, computed here independently: a prefix, '~', 24 hex digits of SHA-256."""
@@ -204,17 +298,26 @@ ACCENTED = "é" * 200  # 200 characters, 1,200 once escaped
 
 
 def test_export_shortens_long_path_parts_and_reports_a_failed_file_without_stopping(
-        store: Store, db: Path, tmp_path: Path) -> None:
-    cohorts = [COHORT, Cohort(LONG_A, "v1", "c"), Cohort(LONG_B, "v1", "c"), Cohort(ACCENTED, "v1", "c"),
-               Cohort(MODEL, "p" * 256, "c"), Cohort(MODEL, "v1", "c" * 256)]
+    store: Store, db: Path, tmp_path: Path
+) -> None:
+    cohorts = [
+        COHORT,
+        Cohort(LONG_A, "v1", "c"),
+        Cohort(LONG_B, "v1", "c"),
+        Cohort(ACCENTED, "v1", "c"),
+        Cohort(MODEL, "p" * 256, "c"),
+        Cohort(MODEL, "v1", "c" * 256),
+    ]
     frozen = {c: freeze(store, c) for c in cohorts}
     store.close()
-    parts = {COHORT: (MODEL, "intake-v3", "intake"),
-             cohorts[1]: (_short("m" * 230, LONG_A), "v1", "c"),
-             cohorts[2]: (_short("m" * 230, LONG_B), "v1", "c"),
-             cohorts[3]: (_short("%C3%A9" * 38, ACCENTED), "v1", "c"),  # never half an escape
-             cohorts[4]: (MODEL, _short("p" * 230, "p" * 256), "c"),
-             cohorts[5]: (MODEL, "v1", _short("c" * 230, "c" * 256))}
+    parts = {
+        COHORT: (MODEL, "intake-v3", "intake"),
+        cohorts[1]: (_short("m" * 230, LONG_A), "v1", "c"),
+        cohorts[2]: (_short("m" * 230, LONG_B), "v1", "c"),
+        cohorts[3]: (_short("%C3%A9" * 38, ACCENTED), "v1", "c"),  # never half an escape
+        cohorts[4]: (MODEL, _short("p" * 230, "p" * 256), "c"),
+        cohorts[5]: (MODEL, "v1", _short("c" * 230, "c" * 256)),
+    }
     expected = {c: Path(*parts[c], f"2026-11-02-{b.baseline_id}.json") for c, b in frozen.items()}
 
     out = tmp_path / "export"
@@ -236,7 +339,8 @@ def test_export_shortens_long_path_parts_and_reports_a_failed_file_without_stopp
     assert sorted(report["written"]) == sorted(str(again / p) for c, p in expected.items() if c != COHORT)
     assert report["failed"] == [{"path": str(blocked), "reason": "Is a directory"}]
     assert {p.relative_to(again) for p in again.rglob("*.json") if p.is_file()} == {
-        p for c, p in expected.items() if c != COHORT}
+        p for c, p in expected.items() if c != COHORT
+    }
 
     result = run("baseline", "export", "--out", str(again), "--db", str(db))
     assert result.exit_code == 1
@@ -244,6 +348,7 @@ def test_export_shortens_long_path_parts_and_reports_a_failed_file_without_stopp
 
 
 # --- import --------------------------------------------------------------------------------------
+
 
 def test_import_reads_regular_files_only_and_imports_the_others(store: Store, tmp_path: Path) -> None:
     b = freeze(store)
@@ -263,8 +368,19 @@ def test_import_reads_regular_files_only_and_imports_the_others(store: Store, tm
     missing = tmp_path / "missing.json"
 
     fresh = tmp_path / "fresh.duckdb"
-    result = run("baseline", "import", str(fifo), str(zero), str(to_fifo), str(directory), str(big), str(missing),
-                 str(good), "--db", str(fresh))
+    result = run(
+        "baseline",
+        "import",
+        str(fifo),
+        str(zero),
+        str(to_fifo),
+        str(directory),
+        str(big),
+        str(missing),
+        str(good),
+        "--db",
+        str(fresh),
+    )
     why = "not a regular file; only exported baseline files are imported"
     assert result.exit_code == 2
     assert result.stdout == f"{good}: imported ({b.baseline_id})\n"
@@ -290,5 +406,7 @@ def test_import_of_a_crafted_file_names_the_field_and_imports_the_others(store: 
     good.write_bytes(orjson.dumps(b.document()))
     result = run("baseline", "import", str(crafted), str(good), "--db", str(tmp_path / "fresh.duckdb"))
     assert (result.exit_code, result.stdout) == (2, f"{good}: imported ({b.baseline_id})\n")
-    assert result.stderr == (f"error: {crafted}: not a valid baseline document: /fields/priority/present: "
-                             "must be an integer, got string\nrefused 1 of 2 files\n")
+    assert result.stderr == (
+        f"error: {crafted}: not a valid baseline document: /fields/priority/present: "
+        "must be an integer, got string\nrefused 1 of 2 files\n"
+    )

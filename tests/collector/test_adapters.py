@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from collector.adapters import (
+from shapewatch.collector.adapters import (
     AdaptedResponse,
     AdapterError,
     OutcomeKind,
@@ -113,9 +113,7 @@ def test_openai_chat_two_tool_calls_give_two_envelopes() -> None:
 
 
 def test_openai_chat_alias_requested_dated_model_served() -> None:
-    adapted = adapt_response(
-        "openai", load("openai_chat_structured"), prompt_version="intake-v3", model="gpt-4o"
-    )
+    adapted = adapt_response("openai", load("openai_chat_structured"), prompt_version="intake-v3", model="gpt-4o")
     assert unkeyed(adapted) == AdaptedResponse(
         envelopes=[
             {
@@ -138,23 +136,17 @@ def test_openai_chat_alias_requested_dated_model_served() -> None:
 
 
 def test_openai_chat_structured_output_takes_contract_argument() -> None:
-    adapted = adapt_response(
-        "openai", load("openai_chat_structured"), prompt_version="intake-v3", contract="intake"
-    )
+    adapted = adapt_response("openai", load("openai_chat_structured"), prompt_version="intake-v3", contract="intake")
     assert [e["contract"] for e in adapted.envelopes] == ["intake"]
 
 
 def test_openai_chat_tool_calls_ignore_contract_argument() -> None:
-    adapted = adapt_response(
-        "openai", load("openai_chat_tool_calls"), prompt_version="intake-v3", contract="intake"
-    )
+    adapted = adapt_response("openai", load("openai_chat_tool_calls"), prompt_version="intake-v3", contract="intake")
     assert [e["contract"] for e in adapted.envelopes] == ["classify_ticket", "extract_entities"]
 
 
 def test_openai_chat_truncated_counts_only_truncation() -> None:
-    adapted = adapt_response(
-        "openai", load("openai_chat_truncated"), prompt_version="intake-v3", model="gpt-4o"
-    )
+    adapted = adapt_response("openai", load("openai_chat_truncated"), prompt_version="intake-v3", model="gpt-4o")
     assert unkeyed(adapted) == AdaptedResponse(
         envelopes=[],
         outcomes=[
@@ -194,9 +186,7 @@ def test_openai_chat_truncated_but_complete_content_is_kept_and_counted() -> Non
 
 
 def test_openai_chat_refusal() -> None:
-    adapted = adapt_response(
-        "openai", load("openai_chat_refusal"), prompt_version="intake-v3", contract="intake"
-    )
+    adapted = adapt_response("openai", load("openai_chat_refusal"), prompt_version="intake-v3", contract="intake")
     assert unkeyed(adapted) == AdaptedResponse(
         envelopes=[],
         outcomes=[
@@ -213,9 +203,7 @@ def test_openai_chat_refusal() -> None:
 
 
 def test_openai_chat_invalid_arguments_give_outcome_and_keep_the_valid_call() -> None:
-    adapted = adapt_response(
-        "openai", load("openai_chat_invalid_arguments"), prompt_version="intake-v3"
-    )
+    adapted = adapt_response("openai", load("openai_chat_invalid_arguments"), prompt_version="intake-v3")
     assert unkeyed(adapted) == AdaptedResponse(
         envelopes=[
             {
@@ -235,10 +223,7 @@ def test_openai_chat_invalid_arguments_give_outcome_and_keep_the_valid_call() ->
                 served_model="gpt-4o-mini-2024-07-18",
                 contract="classify_ticket",
                 finish_reason="tool_calls",
-                detail=(
-                    "tool call 'classify_ticket' arguments: not valid JSON: "
-                    "Expecting ',' delimiter at char 19"
-                ),
+                detail=("tool call 'classify_ticket' arguments: not valid JSON: Expecting ',' delimiter at char 19"),
             )
         ],
     )
@@ -254,8 +239,11 @@ def test_openai_chat_invalid_arguments_give_outcome_and_keep_the_valid_call() ->
         ("", OutcomeKind.invalid_json, "not valid JSON: Expecting value at char 0"),
         ('{"score": NaN}', OutcomeKind.invalid_json, "not valid JSON: NaN is not a JSON value"),
         # Python's parser would make it infinite; stored, it became null while rollups counted it
-        ('{"score": [1, -1e400]}', OutcomeKind.invalid_json,
-         "not valid JSON: number -1e400 is too large for a 64-bit float"),
+        (
+            '{"score": [1, -1e400]}',
+            OutcomeKind.invalid_json,
+            "not valid JSON: number -1e400 is too large for a 64-bit float",
+        ),
     ],
 )
 def test_openai_chat_arguments_that_are_not_a_json_object(arguments: str, kind: OutcomeKind, detail: str) -> None:
@@ -314,16 +302,12 @@ def test_openai_chat_prose_content_is_no_structured_output() -> None:
 
 
 def test_openai_chat_event_id_argument_is_indexed_over_several_outputs() -> None:
-    adapted = adapt_response(
-        "openai", load("openai_chat_tool_calls"), prompt_version="intake-v3", event_id="ev-42"
-    )
+    adapted = adapt_response("openai", load("openai_chat_tool_calls"), prompt_version="intake-v3", event_id="ev-42")
     assert [e["event_id"] for e in adapted.envelopes] == ["ev-42:0", "ev-42:1"]
 
 
 def test_openai_chat_event_id_argument_is_used_as_is_for_one_output() -> None:
-    adapted = adapt_response(
-        "openai", load("openai_chat_structured"), prompt_version="intake-v3", event_id="ev-42"
-    )
+    adapted = adapt_response("openai", load("openai_chat_structured"), prompt_version="intake-v3", event_id="ev-42")
     assert [e["event_id"] for e in adapted.envelopes] == ["ev-42"]
 
 
@@ -352,7 +336,9 @@ RESP_TOOLS_ID = "resp_68a1f0c2b9d48190a4e3c2f71b5d9e0a0c7f3b2a1d4e5f60"
 
 def test_openai_responses_two_function_calls() -> None:
     adapted = adapt_response(
-        "openai", load("openai_responses_function_calls"), prompt_version="intake-v3",
+        "openai",
+        load("openai_responses_function_calls"),
+        prompt_version="intake-v3",
         model="gpt-4.1",
     )
     assert unkeyed(adapted) == AdaptedResponse(
@@ -364,9 +350,7 @@ def test_openai_responses_two_function_calls() -> None:
                 "prompt_version": "intake-v3",
                 "contract": "classify_ticket",
                 "finish_reason": "completed",
-                "output": {
-                    "intent": "cancel", "priority": "medium", "customer": {"tier": "silver"}
-                },
+                "output": {"intent": "cancel", "priority": "medium", "customer": {"tier": "silver"}},
             },
             {
                 "event_id": f"{RESP_TOOLS_ID}:call_Zx8cV6bN4mL2kJ0hG9fD7sA5",
@@ -384,7 +368,9 @@ def test_openai_responses_two_function_calls() -> None:
 
 def test_openai_responses_structured_output() -> None:
     adapted = adapt_response(
-        "openai", load("openai_responses_structured"), prompt_version="intake-v3",
+        "openai",
+        load("openai_responses_structured"),
+        prompt_version="intake-v3",
         contract="intake",
     )
     assert unkeyed(adapted) == AdaptedResponse(
@@ -413,7 +399,9 @@ def test_openai_responses_structured_output() -> None:
 
 def test_openai_responses_incomplete_is_truncated() -> None:
     adapted = adapt_response(
-        "openai", load("openai_responses_incomplete"), prompt_version="intake-v3",
+        "openai",
+        load("openai_responses_incomplete"),
+        prompt_version="intake-v3",
         contract="intake",
     )
     assert unkeyed(adapted) == AdaptedResponse(
@@ -482,10 +470,7 @@ def test_openai_responses_invalid_function_arguments() -> None:
             served_model="gpt-4.1-2025-04-14",
             contract="extract_entities",
             finish_reason="completed",
-            detail=(
-                "function call 'extract_entities' arguments: not valid JSON: "
-                "Expecting value at char 14"
-            ),
+            detail=("function call 'extract_entities' arguments: not valid JSON: Expecting value at char 14"),
         )
     ]
 
@@ -495,7 +480,9 @@ def test_openai_responses_invalid_function_arguments() -> None:
 
 def test_anthropic_two_tool_use_blocks() -> None:
     adapted = adapt_response(
-        "anthropic", load("anthropic_tool_use"), prompt_version="intake-v3",
+        "anthropic",
+        load("anthropic_tool_use"),
+        prompt_version="intake-v3",
         model="claude-sonnet-4-5",
     )
     assert unkeyed(adapted) == AdaptedResponse(
@@ -525,8 +512,12 @@ def test_anthropic_two_tool_use_blocks() -> None:
 
 def test_anthropic_fenced_json_text_is_a_structured_output() -> None:
     adapted = adapt_response(
-        "anthropic", load("anthropic_json_text"), prompt_version="intake-v3", contract="intake",
-        contract_version="3", source="shadow",
+        "anthropic",
+        load("anthropic_json_text"),
+        prompt_version="intake-v3",
+        contract="intake",
+        contract_version="3",
+        source="shadow",
     )
     assert unkeyed(adapted) == AdaptedResponse(
         envelopes=[
@@ -585,7 +576,9 @@ def test_anthropic_max_tokens_distrusts_the_last_tool_use() -> None:
 
 def test_anthropic_refusal() -> None:
     adapted = adapt_response(
-        "anthropic", load("anthropic_refusal"), prompt_version="intake-v3",
+        "anthropic",
+        load("anthropic_refusal"),
+        prompt_version="intake-v3",
         model="claude-sonnet-4-5",
     )
     assert unkeyed(adapted) == AdaptedResponse(
@@ -597,10 +590,7 @@ def test_anthropic_refusal() -> None:
                 served_model="claude-sonnet-4-5-20250929",
                 contract="default",
                 finish_reason="refusal",
-                detail=(
-                    "stop_reason 'refusal' (cyber): "
-                    "This request was declined by a safety classifier."
-                ),
+                detail=("stop_reason 'refusal' (cyber): This request was declined by a safety classifier."),
             )
         ],
     )
@@ -665,7 +655,9 @@ def test_anthropic_empty_content_is_no_structured_output() -> None:
 
 def test_gemini_two_function_calls() -> None:
     adapted = adapt_response(
-        "gemini", load("gemini_function_calls"), prompt_version="intake-v3",
+        "gemini",
+        load("gemini_function_calls"),
+        prompt_version="intake-v3",
         model="gemini-flash-latest",
     )
     assert unkeyed(adapted) == AdaptedResponse(
@@ -695,7 +687,10 @@ def test_gemini_two_function_calls() -> None:
 
 def test_gemini_json_text_is_a_structured_output() -> None:
     adapted = adapt_response(
-        "gemini", load("gemini_json_text"), prompt_version="intake-v3", contract="intake",
+        "gemini",
+        load("gemini_json_text"),
+        prompt_version="intake-v3",
+        contract="intake",
         model="gemini-2.0-flash",
     )
     assert unkeyed(adapted) == AdaptedResponse(
@@ -720,9 +715,7 @@ def test_gemini_json_text_is_a_structured_output() -> None:
 
 
 def test_gemini_max_tokens_is_truncated() -> None:
-    adapted = adapt_response(
-        "gemini", load("gemini_max_tokens"), prompt_version="intake-v3", contract="intake"
-    )
+    adapted = adapt_response("gemini", load("gemini_max_tokens"), prompt_version="intake-v3", contract="intake")
     assert unkeyed(adapted) == AdaptedResponse(
         envelopes=[],
         outcomes=[
@@ -798,9 +791,7 @@ def test_gemini_safety_finish_reasons_are_content_filter(reason: str) -> None:
 
 
 def test_gemini_malformed_function_call_is_invalid_json() -> None:
-    adapted = adapt_response(
-        "gemini", load("gemini_malformed_function_call"), prompt_version="intake-v3"
-    )
+    adapted = adapt_response("gemini", load("gemini_malformed_function_call"), prompt_version="intake-v3")
     assert unkeyed(adapted) == AdaptedResponse(
         envelopes=[],
         outcomes=[
@@ -872,9 +863,7 @@ def test_model_argument_without_served_model_omits_served_model() -> None:
             "prompt_version": "intake-v3",
             "contract": "default",
             "finish_reason": "STOP",
-            "output": {
-                "intent": "refund", "priority": "low", "customer": {"tier": "silver"}, "tags": []
-            },
+            "output": {"intent": "refund", "priority": "low", "customer": {"tier": "silver"}, "tags": []},
         }
     ]
 
@@ -889,40 +878,77 @@ def _set(body: dict[str, Any], keys: list[str | int], value: Any) -> None:
 @pytest.mark.parametrize(
     ("provider", "fixture", "keys", "value", "path", "reason"),
     [
-        ("openai", "openai_chat_tool_calls", ["choices"], "nope", "choices",
-         "must be an array, got string"),
-        ("openai", "openai_chat_tool_calls", ["choices", 0, "message"], None,
-         "choices[0].message", "missing"),
-        ("openai", "openai_chat_tool_calls",
-         ["choices", 0, "message", "tool_calls", 1, "function", "arguments"],
-         {"entities": []}, "choices[0].message.tool_calls[1].function.arguments",
-         "must be a string, got object"),
-        ("openai", "openai_chat_tool_calls",
-         ["choices", 0, "message", "tool_calls", 0, "function"], None,
-         "choices[0].message.tool_calls[0].function", "missing"),
-        ("openai", "openai_chat_tool_calls", ["choices", 0, "message", "tool_calls"], {},
-         "choices[0].message.tool_calls", "must be an array, got object"),
-        ("openai", "openai_chat_tool_calls", ["model"], 4, "model",
-         "must be a string, got integer"),
-        ("openai", "openai_chat_tool_calls", ["object"], "chat.completion.chunk", "object",
-         "expected 'chat.completion' or 'response', got 'chat.completion.chunk'; "
-         "aggregate streamed chunks first"),
-        ("openai", "openai_responses_function_calls", ["output", 0, "name"], None,
-         "output[0].name", "missing"),
-        ("openai", "openai_responses_structured", ["output", 1, "content", 0, "text"], 7,
-         "output[1].content[0].text", "must be a string, got integer"),
-        ("anthropic", "anthropic_tool_use", ["content", 2, "input"], '{"entities": []}',
-         "content[2].input", "must be an object, got string"),
-        ("anthropic", "anthropic_tool_use", ["content", 1], "tool_use", "content[1]",
-         "must be an object, got string"),
+        ("openai", "openai_chat_tool_calls", ["choices"], "nope", "choices", "must be an array, got string"),
+        ("openai", "openai_chat_tool_calls", ["choices", 0, "message"], None, "choices[0].message", "missing"),
+        (
+            "openai",
+            "openai_chat_tool_calls",
+            ["choices", 0, "message", "tool_calls", 1, "function", "arguments"],
+            {"entities": []},
+            "choices[0].message.tool_calls[1].function.arguments",
+            "must be a string, got object",
+        ),
+        (
+            "openai",
+            "openai_chat_tool_calls",
+            ["choices", 0, "message", "tool_calls", 0, "function"],
+            None,
+            "choices[0].message.tool_calls[0].function",
+            "missing",
+        ),
+        (
+            "openai",
+            "openai_chat_tool_calls",
+            ["choices", 0, "message", "tool_calls"],
+            {},
+            "choices[0].message.tool_calls",
+            "must be an array, got object",
+        ),
+        ("openai", "openai_chat_tool_calls", ["model"], 4, "model", "must be a string, got integer"),
+        (
+            "openai",
+            "openai_chat_tool_calls",
+            ["object"],
+            "chat.completion.chunk",
+            "object",
+            "expected 'chat.completion' or 'response', got 'chat.completion.chunk'; aggregate streamed chunks first",
+        ),
+        ("openai", "openai_responses_function_calls", ["output", 0, "name"], None, "output[0].name", "missing"),
+        (
+            "openai",
+            "openai_responses_structured",
+            ["output", 1, "content", 0, "text"],
+            7,
+            "output[1].content[0].text",
+            "must be a string, got integer",
+        ),
+        (
+            "anthropic",
+            "anthropic_tool_use",
+            ["content", 2, "input"],
+            '{"entities": []}',
+            "content[2].input",
+            "must be an object, got string",
+        ),
+        ("anthropic", "anthropic_tool_use", ["content", 1], "tool_use", "content[1]", "must be an object, got string"),
         ("anthropic", "anthropic_tool_use", ["content"], None, "content", "missing"),
-        ("gemini", "gemini_function_calls",
-         ["candidates", 0, "content", "parts", 1, "functionCall", "args"], [],
-         "candidates[0].content.parts[1].functionCall.args", "must be an object, got array"),
-        ("gemini", "gemini_function_calls", ["candidates", 0, "content"], "text",
-         "candidates[0].content", "must be an object, got string"),
-        ("gemini", "gemini_function_calls", ["candidates"], {"0": {}}, "candidates",
-         "must be an array, got object"),
+        (
+            "gemini",
+            "gemini_function_calls",
+            ["candidates", 0, "content", "parts", 1, "functionCall", "args"],
+            [],
+            "candidates[0].content.parts[1].functionCall.args",
+            "must be an object, got array",
+        ),
+        (
+            "gemini",
+            "gemini_function_calls",
+            ["candidates", 0, "content"],
+            "text",
+            "candidates[0].content",
+            "must be an object, got string",
+        ),
+        ("gemini", "gemini_function_calls", ["candidates"], {"0": {}}, "candidates", "must be an array, got object"),
     ],
 )
 def test_wrong_shape_names_the_path(
@@ -946,21 +972,34 @@ def test_response_that_is_not_an_object(provider: Provider) -> None:
 @pytest.mark.parametrize(
     ("provider", "body", "path", "reason"),
     [
-        ("openai",
-         {"error": {"message": "Rate limit reached for gpt-4o", "type": "requests",
-                    "param": None, "code": "rate_limit_exceeded"}},
-         "choices", "missing; the body is an API error: Rate limit reached for gpt-4o"),
-        ("anthropic",
-         {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}},
-         "type", "expected 'message', got 'error'; the body is an API error: Overloaded"),
-        ("gemini",
-         {"error": {"code": 400, "message": "API key not valid.", "status": "INVALID_ARGUMENT"}},
-         "candidates", "missing; the body is an API error: API key not valid."),
+        (
+            "openai",
+            {
+                "error": {
+                    "message": "Rate limit reached for gpt-4o",
+                    "type": "requests",
+                    "param": None,
+                    "code": "rate_limit_exceeded",
+                }
+            },
+            "choices",
+            "missing; the body is an API error: Rate limit reached for gpt-4o",
+        ),
+        (
+            "anthropic",
+            {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}},
+            "type",
+            "expected 'message', got 'error'; the body is an API error: Overloaded",
+        ),
+        (
+            "gemini",
+            {"error": {"code": 400, "message": "API key not valid.", "status": "INVALID_ARGUMENT"}},
+            "candidates",
+            "missing; the body is an API error: API key not valid.",
+        ),
     ],
 )
-def test_api_error_bodies_are_adapter_errors(
-    provider: str, body: dict[str, Any], path: str, reason: str
-) -> None:
+def test_api_error_bodies_are_adapter_errors(provider: str, body: dict[str, Any], path: str, reason: str) -> None:
     with pytest.raises(AdapterError) as info:
         adapt_response(provider, body, prompt_version="intake-v3")
     assert (info.value.path, info.value.reason) == (path, reason)
@@ -970,7 +1009,9 @@ def test_adapter_error_is_a_value_error() -> None:
     error = AdapterError("choices[0]", "must be an object, got null")
     assert isinstance(error, ValueError)
     assert (error.path, error.reason, str(error)) == (
-        "choices[0]", "must be an object, got null", "choices[0]: must be an object, got null"
+        "choices[0]",
+        "must be an object, got null",
+        "choices[0]: must be an object, got null",
     )
 
 
@@ -982,9 +1023,7 @@ def test_unknown_provider_is_a_value_error() -> None:
 def test_lenient_on_optional_fields() -> None:
     # A bare-bones chat completion with none of the optional fields still adapts.
     body = {
-        "choices": [
-            {"message": {"role": "assistant", "content": '{"intent": "refund"}'}}
-        ],
+        "choices": [{"message": {"role": "assistant", "content": '{"intent": "refund"}'}}],
         "model": "gpt-4o-2024-08-06",
     }
     adapted = adapt_response("openai", body, prompt_version="intake-v3")

@@ -118,13 +118,15 @@ ERRORS: list[tuple[str, int, Callable[[httpx.Client], httpx.Response]]] = [
     ("bad_json_single", 400, lambda c: post(c, b'{"model": ')),
     ("bad_json_array", 400, lambda c: post(c, b'[{"model": "m"}, ')),
     ("unknown_route", 404, lambda c: c.get("/v1/nope")),
-    ("unknown_provider", 404, lambda c: c.post("/v1/provider/acme", params={"prompt_version": "p"},
-                                               json={})),
+    ("unknown_provider", 404, lambda c: c.post("/v1/provider/acme", params={"prompt_version": "p"}, json={})),
     ("wrong_method", 405, lambda c: c.get("/v1/outputs")),
     ("too_large_content_length", 413, lambda c: post(c, b" " * (MAX_BODY + 1))),
     ("too_large_chunked", 413, _chunked_too_large),
-    ("unsupported_media_type", 415, lambda c: c.post("/v1/outputs", content=b"{}",
-                                                     headers={"content-type": "text/plain"})),
+    (
+        "unsupported_media_type",
+        415,
+        lambda c: c.post("/v1/outputs", content=b"{}", headers={"content-type": "text/plain"}),
+    ),
     ("missing_content_type", 415, lambda c: c.post("/v1/outputs", content=b"{}")),
     ("invalid_single_envelope", 422, lambda c: post(c, make_envelope(output=[1]))),
     ("conflict_single_envelope", 422, _conflict),
@@ -133,8 +135,9 @@ ERRORS: list[tuple[str, int, Callable[[httpx.Client], httpx.Response]]] = [
 
 
 @pytest.mark.parametrize(("status", "call"), [(s, f) for _, s, f in ERRORS], ids=[n for n, _, _ in ERRORS])
-def test_every_error_answers_the_one_json_shape(http: httpx.Client, status: int,
-                                                call: Callable[[httpx.Client], httpx.Response]) -> None:
+def test_every_error_answers_the_one_json_shape(
+    http: httpx.Client, status: int, call: Callable[[httpx.Client], httpx.Response]
+) -> None:
     assert_error_shape(call(http), status)
 
 
@@ -158,8 +161,12 @@ def test_413_names_the_body_and_stores_nothing(http: httpx.Client) -> None:
 
 def test_single_envelope_conflict_names_event_id(http: httpx.Client) -> None:
     err = assert_error_shape(_conflict(http), 422)
-    assert err["fields"] == [{"path": "event_id", "reason": "already stored with a different payload; "
-                              "an event_id names one event and must not be reused"}]
+    assert err["fields"] == [
+        {
+            "path": "event_id",
+            "reason": "already stored with a different payload; an event_id names one event and must not be reused",
+        }
+    ]
 
 
 # --- each validation rule, naming the field ------------------------------------------------
@@ -185,42 +192,81 @@ _NAN_AT = _NAN.index(b"NaN")
 
 # name, body of one envelope, status, the full `fields` list
 RULES: list[tuple[str, bytes, int, list[dict[str, str]]]] = [
-    ("missing_model", json.dumps(make_envelope(model=None)).encode(), 422,
-     [{"path": "model", "reason": "is required"}]),
-    ("output_array", json.dumps(make_envelope(output=[{"a": 1}])).encode(), 422,
-     [{"path": "output", "reason": "must be a JSON object, got array"}]),
-    ("ts_without_zone", json.dumps(make_envelope(ts="2026-11-29T12:00:00")).encode(), 422,
-     [{"path": "ts", "reason": "'2026-11-29T12:00:00' has no time zone; add 'Z' or an offset like +00:00"}]),
+    (
+        "missing_model",
+        json.dumps(make_envelope(model=None)).encode(),
+        422,
+        [{"path": "model", "reason": "is required"}],
+    ),
+    (
+        "output_array",
+        json.dumps(make_envelope(output=[{"a": 1}])).encode(),
+        422,
+        [{"path": "output", "reason": "must be a JSON object, got array"}],
+    ),
+    (
+        "ts_without_zone",
+        json.dumps(make_envelope(ts="2026-11-29T12:00:00")).encode(),
+        422,
+        [{"path": "ts", "reason": "'2026-11-29T12:00:00' has no time zone; add 'Z' or an offset like +00:00"}],
+    ),
     # NaN is not JSON: the body does not parse; the field is named from the text before the fault
-    ("nan", _NAN, 400,
-     [{"path": "output.a", "reason": "not valid JSON: unexpected character, expected a JSON value: "
-       f"line 1 column {_NAN_AT + 1} (char {_NAN_AT})"}]),
-    ("duplicate_key_in_output", _raw(make_envelope(), '{"a": 1, "b": {"c": 1, "c": 2}}'), 422,
-     [{"path": "output.b.c", "reason": "duplicate key"}]),
-    ("integer_30_digits", _raw(make_envelope(), '{"n": {"big": 123456789012345678901234567890}}'), 422,
-     [{"path": "output.n.big",
-       "reason": "integer with 30 digits is too large to keep exactly (64-bit limit)"}]),
+    (
+        "nan",
+        _NAN,
+        400,
+        [
+            {
+                "path": "output.a",
+                "reason": "not valid JSON: unexpected character, expected a JSON value: "
+                f"line 1 column {_NAN_AT + 1} (char {_NAN_AT})",
+            }
+        ],
+    ),
+    (
+        "duplicate_key_in_output",
+        _raw(make_envelope(), '{"a": 1, "b": {"c": 1, "c": 2}}'),
+        422,
+        [{"path": "output.b.c", "reason": "duplicate key"}],
+    ),
+    (
+        "integer_30_digits",
+        _raw(make_envelope(), '{"n": {"big": 123456789012345678901234567890}}'),
+        422,
+        [{"path": "output.n.big", "reason": "integer with 30 digits is too large to keep exactly (64-bit limit)"}],
+    ),
     # output is level 1, so the object at level 33 (under 32 keys) is the first too deep
-    ("depth_40", json.dumps(make_envelope(output=_nested(40))).encode(), 422,
-     [{"path": "output" + ".k" * 32, "reason": "nested deeper than 32 levels"}]),
-    ("key_300_chars", json.dumps(make_envelope(output={"ok": 1, "x" * 300: 1})).encode(), 422,
-     [{"path": "output." + "x" * 40 + "...", "reason": "key is 300 characters long; the limit is 256"}]),
+    (
+        "depth_40",
+        json.dumps(make_envelope(output=_nested(40))).encode(),
+        422,
+        [{"path": "output" + ".k" * 32, "reason": "nested deeper than 32 levels"}],
+    ),
+    (
+        "key_300_chars",
+        json.dumps(make_envelope(output={"ok": 1, "x" * 300: 1})).encode(),
+        422,
+        [{"path": "output." + "x" * 40 + "...", "reason": "key is 300 characters long; the limit is 256"}],
+    ),
 ]
 
 
 @pytest.mark.parametrize(("body", "status", "fields"), [r[1:] for r in RULES], ids=[r[0] for r in RULES])
-def test_validation_rule_single_envelope_names_the_field(http: httpx.Client, body: bytes, status: int,
-                                                         fields: list[dict[str, str]]) -> None:
+def test_validation_rule_single_envelope_names_the_field(
+    http: httpx.Client, body: bytes, status: int, fields: list[dict[str, str]]
+) -> None:
     before = events_stored(http)
     err = assert_error_shape(post(http, body), status)
     assert err["fields"] == fields
     assert events_stored(http) == before  # nothing stored half-way
 
 
-@pytest.mark.parametrize(("body", "fields"), [(r[1], r[3]) for r in RULES if r[2] == 422],
-                         ids=[r[0] for r in RULES if r[2] == 422])
-def test_validation_rule_in_an_array_rejects_only_that_event(http: httpx.Client, body: bytes,
-                                                              fields: list[dict[str, str]]) -> None:
+@pytest.mark.parametrize(
+    ("body", "fields"), [(r[1], r[3]) for r in RULES if r[2] == 422], ids=[r[0] for r in RULES if r[2] == 422]
+)
+def test_validation_rule_in_an_array_rejects_only_that_event(
+    http: httpx.Client, body: bytes, fields: list[dict[str, str]]
+) -> None:
     good = make_envelope()
     bad_id = json.loads(body)["event_id"] if b"NaN" not in body else None
     r = post(http, b"[" + json.dumps(good).encode() + b"," + body + b"]")
@@ -237,9 +283,12 @@ def test_every_failing_field_is_named_at_once(http: httpx.Client) -> None:
     env = make_envelope(model=None, output=[1], ts="yesterday", source="staging", colour="red")
     err = assert_error_shape(post(http, env), 422)
     assert err["fields"] == [
-        {"path": "colour", "reason": "unknown envelope field; known fields: agent_release, attributes, "
-         "contract, contract_version, event_id, finish_reason, model, output, prompt_version, run_id, "
-         "served_model, source, ts"},
+        {
+            "path": "colour",
+            "reason": "unknown envelope field; known fields: agent_release, attributes, "
+            "contract, contract_version, event_id, finish_reason, model, output, prompt_version, run_id, "
+            "served_model, source, ts",
+        },
         {"path": "model", "reason": "is required"},
         {"path": "source", "reason": "'staging' is not one of probe, production, shadow"},
         {"path": "ts", "reason": "'yesterday' is not an ISO 8601 timestamp"},
@@ -255,31 +304,64 @@ def test_array_answers_per_event_and_a_resend_stores_nothing(http: httpx.Client)
     before = events_stored(http)
     r = post(http, [a, b, c])
     assert r.status_code == 200, r.text
-    expected = {"accepted": 2, "duplicate": 0, "rejected": 1, "results": [
-        {"index": 0, "event_id": a["event_id"], "status": "accepted"},
-        {"index": 1, "event_id": b["event_id"], "status": "accepted"},
-        {"index": 2, "event_id": c["event_id"], "status": "rejected",
-         "errors": [{"path": "model", "reason": "is required"}]}],
-        "rejected_by_reason": {"missing": 1}, "rejections_omitted": 0}
+    expected = {
+        "accepted": 2,
+        "duplicate": 0,
+        "rejected": 1,
+        "results": [
+            {"index": 0, "event_id": a["event_id"], "status": "accepted"},
+            {"index": 1, "event_id": b["event_id"], "status": "accepted"},
+            {
+                "index": 2,
+                "event_id": c["event_id"],
+                "status": "rejected",
+                "errors": [{"path": "model", "reason": "is required"}],
+            },
+        ],
+        "rejected_by_reason": {"missing": 1},
+        "rejections_omitted": 0,
+    }
     assert r.json() == expected
     assert events_stored(http) == before + 2
 
     r = post(http, [a, b, c])  # a retry of the same request
     assert r.status_code == 200
-    assert r.json() == {**expected, "accepted": 0, "duplicate": 2, "results": [
-        {**expected["results"][0], "status": "duplicate"},
-        {**expected["results"][1], "status": "duplicate"},
-        expected["results"][2]]}
+    assert r.json() == {
+        **expected,
+        "accepted": 0,
+        "duplicate": 2,
+        "results": [
+            {**expected["results"][0], "status": "duplicate"},
+            {**expected["results"][1], "status": "duplicate"},
+            expected["results"][2],
+        ],
+    }
     assert events_stored(http) == before + 2
 
     reused = {**a, "output": {"intent": "cancel"}}  # same id, different payload
     r = post(http, [reused])
     assert r.status_code == 200
-    assert r.json() == {"accepted": 0, "duplicate": 0, "rejected": 1, "results": [
-        {"index": 0, "event_id": a["event_id"], "status": "rejected",
-         "errors": [{"path": "event_id", "reason": "already stored with a different payload; "
-                     "an event_id names one event and must not be reused"}]}],
-        "rejected_by_reason": {"conflict": 1}, "rejections_omitted": 0}
+    assert r.json() == {
+        "accepted": 0,
+        "duplicate": 0,
+        "rejected": 1,
+        "results": [
+            {
+                "index": 0,
+                "event_id": a["event_id"],
+                "status": "rejected",
+                "errors": [
+                    {
+                        "path": "event_id",
+                        "reason": "already stored with a different payload; "
+                        "an event_id names one event and must not be reused",
+                    }
+                ],
+            }
+        ],
+        "rejected_by_reason": {"conflict": 1},
+        "rejections_omitted": 0,
+    }
     assert events_stored(http) == before + 2
 
 
@@ -311,8 +393,7 @@ def test_ndjson_body_answers_per_line(http: httpx.Client) -> None:
     assert r.status_code == 200, r.text
     reply = r.json()
     assert (reply["accepted"], reply["duplicate"], reply["rejected"]) == (2, 0, 1)
-    assert [(x["index"], x["status"]) for x in reply["results"]] == [
-        (0, "accepted"), (1, "rejected"), (2, "accepted")]
+    assert [(x["index"], x["status"]) for x in reply["results"]] == [(0, "accepted"), (1, "rejected"), (2, "accepted")]
     # blank lines are skipped: the index counts events, the reason names the line
     assert reply["results"][1]["errors"] == [{"path": "output", "reason": "line 3: must be a JSON object, got string"}]
     assert reply["results"][2]["event_id"] == b["event_id"]
@@ -369,8 +450,12 @@ def test_concurrent_duplicates_are_stored_once(http: httpx.Client, svc: Service)
 
 
 def test_auth_tokens_guard_ingest_and_metrics(auth_svc: Service) -> None:
-    with auth_svc.client() as anon, auth_svc.client("nope") as wrong, \
-            auth_svc.client("t1") as t1, auth_svc.client("t2") as t2:
+    with (
+        auth_svc.client() as anon,
+        auth_svc.client("nope") as wrong,
+        auth_svc.client("t1") as t1,
+        auth_svc.client("t2") as t2,
+    ):
         r = post(anon, make_envelope())
         assert_error_shape(r, 401)
         assert r.headers["www-authenticate"] == "Bearer"
@@ -397,13 +482,20 @@ def scoped_svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
 
 
 def test_token_scopes_give_403_naming_the_scope(scoped_svc: Service) -> None:
-    with scoped_svc.client("in1") as ingest, scoped_svc.client("ra2") as reader, \
-            scoped_svc.client("all3") as full, scoped_svc.client("ingest:in1") as entry:
+    with (
+        scoped_svc.client("in1") as ingest,
+        scoped_svc.client("ra2") as reader,
+        scoped_svc.client("all3") as full,
+        scoped_svc.client("ingest:in1") as entry,
+    ):
         assert post(ingest, make_envelope()).status_code == 200
         assert post(full, make_envelope()).status_code == 200
         err = assert_error_shape(post(reader, make_envelope()), 403)
-        assert err == {"status": 403, "message": "this token lacks the 'ingest' scope that POST /v1/outputs needs",
-                       "fields": [{"path": "authorization", "reason": "needs scope ingest; the token has admin+read"}]}
+        assert err == {
+            "status": 403,
+            "message": "this token lacks the 'ingest' scope that POST /v1/outputs needs",
+            "fields": [{"path": "authorization", "reason": "needs scope ingest; the token has admin+read"}],
+        }
         err = assert_error_shape(ingest.get("/metrics"), 403)
         assert err["fields"] == [{"path": "authorization", "reason": "needs scope read; the token has ingest"}]
         assert reader.get("/metrics").status_code == 200 and full.get("/metrics").status_code == 200
@@ -448,7 +540,10 @@ def test_metrics_count_events_by_outcome_and_rejections_by_reason(service: Servi
         ev("rejected", "other", "other"): 3.0,
     }
     assert metric_samples(text, "shapewatch_events_rejected_total") == {
-        (("reason", "wrong_type"),): 1.0, (("reason", "missing"),): 1.0, (("reason", "conflict"),): 1.0}
+        (("reason", "wrong_type"),): 1.0,
+        (("reason", "missing"),): 1.0,
+        (("reason", "conflict"),): 1.0,
+    }
     assert metric_samples(text, "shapewatch_dedup_hits_total") == {(): 1.0}
 
 
@@ -461,7 +556,9 @@ def test_metrics_count_a_rejected_event_once_whatever_its_faults(service: Servic
         text = c.get("/metrics").text
     assert metric_samples(text, "shapewatch_events_total") == {ev("rejected", "other", "other"): 2.0}
     assert metric_samples(text, "shapewatch_events_rejected_total") == {
-        (("reason", "missing"),): 2.0, (("reason", "wrong_type"),): 2.0}
+        (("reason", "missing"),): 2.0,
+        (("reason", "wrong_type"),): 2.0,
+    }
 
 
 def test_metrics_label_sets_stay_bounded_with_10000_models(service: Service) -> None:
@@ -482,8 +579,7 @@ def test_metrics_label_sets_stay_bounded_with_10000_models(service: Service) -> 
 
 
 def _provider_post(c: httpx.Client, provider: str, fixture: str, **params: str) -> httpx.Response:
-    return c.post(f"/v1/provider/{provider}", params=params,
-                  content=(FIXTURES / fixture).read_bytes(), headers=JSON)
+    return c.post(f"/v1/provider/{provider}", params=params, content=(FIXTURES / fixture).read_bytes(), headers=JSON)
 
 
 def test_provider_tool_calls_are_stored_with_the_tool_name_as_contract(service: Service) -> None:
@@ -493,10 +589,18 @@ def test_provider_tool_calls_are_stored_with_the_tool_name_as_contract(service: 
         reply = r.json()
         rid = "chatcmpl-BzK3f9aQe1xT7m2LrV0pWc8sYd4nH"
         ids = [f"{rid}:call_9VfJ2kQwZr4XmT1bN8yLh3Ds", f"{rid}:call_2hQmC7pRt5YwE0sKa9ZvUx6G"]
-        assert reply == {"accepted": 2, "duplicate": 0, "rejected": 0, "outcomes": [], "results": [
-            {"index": 0, "event_id": ids[0], "status": "accepted"},
-            {"index": 1, "event_id": ids[1], "status": "accepted"}], "rejected_by_reason": {},
-            "rejections_omitted": 0}
+        assert reply == {
+            "accepted": 2,
+            "duplicate": 0,
+            "rejected": 0,
+            "outcomes": [],
+            "results": [
+                {"index": 0, "event_id": ids[0], "status": "accepted"},
+                {"index": 1, "event_id": ids[1], "status": "accepted"},
+            ],
+            "rejected_by_reason": {},
+            "rejections_omitted": 0,
+        }
         # the same response posted again derives the same ids
         again = _provider_post(c, "openai", "openai_chat_tool_calls.json", prompt_version="p1").json()
         assert [x["status"] for x in again["results"]] == ["duplicate", "duplicate"]
@@ -504,12 +608,26 @@ def test_provider_tool_calls_are_stored_with_the_tool_name_as_contract(service: 
     with duckdb.connect(str(service.db_path), read_only=True) as con:
         rows = con.execute("""SELECT e.event_id, c.model, c.prompt_version, c.contract, e.served_model,
                                      e.output FROM events e JOIN cohorts c USING (cohort_id) ORDER BY 1""").fetchall()
-    assert [(r[0], r[1], r[2], r[3], r[4], json.loads(r[5])) for r in rows] == sorted([
-        (ids[0], "gpt-4o-2024-08-06", "p1", "classify_ticket", "gpt-4o-2024-08-06",
-         {"intent": "refund", "priority": "high", "customer": {"tier": "gold"}}),
-        (ids[1], "gpt-4o-2024-08-06", "p1", "extract_entities", "gpt-4o-2024-08-06",
-         {"entities": [{"type": "order_id", "value": "A-10293"}, {"type": "amount", "value": "49.90"}]}),
-    ])
+    assert [(r[0], r[1], r[2], r[3], r[4], json.loads(r[5])) for r in rows] == sorted(
+        [
+            (
+                ids[0],
+                "gpt-4o-2024-08-06",
+                "p1",
+                "classify_ticket",
+                "gpt-4o-2024-08-06",
+                {"intent": "refund", "priority": "high", "customer": {"tier": "gold"}},
+            ),
+            (
+                ids[1],
+                "gpt-4o-2024-08-06",
+                "p1",
+                "extract_entities",
+                "gpt-4o-2024-08-06",
+                {"entities": [{"type": "order_id", "value": "A-10293"}, {"type": "amount", "value": "49.90"}]},
+            ),
+        ]
+    )
 
 
 def test_provider_truncated_response_answers_an_outcome(http: httpx.Client) -> None:
@@ -521,17 +639,18 @@ def test_provider_truncated_response_answers_an_outcome(http: httpx.Client) -> N
     assert len(reply["outcomes"]) == 1
     outcome = reply["outcomes"][0]
     assert {k: outcome[k] for k in ("kind", "contract", "finish_reason")} == {
-        "kind": "truncated", "contract": "default", "finish_reason": "length"}
+        "kind": "truncated",
+        "contract": "default",
+        "finish_reason": "length",
+    }
     assert "token limit" in outcome["detail"]
     assert events_stored(http) == before
-    assert ('shapewatch_provider_outcomes_total{kind="truncated",provider="openai"}'
-            in http.get("/metrics").text)
+    assert 'shapewatch_provider_outcomes_total{kind="truncated",provider="openai"}' in http.get("/metrics").text
 
 
 def test_an_alias_outcome_counts_in_the_cohort_of_the_model_that_answered(service: Service) -> None:
     with service.client() as c:
-        r = _provider_post(c, "openai", "openai_chat_truncated.json", prompt_version="alias-outcome",
-                           model="gpt-4o")
+        r = _provider_post(c, "openai", "openai_chat_truncated.json", prompt_version="alias-outcome", model="gpt-4o")
         assert r.status_code == 200, r.text
         assert [o["kind"] for o in r.json()["outcomes"]] == ["truncated"]
     service.stop()
@@ -543,8 +662,7 @@ def test_an_alias_outcome_counts_in_the_cohort_of_the_model_that_answered(servic
 
 
 def test_provider_unknown_name_is_404(http: httpx.Client) -> None:
-    err = assert_error_shape(_provider_post(http, "mistral", "openai_chat_tool_calls.json", prompt_version="p"),
-                             404)
+    err = assert_error_shape(_provider_post(http, "mistral", "openai_chat_tool_calls.json", prompt_version="p"), 404)
     assert "openai, anthropic, gemini" in err["message"]
 
 
@@ -563,21 +681,31 @@ def test_provider_route_refuses_a_body_that_is_not_a_provider_response(http: htt
 def test_provider_query_an_empty_model_or_an_event_id_with_no_room_for_positions_is_422(http: httpx.Client) -> None:
     before = events_stored(http)
     # an empty model passed the check (as "-") and then left every outcome uncounted
-    err = assert_error_shape(_provider_post(http, "openai", "openai_chat_refusal.json", prompt_version="p",
-                                            model=""), 422)
-    assert (err["message"], err["fields"]) == ("the query parameters are invalid",
-                                               [{"path": "model", "reason": "must not be empty"}])
+    err = assert_error_shape(
+        _provider_post(http, "openai", "openai_chat_refusal.json", prompt_version="p", model=""), 422
+    )
+    assert (err["message"], err["fields"]) == (
+        "the query parameters are invalid",
+        [{"path": "model", "reason": "must not be empty"}],
+    )
     # with several outputs each id is f"{event_id}:{position}": from 127 characters on they were
     # over the envelope's 128 and every output was rejected one by one
-    err = assert_error_shape(_provider_post(http, "anthropic", "anthropic_tool_use.json", prompt_version="p",
-                                            event_id="e" * 121), 422)
-    assert err["fields"] == [{"path": "event_id", "reason": "is 121 characters long; the limit here is 120, "
-                              "leaving room for each output's ':<position>'"}]
+    err = assert_error_shape(
+        _provider_post(http, "anthropic", "anthropic_tool_use.json", prompt_version="p", event_id="e" * 121), 422
+    )
+    assert err["fields"] == [
+        {
+            "path": "event_id",
+            "reason": "is 121 characters long; the limit here is 120, leaving room for each output's ':<position>'",
+        }
+    ]
     assert events_stored(http) == before
     r = _provider_post(http, "openai", "openai_chat_tool_calls.json", prompt_version="p", event_id="e" * 120)
     assert r.status_code == 200, r.text
     assert [(x["event_id"], x["status"]) for x in r.json()["results"]] == [
-        ("e" * 120 + ":0", "accepted"), ("e" * 120 + ":1", "accepted")]
+        ("e" * 120 + ":0", "accepted"),
+        ("e" * 120 + ":1", "accepted"),
+    ]
 
 
 def test_provider_arguments_nested_past_the_parser_are_an_outcome_not_a_500(http: httpx.Client) -> None:
@@ -590,14 +718,18 @@ def test_provider_arguments_nested_past_the_parser_are_an_outcome_not_a_500(http
     r = http.post("/v1/provider/anthropic", params={"prompt_version": "p"}, headers=JSON, content=raw)
     assert r.status_code == 200, r.text
     assert [(o["kind"], o["detail"]) for o in r.json()["outcomes"]] == [
-        ("invalid_json", f"tool_use '{tool_use['name']}' input: not valid JSON: nested too deeply")]
+        ("invalid_json", f"tool_use '{tool_use['name']}' input: not valid JSON: nested too deeply")
+    ]
 
 
-@pytest.mark.parametrize("ctype", ["application/json; charset=utf-16", "application/x-ndjson; charset=latin-1",
-                                   'application/json; charset=""'])
+@pytest.mark.parametrize(
+    "ctype",
+    ["application/json; charset=utf-16", "application/x-ndjson; charset=latin-1", 'application/json; charset=""'],
+)
 def test_a_charset_other_than_utf8_is_415(http: httpx.Client, ctype: str) -> None:
-    err = assert_error_shape(http.post("/v1/outputs", content=json.dumps(make_envelope()).encode(),
-                                       headers={"content-type": ctype}), 415)
+    err = assert_error_shape(
+        http.post("/v1/outputs", content=json.dumps(make_envelope()).encode(), headers={"content-type": ctype}), 415
+    )
     assert err["fields"] == [{"path": "content-type", "reason": "unsupported charset"}]
     for ok in ("application/json; charset=UTF-8", 'application/json;charset="utf-8"', "application/json; x=1"):
         r = http.post("/v1/outputs", content=json.dumps(make_envelope()).encode(), headers={"content-type": ok})
@@ -628,9 +760,14 @@ def test_binds_loopback_only_by_default(svc: Service) -> None:
 
 
 def test_second_serve_on_the_same_db_exits_saying_it_is_in_use(svc: Service) -> None:
-    proc = subprocess.run([*SHAPEWATCH, "serve", "--db", str(svc.db_path), "--port", str(free_port())],
-                          capture_output=True, text=True, timeout=60, cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.run(
+        [*SHAPEWATCH, "serve", "--db", str(svc.db_path), "--port", str(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert proc.returncode == 2, proc.stderr
     assert f"database {svc.db_path} is in use by another process" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -638,20 +775,43 @@ def test_second_serve_on_the_same_db_exits_saying_it_is_in_use(svc: Service) -> 
         assert c.get("/healthz").status_code == 200
 
 
-
-@pytest.mark.parametrize(("arguments", "error"), [
-    ('{"a": 1, "a": 2}', {"path": "output.a", "reason": "duplicate key"}),
-    ('{"a": 123456789012345678901234567890}',
-     {"path": "output.a", "reason": "integer with 30 digits is too large to keep exactly (64-bit limit)"}),
-    ('{"a": "\\ud800"}', {"path": "output", "reason": "holds text that is not valid Unicode "
-                                                       "(str is not valid UTF-8: surrogates not allowed)"}),
-])
-def test_provider_arguments_get_the_same_rules_as_envelopes(http: httpx.Client, arguments: str,
-                                                            error: dict[str, str]) -> None:
-    response = {"id": f"chatcmpl-{abs(hash(arguments))}", "object": "chat.completion", "model": "gpt-4o",
-                "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
-                    "role": "assistant", "tool_calls": [{"id": "call_1", "type": "function",
-                                                         "function": {"name": "t", "arguments": arguments}}]}}]}
+@pytest.mark.parametrize(
+    ("arguments", "error"),
+    [
+        ('{"a": 1, "a": 2}', {"path": "output.a", "reason": "duplicate key"}),
+        (
+            '{"a": 123456789012345678901234567890}',
+            {"path": "output.a", "reason": "integer with 30 digits is too large to keep exactly (64-bit limit)"},
+        ),
+        (
+            '{"a": "\\ud800"}',
+            {
+                "path": "output",
+                "reason": "holds text that is not valid Unicode (str is not valid UTF-8: surrogates not allowed)",
+            },
+        ),
+    ],
+)
+def test_provider_arguments_get_the_same_rules_as_envelopes(
+    http: httpx.Client, arguments: str, error: dict[str, str]
+) -> None:
+    response = {
+        "id": f"chatcmpl-{abs(hash(arguments))}",
+        "object": "chat.completion",
+        "model": "gpt-4o",
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": "tool_calls",
+                "message": {
+                    "role": "assistant",
+                    "tool_calls": [
+                        {"id": "call_1", "type": "function", "function": {"name": "t", "arguments": arguments}}
+                    ],
+                },
+            }
+        ],
+    }
     r = http.post("/v1/provider/openai", params={"prompt_version": "p"}, json=response)
     assert r.status_code == 200, r.text
     reply = r.json()
@@ -684,8 +844,10 @@ def test_a_response_posted_again_with_more_outcomes_counts_only_the_new_ones(svc
 
     def counts(c: httpx.Client) -> dict[str, float]:
         samples = metric_samples(c.get("/metrics").text, "shapewatch_provider_outcomes_total")
-        return {kind: sum(v for k, v in samples.items() if ("kind", kind) in k and ("provider", "openai") in k)
-                for kind in ("truncated", "refusal")}
+        return {
+            kind: sum(v for k, v in samples.items() if ("kind", kind) in k and ("provider", "openai") in k)
+            for kind in ("truncated", "refusal")
+        }
 
     with svc.client() as c:
         before = counts(c)
@@ -697,15 +859,17 @@ def test_a_response_posted_again_with_more_outcomes_counts_only_the_new_ones(svc
         assert counts(c) == {"truncated": before["truncated"] + 1, "refusal": before["refusal"] + 1}
 
 
-def test_a_client_gone_mid_body_is_answered_quietly_not_as_a_500(tmp_path: Path,
-                                                                 caplog: pytest.LogCaptureFixture) -> None:
-    from analysis.service import create_app
-    from collector import load_settings
+def test_a_client_gone_mid_body_is_answered_quietly_not_as_a_500(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from shapewatch.analysis.service import create_app
+    from shapewatch.collector import load_settings
 
     app = create_app(load_settings({"db_path": str(tmp_path / "gone.duckdb")}, env={}), analyze=False)
     sent: list[dict[str, Any]] = []
-    parts = iter([{"type": "http.request", "body": b'[{"model": "m", ', "more_body": True},
-                  {"type": "http.disconnect"}])
+    parts = iter(
+        [{"type": "http.request", "body": b'[{"model": "m", ', "more_body": True}, {"type": "http.disconnect"}]
+    )
 
     async def receive() -> dict[str, Any]:
         return next(parts)
@@ -713,10 +877,20 @@ def test_a_client_gone_mid_body_is_answered_quietly_not_as_a_500(tmp_path: Path,
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-             "scheme": "http", "path": "/v1/outputs", "raw_path": b"/v1/outputs", "query_string": b"",
-             "root_path": "", "headers": [(b"content-type", b"application/json"), (b"content-length", b"500")],
-             "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8000)}
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/outputs",
+        "raw_path": b"/v1/outputs",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"content-type", b"application/json"), (b"content-length", b"500")],
+        "client": ("127.0.0.1", 5000),
+        "server": ("127.0.0.1", 8000),
+    }
     try:
         with caplog.at_level(logging.WARNING):
             asyncio.run(app(scope, receive, send))
@@ -728,8 +902,11 @@ def test_a_client_gone_mid_body_is_answered_quietly_not_as_a_500(tmp_path: Path,
 
 
 def test_a_compressed_body_is_refused_naming_its_encoding(http: httpx.Client) -> None:
-    r = http.post("/v1/outputs", content=gzip.compress(json.dumps(make_envelope()).encode()),
-                  headers={"content-type": "application/json", "content-encoding": "gzip"})
+    r = http.post(
+        "/v1/outputs",
+        content=gzip.compress(json.dumps(make_envelope()).encode()),
+        headers={"content-type": "application/json", "content-encoding": "gzip"},
+    )
     err = assert_error_shape(r, 415)
     assert err["fields"] == [{"path": "content-encoding", "reason": "unsupported encoding"}]
     assert err["message"] == "content encoding 'gzip' is not supported; send the body uncompressed"
@@ -740,7 +917,8 @@ def test_many_unknown_fields_are_named_a_few_and_counted(http: httpx.Client) -> 
     err = assert_error_shape(http.post("/v1/outputs", json=body), 422)
     known = err["fields"][0]["reason"]
     assert err["fields"] == [{"path": f"x{i}", "reason": known} for i in range(5)] + [
-        {"path": "", "reason": "995 more unknown envelope fields"}]
+        {"path": "", "reason": "995 more unknown envelope fields"}
+    ]
 
 
 def test_a_provider_response_over_the_request_limit_is_refused_whole(tmp_path: Path) -> None:
@@ -765,15 +943,20 @@ def test_a_provider_response_over_the_request_limit_is_refused_whole(tmp_path: P
 
 def test_outcomes_whose_model_cannot_name_a_cohort_are_listed_not_counted(http: httpx.Client) -> None:
     truncated = json.loads((FIXTURES / "openai_chat_truncated.json").read_text())
-    body = {**truncated, "id": "chatcmpl-long-model", "model": "m" * 300,
-            "choices": [{**truncated["choices"][0], "index": i} for i in range(3)]}
+    body = {
+        **truncated,
+        "id": "chatcmpl-long-model",
+        "model": "m" * 300,
+        "choices": [{**truncated["choices"][0], "index": i} for i in range(3)],
+    }
     r = http.post("/v1/provider/openai", params={"prompt_version": "long-model"}, json=body)
     assert r.status_code == 200, r.text
     assert [(o["kind"], o["counted"]) for o in r.json()["outcomes"]] == [("truncated", False)] * 3
 
 
-def _asgi_post(app: Any, parts: list[dict[str, Any]], hold: asyncio.Event | None = None,
-               length: int = 500) -> Coroutine[Any, Any, list[dict[str, Any]]]:
+def _asgi_post(
+    app: Any, parts: list[dict[str, Any]], hold: asyncio.Event | None = None, length: int = 500
+) -> Coroutine[Any, Any, list[dict[str, Any]]]:
     """POST /v1/outputs to the app in-process; ``parts`` are the body's receive messages, and
     after them the client waits on ``hold`` (or for ever) without sending more."""
     sent: list[dict[str, Any]] = []
@@ -788,10 +971,20 @@ def _asgi_post(app: Any, parts: list[dict[str, Any]], hold: asyncio.Event | None
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-             "scheme": "http", "path": "/v1/outputs", "raw_path": b"/v1/outputs", "query_string": b"",
-             "root_path": "", "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8000),
-             "headers": [(b"content-type", b"application/json"), (b"content-length", str(length).encode())]}
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/outputs",
+        "raw_path": b"/v1/outputs",
+        "query_string": b"",
+        "root_path": "",
+        "client": ("127.0.0.1", 5000),
+        "server": ("127.0.0.1", 8000),
+        "headers": [(b"content-type", b"application/json"), (b"content-length", str(length).encode())],
+    }
 
     async def run() -> list[dict[str, Any]]:
         await app(scope, receive, send)
@@ -801,11 +994,12 @@ def _asgi_post(app: Any, parts: list[dict[str, Any]], hold: asyncio.Event | None
 
 
 def test_a_body_that_stops_arriving_gets_408(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from analysis.service import create_app
-    from collector import load_settings
+    from shapewatch.analysis.service import create_app
+    from shapewatch.collector import load_settings
 
-    app = create_app(load_settings({"db_path": str(tmp_path / "slow.duckdb"), "body_idle_seconds": 0.2}, env={}),
-                     analyze=False)
+    app = create_app(
+        load_settings({"db_path": str(tmp_path / "slow.duckdb"), "body_idle_seconds": 0.2}, env={}), analyze=False
+    )
     try:
         sent = asyncio.run(_asgi_post(app, [{"type": "http.request", "body": b"[", "more_body": True}]))
     finally:
@@ -815,24 +1009,33 @@ def test_a_body_that_stops_arriving_gets_408(tmp_path: Path, monkeypatch: pytest
 
 
 def test_bodies_held_at_once_are_bounded_and_given_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from analysis.service import create_app
-    from collector import load_settings
+    from shapewatch.analysis.service import create_app
+    from shapewatch.collector import load_settings
 
-    monkeypatch.setattr("collector.http_policy._BODIES_HELD", 1)
-    settings = load_settings({"db_path": str(tmp_path / "busy.duckdb"), "max_body_bytes": 2048,
-                              "max_document_bytes": 2048, "max_admin_body_bytes": 2048}, env={})
+    monkeypatch.setattr("shapewatch.collector.http_policy._BODIES_HELD", 1)
+    settings = load_settings(
+        {
+            "db_path": str(tmp_path / "busy.duckdb"),
+            "max_body_bytes": 2048,
+            "max_document_bytes": 2048,
+            "max_admin_body_bytes": 2048,
+        },
+        env={},
+    )
     app = create_app(settings, analyze=False)
 
     async def scenario() -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
         hold = asyncio.Event()
-        first = asyncio.create_task(_asgi_post(app, [{"type": "http.request", "body": b"[" + b" " * 1500,
-                                                      "more_body": True}], hold))
+        first = asyncio.create_task(
+            _asgi_post(app, [{"type": "http.request", "body": b"[" + b" " * 1500, "more_body": True}], hold)
+        )
         await asyncio.sleep(0.05)  # the first request holds 1,501 bytes of the 2,048 now
         second = await _asgi_post(app, [{"type": "http.request", "body": b" " * 1000, "more_body": False}])
         hold.set()
         first_sent = await first  # "[ ... ]": an empty array, answered
-        third = await _asgi_post(app, [{"type": "http.request", "body": b"[" + b" " * 999, "more_body": True}],
-                                 hold)  # room again: this one is read whole
+        third = await _asgi_post(
+            app, [{"type": "http.request", "body": b"[" + b" " * 999, "more_body": True}], hold
+        )  # room again: this one is read whole
         return first_sent, second, third
 
     try:
@@ -847,8 +1050,14 @@ def test_bodies_held_at_once_are_bounded_and_given_back(tmp_path: Path, monkeypa
 def test_a_missing_query_parameter_is_named_as_the_client_writes_it(http: httpx.Client) -> None:
     # FastAPI's own validation names parameters the way every check of the service does:
     # `prompt_version`, not its location `query.prompt_version`.
-    r = http.post("/v1/provider/openai", content=(FIXTURES / "openai_chat_tool_calls.json").read_bytes(),
-                  headers=JSON)
-    assert (r.status_code, r.json()) == (422, {"error": {"status": 422, "message": "request is invalid",
-                                                         "fields": [{"path": "prompt_version",
-                                                                     "reason": "Field required"}]}})
+    r = http.post("/v1/provider/openai", content=(FIXTURES / "openai_chat_tool_calls.json").read_bytes(), headers=JSON)
+    assert (r.status_code, r.json()) == (
+        422,
+        {
+            "error": {
+                "status": 422,
+                "message": "request is invalid",
+                "fields": [{"path": "prompt_version", "reason": "Field required"}],
+            }
+        },
+    )

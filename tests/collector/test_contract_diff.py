@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from collector import (
+from shapewatch.collector import (
     ChangeKind,
     Classification,
     ContractChange,
@@ -48,6 +48,7 @@ INTAKE = json.loads((FIXTURES / "intake_v1.json").read_text())
 
 # --- nothing changed -----------------------------------------------------------------------
 
+
 def test_key_reordering_and_set_order_are_no_change() -> None:
     old = read_contract(FIXTURES / "intake_v1.json")
     new = read_contract(FIXTURES / "intake_v1_reordered.json")
@@ -64,6 +65,7 @@ def test_a_schema_diffed_with_itself_has_no_change() -> None:
 
 
 # --- behavioral: descriptions --------------------------------------------------------------
+
 
 def test_description_only_edits_are_behavioral() -> None:
     def edit(d: dict[str, Any]) -> None:
@@ -105,14 +107,37 @@ def test_examples_default_and_unknown_keywords_are_behavioral() -> None:
 
 # --- fields, required, nesting -------------------------------------------------------------
 
+
 def test_fields_added_removed_and_required_in_nested_objects() -> None:
-    old = obj({"customer": obj({"tier": {"type": "string"}, "id": {"type": "string"},
-                                "region": {"type": "string"}, "note": {"type": "string"}},
-                               ["tier", "id"])}, ["customer"])
-    new = obj({"customer": obj({"tier": {"type": "string"}, "id": {"type": "string"},
-                                "region": {"type": "string"}, "name": {"type": "string"},
-                                "address": obj({"zip": {"type": "string"}}, ["zip"])},
-                               ["tier", "region", "address"])}, ["customer"])
+    old = obj(
+        {
+            "customer": obj(
+                {
+                    "tier": {"type": "string"},
+                    "id": {"type": "string"},
+                    "region": {"type": "string"},
+                    "note": {"type": "string"},
+                },
+                ["tier", "id"],
+            )
+        },
+        ["customer"],
+    )
+    new = obj(
+        {
+            "customer": obj(
+                {
+                    "tier": {"type": "string"},
+                    "id": {"type": "string"},
+                    "region": {"type": "string"},
+                    "name": {"type": "string"},
+                    "address": obj({"zip": {"type": "string"}}, ["zip"]),
+                },
+                ["tier", "region", "address"],
+            )
+        },
+        ["customer"],
+    )
     assert changes(old, new) == [
         ("customer.address", "required_field_added", B, "required field added"),
         ("customer.id", "required_removed", C, "field became optional"),
@@ -139,13 +164,39 @@ def test_keys_with_dots_are_escaped_in_paths() -> None:
 
 # --- arrays of objects ---------------------------------------------------------------------
 
+
 def test_arrays_of_objects_use_item_paths() -> None:
-    old = obj({"line_items": {"type": "array", "minItems": 1, "items": obj(
-        {"sku": {"type": "string"}, "qty": {"type": "integer", "minimum": 1},
-         "tags": {"type": "array", "items": {"enum": ["gift", "fragile"]}}}, ["sku"])}})
-    new = obj({"line_items": {"type": "array", "items": obj(
-        {"sku": {"type": "string"}, "qty": {"type": "integer", "minimum": 1, "maximum": 99},
-         "tags": {"type": "array", "items": {"enum": ["gift", "fragile", "bulky"]}}}, ["sku", "qty"])}})
+    old = obj(
+        {
+            "line_items": {
+                "type": "array",
+                "minItems": 1,
+                "items": obj(
+                    {
+                        "sku": {"type": "string"},
+                        "qty": {"type": "integer", "minimum": 1},
+                        "tags": {"type": "array", "items": {"enum": ["gift", "fragile"]}},
+                    },
+                    ["sku"],
+                ),
+            }
+        }
+    )
+    new = obj(
+        {
+            "line_items": {
+                "type": "array",
+                "items": obj(
+                    {
+                        "sku": {"type": "string"},
+                        "qty": {"type": "integer", "minimum": 1, "maximum": 99},
+                        "tags": {"type": "array", "items": {"enum": ["gift", "fragile", "bulky"]}},
+                    },
+                    ["sku", "qty"],
+                ),
+            }
+        }
+    )
     assert changes(old, new) == [
         ("line_items", "bound_loosened", C, "minItems 1 removed"),
         ("line_items[].qty", "bound_tightened", B, "maximum 99 added"),
@@ -156,12 +207,20 @@ def test_arrays_of_objects_use_item_paths() -> None:
 
 # --- $ref ----------------------------------------------------------------------------------
 
+
 def test_a_change_inside_a_definition_shows_at_every_path_using_it() -> None:
     def schema(zip_pattern: str) -> dict[str, Any]:
-        return obj({"billing": {"$ref": "#/$defs/address"}, "shipping": {"$ref": "#/$defs/address"},
-                    "stops": {"type": "array", "items": {"$ref": "#/definitions/stop"}}},
-                   **{"$defs": {"address": obj({"zip": {"type": "string", "pattern": zip_pattern}})},
-                      "definitions": {"stop": obj({"at": {"$ref": "#/$defs/address"}})}})
+        return obj(
+            {
+                "billing": {"$ref": "#/$defs/address"},
+                "shipping": {"$ref": "#/$defs/address"},
+                "stops": {"type": "array", "items": {"$ref": "#/definitions/stop"}},
+            },
+            **{
+                "$defs": {"address": obj({"zip": {"type": "string", "pattern": zip_pattern}})},
+                "definitions": {"stop": obj({"at": {"$ref": "#/$defs/address"}})},
+            },
+        )
 
     assert changes(schema("^[0-9]{5}$"), schema("^[0-9]{5}(-[0-9]{4})?$")) == [
         ("billing.zip", "pattern_changed", B, 'pattern "^[0-9]{5}$" -> "^[0-9]{5}(-[0-9]{4})?$"'),
@@ -173,8 +232,9 @@ def test_a_change_inside_a_definition_shows_at_every_path_using_it() -> None:
 def test_inlining_a_definition_is_no_change_and_recursive_definitions_terminate() -> None:
     node = obj({"name": {"type": "string"}, "children": {"type": "array", "items": {"$ref": "#/$defs/node"}}})
     old = {"$ref": "#/$defs/node", "$defs": {"node": node}}
-    new_node = obj({"name": {"type": "string", "maxLength": 80},
-                    "children": {"type": "array", "items": {"$ref": "#/$defs/node"}}})
+    new_node = obj(
+        {"name": {"type": "string", "maxLength": 80}, "children": {"type": "array", "items": {"$ref": "#/$defs/node"}}}
+    )
     new = {**new_node, "$defs": {"node": new_node}}  # the root inlined
     assert changes(old, new) == [
         ("children[].name", "bound_tightened", B, "maxLength 80 added"),
@@ -184,12 +244,21 @@ def test_inlining_a_definition_is_no_change_and_recursive_definitions_terminate(
 
 # --- anyOf / oneOf / allOf -----------------------------------------------------------------
 
+
 def test_anyof_options_removed_are_breaking_and_added_are_compatible() -> None:
-    old = obj({"amount": {"anyOf": [{"type": "number"}, {"type": "null"}]},
-               "ref": {"anyOf": [{"type": "string"}, {"type": "integer"}]}})
-    new = obj({"amount": {"anyOf": [{"type": "number"}]},
-               "ref": {"anyOf": [{"type": "integer"}, {"type": "string"}, {"$ref": "#/$defs/ref"}]}},
-              **{"$defs": {"ref": obj({"id": {"type": "string"}})}})
+    old = obj(
+        {
+            "amount": {"anyOf": [{"type": "number"}, {"type": "null"}]},
+            "ref": {"anyOf": [{"type": "string"}, {"type": "integer"}]},
+        }
+    )
+    new = obj(
+        {
+            "amount": {"anyOf": [{"type": "number"}]},
+            "ref": {"anyOf": [{"type": "integer"}, {"type": "string"}, {"$ref": "#/$defs/ref"}]},
+        },
+        **{"$defs": {"ref": obj({"id": {"type": "string"}})}},
+    )
     assert changes(old, new) == [
         ("amount", "option_removed", B, 'anyOf option {"type":"null"} removed'),
         ("ref", "option_added", C, "anyOf option #/$defs/ref added"),
@@ -197,11 +266,14 @@ def test_anyof_options_removed_are_breaking_and_added_are_compatible() -> None:
 
 
 def test_a_changed_anyof_option_is_compared_inside() -> None:
-    old = obj({"assignee": {"anyOf": [obj({"team": {"enum": ["billing", "shipping"]}}, ["team"]),
-                                      {"type": "null"}]}})
-    new = obj({"assignee": {"anyOf": [{"type": "null"},
-                                      obj({"team": {"enum": ["billing"]}, "name": {"type": "string"}},
-                                          ["team"])]}})
+    old = obj({"assignee": {"anyOf": [obj({"team": {"enum": ["billing", "shipping"]}}, ["team"]), {"type": "null"}]}})
+    new = obj(
+        {
+            "assignee": {
+                "anyOf": [{"type": "null"}, obj({"team": {"enum": ["billing"]}, "name": {"type": "string"}}, ["team"])]
+            }
+        }
+    )
     assert changes(old, new) == [
         ("assignee.name", "field_added", C, "optional field added"),
         ("assignee.team", "enum_value_removed", B, 'enum value "shipping" removed'),
@@ -219,9 +291,21 @@ def test_oneof_options_are_matched_by_their_discriminator() -> None:
     old = obj({"payment": {"oneOf": [card({}), bank({})]}})
     new = obj({"payment": {"oneOf": [bank({"minLength": 15}), wallet, card({"pattern": "^[0-9]{4}$"})]}})
     assert changes(old, new) == [
-        ("payment", "option_added", C, "oneOf option " + json.dumps(
-            {"properties": {"kind": {"const": "wallet"}, "provider": {"type": "string"}},
-             "required": ["kind"], "type": "object"}, separators=(",", ":"))[:57] + "... added"),
+        (
+            "payment",
+            "option_added",
+            C,
+            "oneOf option "
+            + json.dumps(
+                {
+                    "properties": {"kind": {"const": "wallet"}, "provider": {"type": "string"}},
+                    "required": ["kind"],
+                    "type": "object",
+                },
+                separators=(",", ":"),
+            )[:57]
+            + "... added",
+        ),
         ("payment.iban", "bound_tightened", B, "minLength 15 added"),
         ("payment.last4", "pattern_added", B, 'pattern "^[0-9]{4}$" added'),
     ]
@@ -237,11 +321,28 @@ def test_allof_subschemas_are_constraints() -> None:
 
 # --- types, enums, const, format -----------------------------------------------------------
 
+
 def test_type_widening_narrowing_and_changes() -> None:
-    old = obj({"count": {"type": "integer"}, "score": {"type": "number"}, "note": {"type": ["string", "null"]},
-               "id": {"type": "string"}, "any": {}, "num": {"type": "number"}})
-    new = obj({"count": {"type": "number"}, "score": {"type": "integer"}, "note": {"type": "string"},
-               "id": {"type": "integer"}, "any": {"type": "string"}, "num": {"type": ["integer", "number"]}})
+    old = obj(
+        {
+            "count": {"type": "integer"},
+            "score": {"type": "number"},
+            "note": {"type": ["string", "null"]},
+            "id": {"type": "string"},
+            "any": {},
+            "num": {"type": "number"},
+        }
+    )
+    new = obj(
+        {
+            "count": {"type": "number"},
+            "score": {"type": "integer"},
+            "note": {"type": "string"},
+            "id": {"type": "integer"},
+            "any": {"type": "string"},
+            "num": {"type": ["integer", "number"]},
+        }
+    )
     assert changes(old, new) == [
         ("any", "type_narrowed", B, "type any -> string"),
         ("count", "type_widened", C, "type integer -> number"),
@@ -256,11 +357,26 @@ def test_type_widening_narrowing_and_changes() -> None:
 
 
 def test_enum_and_const_changes() -> None:
-    old = obj({"tier": {"enum": ["free", "pro", "enterprise"]}, "v": {"const": 1}, "w": {"const": "x"},
-               "open": {"enum": ["a"]}, "free_text": {"type": "string"}, "fixed": {"type": "string"}})
-    new = obj({"tier": {"enum": ["pro", "free", "team"]}, "v": {"const": 2}, "open": {"type": "string"},
-               "free_text": {"type": "string", "enum": ["a", "b"]}, "w": {}, "fixed": {"const": "y",
-                                                                                       "type": "string"}})
+    old = obj(
+        {
+            "tier": {"enum": ["free", "pro", "enterprise"]},
+            "v": {"const": 1},
+            "w": {"const": "x"},
+            "open": {"enum": ["a"]},
+            "free_text": {"type": "string"},
+            "fixed": {"type": "string"},
+        }
+    )
+    new = obj(
+        {
+            "tier": {"enum": ["pro", "free", "team"]},
+            "v": {"const": 2},
+            "open": {"type": "string"},
+            "free_text": {"type": "string", "enum": ["a", "b"]},
+            "w": {},
+            "fixed": {"const": "y", "type": "string"},
+        }
+    )
     assert changes(old, new) == [
         ("fixed", "const_added", B, 'const "y" added'),
         ("free_text", "enum_added", B, 'enum ["a","b"] added'),
@@ -274,10 +390,16 @@ def test_enum_and_const_changes() -> None:
 
 
 def test_format_changes() -> None:
-    old = obj({"a": {"type": "string"}, "b": {"type": "string", "format": "date"},
-               "c": {"type": "string", "format": "email"}})
-    new = obj({"a": {"type": "string", "format": "uuid"}, "b": {"type": "string", "format": "date-time"},
-               "c": {"type": "string"}})
+    old = obj(
+        {"a": {"type": "string"}, "b": {"type": "string", "format": "date"}, "c": {"type": "string", "format": "email"}}
+    )
+    new = obj(
+        {
+            "a": {"type": "string", "format": "uuid"},
+            "b": {"type": "string", "format": "date-time"},
+            "c": {"type": "string"},
+        }
+    )
     assert changes(old, new) == [
         ("a", "format_added", B, 'format "uuid" added'),
         ("b", "format_changed", B, 'format "date" -> "date-time"'),
@@ -287,20 +409,31 @@ def test_format_changes() -> None:
 
 # --- bounds and patterns -------------------------------------------------------------------
 
-@pytest.mark.parametrize(("keyword", "old", "new", "kind"), [
-    ("minimum", 0, 1, "bound_tightened"), ("minimum", 1, 0, "bound_loosened"),
-    ("maximum", 10, 5, "bound_tightened"), ("maximum", 5, 10, "bound_loosened"),
-    ("exclusiveMinimum", 0, 1, "bound_tightened"), ("exclusiveMaximum", 10, 11, "bound_loosened"),
-    ("minLength", 1, 2, "bound_tightened"), ("maxLength", 500, 100, "bound_tightened"),
-    ("maxLength", 100, 500, "bound_loosened"), ("minItems", 2, 1, "bound_loosened"),
-    ("maxItems", 20, 10, "bound_tightened"), ("maxItems", 10, 20, "bound_loosened"),
-    ("multipleOf", 5, 10, "bound_tightened"), ("multipleOf", 10, 5, "bound_loosened"),
-])
-def test_bounds_tightened_are_breaking_and_loosened_compatible(keyword: str, old: int, new: int,
-                                                               kind: str) -> None:
+
+@pytest.mark.parametrize(
+    ("keyword", "old", "new", "kind"),
+    [
+        ("minimum", 0, 1, "bound_tightened"),
+        ("minimum", 1, 0, "bound_loosened"),
+        ("maximum", 10, 5, "bound_tightened"),
+        ("maximum", 5, 10, "bound_loosened"),
+        ("exclusiveMinimum", 0, 1, "bound_tightened"),
+        ("exclusiveMaximum", 10, 11, "bound_loosened"),
+        ("minLength", 1, 2, "bound_tightened"),
+        ("maxLength", 500, 100, "bound_tightened"),
+        ("maxLength", 100, 500, "bound_loosened"),
+        ("minItems", 2, 1, "bound_loosened"),
+        ("maxItems", 20, 10, "bound_tightened"),
+        ("maxItems", 10, 20, "bound_loosened"),
+        ("multipleOf", 5, 10, "bound_tightened"),
+        ("multipleOf", 10, 5, "bound_loosened"),
+    ],
+)
+def test_bounds_tightened_are_breaking_and_loosened_compatible(keyword: str, old: int, new: int, kind: str) -> None:
     cls = B if kind == "bound_tightened" else C
     assert changes(obj({"x": {keyword: old}}), obj({"x": {keyword: new}})) == [
-        ("x", kind, cls, f"{keyword} {old} -> {new}")]
+        ("x", kind, cls, f"{keyword} {old} -> {new}")
+    ]
 
 
 def test_bounds_and_patterns_added_or_removed() -> None:
@@ -316,12 +449,23 @@ def test_bounds_and_patterns_added_or_removed() -> None:
 
 # --- additionalProperties and other keywords -----------------------------------------------
 
+
 def test_additional_properties_closed_and_opened() -> None:
-    old = obj({"meta": obj({}), "extra": obj({}, additionalProperties=False),
-               "labels": obj({}, additionalProperties={"type": "string"})})
-    new = obj({"meta": obj({}, additionalProperties=False), "extra": obj({}, additionalProperties=True),
-               "labels": obj({}, additionalProperties={"type": "string", "maxLength": 20})},
-              additionalProperties={"type": "object"})
+    old = obj(
+        {
+            "meta": obj({}),
+            "extra": obj({}, additionalProperties=False),
+            "labels": obj({}, additionalProperties={"type": "string"}),
+        }
+    )
+    new = obj(
+        {
+            "meta": obj({}, additionalProperties=False),
+            "extra": obj({}, additionalProperties=True),
+            "labels": obj({}, additionalProperties={"type": "string", "maxLength": 20}),
+        },
+        additionalProperties={"type": "object"},
+    )
     assert changes(old, new) == [
         (None, "additional_properties_closed", B, "additionalProperties open -> restricted to a schema"),
         ("extra", "additional_properties_opened", C, "additionalProperties closed (false) -> open"),
@@ -340,6 +484,7 @@ def test_other_validation_keywords_added_are_breaking_and_removed_compatible() -
 
 
 # --- tools and catalogs --------------------------------------------------------------------
+
 
 def test_catalog_diff_with_a_tool_added_and_one_removed() -> None:
     old = read_contract(FIXTURES / "openai_tools_v1.json")
@@ -368,8 +513,12 @@ def test_changes_inside_catalog_tools_are_keyed_by_tool() -> None:
         ("search_orders", "limit", "bound_loosened", C, "maximum 50 -> 100"),
         ("search_orders", "status", "enum_value_removed", B, 'enum value "returned" removed'),
     ]
-    assert [c.location for c in found] == ["search_orders", "search_orders", "search_orders: limit",
-                                           "search_orders: status"]
+    assert [c.location for c in found] == [
+        "search_orders",
+        "search_orders",
+        "search_orders: limit",
+        "search_orders: status",
+    ]
 
 
 def test_the_same_tool_in_another_provider_format_is_no_change() -> None:
@@ -383,17 +532,25 @@ def test_a_single_tool_renamed_is_breaking() -> None:
     doc = json.loads((FIXTURES / "anthropic_get_weather.json").read_text())
     new = contract_from_document({**doc, "name": "current_weather"})
     assert [(c.tool, c.path, c.kind.value, c.classification.value, c.detail) for c in diff_contracts(old, new)] == [
-        ("current_weather", None, "tool_renamed", B, "tool 'get_weather' renamed to 'current_weather'")]
+        ("current_weather", None, "tool_renamed", B, "tool 'get_weather' renamed to 'current_weather'")
+    ]
 
 
 # --- verdicts ------------------------------------------------------------------------------
+
 
 def test_verdict_and_exit_code_follow_the_most_serious_change() -> None:
     brk = ContractChange("a", ChangeKind.field_removed, "field removed")
     beh = ContractChange("a", ChangeKind.description_changed, "description changed")
     com = ContractChange("b", ChangeKind.field_added, "optional field added")
-    cases = [([], Verdict.unchanged, 0), ([com], Verdict.compatible, 0), ([beh], Verdict.behavioral, 1),
-             ([com, beh], Verdict.behavioral, 1), ([com, beh, brk], Verdict.breaking, 2), ([brk], Verdict.breaking, 2)]
+    cases = [
+        ([], Verdict.unchanged, 0),
+        ([com], Verdict.compatible, 0),
+        ([beh], Verdict.behavioral, 1),
+        ([com, beh], Verdict.behavioral, 1),
+        ([com, beh, brk], Verdict.breaking, 2),
+        ([brk], Verdict.breaking, 2),
+    ]
     assert [(diff_verdict(cs), diff_exit_code(cs)) for cs, _, _ in cases] == [(v, e) for _, v, e in cases]
 
 

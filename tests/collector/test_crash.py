@@ -20,7 +20,7 @@ import httpx
 import pytest
 from harness import Service, free_port, make_envelope, start_service
 
-from collector import Store
+from shapewatch.collector import Store
 
 SEED = 20261129
 CLIENTS = 4
@@ -52,8 +52,9 @@ def test_acknowledged_events_survive_sigkill_exactly_once(tmp_path: Path) -> Non
             while not stop.is_set() and time.monotonic() < deadline:
                 ids = [f"c{n}-b{seq}-{i}" for i in range(BATCH)]
                 seq += 1
-                body = json.dumps([make_envelope(event_id=i, output={"n": crng.randint(0, 9), "who": n})
-                                   for i in ids]).encode()
+                body = json.dumps(
+                    [make_envelope(event_id=i, output={"n": crng.randint(0, 9), "who": n}) for i in ids]
+                ).encode()
                 with lock:
                     sent.update(ids)
                 while time.monotonic() < deadline:  # the same batch, same ids, until a 200
@@ -110,12 +111,14 @@ def test_acknowledged_events_survive_sigkill_exactly_once(tmp_path: Path) -> Non
     duplicated = {i for i, n in counts.items() if n > 1}
     unexpected = counts.keys() - sent
     elapsed = time.monotonic() - t_start
-    report = (f"sent={len(sent)} acknowledged={len(acked)} stored={len(counts)} lost={len(lost)} "
-              f"duplicated={len(duplicated)} unexpected={len(unexpected)} failed_attempts={failures[0]} "
-              f"restart_seconds={restarts} elapsed={elapsed:.1f}s problems={problems[:3]} "
-              f"examples lost={sorted(lost)[:5]} duplicated={sorted(duplicated)[:5]} "
-              f"unexpected={sorted(unexpected)[:5]}")
-    print(report)
+    report = (
+        f"sent={len(sent)} acknowledged={len(acked)} stored={len(counts)} lost={len(lost)} "
+        f"duplicated={len(duplicated)} unexpected={len(unexpected)} failed_attempts={failures[0]} "
+        f"restart_seconds={restarts} elapsed={elapsed:.1f}s problems={problems[:3]} "
+        f"examples lost={sorted(lost)[:5]} duplicated={sorted(duplicated)[:5]} "
+        f"unexpected={sorted(unexpected)[:5]}"
+    )
+    print(report)  # noqa: T201  the figures, shown with -s
     assert not problems, report
     assert (len(lost), len(duplicated), len(unexpected)) == (0, 0, 0), report
     assert len(restarts) == KILLS and max(restarts) < 30, report
@@ -128,8 +131,9 @@ def test_acknowledged_events_survive_sigkill_exactly_once(tmp_path: Path) -> Non
     with Store.open(db) as store:
         events = store.query("SELECT count(*) FROM events")[0][0]
         counted = store.query("SELECT coalesce(sum(events), 0) FROM cohort_buckets")[0][0]
-        rows = store.query("SELECT cohort_id, path, sum(present) FROM field_rollups "
-                           "WHERE scope IS NULL AND path = 'n' GROUP BY ALL")
+        rows = store.query(
+            "SELECT cohort_id, path, sum(present) FROM field_rollups WHERE scope IS NULL AND path = 'n' GROUP BY ALL"
+        )
         present = store.query("SELECT cohort_id, count(*) FROM events GROUP BY ALL")
     assert counted == events, report
     assert sorted((c, n) for c, _, n in rows) == sorted(present), report

@@ -14,8 +14,8 @@ import orjson
 from harness import make_envelope
 from test_store import rollup_sums
 
-from collector import Store
-from collector.envelope import LIMITS, Envelope, parse_envelope
+from shapewatch.collector import Store
+from shapewatch.collector.envelope import LIMITS, Envelope, parse_envelope
 
 MINUTES = ["2026-11-29T12:00:10Z", "2026-11-29T12:01:20Z", "2026-11-29T12:02:30Z"]
 
@@ -29,12 +29,13 @@ def events(n: int, seed: int = 7) -> list[Envelope]:
     rnd = random.Random(seed)
     out = []
     for i in range(n):
-        output = {"priority": rnd.choice(["low", "high", "urgent"]),
-                  "items": [{"k": rnd.choice("abc")} for _ in range(rnd.randint(0, 3))]}
+        output = {
+            "priority": rnd.choice(["low", "high", "urgent"]),
+            "items": [{"k": rnd.choice("abc")} for _ in range(rnd.randint(0, 3))],
+        }
         if rnd.random() < 0.5:
             output["tier"] = rnd.choice(["gold", None])
-        env = make_envelope(event_id=f"e{i}", ts=rnd.choice(MINUTES), output=output,
-                            model=rnd.choice(["m1", "m2"]))
+        env = make_envelope(event_id=f"e{i}", ts=rnd.choice(MINUTES), output=output, model=rnd.choice(["m1", "m2"]))
         out.append(parse_envelope(orjson.dumps(env), LIMITS))
     return out
 
@@ -50,7 +51,7 @@ def test_deferred_rollups_wait_then_merge_to_the_same_sums(tmp_path: Path) -> No
     with Store.open(tmp_path / "d.duckdb") as store:
         store.defer_rollups(max_events=10_000, max_seconds=3600)
         for i in range(0, 300, 25):
-            store.write_batch(evs[i:i + 25])
+            store.write_batch(evs[i : i + 25])
         assert store.query("SELECT count(*) FROM events") == [(300,)]
         assert store.query("SELECT count(*) FROM field_rollups") == [(0,)]  # not merged yet
         assert store.flush_rollups() == 300
@@ -63,7 +64,7 @@ def test_deferred_rollups_merge_by_themselves_past_max_events(tmp_path: Path) ->
     with Store.open(tmp_path / "d.duckdb") as store:
         store.defer_rollups(max_events=40, max_seconds=3600)
         for i in range(0, 100, 10):
-            store.write_batch(evs[i:i + 10])
+            store.write_batch(evs[i : i + 10])
         merged = store.query(REQUESTED_EVENTS)[0][0]
         assert merged == 80  # merged at 40 and at 80; the last 20 wait
         store.flush_rollups()
@@ -76,7 +77,7 @@ def test_a_crash_before_the_merge_loses_no_count(tmp_path: Path) -> None:
     store = Store.open(db)
     store.defer_rollups(max_events=120, max_seconds=3600)
     for i in range(0, 200, 20):
-        store.write_batch(evs[i:i + 20])
+        store.write_batch(evs[i : i + 20])
     # 120 merged, 80 only in memory; the process dies without closing the store.
     assert store.query(REQUESTED_EVENTS) == [(120,)]
     store._con.close()  # private on purpose: this is the crash
@@ -103,14 +104,19 @@ def test_merges_beside_concurrent_commits_count_every_event_once(tmp_path: Path)
     rollups end equal to those of the same events written in one batch."""
     import threading
 
-    from collector.writer import Writer
+    from shapewatch.collector.writer import Writer
 
     rnd = random.Random(5)
     evs = []
     for i in range(600):
         served = rnd.choice(["gpt-4o-2024-08-06", "gpt-4o-2024-11-20", None])
-        env = make_envelope(event_id=f"c{i}", ts=rnd.choice(MINUTES), model="gpt-4o", served_model=served,
-                            output={"priority": rnd.choice(["low", "high"]), "n": rnd.randint(0, 3)})
+        env = make_envelope(
+            event_id=f"c{i}",
+            ts=rnd.choice(MINUTES),
+            model="gpt-4o",
+            served_model=served,
+            output={"priority": rnd.choice(["low", "high"]), "n": rnd.randint(0, 3)},
+        )
         evs.append(parse_envelope(orjson.dumps(env), LIMITS))
     expected = reference(tmp_path, evs)
     store = Store.open(tmp_path / "concurrent.duckdb")
@@ -123,7 +129,7 @@ def test_merges_beside_concurrent_commits_count_every_event_once(tmp_path: Path)
     def submit(part: list[Envelope]) -> None:
         try:
             for lo in range(0, len(part), 9):
-                chunk = part[lo:lo + 9]
+                chunk = part[lo : lo + 9]
                 statuses = {r.status.value for r in writer.submit(chunk + chunk[:1]).result(30)}
                 assert statuses <= {"accepted", "duplicate"}, statuses
         except BaseException as exc:

@@ -22,8 +22,8 @@ from harness import make_envelope
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from collector import _speedups, envelope
-from collector.envelope import (
+from shapewatch.collector import _speedups, envelope
+from shapewatch.collector.envelope import (
     LIMITS,
     SOURCES,
     Envelope,
@@ -36,16 +36,27 @@ from collector.envelope import (
     parse_envelope,
     validate_envelope,
 )
-from collector.errors import EnvelopeInvalid, FieldError
-from collector.settings import Settings
+from shapewatch.collector.errors import EnvelopeInvalid, FieldError
+from shapewatch.collector.settings import Settings
 
 NOW = datetime(2026, 11, 29, 12, 30, tzinfo=UTC)
 TS = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)  # make_envelope's ts
-TAGS = ["model", "prompt_version", "contract", "served_model", "contract_version", "run_id",
-        "agent_release", "finish_reason", "source"]
-KNOWN_FIELDS_MSG = ("unknown envelope field; known fields: agent_release, attributes, contract, "
-                    "contract_version, event_id, finish_reason, model, output, prompt_version, run_id, "
-                    "served_model, source, ts")
+TAGS = [
+    "model",
+    "prompt_version",
+    "contract",
+    "served_model",
+    "contract_version",
+    "run_id",
+    "agent_release",
+    "finish_reason",
+    "source",
+]
+KNOWN_FIELDS_MSG = (
+    "unknown envelope field; known fields: agent_release, attributes, contract, "
+    "contract_version, event_id, finish_reason, model, output, prompt_version, run_id, "
+    "served_model, source, ts"
+)
 PROPERTY = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -93,17 +104,33 @@ def invalid_json(raw: bytes, path: str = "") -> list[FieldError]:
 
 
 def test_a_full_envelope_becomes_every_field_of_the_envelope() -> None:
-    env = make_envelope(event_id="ev-1", run_id="run-9", agent_release="r-2", finish_reason="stop",
-                        attributes={"team": "billing", "region": "eu"})
+    env = make_envelope(
+        event_id="ev-1",
+        run_id="run-9",
+        agent_release="r-2",
+        finish_reason="stop",
+        attributes={"team": "billing", "region": "eu"},
+    )
     got = parse(env)
     output = env["output"]
     assert got._replace(payload_hash="") == Envelope(
-        event_id="ev-1", generated_id=False, ts=TS, model="claude-sonnet-4-5-20250929",
-        prompt_version="intake-v3", contract="intake",
-        output_json=orjson.dumps(output).decode(), payload_hash="",
-        served_model="claude-sonnet-4-5-20250929", contract_version="3", source="production",
-        run_id="run-9", agent_release="r-2", finish_reason="stop",
-        attributes_json='{"region":"eu","team":"billing"}', output=output)
+        event_id="ev-1",
+        generated_id=False,
+        ts=TS,
+        model="claude-sonnet-4-5-20250929",
+        prompt_version="intake-v3",
+        contract="intake",
+        output_json=orjson.dumps(output).decode(),
+        payload_hash="",
+        served_model="claude-sonnet-4-5-20250929",
+        contract_version="3",
+        source="production",
+        run_id="run-9",
+        agent_release="r-2",
+        finish_reason="stop",
+        attributes_json='{"region":"eu","team":"billing"}',
+        output=output,
+    )
     assert re.fullmatch(r"[0-9a-f]{32}", got.payload_hash)
 
 
@@ -111,8 +138,16 @@ def test_defaults_contract_ts_and_a_generated_event_id() -> None:
     got = parse({"model": "m", "prompt_version": "p", "output": {}})
     assert re.fullmatch(r"[0-9a-f]{32}", got.event_id)
     assert got._replace(event_id="", payload_hash="") == Envelope(
-        event_id="", generated_id=True, ts=NOW, model="m", prompt_version="p", contract="default",
-        output_json="{}", payload_hash="", output=None)  # read by the C scanner: never parsed
+        event_id="",
+        generated_id=True,
+        ts=NOW,
+        model="m",
+        prompt_version="p",
+        contract="default",
+        output_json="{}",
+        payload_hash="",
+        output=None,
+    )  # read by the C scanner: never parsed
 
 
 def test_two_envelopes_without_event_id_get_different_ids() -> None:
@@ -144,11 +179,24 @@ def test_each_known_source_is_accepted(source: str) -> None:
 
 
 def test_limits_from_settings_copies_every_limit() -> None:
-    s = Settings(max_event_bytes=1000, max_depth=3, max_array_length=4, max_key_length=5,
-                 max_leaves=6, max_attributes=7, max_tag_length=8)
-    assert limits_from_settings(s) == Limits(max_event_bytes=1000, max_depth=3, max_array_length=4,
-                                             max_key_length=5, max_leaves=6, max_attributes=7,
-                                             max_tag_length=8)
+    s = Settings(
+        max_event_bytes=1000,
+        max_depth=3,
+        max_array_length=4,
+        max_key_length=5,
+        max_leaves=6,
+        max_attributes=7,
+        max_tag_length=8,
+    )
+    assert limits_from_settings(s) == Limits(
+        max_event_bytes=1000,
+        max_depth=3,
+        max_array_length=4,
+        max_key_length=5,
+        max_leaves=6,
+        max_attributes=7,
+        max_tag_length=8,
+    )
     assert limits_from_settings(Settings()) == LIMITS
 
 
@@ -179,24 +227,27 @@ def test_every_missing_required_field_is_named_at_once() -> None:
 
 
 @pytest.mark.parametrize("name", TAGS)
-@pytest.mark.parametrize(("value", "jtype"), [(5, "integer"), (1.5, "number"), (2.0, "integer"),
-                                              (True, "boolean"), (["m"], "array"), ({"m": 1}, "object")])
+@pytest.mark.parametrize(
+    ("value", "jtype"),
+    [(5, "integer"), (1.5, "number"), (2.0, "integer"), (True, "boolean"), (["m"], "array"), ({"m": 1}, "object")],
+)
 def test_a_tag_field_of_the_wrong_type_is_refused(name: str, value: Any, jtype: str) -> None:
     assert refused(make_envelope(**{name: value})).fields == [
-        FieldError(name, f"must be a string, got {jtype}", "wrong_type")]
+        FieldError(name, f"must be a string, got {jtype}", "wrong_type")
+    ]
 
 
 @pytest.mark.parametrize("name", TAGS)
 @pytest.mark.parametrize("value", ["", " ", "\t\n "])
 def test_an_empty_tag_field_is_refused(name: str, value: str) -> None:
-    assert refused(make_envelope(**{name: value})).fields == [
-        FieldError(name, "must not be empty", "invalid_value")]
+    assert refused(make_envelope(**{name: value})).fields == [FieldError(name, "must not be empty", "invalid_value")]
 
 
 @pytest.mark.parametrize("name", TAGS)
 def test_a_tag_field_with_nul_is_refused(name: str) -> None:
     assert refused(make_envelope(**{name: "prod\x00uction"})).fields == [
-        FieldError(name, "must not contain NUL characters", "invalid_value")]
+        FieldError(name, "must not contain NUL characters", "invalid_value")
+    ]
 
 
 @pytest.mark.parametrize("name", [n for n in TAGS if n != "source"])
@@ -204,7 +255,8 @@ def test_a_tag_field_longer_than_max_tag_length_is_refused(name: str) -> None:
     lim = Limits(max_tag_length=8)
     assert getattr(parse(small(**{name: "x" * 8}), lim), name) == "x" * 8
     assert refused(small(**{name: "x" * 9}), lim).fields == [
-        FieldError(name, "is 9 characters long; the limit is 8", "too_large")]
+        FieldError(name, "is 9 characters long; the limit is 8", "too_large")
+    ]
 
 
 def test_a_tag_with_surrounding_blanks_is_kept_as_sent() -> None:
@@ -213,24 +265,23 @@ def test_a_tag_with_surrounding_blanks_is_kept_as_sent() -> None:
 
 def test_a_source_outside_the_known_set_is_refused() -> None:
     assert refused(make_envelope(source="staging")).fields == [
-        FieldError("source", "'staging' is not one of probe, production, shadow", "invalid_value")]
+        FieldError("source", "'staging' is not one of probe, production, shadow", "invalid_value")
+    ]
     assert refused(make_envelope(source="Production")).fields == [
-        FieldError("source", "'Production' is not one of probe, production, shadow", "invalid_value")]
+        FieldError("source", "'Production' is not one of probe, production, shadow", "invalid_value")
+    ]
 
 
 def test_an_unknown_top_level_field_is_refused() -> None:
-    assert refused(make_envelope(priority="high")).fields == [
-        FieldError("priority", KNOWN_FIELDS_MSG, "unknown_field")]
+    assert refused(make_envelope(priority="high")).fields == [FieldError("priority", KNOWN_FIELDS_MSG, "unknown_field")]
 
 
 def test_an_unknown_field_name_is_cut_to_80_characters() -> None:
-    assert refused(make_envelope(**{"k" * 300: 1})).fields == [
-        FieldError("k" * 80, KNOWN_FIELDS_MSG, "unknown_field")]
+    assert refused(make_envelope(**{"k" * 300: 1})).fields == [FieldError("k" * 80, KNOWN_FIELDS_MSG, "unknown_field")]
 
 
 def test_every_fault_of_one_envelope_is_named_in_field_order() -> None:
-    env = make_envelope(model=None, extra=1, source="staging", ts="noon", event_id=7,
-                        attributes=[], output=["x"])
+    env = make_envelope(model=None, extra=1, source="staging", ts="noon", event_id=7, attributes=[], output=["x"])
     exc = refused(env)
     assert exc.fields == [
         FieldError("extra", KNOWN_FIELDS_MSG, "unknown_field"),
@@ -244,8 +295,7 @@ def test_every_fault_of_one_envelope_is_named_in_field_order() -> None:
     assert str(exc) == "; ".join(f"{f.path}: {f.reason}" for f in exc.fields)
 
 
-@pytest.mark.parametrize(("raw", "jtype"), [(b"[]", "array"), (b'"x"', "string"), (b"null", "null"),
-                                            (b"3", "integer")])
+@pytest.mark.parametrize(("raw", "jtype"), [(b"[]", "array"), (b'"x"', "string"), (b"null", "null"), (b"3", "integer")])
 def test_an_envelope_that_is_not_an_object_is_refused(raw: bytes, jtype: str) -> None:
     assert refused(raw).fields == [FieldError("", f"an envelope must be a JSON object, got {jtype}", "wrong_type")]
 
@@ -263,7 +313,8 @@ def test_event_id_of_128_characters_is_accepted_and_129_refused() -> None:
 @pytest.mark.parametrize("value", ["", "   ", 5, 1.5, True, ["e"], {"e": 1}])
 def test_an_empty_or_non_string_event_id_is_refused(value: Any) -> None:
     assert refused(make_envelope(event_id=value)).fields == [
-        FieldError("event_id", "must be a non-empty string", "invalid_value")]
+        FieldError("event_id", "must be a non-empty string", "invalid_value")
+    ]
 
 
 def test_a_rejected_envelope_reports_its_event_id() -> None:
@@ -277,18 +328,21 @@ def test_a_rejected_envelope_reports_its_event_id() -> None:
 # --- ts -----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("value", "reason"), [
-    ("2026-11-29T12:00:00", "'2026-11-29T12:00:00' has no time zone; add 'Z' or an offset like +00:00"),
-    ("2026-11-29", "'2026-11-29' has no time zone; add 'Z' or an offset like +00:00"),
-    ("yesterday", "'yesterday' is not an ISO 8601 timestamp"),
-    ("29/11/2026 12:00", "'29/11/2026 12:00' is not an ISO 8601 timestamp"),
-    ("", "'' is not an ISO 8601 timestamp"),
-    ("x" * 100, f"{'x' * 40!r} is not an ISO 8601 timestamp"),
-    (1764417600, "must be an ISO 8601 string with a zone, got integer"),
-    (1764417600.5, "must be an ISO 8601 string with a zone, got number"),
-    (["2026-11-29T12:00:00Z"], "must be an ISO 8601 string with a zone, got array"),
-    (False, "must be an ISO 8601 string with a zone, got boolean"),
-])
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        ("2026-11-29T12:00:00", "'2026-11-29T12:00:00' has no time zone; add 'Z' or an offset like +00:00"),
+        ("2026-11-29", "'2026-11-29' has no time zone; add 'Z' or an offset like +00:00"),
+        ("yesterday", "'yesterday' is not an ISO 8601 timestamp"),
+        ("29/11/2026 12:00", "'29/11/2026 12:00' is not an ISO 8601 timestamp"),
+        ("", "'' is not an ISO 8601 timestamp"),
+        ("x" * 100, f"{'x' * 40!r} is not an ISO 8601 timestamp"),
+        (1764417600, "must be an ISO 8601 string with a zone, got integer"),
+        (1764417600.5, "must be an ISO 8601 string with a zone, got number"),
+        (["2026-11-29T12:00:00Z"], "must be an ISO 8601 string with a zone, got array"),
+        (False, "must be an ISO 8601 string with a zone, got boolean"),
+    ],
+)
 def test_a_bad_ts_is_refused(value: Any, reason: str) -> None:
     assert refused(make_envelope(ts=value)).fields == [FieldError("ts", reason, "invalid_timestamp")]
 
@@ -312,14 +366,16 @@ def test_attributes_are_stored_as_sorted_json() -> None:
 @pytest.mark.parametrize(("value", "jtype"), [("team=x", "string"), (["a"], "array"), (1, "integer")])
 def test_attributes_that_are_not_an_object_are_refused(value: Any, jtype: str) -> None:
     assert refused(make_envelope(attributes=value)).fields == [
-        FieldError("attributes", f"must be an object of strings, got {jtype}", "wrong_type")]
+        FieldError("attributes", f"must be an object of strings, got {jtype}", "wrong_type")
+    ]
 
 
 def test_attributes_over_max_attributes_are_refused() -> None:
     lim = Limits(max_attributes=2)
     assert parse(make_envelope(attributes={"a": "1", "b": "2"}), lim).attributes_json == '{"a":"1","b":"2"}'
     assert refused(make_envelope(attributes={"a": "1", "b": "2", "c": "3"}), lim).fields == [
-        FieldError("attributes", "has 3 entries; the limit is 2", "too_large")]
+        FieldError("attributes", "has 3 entries; the limit is 2", "too_large")
+    ]
 
 
 def test_attributes_with_non_string_values_name_each_one() -> None:
@@ -334,10 +390,10 @@ def test_attributes_with_non_string_values_name_each_one() -> None:
 def test_attributes_with_a_long_key_or_value_are_refused() -> None:
     lim = Limits(max_tag_length=4)
     reason = "key over 64 or value over 4 characters"
-    assert refused(small(attributes={"a": "12345"}), lim).fields == [
-        FieldError("attributes.a", reason, "too_large")]
+    assert refused(small(attributes={"a": "12345"}), lim).fields == [FieldError("attributes.a", reason, "too_large")]
     assert refused(small(attributes={"k" * 65: "1"}), lim).fields == [
-        FieldError("attributes." + "k" * 64, reason, "too_large")]
+        FieldError("attributes." + "k" * 64, reason, "too_large")
+    ]
     assert parse(small(attributes={"k" * 64: "1234"}), lim).attributes_json == '{"%s":"1234"}' % ("k" * 64)
 
 
@@ -349,11 +405,13 @@ def test_attributes_with_a_duplicate_key_are_refused() -> None:
 # --- output --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("value", "jtype"), [([{"a": 1}], "array"), ("{}", "string"), (None, "null"),
-                                              (3, "integer"), (True, "boolean")])
+@pytest.mark.parametrize(
+    ("value", "jtype"), [([{"a": 1}], "array"), ("{}", "string"), (None, "null"), (3, "integer"), (True, "boolean")]
+)
 def test_an_output_that_is_not_an_object_is_refused(value: Any, jtype: str) -> None:
     assert refused(make_envelope() | {"output": value}).fields == [
-        FieldError("output", f"must be a JSON object, got {jtype}", "wrong_type")]
+        FieldError("output", f"must be a JSON object, got {jtype}", "wrong_type")
+    ]
 
 
 def test_nesting_at_max_depth_is_accepted_and_one_deeper_names_the_path() -> None:
@@ -362,7 +420,8 @@ def test_nesting_at_max_depth_is_accepted_and_one_deeper_names_the_path() -> Non
     assert stored(parse(make_envelope(output=ok), lim)) == ok
     deep = {"x": 1, "a": [{"b": {"c": [1]}}, 2]}
     assert refused(make_envelope(output=deep), lim).fields == [
-        FieldError("output.a[0].b.c", "nested deeper than 4 levels", "too_deep")]
+        FieldError("output.a[0].b.c", "nested deeper than 4 levels", "too_deep")
+    ]
 
 
 def test_nesting_beyond_the_default_depth_names_the_path() -> None:
@@ -370,39 +429,46 @@ def test_nesting_beyond_the_default_depth_names_the_path() -> None:
     for _ in range(32):
         deep = {"a": deep}
     assert refused(make_envelope(output=deep)).fields == [
-        FieldError("output" + ".a" * 32, "nested deeper than 32 levels", "too_deep")]
+        FieldError("output" + ".a" * 32, "nested deeper than 32 levels", "too_deep")
+    ]
 
 
 def test_nesting_of_arrays_names_each_index() -> None:
     lim = Limits(max_depth=3)
     assert refused(make_envelope(output={"a": [0, [1, [2]]]}), lim).fields == [
-        FieldError("output.a[1][1]", "nested deeper than 3 levels", "too_deep")]
+        FieldError("output.a[1][1]", "nested deeper than 3 levels", "too_deep")
+    ]
 
 
 def test_an_array_longer_than_max_array_length_is_refused() -> None:
     lim = Limits(max_array_length=3)
     assert stored(parse(make_envelope(output={"a": {"b": [1, 2, 3]}}), lim)) == {"a": {"b": [1, 2, 3]}}
     assert refused(make_envelope(output={"a": {"b": [1, 2, 3, 4]}}), lim).fields == [
-        FieldError("output.a.b", "array has 4 items; the limit is 3", "too_large")]
+        FieldError("output.a.b", "array has 4 items; the limit is 3", "too_large")
+    ]
     assert refused(make_envelope(output={"items": [{"tags": []}, {"tags": list(range(9))}]}), lim).fields == [
-        FieldError("output.items[1].tags", "array has 9 items; the limit is 3", "too_large")]
+        FieldError("output.items[1].tags", "array has 9 items; the limit is 3", "too_large")
+    ]
 
 
 def test_a_key_longer_than_max_key_length_is_refused() -> None:
     lim = Limits(max_key_length=5)
     assert stored(parse(make_envelope(output={"a": {"abcde": 1}}), lim)) == {"a": {"abcde": 1}}
     assert refused(make_envelope(output={"a": {"abcdef": 1}}), lim).fields == [
-        FieldError("output.a.abcdef...", "key is 6 characters long; the limit is 5", "too_large")]
+        FieldError("output.a.abcdef...", "key is 6 characters long; the limit is 5", "too_large")
+    ]
     long_key = "k" * 100
     assert refused(make_envelope(output={"a": [{long_key: 1}]}), lim).fields == [
-        FieldError("output.a[0]." + "k" * 40 + "...", "key is 100 characters long; the limit is 5", "too_large")]
+        FieldError("output.a[0]." + "k" * 40 + "...", "key is 100 characters long; the limit is 5", "too_large")
+    ]
 
 
 def test_more_leaves_than_max_leaves_is_refused() -> None:
     lim = Limits(max_leaves=3)
     assert stored(parse(make_envelope(output={"a": 1, "b": [2, None]}), lim)) == {"a": 1, "b": [2, None]}
     assert refused(make_envelope(output={"a": 1, "b": 2, "c": 3, "d": 4}), lim).fields == [
-        FieldError("output", "has more than 3 leaf values", "too_large")]
+        FieldError("output", "has more than 3 leaf values", "too_large")
+    ]
     # empty containers are not leaves
     sparse = {"a": {}, "b": [], "c": [[], {}], "d": 1}
     assert stored(parse(make_envelope(output=sparse), lim)) == sparse
@@ -449,25 +515,32 @@ def test_loads_marking_refuses_a_number_too_large_for_a_float() -> None:
 def test_invalid_utf8_is_refused_as_invalid_json_naming_the_field_and_the_byte() -> None:
     in_output = env_raw('{"a":"x"}').replace(b"x", b"\xff")
     in_model = env_raw("{}").replace(b'"m"', b'"\xc3\x28"')
-    for raw, path, byte in ((in_output, "output.a", 0xff), (in_model, "model", 0xc3)):
+    for raw, path, byte in ((in_output, "output.a", 0xFF), (in_model, "model", 0xC3)):
         exc = refused(raw)
         at = raw.index(bytes([byte]))
         assert (exc.fields, exc.status) == (
             [FieldError(path, f"not valid JSON: invalid UTF-8 (byte 0x{byte:02x} at offset {at})", "invalid_json")],
-            400)
+            400,
+        )
     surrogate = env_raw('{"a":"\\ud800"}')  # UTF-8 text, but an escape no string may hold
     exc = refused(surrogate)
     assert (exc.fields, exc.status) == (invalid_json(surrogate, "output.a"), 400)
 
 
-@pytest.mark.parametrize(("raw", "path"), [
-    (b"", ""), (b"{", ""), (b"model=m", ""), (b"{'model': 'm'}", ""),
-    (b'{"model": "m",}', "model"),  # the fault comes after model's value
-    (env_raw('{"a": {"b": [1, {"c": Infinity}]}}'), "output.a.b[1].c"),
-    (env_raw('{"a.b": {"\\u00e9": [NaN]}}'), "output.a.b.\u00e9[0]"),
-    (env_raw('{"a": 1, "b": tru}'), "output.b"),
-    (env_raw('{"a": "unterminated'), "output.a"),
-])
+@pytest.mark.parametrize(
+    ("raw", "path"),
+    [
+        (b"", ""),
+        (b"{", ""),
+        (b"model=m", ""),
+        (b"{'model': 'm'}", ""),
+        (b'{"model": "m",}', "model"),  # the fault comes after model's value
+        (env_raw('{"a": {"b": [1, {"c": Infinity}]}}'), "output.a.b[1].c"),
+        (env_raw('{"a.b": {"\\u00e9": [NaN]}}'), "output.a.b.\u00e9[0]"),
+        (env_raw('{"a": 1, "b": tru}'), "output.b"),
+        (env_raw('{"a": "unterminated'), "output.a"),
+    ],
+)
 def test_text_that_is_not_json_is_refused_with_400_naming_where(raw: bytes, path: str) -> None:
     exc = refused(raw)
     assert (exc.fields, exc.status) == (invalid_json(raw, path), 400)
@@ -490,23 +563,28 @@ def test_nesting_beyond_the_parser_limit_gets_a_plain_reason() -> None:
     raw = env_raw('{"a":' + "[" * 1100 + "]" * 1100 + "}")
     exc = refused(raw)
     assert (exc.fields, exc.status) == (
-        [FieldError("", "not valid JSON: nested too deeply to parse", "invalid_json")], 400)
+        [FieldError("", "not valid JSON: nested too deeply to parse", "invalid_json")],
+        400,
+    )
 
 
-@pytest.mark.parametrize(("raw", "path"), [
-    (b'{"model":"a","model":"m","prompt_version":"p","output":{}}', "model"),
-    (b'{"model":"m","prompt_version":"p","output":{},"output":{}}', "output"),
-    (env_raw('{"a":1,"b":2,"a":1}'), "output.a"),
-    (env_raw('{"a":{"b":{"c":1,"c":"1"}}}'), "output.a.b.c"),
-    (env_raw('{"items":[{"k":1},{"k":1,"k":2}]}'), "output.items[1].k"),
-    (env_raw('{"items":[[{"k":1}],[{"j":0},{"k":1,"k":2}]]}'), "output.items[1][1].k"),
-    (env_raw('{"a" : 1, "a" : 2}'), "output.a"),
-    (env_raw('{\n  "a"\n:1,\n  "a"\t:2}'), "output.a"),
-    (env_raw('{"q":"say \\"hi\\"","q":"x"}'), "output.q"),
-    (env_raw('{"a\\"b":1,"a\\"b":2}'), 'output.a"b'),
-    (env_raw('{"a":1,"\\u0061":2}'), "output.a"),
-    (env_raw('{"s":"x\\":","s":1}'), "output.s"),
-])
+@pytest.mark.parametrize(
+    ("raw", "path"),
+    [
+        (b'{"model":"a","model":"m","prompt_version":"p","output":{}}', "model"),
+        (b'{"model":"m","prompt_version":"p","output":{},"output":{}}', "output"),
+        (env_raw('{"a":1,"b":2,"a":1}'), "output.a"),
+        (env_raw('{"a":{"b":{"c":1,"c":"1"}}}'), "output.a.b.c"),
+        (env_raw('{"items":[{"k":1},{"k":1,"k":2}]}'), "output.items[1].k"),
+        (env_raw('{"items":[[{"k":1}],[{"j":0},{"k":1,"k":2}]]}'), "output.items[1][1].k"),
+        (env_raw('{"a" : 1, "a" : 2}'), "output.a"),
+        (env_raw('{\n  "a"\n:1,\n  "a"\t:2}'), "output.a"),
+        (env_raw('{"q":"say \\"hi\\"","q":"x"}'), "output.q"),
+        (env_raw('{"a\\"b":1,"a\\"b":2}'), 'output.a"b'),
+        (env_raw('{"a":1,"\\u0061":2}'), "output.a"),
+        (env_raw('{"s":"x\\":","s":1}'), "output.s"),
+    ],
+)
 def test_a_duplicate_key_anywhere_is_refused_with_its_path(raw: bytes, path: str) -> None:
     assert refused(raw).fields == [FieldError(path, "duplicate key", "duplicate_key")]
 
@@ -520,23 +598,30 @@ def test_a_duplicate_key_is_named_beside_the_other_faults() -> None:
     ]
 
 
-@pytest.mark.parametrize(("literal", "path", "digits"), [
-    ("1" * 30, "output.a", 30),
-    ("-" + "9" * 30, "output.a", 30),
-    (str(2**64), "output.a", 20),
-    (str(2**64 + 1), "output.a", 20),
-    (str(-(2**63) - 1), "output.a", 19),
-])
+@pytest.mark.parametrize(
+    ("literal", "path", "digits"),
+    [
+        ("1" * 30, "output.a", 30),
+        ("-" + "9" * 30, "output.a", 30),
+        (str(2**64), "output.a", 20),
+        (str(2**64 + 1), "output.a", 20),
+        (str(-(2**63) - 1), "output.a", 19),
+    ],
+)
 def test_an_integer_too_large_for_64_bits_is_refused(literal: str, path: str, digits: int) -> None:
     assert refused(env_raw('{"a":%s}' % literal)).fields == [
-        FieldError(path, f"integer with {digits} digits is too large to keep exactly (64-bit limit)",
-                   "number_too_large")]
+        FieldError(
+            path, f"integer with {digits} digits is too large to keep exactly (64-bit limit)", "number_too_large"
+        )
+    ]
 
 
 def test_a_huge_integer_in_an_array_names_its_index() -> None:
     assert refused(env_raw('{"x":{"xs":[1,2,%d]}}' % 2**64)).fields == [
-        FieldError("output.x.xs[2]", "integer with 20 digits is too large to keep exactly (64-bit limit)",
-                   "number_too_large")]
+        FieldError(
+            "output.x.xs[2]", "integer with 20 digits is too large to keep exactly (64-bit limit)", "number_too_large"
+        )
+    ]
 
 
 @pytest.mark.parametrize("value", [2**63 - 1, -(2**63), 0, -1])
@@ -545,8 +630,10 @@ def test_integers_within_64_bits_are_kept_exactly(value: int) -> None:
     assert (stored(got), got.output_json) == ({"a": value, "b": [value]}, '{"a":%d,"b":[%d]}' % (value, value))
 
 
-@pytest.mark.parametrize(("literal", "value"), [("1e20", 1e20), ("1.0e19", 1e19), ("-1e20", -1e20),
-                                                ("100000000000000000000.0", 1e20), ("9.3e18", 9.3e18)])
+@pytest.mark.parametrize(
+    ("literal", "value"),
+    [("1e20", 1e20), ("1.0e19", 1e19), ("-1e20", -1e20), ("100000000000000000000.0", 1e20), ("9.3e18", 9.3e18)],
+)
 def test_a_large_float_written_as_a_float_is_accepted(literal: str, value: float) -> None:
     got = parse(env_raw('{"a":%s}' % literal))
     assert got.output == {"a": value}
@@ -555,17 +642,22 @@ def test_a_large_float_written_as_a_float_is_accepted(literal: str, value: float
 
 def test_a_large_float_beside_a_huge_integer_still_names_the_integer() -> None:
     assert refused(env_raw('{"f":1e20,"n":%s}' % ("7" * 25))).fields == [
-        FieldError("output.n", "integer with 25 digits is too large to keep exactly (64-bit limit)",
-                   "number_too_large")]
+        FieldError("output.n", "integer with 25 digits is too large to keep exactly (64-bit limit)", "number_too_large")
+    ]
 
 
-@pytest.mark.parametrize(("raw", "path"), [
-    # nested objects: the walk stops at max_depth, so the key count cannot match
-    (env_raw('{"a":' * 1000 + "1" + "}" * 1000), "output" + ".a" * 32),
-    # nested arrays, with a blank before one colon
-    (b'{"model" : "m","prompt_version":"p","output":{"a":' + b"[" * 1000 + b"]" * 1000 + b"}}",
-     "output.a" + "[0]" * 31),
-])
+@pytest.mark.parametrize(
+    ("raw", "path"),
+    [
+        # nested objects: the walk stops at max_depth, so the key count cannot match
+        (env_raw('{"a":' * 1000 + "1" + "}" * 1000), "output" + ".a" * 32),
+        # nested arrays, with a blank before one colon
+        (
+            b'{"model" : "m","prompt_version":"p","output":{"a":' + b"[" * 1000 + b"]" * 1000 + b"}}",
+            "output.a" + "[0]" * 31,
+        ),
+    ],
+)
 def test_deep_nesting_within_the_parser_limit_is_refused_as_too_deep(raw: bytes, path: str) -> None:
     assert refused(raw).fields == [FieldError(path, "nested deeper than 32 levels", "too_deep")]
 
@@ -576,14 +668,27 @@ def test_deep_nesting_within_the_parser_limit_is_refused_as_too_deep(raw: bytes,
 # Plain text (no quote or backslash) is where the cheap count is conclusive, so it is drawn as often.
 _TRICKY = st.sampled_from(list('ab":\\ .[]{},\t\n/é'))
 _PLAIN = st.sampled_from(list("ab: .[]{},\t\n/é"))
-_KEYS = (st.text(_PLAIN, max_size=6) | st.text(_TRICKY, max_size=6)
-         | st.sampled_from([":", ":a", '":', '\\"', " : ", '"', "\\", "a\\"]))
-_STRINGS = (st.text(_PLAIN, max_size=8) | st.text(_TRICKY, max_size=8)
-            | st.sampled_from([":", ": x", '":', '" :', "\\", '\\":']))
-_SCALARS = (st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | _STRINGS
-            | st.floats(allow_nan=False, allow_infinity=False) | st.sampled_from([9.2e18, -9.3e18, 1e20]))
-_VALUES = st.recursive(_SCALARS, lambda c: st.lists(c, max_size=4) | st.dictionaries(_KEYS, c, max_size=4),
-                       max_leaves=20)
+_KEYS = (
+    st.text(_PLAIN, max_size=6)
+    | st.text(_TRICKY, max_size=6)
+    | st.sampled_from([":", ":a", '":', '\\"', " : ", '"', "\\", "a\\"])
+)
+_STRINGS = (
+    st.text(_PLAIN, max_size=8)
+    | st.text(_TRICKY, max_size=8)
+    | st.sampled_from([":", ": x", '":', '" :', "\\", '\\":'])
+)
+_SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | _STRINGS
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.sampled_from([9.2e18, -9.3e18, 1e20])
+)
+_VALUES = st.recursive(
+    _SCALARS, lambda c: st.lists(c, max_size=4) | st.dictionaries(_KEYS, c, max_size=4), max_leaves=20
+)
 _OUTPUTS = st.dictionaries(_KEYS, _VALUES, max_size=5)
 _ATTRIBUTES = st.none() | st.dictionaries(_KEYS, _STRINGS, max_size=3)
 # JSON's four blanks only: anything else around ':' or ',' is not JSON.
@@ -596,9 +701,12 @@ _WIDE = Limits(max_depth=200)  # generated outputs may nest deeper than 32; dept
 def _serialization(draw: st.DrawFn) -> dict[str, Any]:
     before_colon, after_colon = draw(st.just("") | _BLANK), draw(_BLANK)  # no blank before ':' half the time
     before_comma, after_comma = draw(_BLANK), draw(_BLANK)
-    return {"separators": (before_comma + "," + after_comma, before_colon + ":" + after_colon),
-            "indent": draw(st.none() | st.integers(0, 3) | st.just("\t")),
-            "ensure_ascii": draw(st.booleans()), "sort_keys": draw(st.booleans())}
+    return {
+        "separators": (before_comma + "," + after_comma, before_colon + ":" + after_colon),
+        "indent": draw(st.none() | st.integers(0, 3) | st.just("\t")),
+        "ensure_ascii": draw(st.booleans()),
+        "sort_keys": draw(st.booleans()),
+    }
 
 
 def _objects(value: Any, path: str) -> list[tuple[dict[str, Any], str]]:
@@ -628,8 +736,9 @@ def _pairs_in(raw: bytes) -> int:
 
 @PROPERTY
 @given(output=_OUTPUTS, attributes=_ATTRIBUTES, how=_serialization(), data=st.data())
-def test_a_duplicate_key_is_never_hidden(output: dict[str, Any], attributes: dict[str, str] | None,
-                                         how: dict[str, Any], data: st.DataObject) -> None:
+def test_a_duplicate_key_is_never_hidden(
+    output: dict[str, Any], attributes: dict[str, str] | None, how: dict[str, Any], data: st.DataObject
+) -> None:
     env = make_envelope(output=copy.deepcopy(output), attributes=copy.deepcopy(attributes))
     raw = json.dumps(env, **how).encode()
     # Without duplicates: accepted, and the output is exactly what was sent.
@@ -639,7 +748,7 @@ def test_a_duplicate_key_is_never_hidden(output: dict[str, Any], attributes: dic
     assert _speedups.count_keys(raw) == _pairs_in(raw)  # the cheap test is exact
 
     # Insert one duplicate key into one object (the envelope, attributes, or anywhere in output).
-    targets = [(env, "")] + _objects(env["output"], "output")
+    targets = [(env, ""), *_objects(env["output"], "output")]
     if type(env.get("attributes")) is dict:
         targets.append((env["attributes"], "attributes."))
     target, prefix = data.draw(st.sampled_from(targets))
@@ -677,14 +786,24 @@ def test_count_keys_on_hand_written_text() -> None:
 # --- property: the C walk agrees with the Python walk ---------------------------------------------------
 
 _WALK_KEYS = st.text(st.sampled_from("abc.[\\"), max_size=5)
-_WALK_SCALARS = (st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.text(max_size=3)
-                 | st.floats(allow_nan=False, allow_infinity=False)
-                 | st.sampled_from([9.2e18, -9.2e18, 9.19e18, -9.19e18, 1e19, 3.0]))
-_WALK_VALUES = st.recursive(_WALK_SCALARS,
-                            lambda c: st.lists(c, max_size=5) | st.dictionaries(_WALK_KEYS, c, max_size=5),
-                            max_leaves=30)
-_RANDOM_LIMITS = st.builds(Limits, max_depth=st.integers(1, 6), max_array_length=st.integers(0, 5),
-                           max_key_length=st.integers(0, 5), max_leaves=st.integers(0, 25))
+_WALK_SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.text(max_size=3)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.sampled_from([9.2e18, -9.2e18, 9.19e18, -9.19e18, 1e19, 3.0])
+)
+_WALK_VALUES = st.recursive(
+    _WALK_SCALARS, lambda c: st.lists(c, max_size=5) | st.dictionaries(_WALK_KEYS, c, max_size=5), max_leaves=30
+)
+_RANDOM_LIMITS = st.builds(
+    Limits,
+    max_depth=st.integers(1, 6),
+    max_array_length=st.integers(0, 5),
+    max_key_length=st.integers(0, 5),
+    max_leaves=st.integers(0, 25),
+)
 
 
 @PROPERTY
@@ -718,11 +837,21 @@ def test_validation_refuses_exactly_what_the_python_walk_refuses(output: dict[st
 
 
 def test_a_json_array_body_yields_each_result_in_order() -> None:
-    items = [make_envelope(event_id="e1"), make_envelope(event_id="e2", model=None), "nope",
-             make_envelope(event_id="e3", output=[]), make_envelope(event_id="e4", contract=None)]
+    items = [
+        make_envelope(event_id="e1"),
+        make_envelope(event_id="e2", model=None),
+        "nope",
+        make_envelope(event_id="e3", output=[]),
+        make_envelope(event_id="e4", contract=None),
+    ]
     got = list(parse_body(dumps(items), LIMITS, ndjson=False, now=NOW))
-    assert [type(r).__name__ for r in got] == ["Envelope", "EnvelopeInvalid", "EnvelopeInvalid",
-                                              "EnvelopeInvalid", "Envelope"]
+    assert [type(r).__name__ for r in got] == [
+        "Envelope",
+        "EnvelopeInvalid",
+        "EnvelopeInvalid",
+        "EnvelopeInvalid",
+        "Envelope",
+    ]
     ok1, bad2, bad3, bad4, ok5 = got
     assert isinstance(ok1, Envelope) and isinstance(ok5, Envelope)
     assert (ok1.event_id, ok1.contract, ok5.event_id, ok5.contract) == ("e1", "intake", "e4", "default")
@@ -731,24 +860,32 @@ def test_a_json_array_body_yields_each_result_in_order() -> None:
     assert isinstance(bad4, EnvelopeInvalid)
     assert (bad2.fields, bad2.event_id) == ([FieldError("model", "is required", "missing")], "e2")
     assert bad3.fields == [FieldError("", "an envelope must be a JSON object, got string", "wrong_type")]
-    assert (bad4.fields, bad4.event_id) == ([FieldError("output", "must be a JSON object, got array",
-                                                        "wrong_type")], "e3")
+    assert (bad4.fields, bad4.event_id) == (
+        [FieldError("output", "must be a JSON object, got array", "wrong_type")],
+        "e3",
+    )
 
 
 def test_a_json_array_body_finds_hidden_faults_per_item() -> None:
     e1, e3 = dumps(make_envelope(event_id="e1")).decode(), dumps(make_envelope(event_id="e3")).decode()
-    body = ("[%s, %s, %s, %s]" % (
-        e1, '{"event_id":"e2","model":"m","prompt_version":"p","output":{"xs":[{"k":1,"k":2}]}}', e3,
-        '{"model":"m","prompt_version":"p","output":{"n":%d}}' % 2**64)).encode()
+    body = (
+        "[%s, %s, %s, %s]"
+        % (
+            e1,
+            '{"event_id":"e2","model":"m","prompt_version":"p","output":{"xs":[{"k":1,"k":2}]}}',
+            e3,
+            '{"model":"m","prompt_version":"p","output":{"n":%d}}' % 2**64,
+        )
+    ).encode()
     got = list(parse_body(body, LIMITS, ndjson=False, now=NOW))
     assert [type(r).__name__ for r in got] == ["Envelope", "EnvelopeInvalid", "Envelope", "EnvelopeInvalid"]
     assert isinstance(got[0], Envelope) and isinstance(got[2], Envelope)
     assert (got[0].event_id, got[2].event_id) == ("e1", "e3")
     assert isinstance(got[1], EnvelopeInvalid) and isinstance(got[3], EnvelopeInvalid)
-    assert (got[1].fields, got[1].event_id) == (
-        [FieldError("output.xs[0].k", "duplicate key", "duplicate_key")], "e2")
-    assert got[3].fields == [FieldError(
-        "output.n", "integer with 20 digits is too large to keep exactly (64-bit limit)", "number_too_large")]
+    assert (got[1].fields, got[1].event_id) == ([FieldError("output.xs[0].k", "duplicate key", "duplicate_key")], "e2")
+    assert got[3].fields == [
+        FieldError("output.n", "integer with 20 digits is too large to keep exactly (64-bit limit)", "number_too_large")
+    ]
 
 
 def test_an_empty_json_array_yields_nothing() -> None:
@@ -756,19 +893,33 @@ def test_an_empty_json_array_yields_nothing() -> None:
 
 
 def test_ndjson_skips_blank_lines_and_names_the_line_of_each_fault() -> None:
-    lines = [dumps(make_envelope(event_id="e1")), b"", b"   ", b"{not json",
-             dumps(make_envelope(event_id="e2")) + b"\r", dumps(make_envelope(model=None)),
-             env_raw('{"a":1,"a":2}'), b""]
+    lines = [
+        dumps(make_envelope(event_id="e1")),
+        b"",
+        b"   ",
+        b"{not json",
+        dumps(make_envelope(event_id="e2")) + b"\r",
+        dumps(make_envelope(model=None)),
+        env_raw('{"a":1,"a":2}'),
+        b"",
+    ]
     got = list(parse_body(b"\n".join(lines), LIMITS, ndjson=True, now=NOW))
-    assert [type(r).__name__ for r in got] == ["Envelope", "EnvelopeInvalid", "Envelope", "EnvelopeInvalid",
-                                              "EnvelopeInvalid"]
+    assert [type(r).__name__ for r in got] == [
+        "Envelope",
+        "EnvelopeInvalid",
+        "Envelope",
+        "EnvelopeInvalid",
+        "EnvelopeInvalid",
+    ]
     ok1, bad4, ok5, bad6, bad7 = got
     assert isinstance(ok1, Envelope) and isinstance(ok5, Envelope)
     assert (ok1.event_id, ok5.event_id) == ("e1", "e2")
     assert isinstance(bad4, EnvelopeInvalid) and isinstance(bad6, EnvelopeInvalid)
     assert isinstance(bad7, EnvelopeInvalid)
     assert (bad4.fields, bad4.status) == (
-        [FieldError("", f"line 4: not valid JSON: {orjson_error(b'{not json')}", "invalid_json")], 400)
+        [FieldError("", f"line 4: not valid JSON: {orjson_error(b'{not json')}", "invalid_json")],
+        400,
+    )
     assert (bad6.fields, bad6.status) == ([FieldError("model", "line 6: is required", "missing")], 422)
     assert bad7.fields == [FieldError("output.a", "line 7: duplicate key", "duplicate_key")]
 
@@ -779,7 +930,9 @@ def test_ndjson_applies_max_event_bytes_per_line() -> None:
     got = list(parse_body(small + b"\n" + big, lim, ndjson=True, now=NOW))
     assert isinstance(got[0], Envelope) and isinstance(got[1], EnvelopeInvalid)
     assert (got[1].fields, got[1].status) == (
-        [FieldError("", f"line 2: envelope is {len(big)} bytes; the limit is 300", "too_large")], 413)
+        [FieldError("", f"line 2: envelope is {len(big)} bytes; the limit is 300", "too_large")],
+        413,
+    )
 
 
 def test_ndjson_keeps_the_event_id_of_a_rejected_line() -> None:
@@ -795,17 +948,22 @@ def test_a_json_array_applies_max_event_bytes_per_item() -> None:
     # the output alone fits, the envelope does not: the same answer as the same envelope on a line
     tagged = make_envelope(event_id="tagged", output={"pad": "x" * 150}, attributes={"note": "y" * 150})
     assert len(dumps(tagged["output"])) < 300 < len(dumps(tagged))
-    fits = make_envelope(event_id="fits", output={"pad": "x" * (300 - len(dumps(make_envelope(
-        event_id="fits", output={"pad": ""}))))})
+    fits = make_envelope(
+        event_id="fits", output={"pad": "x" * (300 - len(dumps(make_envelope(event_id="fits", output={"pad": ""}))))}
+    )
     assert len(dumps(fits)) == 300
-    body = b"[\n  " + b",\n  ".join(dumps(e) for e in (fits, big, tagged)) + b"\n]"  # space between items is not counted
+    body = (
+        b"[\n  " + b",\n  ".join(dumps(e) for e in (fits, big, tagged)) + b"\n]"
+    )  # space between items is not counted
     got = list(parse_body(body, lim, ndjson=False, now=NOW))
     assert isinstance(got[0], Envelope) and got[0].event_id == "fits"
     for item, sent in zip(got[1:], (big, tagged), strict=True):
         assert isinstance(item, EnvelopeInvalid)
-        assert (item.fields, item.event_id) == ([FieldError(
-            "", f"envelope is {len(dumps(sent))} bytes; the limit is 300", "too_large")], sent["event_id"])
-        on_a_line = list(parse_body(dumps(sent), lim, ndjson=True, now=NOW))[0]
+        assert (item.fields, item.event_id) == (
+            [FieldError("", f"envelope is {len(dumps(sent))} bytes; the limit is 300", "too_large")],
+            sent["event_id"],
+        )
+        on_a_line = next(iter(parse_body(dumps(sent), lim, ndjson=True, now=NOW)))
         assert isinstance(on_a_line, EnvelopeInvalid) and [f.code for f in on_a_line.fields] == ["too_large"]
 
 
@@ -833,8 +991,9 @@ def test_item_spans_find_each_item_of_an_array() -> None:
         assert _speedups.item_spans(broken) is None
 
 
-@pytest.mark.parametrize(("body", "path"), [(b"not json", ""), (b"{", ""), (b"", ""), (b"[1,", "body[1]"),
-                                            (b"  [{}] trailing", "body")])
+@pytest.mark.parametrize(
+    ("body", "path"), [(b"not json", ""), (b"{", ""), (b"", ""), (b"[1,", "body[1]"), (b"  [{}] trailing", "body")]
+)
 def test_a_body_that_is_not_json_raises_400(body: bytes, path: str) -> None:
     with pytest.raises(EnvelopeInvalid) as info:
         list(parse_body(body, LIMITS, ndjson=False, now=NOW))
@@ -843,20 +1002,33 @@ def test_a_body_that_is_not_json_raises_400(body: bytes, path: str) -> None:
 
 def test_a_single_object_body_yields_one_envelope() -> None:
     assert list(parse_body(dumps(make_envelope(event_id="one")), LIMITS, ndjson=False, now=NOW)) == [
-        parse(make_envelope(event_id="one"))]
+        parse(make_envelope(event_id="one"))
+    ]
 
 
 def test_a_single_invalid_object_body_raises_422() -> None:
     with pytest.raises(EnvelopeInvalid) as info:
         list(parse_body(dumps(make_envelope(event_id="one", output=None)), LIMITS, ndjson=False, now=NOW))
     assert (info.value.fields, info.value.status, info.value.event_id) == (
-        [FieldError("output", "is required", "missing")], 422, "one")
+        [FieldError("output", "is required", "missing")],
+        422,
+        "one",
+    )
 
 
 def test_validate_envelope_counts_keys_for_the_caller() -> None:
     counter = [0, 0]
-    validate_envelope({"model": "m", "prompt_version": "p", "attributes": {"a": "b"},
-                       "output": {"a": {"b": 1}, "c": [{"d": 2.5e19}]}}, LIMITS, keys_seen=counter, now=NOW)
+    validate_envelope(
+        {
+            "model": "m",
+            "prompt_version": "p",
+            "attributes": {"a": "b"},
+            "output": {"a": {"b": 1}, "c": [{"d": 2.5e19}]},
+        },
+        LIMITS,
+        keys_seen=counter,
+        now=NOW,
+    )
     # 4 top-level keys + 4 output keys (a, b, c, d) + 1 attribute; and a float that may be a rounded integer
     assert counter == [9, 1]
 
@@ -875,15 +1047,25 @@ def test_payload_hash_ignores_formatting() -> None:
 
 def test_payload_hash_differs_for_every_field_the_client_sent() -> None:
     base = make_envelope(event_id="e")
-    variants = [base, make_envelope(event_id="e", output={"intent": "other"}),
-                make_envelope(event_id="e", model="m2"), make_envelope(event_id="e", prompt_version="p2"),
-                make_envelope(event_id="e", contract="c2"), make_envelope(event_id="e", contract=None),
-                make_envelope(event_id="e", ts="2026-11-29T12:00:01Z"), make_envelope(event_id="e", ts=None),
-                make_envelope(event_id="e", source="probe"), make_envelope(event_id="e", source=None),
-                make_envelope(event_id="e", served_model="s2"), make_envelope(event_id="e", contract_version="4"),
-                make_envelope(event_id="e", run_id="r"), make_envelope(event_id="e", agent_release="a"),
-                make_envelope(event_id="e", finish_reason="stop"), make_envelope(event_id="e", attributes={}),
-                make_envelope(event_id="e", attributes={"k": "v"})]
+    variants = [
+        base,
+        make_envelope(event_id="e", output={"intent": "other"}),
+        make_envelope(event_id="e", model="m2"),
+        make_envelope(event_id="e", prompt_version="p2"),
+        make_envelope(event_id="e", contract="c2"),
+        make_envelope(event_id="e", contract=None),
+        make_envelope(event_id="e", ts="2026-11-29T12:00:01Z"),
+        make_envelope(event_id="e", ts=None),
+        make_envelope(event_id="e", source="probe"),
+        make_envelope(event_id="e", source=None),
+        make_envelope(event_id="e", served_model="s2"),
+        make_envelope(event_id="e", contract_version="4"),
+        make_envelope(event_id="e", run_id="r"),
+        make_envelope(event_id="e", agent_release="a"),
+        make_envelope(event_id="e", finish_reason="stop"),
+        make_envelope(event_id="e", attributes={}),
+        make_envelope(event_id="e", attributes={"k": "v"}),
+    ]
     hashes = [parse(v).payload_hash for v in variants]
     assert len(set(hashes)) == len(variants)
 
@@ -919,10 +1101,18 @@ _LEAF = "\x00LEAF\x00"  # a string no generated key or value holds
 
 def _docs() -> st.SearchStrategy[Any]:
     keys = st.text(alphabet='ab.["]\\é\n', min_size=0, max_size=4)
-    leaves = st.one_of(st.integers(), st.floats(allow_nan=False, allow_infinity=False), st.booleans(),
-                       st.none(), st.text(alphabet='xy"\\{}[],:é', max_size=5))
-    return st.recursive(leaves, lambda inner: st.one_of(st.lists(inner, max_size=4),
-                                                        st.dictionaries(keys, inner, max_size=4)), max_leaves=20)
+    leaves = st.one_of(
+        st.integers(),
+        st.floats(allow_nan=False, allow_infinity=False),
+        st.booleans(),
+        st.none(),
+        st.text(alphabet='xy"\\{}[],:é', max_size=5),
+    )
+    return st.recursive(
+        leaves,
+        lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(keys, inner, max_size=4)),
+        max_leaves=20,
+    )
 
 
 def _leaf_paths(v: Any, at: tuple[str | int, ...] = ()) -> list[tuple[str | int, ...]]:
@@ -944,17 +1134,23 @@ def _with_leaf(v: Any, where: tuple[str | int, ...], at: tuple[str | int, ...] =
     return v
 
 
-@given(doc=st.dictionaries(st.text(alphabet="ab.é", max_size=3), _docs(), min_size=1, max_size=4),
-       pick=st.integers(min_value=0), literal=st.sampled_from(["NaN", "Infinity", "-Infinity", "tru", "01"]),
-       ascii_only=st.booleans(), spaced=st.booleans())
+@given(
+    doc=st.dictionaries(st.text(alphabet="ab.é", max_size=3), _docs(), min_size=1, max_size=4),
+    pick=st.integers(min_value=0),
+    literal=st.sampled_from(["NaN", "Infinity", "-Infinity", "tru", "01"]),
+    ascii_only=st.booleans(),
+    spaced=st.booleans(),
+)
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
 def test_text_that_is_not_json_is_located_at_the_leaf_that_breaks_it(
-        doc: dict[str, Any], pick: int, literal: str, ascii_only: bool, spaced: bool) -> None:
+    doc: dict[str, Any], pick: int, literal: str, ascii_only: bool, spaced: bool
+) -> None:
     leaves = _leaf_paths(doc)
     where = leaves[pick % len(leaves)]
     path = "output" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in where)
-    text = json.dumps({"output": _with_leaf(doc, where)}, ensure_ascii=ascii_only,
-                      separators=(", ", ": ") if spaced else (",", ":"))
+    text = json.dumps(
+        {"output": _with_leaf(doc, where)}, ensure_ascii=ascii_only, separators=(", ", ": ") if spaced else (",", ":")
+    )
     leaf = json.dumps(_LEAF, ensure_ascii=ascii_only)
     assert text.count(leaf) == 1
     raw = text.replace(leaf, literal).encode()

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from collector.flatten import (
+from shapewatch.collector.flatten import (
     JsonType,
     Observation,
     flatten_output,
@@ -26,10 +26,10 @@ from collector.flatten import (
     json_type_of,
     pointer_for_key,
 )
-from collector.rollup import RollupBatch, RollupConfig
+from shapewatch.collector.rollup import RollupBatch, RollupConfig
 
 PROPERTY = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-O = Observation
+O = Observation  # noqa: E741  short names keep the expected tables readable
 T = JsonType
 
 
@@ -66,8 +66,13 @@ def test_the_scope_of_a_key_inside_array_items_is_the_array() -> None:
     assert (b.path, b.scope) == ("a[].b", "a")
     deeper = flat({"x": {"a": [{"b": {"c": [None]}}]}})
     assert [(o.path, o.scope) for o in deeper] == [
-        ("x", None), ("x.a", None), ("x.a[]", "x.a"), ("x.a[].b", "x.a"), ("x.a[].b.c", "x.a"),
-        ("x.a[].b.c[]", "x.a[].b.c")]
+        ("x", None),
+        ("x.a", None),
+        ("x.a[]", "x.a"),
+        ("x.a[].b", "x.a"),
+        ("x.a[].b.c", "x.a"),
+        ("x.a[].b.c[]", "x.a[].b.c"),
+    ]
 
 
 def test_arrays_of_arrays() -> None:
@@ -90,33 +95,67 @@ def test_empty_array_absent_array_and_null_are_three_different_facts() -> None:
 
 
 def test_null_is_observed_and_absent_is_not() -> None:
-    assert flat({"a": None, "b": {"c": None}}) == [
-        O("a", None, T.null), O("b", None, T.object), O("b.c", None, T.null)]
+    assert flat({"a": None, "b": {"c": None}}) == [O("a", None, T.null), O("b", None, T.object), O("b.c", None, T.null)]
     assert flat({"b": {}}) == [O("b", None, T.object)]
 
 
 def test_json_types_of_scalars() -> None:
     assert flat({"i": 3, "w": 3.0, "f": 2.5, "t": True, "n": False, "z": 0, "neg": -1e20, "s": ""}) == [
-        O("i", None, T.integer), O("w", None, T.integer), O("f", None, T.number), O("t", None, T.boolean),
-        O("n", None, T.boolean), O("z", None, T.integer), O("neg", None, T.integer), O("s", None, T.string, string="")]
+        O("i", None, T.integer),
+        O("w", None, T.integer),
+        O("f", None, T.number),
+        O("t", None, T.boolean),
+        O("n", None, T.boolean),
+        O("z", None, T.integer),
+        O("neg", None, T.integer),
+        O("s", None, T.string, string=""),
+    ]
 
 
-@pytest.mark.parametrize(("value", "jtype"), [
-    (None, T.null), (True, T.boolean), (False, T.boolean), (0, T.integer), (2**63, T.integer),
-    (3.0, T.integer), (-0.0, T.integer), (2.5, T.number), (1e-9, T.number), ("3", T.string),
-    ([], T.array), ({}, T.object)])
+@pytest.mark.parametrize(
+    ("value", "jtype"),
+    [
+        (None, T.null),
+        (True, T.boolean),
+        (False, T.boolean),
+        (0, T.integer),
+        (2**63, T.integer),
+        (3.0, T.integer),
+        (-0.0, T.integer),
+        (2.5, T.number),
+        (1e-9, T.number),
+        ("3", T.string),
+        ([], T.array),
+        ({}, T.object),
+    ],
+)
 def test_json_type_of(value: Any, jtype: JsonType) -> None:
     assert json_type_of(value) is jtype
 
 
 def test_the_docstring_example() -> None:
     assert [(o.path, o.type) for o in flat({"a": {"b": [1, 2.5]}})] == [
-        ("a", T.object), ("a.b", T.array), ("a.b[]", T.integer), ("a.b[]", T.number)]
+        ("a", T.object),
+        ("a.b", T.array),
+        ("a.b[]", T.integer),
+        ("a.b[]", T.number),
+    ]
 
 
-@pytest.mark.parametrize(("key", "path"), [
-    ("a.b", "a\\.b"), ("a[]", "a\\[\\]"), ("]", "\\]"), ("[0]", "\\[0\\]"), ("back\\slash", "back\\\\slash"),
-    ("\\.", "\\\\\\."), ("plain key: ok", "plain key: ok"), ("", ""), ("~/", "~/")])
+@pytest.mark.parametrize(
+    ("key", "path"),
+    [
+        ("a.b", "a\\.b"),
+        ("a[]", "a\\[\\]"),
+        ("]", "\\]"),
+        ("[0]", "\\[0\\]"),
+        ("back\\slash", "back\\\\slash"),
+        ("\\.", "\\\\\\."),
+        ("plain key: ok", "plain key: ok"),
+        ("", ""),
+        ("~/", "~/"),
+    ],
+)
 def test_keys_with_path_characters_are_escaped(key: str, path: str) -> None:
     assert join_key(None, key) == path  # None: the output itself
     assert join_key("p", key) == "p." + path
@@ -170,7 +209,7 @@ def parse_path(path: str) -> list[str | None]:
             i += 1
             steps.append(key())
         else:
-            assert path[i:i + 2] == "[]", path
+            assert path[i : i + 2] == "[]", path
             i += 2
             steps.append(None)
     return steps
@@ -185,8 +224,7 @@ def document_for(steps: list[str | None]) -> dict[str, Any]:
 
 
 _PATH_CHARS = st.sampled_from(list("ab.[]\\ ~/"))
-_STEPS = st.tuples(st.text(_PATH_CHARS, max_size=5),
-                   st.lists(st.none() | st.text(_PATH_CHARS, max_size=5), max_size=6))
+_STEPS = st.tuples(st.text(_PATH_CHARS, max_size=5), st.lists(st.none() | st.text(_PATH_CHARS, max_size=5), max_size=6))
 
 
 @PROPERTY
@@ -209,8 +247,9 @@ def test_every_path_parses_back_to_the_keys_that_made_it(steps: tuple[str, list[
 
 @PROPERTY
 @given(a=_STEPS, b=_STEPS)
-def test_two_different_documents_never_share_a_path(a: tuple[str, list[str | None]],
-                                                    b: tuple[str, list[str | None]]) -> None:
+def test_two_different_documents_never_share_a_path(
+    a: tuple[str, list[str | None]], b: tuple[str, list[str | None]]
+) -> None:
     sa, sb = [a[0], *a[1]], [b[0], *b[1]]
     pa, pb = flat(document_for(sa))[-1].path, flat(document_for(sb))[-1].path
     assert (pa == pb) == (sa == sb)
@@ -223,14 +262,24 @@ def test_an_empty_top_level_key_keeps_its_own_path() -> None:
 
 # --- the C accumulator agrees with the reference --------------------------------------------------------
 
-COUNT_COLUMNS = ["present", "n_null", "n_boolean", "n_integer", "n_number", "n_string", "n_array",
-                 "n_object", "long_strings"]
+COUNT_COLUMNS = [
+    "present",
+    "n_null",
+    "n_boolean",
+    "n_integer",
+    "n_number",
+    "n_string",
+    "n_array",
+    "n_object",
+    "long_strings",
+]
 TS = datetime(2026, 11, 29, 12, 0, 30, tzinfo=UTC)
 COHORT = ("m", "p", "c")
 
 
-def reference_counts(outputs: list[dict[str, Any]], max_len: int) -> tuple[
-        dict[str, dict[str, Any]], dict[tuple[str, str], int], dict[tuple[str, int], int]]:
+def reference_counts(
+    outputs: list[dict[str, Any]], max_len: int
+) -> tuple[dict[str, dict[str, Any]], dict[tuple[str, str], int], dict[tuple[str, int], int]]:
     fields: dict[str, dict[str, Any]] = {}
     values: Counter[tuple[str, str]] = Counter()
     lengths: Counter[tuple[str, int]] = Counter()
@@ -250,15 +299,29 @@ def reference_counts(outputs: list[dict[str, Any]], max_len: int) -> tuple[
     return fields, dict(values), dict(lengths)
 
 
-def accumulated_counts(outputs: list[dict[str, Any]], max_len: int) -> tuple[
-        dict[str, dict[str, Any]], dict[tuple[str, str], int], dict[tuple[str, int], int]]:
+def accumulated_counts(
+    outputs: list[dict[str, Any]], max_len: int
+) -> tuple[dict[str, dict[str, Any]], dict[tuple[str, str], int], dict[tuple[str, int], int]]:
     batch = RollupBatch(RollupConfig(enum_value_max_length=max_len), bucket_seconds=60)
     for output in outputs:
         batch.add(output, COHORT, TS)
     g, f, v, a, _served = batch.tables()  # see the module docstring
     epoch = int(TS.timestamp()) // 60 * 60
-    assert g.to_pylist() == ([{"g": 0, "model": "m", "prompt_version": "p", "contract": "c", "served": None,
-                               "epoch": epoch, "events": len(outputs)}] if outputs else [])
+    assert g.to_pylist() == (
+        [
+            {
+                "g": 0,
+                "model": "m",
+                "prompt_version": "p",
+                "contract": "c",
+                "served": None,
+                "epoch": epoch,
+                "events": len(outputs),
+            }
+        ]
+        if outputs
+        else []
+    )
     fields: dict[str, dict[str, Any]] = {}
     path_of_slot: dict[int, str] = {}
     for slot, row in enumerate(f.to_pylist()):
@@ -283,9 +346,11 @@ def accumulated_counts(outputs: list[dict[str, Any]], max_len: int) -> tuple[
 
 
 def test_the_accumulator_on_a_hand_written_batch() -> None:
-    outputs: list[dict[str, Any]] = [{"a": [{"b": "x"}, {"b": None}], "s": "y" * 5, "w": 2.0},
-               {"a": [], "s": "short", "f": 0.5, "t": False},
-               {"a": None, "n": {"a": [[1], []]}}]
+    outputs: list[dict[str, Any]] = [
+        {"a": [{"b": "x"}, {"b": None}], "s": "y" * 5, "w": 2.0},
+        {"a": [], "s": "short", "f": 0.5, "t": False},
+        {"a": None, "n": {"a": [[1], []]}},
+    ]
     zero = dict.fromkeys(COUNT_COLUMNS, 0)
     fields, values, lengths = accumulated_counts(outputs, 4)
     assert fields == {
@@ -312,12 +377,22 @@ def test_the_accumulator_of_an_empty_batch_is_empty() -> None:
 
 _KEY_CHARS = st.sampled_from(list("ab.[]\\ é"))
 _KEYS = st.text(_KEY_CHARS, max_size=4)
-_STRINGS = (st.sampled_from(["", "a", "b", "ab", "a.b", "é"]) | st.text(_KEY_CHARS, max_size=10)
-            | st.text(_KEY_CHARS, min_size=60, max_size=90))
-_SCALARS = (st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | _STRINGS
-            | st.floats(allow_nan=False, allow_infinity=False) | st.sampled_from([0.0, -0.0, 3.0, 2.5, 1e20]))
-_VALUES = st.recursive(_SCALARS, lambda c: st.lists(c, max_size=4) | st.dictionaries(_KEYS, c, max_size=4),
-                       max_leaves=20)
+_STRINGS = (
+    st.sampled_from(["", "a", "b", "ab", "a.b", "é"])
+    | st.text(_KEY_CHARS, max_size=10)
+    | st.text(_KEY_CHARS, min_size=60, max_size=90)
+)
+_SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | _STRINGS
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.sampled_from([0.0, -0.0, 3.0, 2.5, 1e20])
+)
+_VALUES = st.recursive(
+    _SCALARS, lambda c: st.lists(c, max_size=4) | st.dictionaries(_KEYS, c, max_size=4), max_leaves=20
+)
 _OUTPUTS = st.dictionaries(_KEYS, _VALUES, max_size=5)
 
 

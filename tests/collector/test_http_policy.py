@@ -19,18 +19,23 @@ from harness import Service, start_service
 
 @pytest.fixture(scope="module")
 def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    service = start_service(tmp_path_factory.mktemp("policy") / "svc.duckdb", env={
-        "SHAPEWATCH_BODY_IDLE_SECONDS": "1", "SHAPEWATCH_HEADER_TIMEOUT_SECONDS": "1",
-        "SHAPEWATCH_MAX_CONNECTIONS": "40", "SHAPEWATCH_MAX_ADMIN_BODY_BYTES": "4096",
-        "SHAPEWATCH_MAX_DOCUMENT_BYTES": "65536"})
+    service = start_service(
+        tmp_path_factory.mktemp("policy") / "svc.duckdb",
+        env={
+            "SHAPEWATCH_BODY_IDLE_SECONDS": "1",
+            "SHAPEWATCH_HEADER_TIMEOUT_SECONDS": "1",
+            "SHAPEWATCH_MAX_CONNECTIONS": "40",
+            "SHAPEWATCH_MAX_ADMIN_BODY_BYTES": "4096",
+            "SHAPEWATCH_MAX_DOCUMENT_BYTES": "65536",
+        },
+    )
     yield service
     service.stop()
 
 
 def _connect(svc: Service) -> socket.socket:
     host, port = svc.url.removeprefix("http://").split(":")
-    s = socket.create_connection((host, int(port)), timeout=10)
-    return s
+    return socket.create_connection((host, int(port)), timeout=10)
 
 
 def _read_response(s: socket.socket) -> tuple[int, dict[str, str], dict[str, object]]:
@@ -61,17 +66,28 @@ def _closed_by_server(s: socket.socket) -> bool:
         return False
 
 
-@pytest.mark.parametrize(("path", "limit"), [("/v1/silences", 4096), ("/v1/alerts/x/ack", 4096),
-                                             ("/v1/baselines/import", 65536), ("/v1/contracts", 65536)])
-def test_a_declared_body_over_the_route_limit_is_refused_before_it_is_read(svc: Service, path: str,
-                                                                           limit: int) -> None:
+@pytest.mark.parametrize(
+    ("path", "limit"),
+    [("/v1/silences", 4096), ("/v1/alerts/x/ack", 4096), ("/v1/baselines/import", 65536), ("/v1/contracts", 65536)],
+)
+def test_a_declared_body_over_the_route_limit_is_refused_before_it_is_read(svc: Service, path: str, limit: int) -> None:
     with _connect(svc) as s:
         # 300 MB announced, 10 bytes sent: the answer comes without waiting for the rest
-        s.sendall(f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                  f"content-length: 300000000\r\n\r\n{{\"a\": 1, ".encode())
+        s.sendall(
+            f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            f'content-length: 300000000\r\n\r\n{{"a": 1, '.encode()
+        )
         status, _, body = _read_response(s)
-    assert (status, body) == (413, {"error": {"status": 413, "message": f"body is 300000000 bytes; the limit is {limit}",
-                                              "fields": [{"path": "body", "reason": "too large"}]}})
+    assert (status, body) == (
+        413,
+        {
+            "error": {
+                "status": 413,
+                "message": f"body is 300000000 bytes; the limit is {limit}",
+                "fields": [{"path": "body", "reason": "too large"}],
+            }
+        },
+    )
 
 
 def test_a_chunked_body_over_an_admin_limit_is_cut_off(svc: Service) -> None:
@@ -80,19 +96,36 @@ def test_a_chunked_body_over_an_admin_limit_is_cut_off(svc: Service) -> None:
             yield b" " * 1000
 
     r = httpx.post(svc.url + "/v1/silences", content=chunks(), headers={"content-type": "application/json"})
-    assert (r.status_code, r.json()) == (413, {"error": {"status": 413, "message": "body exceeds the limit of 4096 bytes",
-                                                         "fields": [{"path": "body", "reason": "too large"}]}})
+    assert (r.status_code, r.json()) == (
+        413,
+        {
+            "error": {
+                "status": 413,
+                "message": "body exceeds the limit of 4096 bytes",
+                "fields": [{"path": "body", "reason": "too large"}],
+            }
+        },
+    )
 
 
 @pytest.mark.parametrize("path", ["/v1/silences", "/v1/baselines/import", "/v1/outputs"])
 def test_a_stalled_body_is_answered_408_on_every_route(svc: Service, path: str) -> None:
     with _connect(svc) as s:
-        s.sendall(f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                  f"content-length: 100\r\n\r\n{{\"dur".encode())
+        s.sendall(
+            f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            f'content-length: 100\r\n\r\n{{"dur'.encode()
+        )
         status, _, body = _read_response(s)  # body_idle_seconds is 1 here
-    assert (status, body) == (408, {"error": {
-        "status": 408, "message": "the body did not arrive in time (no data for 1 s, or not all of it within 300 s)",
-        "fields": [{"path": "body", "reason": "too slow"}]}})
+    assert (status, body) == (
+        408,
+        {
+            "error": {
+                "status": 408,
+                "message": "the body did not arrive in time (no data for 1 s, or not all of it within 300 s)",
+                "fields": [{"path": "body", "reason": "too slow"}],
+            }
+        },
+    )
 
 
 def test_a_half_sent_request_head_is_closed_after_the_header_timeout(svc: Service) -> None:
@@ -131,21 +164,32 @@ def test_half_open_connections_beyond_the_cap_cannot_starve_the_service(svc: Ser
 
 
 def test_beyond_the_cap_with_every_connection_busy_a_new_one_gets_503(tmp_path: Path) -> None:
-    svc = start_service(tmp_path / "busy.duckdb", env={"SHAPEWATCH_MAX_CONNECTIONS": "2",
-                                                       "SHAPEWATCH_BODY_IDLE_SECONDS": "30"})
+    svc = start_service(
+        tmp_path / "busy.duckdb", env={"SHAPEWATCH_MAX_CONNECTIONS": "2", "SHAPEWATCH_BODY_IDLE_SECONDS": "30"}
+    )
     busy = [_connect(svc) for _ in range(2)]
     try:
         for s in busy:  # heads sent, bodies pending: busy with a request, not waiting for one
-            s.sendall(b"POST /v1/outputs HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                      b"expect: 100-continue\r\ncontent-length: 1000\r\n\r\n")
+            s.sendall(
+                b"POST /v1/outputs HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                b"expect: 100-continue\r\ncontent-length: 1000\r\n\r\n"
+            )
             # "100 Continue" comes once the service parsed the head and the route reads the body
             assert s.recv(64) == b"HTTP/1.1 100 Continue\r\n\r\n"
             s.sendall(b"[")
         with _connect(svc) as third:
             status, headers, body = _read_response(third)
-        assert (status, headers["retry-after"], body) == (503, "1", {"error": {
-            "status": 503, "message": "the service holds its most connections, all of them busy; retry shortly",
-            "fields": [{"path": "connection", "reason": "too many connections"}]}})
+        assert (status, headers["retry-after"], body) == (
+            503,
+            "1",
+            {
+                "error": {
+                    "status": 503,
+                    "message": "the service holds its most connections, all of them busy; retry shortly",
+                    "fields": [{"path": "connection", "reason": "too many connections"}],
+                }
+            },
+        )
     finally:
         for s in busy:
             s.close()
@@ -156,8 +200,10 @@ def test_a_request_without_its_token_is_refused_before_its_body_is_read(tmp_path
     svc = start_service(tmp_path / "auth.duckdb", env={"SHAPEWATCH_TOKENS": "s3cret"})
     try:
         with _connect(svc) as s:
-            s.sendall(b"POST /v1/outputs HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                      b"content-length: 10000000\r\n\r\n[")
+            s.sendall(
+                b"POST /v1/outputs HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                b"content-length: 10000000\r\n\r\n["
+            )
             status, _, body = _read_response(s)
         assert status == 401, body
     finally:

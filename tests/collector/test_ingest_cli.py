@@ -18,13 +18,18 @@ import duckdb
 import pytest
 from harness import ROOT, SHAPEWATCH, Service, make_envelope
 
-from collector import quarantine_path
+from shapewatch.collector import quarantine_path
 
 
 def ingest(*files: Path, db: Path, fmt: str = "json") -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*SHAPEWATCH, "ingest", *map(str, files), "--db", str(db), "--format", fmt],
-                          capture_output=True, text=True, timeout=120, cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return subprocess.run(
+        [*SHAPEWATCH, "ingest", *map(str, files), "--db", str(db), "--format", fmt],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
 
 
 def summary_of(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
@@ -32,12 +37,22 @@ def summary_of(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     return json.loads(proc.stdout)  # type: ignore[no-any-return]
 
 
-def summary(accepted: int = 0, duplicate: int = 0, rejected: int = 0,
-            rejected_by_reason: dict[str, int] | None = None, quarantine: list[str] | None = None,
-            unreadable: list[dict[str, str]] | None = None) -> dict[str, Any]:
-    return {"accepted": accepted, "duplicate": duplicate, "rejected": rejected,
-            "rejected_by_reason": rejected_by_reason or {}, "quarantine": quarantine or [],
-            "unreadable": unreadable or []}
+def summary(
+    accepted: int = 0,
+    duplicate: int = 0,
+    rejected: int = 0,
+    rejected_by_reason: dict[str, int] | None = None,
+    quarantine: list[str] | None = None,
+    unreadable: list[dict[str, str]] | None = None,
+) -> dict[str, Any]:
+    return {
+        "accepted": accepted,
+        "duplicate": duplicate,
+        "rejected": rejected,
+        "rejected_by_reason": rejected_by_reason or {},
+        "quarantine": quarantine or [],
+        "unreadable": unreadable or [],
+    }
 
 
 def stored(db: Path) -> dict[str, int]:
@@ -100,19 +115,44 @@ def test_rejected_lines_go_to_a_quarantine_that_a_rerun_rewrites(tmp_path: Path,
     proc = ingest(src, db=db)
     assert proc.returncode == 1, proc.stderr
     assert summary_of(proc) == summary(
-        accepted=3, rejected=3, quarantine=[str(qfile)],
-        rejected_by_reason={"invalid_json": 1, "invalid_timestamp": 1, "missing": 1, "wrong_type": 1})
+        accepted=3,
+        rejected=3,
+        quarantine=[str(qfile)],
+        rejected_by_reason={"invalid_json": 1, "invalid_timestamp": 1, "missing": 1, "wrong_type": 1},
+    )
     expected = [
-        {"file": str(src), "line": 2, "raw": bad_output,
-         "errors": [{"path": "output", "reason": "must be a JSON object, got array", "code": "wrong_type"}]},
-        {"file": str(src), "line": 5, "raw": bad_json,
-         "errors": [{"path": "output.a", "reason": "not valid JSON: unexpected character, expected a JSON value: "
-                     f"line 1 column {bad_json.index('NaN') + 1} (char {bad_json.index('NaN')})",
-                     "code": "invalid_json"}]},
-        {"file": str(src), "line": 6, "raw": bad_two,
-         "errors": [{"path": "model", "reason": "is required", "code": "missing"},
-                    {"path": "ts", "reason": "'2026-11-29 12:00' has no time zone; add 'Z' or an offset like +00:00",
-                     "code": "invalid_timestamp"}]},
+        {
+            "file": str(src),
+            "line": 2,
+            "raw": bad_output,
+            "errors": [{"path": "output", "reason": "must be a JSON object, got array", "code": "wrong_type"}],
+        },
+        {
+            "file": str(src),
+            "line": 5,
+            "raw": bad_json,
+            "errors": [
+                {
+                    "path": "output.a",
+                    "reason": "not valid JSON: unexpected character, expected a JSON value: "
+                    f"line 1 column {bad_json.index('NaN') + 1} (char {bad_json.index('NaN')})",
+                    "code": "invalid_json",
+                }
+            ],
+        },
+        {
+            "file": str(src),
+            "line": 6,
+            "raw": bad_two,
+            "errors": [
+                {"path": "model", "reason": "is required", "code": "missing"},
+                {
+                    "path": "ts",
+                    "reason": "'2026-11-29 12:00' has no time zone; add 'Z' or an offset like +00:00",
+                    "code": "invalid_timestamp",
+                },
+            ],
+        },
     ]
     assert [json.loads(x) for x in qfile.read_text().splitlines()] == expected
     assert len(stored(db)) == 3
@@ -126,8 +166,9 @@ def test_rejected_lines_go_to_a_quarantine_that_a_rerun_rewrites(tmp_path: Path,
     # event_id is identified by its number): the quarantine follows the file.
     write_lines(src, [good[0], "", good[1], "", "", bad_output, good[2]])
     proc = ingest(src, db=db)
-    assert summary_of(proc) == summary(duplicate=3, rejected=1, rejected_by_reason={"wrong_type": 1},
-                                       quarantine=[str(qfile)])
+    assert summary_of(proc) == summary(
+        duplicate=3, rejected=1, rejected_by_reason={"wrong_type": 1}, quarantine=[str(qfile)]
+    )
     assert [json.loads(x) for x in qfile.read_text().splitlines()] == [{**expected[0], "line": 6}]
 
     write_lines(src, [good[0], "", good[1], "", "", "", good[2]])  # fully fixed: no quarantine left
@@ -145,13 +186,13 @@ def test_a_conflicting_line_is_quarantined_too(tmp_path: Path, db: Path) -> None
     proc = ingest(src, db=db)
     assert proc.returncode == 1
     qfile = quarantine_path(db, src)
-    assert summary_of(proc) == summary(accepted=1, rejected=1, rejected_by_reason={"conflict": 1},
-                                       quarantine=[str(qfile)])
+    assert summary_of(proc) == summary(
+        accepted=1, rejected=1, rejected_by_reason={"conflict": 1}, quarantine=[str(qfile)]
+    )
     assert [(q["line"], q["raw"]) for q in map(json.loads, qfile.read_text().splitlines())] == [(2, reused)]
 
 
-def test_a_batch_mixing_every_outcome_counts_each_and_quarantines_only_the_conflict(
-        tmp_path: Path, db: Path) -> None:
+def test_a_batch_mixing_every_outcome_counts_each_and_quarantines_only_the_conflict(tmp_path: Path, db: Path) -> None:
     first, second, third = (make_envelope() for _ in range(3))
     reused = json.dumps({**first, "output": {"intent": "other"}})
     lines = [json.dumps(first), json.dumps(second), json.dumps(first), reused, json.dumps(third), json.dumps(second)]
@@ -159,8 +200,9 @@ def test_a_batch_mixing_every_outcome_counts_each_and_quarantines_only_the_confl
     proc = ingest(src, db=db)
     assert proc.returncode == 1
     qfile = quarantine_path(db, src)
-    assert summary_of(proc) == summary(accepted=3, duplicate=2, rejected=1, rejected_by_reason={"conflict": 1},
-                                       quarantine=[str(qfile)])
+    assert summary_of(proc) == summary(
+        accepted=3, duplicate=2, rejected=1, rejected_by_reason={"conflict": 1}, quarantine=[str(qfile)]
+    )
     assert [(q["line"], q["raw"]) for q in map(json.loads, qfile.read_text().splitlines())] == [(4, reused)]
     assert len(stored(db)) == 3
 
@@ -207,8 +249,10 @@ def test_unreadable_inputs_are_listed_and_the_other_files_imported(tmp_path: Pat
     assert proc.returncode == 2, proc.stderr
     reason = f"cannot read {not_gzip}: not a gzip file (Error -3 while decompressing data: incorrect header check)"
     assert summary_of(proc) == summary(accepted=5, unreadable=[{"file": str(not_gzip), "error": reason}])
-    assert proc.stderr == (f"error: {reason} (the lines read before the fault were imported; once the file is "
-                           "whole, an import of it adds the rest)\n")
+    assert proc.stderr == (
+        f"error: {reason} (the lines read before the fault were imported; once the file is "
+        "whole, an import of it adds the rest)\n"
+    )
     assert sorted(stored(db)) == ["a0", "a1", "a2", "z0", "z1"]
     assert not quarantine_path(db, not_gzip).exists()
 
@@ -216,8 +260,9 @@ def test_unreadable_inputs_are_listed_and_the_other_files_imported(tmp_path: Pat
 def test_a_truncated_gzip_keeps_every_line_read_before_the_cut(tmp_path: Path, db: Path) -> None:
     # GzipFile dropped what a read had decompressed when the stream broke: a file under 4 MiB
     # unpacked gave no line at all
-    lines = [json.dumps(make_envelope(event_id=f"e{i:04d}", output={"n": i, "pad": "x" * (i % 50)}))
-             for i in range(2000)]
+    lines = [
+        json.dumps(make_envelope(event_id=f"e{i:04d}", output={"n": i, "pad": "x" * (i % 50)})) for i in range(2000)
+    ]
     whole = gzip.compress(("\n".join(lines) + "\n").encode())
     src = tmp_path / "cut.jsonl.gz"
     src.write_bytes(whole[: len(whole) * 3 // 4])
@@ -229,8 +274,15 @@ def test_a_truncated_gzip_keeps_every_line_read_before_the_cut(tmp_path: Path, d
     assert proc.returncode == 2, proc.stderr
     got = summary_of(proc)
     # the cut line is not a rejected line: it is what "unreadable" says was not read
-    assert got == summary(accepted=n, unreadable=[{"file": str(src), "error": f"cannot read {src}: compressed file "
-                                                   "ended before the end-of-stream marker was reached"}])
+    assert got == summary(
+        accepted=n,
+        unreadable=[
+            {
+                "file": str(src),
+                "error": f"cannot read {src}: compressed file ended before the end-of-stream marker was reached",
+            }
+        ],
+    )
     assert sorted(stored(db)) == [f"e{i:04d}" for i in range(n)]
     assert not quarantine_path(db, src).exists()
     src.write_bytes(whole)  # the whole file: the rest comes in, nothing twice
@@ -245,8 +297,9 @@ def test_a_file_given_twice_is_imported_once(tmp_path: Path, db: Path) -> None:
     qfile = quarantine_path(db, src)
     proc = ingest(src, tmp_path / "." / "o.jsonl", src, db=db)
     assert proc.returncode == 1, proc.stderr
-    assert summary_of(proc) == summary(accepted=4, rejected=1, rejected_by_reason={"missing": 1},
-                                       quarantine=[str(qfile)])
+    assert summary_of(proc) == summary(
+        accepted=4, rejected=1, rejected_by_reason={"missing": 1}, quarantine=[str(qfile)]
+    )
     assert len(qfile.read_text().splitlines()) == 1
 
 
@@ -258,8 +311,9 @@ def test_an_unwritable_quarantine_stops_the_import_before_storing(tmp_path: Path
     assert proc.returncode == 2
     qfile = quarantine_path(db, src)
     assert proc.stderr.startswith(f"error: cannot write rejected lines to {qfile} (")
-    assert proc.stderr.endswith(f"); nothing of {src} was imported (the import stopped there; the summary "
-                                "counts what was stored before)\n"), proc.stderr
+    assert proc.stderr.endswith(
+        f"); nothing of {src} was imported (the import stopped there; the summary counts what was stored before)\n"
+    ), proc.stderr
     assert "Traceback" not in proc.stderr
     assert summary_of(proc) == summary()
     assert stored(db) == {}
@@ -305,15 +359,26 @@ def test_same_named_files_in_different_folders_do_not_collide(tmp_path: Path, db
 
 @pytest.mark.parametrize("block", [1, 2, 3, 7, 64, 1 << 22])
 @pytest.mark.parametrize("gz", [False, True])
-def test_lines_read_in_blocks_are_the_lines_of_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                        block: int, gz: bool) -> None:
+def test_lines_read_in_blocks_are_the_lines_of_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, block: int, gz: bool
+) -> None:
     """The import reads blocks and splits them: every line, its number and its bytes are those a
     line-by-line read gives, whatever the block size (lines across blocks, longer than a block,
     empty, with CR, a last line without a newline)."""
-    from collector import ingest as ingest_module
+    from shapewatch.collector import ingest as ingest_module
 
-    data = b"".join([b'{"a": 1}\n', b"\n", b"x" * 150 + b"\n", b"  \r\n", b"cr\rlf\r\n", b"\n\n",
-                     "é€😀".encode() + b"\n", b"last, no newline"])
+    data = b"".join(
+        [
+            b'{"a": 1}\n',
+            b"\n",
+            b"x" * 150 + b"\n",
+            b"  \r\n",
+            b"cr\rlf\r\n",
+            b"\n\n",
+            "é€😀".encode() + b"\n",
+            b"last, no newline",
+        ]
+    )
     path = tmp_path / ("in.jsonl.gz" if gz else "in.jsonl")
     path.write_bytes(gzip.compress(data) if gz else data)
     monkeypatch.setattr(ingest_module, "_READ_BLOCK", block)
@@ -325,9 +390,10 @@ def test_lines_read_in_blocks_are_the_lines_of_the_file(tmp_path: Path, monkeypa
 
 
 @pytest.mark.parametrize("block", [1, 2, 5, 1 << 22])
-def test_concatenated_gzip_members_a_bom_and_progress_in_file_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                   block: int) -> None:
-    from collector import ingest as ingest_module
+def test_concatenated_gzip_members_a_bom_and_progress_in_file_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, block: int
+) -> None:
+    from shapewatch.collector import ingest as ingest_module
 
     monkeypatch.setattr(ingest_module, "_READ_BLOCK", block)
     monkeypatch.setattr(ingest_module, "_GZ_CHUNK", max(block, 3))
@@ -346,7 +412,7 @@ def test_concatenated_gzip_members_a_bom_and_progress_in_file_bytes(tmp_path: Pa
 def test_conflicts_found_in_several_batches_are_quarantined_with_their_lines(tmp_path: Path) -> None:
     """In-process, two events a batch: the store finds the conflicts batch by batch; their lines
     are read again from the file (gzip too) into the quarantine, after the line rejected on read."""
-    from collector import Limits, Store, import_files
+    from shapewatch.collector import Limits, Store, import_files
 
     envs = [make_envelope() for _ in range(4)]
     reused = [json.dumps({**envs[i], "output": {"intent": f"other {i}"}}) for i in (0, 2)]
@@ -357,38 +423,49 @@ def test_conflicts_found_in_several_batches_are_quarantined_with_their_lines(tmp
         src.write_bytes(gzip.compress(data) if gz else data)
         with Store.open(tmp_path / f"db{gz}" / "x.duckdb") as store:
             result = import_files([src], store, Limits(), batch_size=2, tx_batches=2)
-        assert result.as_dict() == summary(accepted=4, duplicate=1, rejected=3,
-                                            rejected_by_reason={"conflict": 2, "invalid_json": 1},
-                                            quarantine=[str(quarantine_path(tmp_path / f"db{gz}" / "x.duckdb", src))])
+        assert result.as_dict() == summary(
+            accepted=4,
+            duplicate=1,
+            rejected=3,
+            rejected_by_reason={"conflict": 2, "invalid_json": 1},
+            quarantine=[str(quarantine_path(tmp_path / f"db{gz}" / "x.duckdb", src))],
+        )
         entries = [json.loads(x) for x in Path(result.quarantine[0]).read_text().splitlines()]
         assert [(q["line"], q["raw"], [e["code"] for e in q["errors"]]) for q in entries] == [
-            (6, "{not json", ["invalid_json"]), (5, reused[0], ["conflict"]), (8, reused[1], ["conflict"])]
+            (6, "{not json", ["invalid_json"]),
+            (5, reused[0], ["conflict"]),
+            (8, reused[1], ["conflict"]),
+        ]
 
 
-def test_a_conflicting_line_the_file_no_longer_holds_as_imported_is_quarantined_as_it_is_now(
-        tmp_path: Path) -> None:
-    from collector.envelope import LIMITS, parse_envelope
-    from collector.ingest import _conflict_entries
+def test_a_conflicting_line_the_file_no_longer_holds_as_imported_is_quarantined_as_it_is_now(tmp_path: Path) -> None:
+    from shapewatch.collector.envelope import LIMITS, parse_envelope
+    from shapewatch.collector.ingest import _conflict_entries
 
     first = make_envelope(event_id="a")
     src = write_lines(tmp_path / "in.jsonl", [json.dumps(first), "changed", json.dumps(first)])
     stored = parse_envelope(json.dumps(first).encode(), LIMITS).payload_hash
-    entries = [json.loads(x) for x in _conflict_entries(src, [(2, "h2"), (3, stored), (5, "h5")], LIMITS,
-                                                        datetime.now(UTC), "p")]
+    entries = [
+        json.loads(x)
+        for x in _conflict_entries(src, [(2, "h2"), (3, stored), (5, "h5")], LIMITS, datetime.now(UTC), "p")
+    ]
     assert [(q["line"], q["raw"], [e["code"] for e in q["errors"]]) for q in entries] == [
-        (2, "changed", ["conflict", "changed"]), (3, json.dumps(first), ["conflict"]),
-        (5, "", ["conflict", "changed"])]
+        (2, "changed", ["conflict", "changed"]),
+        (3, json.dumps(first), ["conflict"]),
+        (5, "", ["conflict", "changed"]),
+    ]
 
 
 def test_rollups_merged_by_the_storing_thread_when_merging_falls_behind_count_each_event_once(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """With no room for pending rollups, the storing thread merges after every transaction,
     beside the merging thread: the same rollups as an import that leaves merging to it."""
     import threading
 
-    from collector import Limits, Store, import_files
-    from collector import ingest as ingest_module
-    from collector.rollup import ROLLUP_TABLES
+    from shapewatch.collector import Limits, Store, import_files
+    from shapewatch.collector import ingest as ingest_module
+    from shapewatch.collector.rollup import ROLLUP_TABLES
 
     merged_by: list[str] = []  # the thread of each merge that found counts waiting
     merge_pending = Store.merge_pending
@@ -399,17 +476,23 @@ def test_rollups_merged_by_the_storing_thread_when_merging_falls_behind_count_ea
         merge_pending(store)
 
     monkeypatch.setattr(Store, "merge_pending", recording)
-    src = write_lines(tmp_path / "in.jsonl", [json.dumps(make_envelope(output={"i": i, "k": f"v{i % 3}"}))
-                                              for i in range(40)])
+    src = write_lines(
+        tmp_path / "in.jsonl", [json.dumps(make_envelope(output={"i": i, "k": f"v{i % 3}"})) for i in range(40)]
+    )
     sums = []
     for room in (10**6, 0):  # never, and after every transaction
         monkeypatch.setattr(ingest_module, "_PENDING_TRANSACTIONS", room)
         merged_by.clear()
         with Store.open(tmp_path / f"db{room}" / "x.duckdb") as store:
             assert import_files([src], store, Limits(), batch_size=3, tx_batches=2).accepted == 40
-            sums.append({table: store.query(  # both files number their cohorts alike
-                f"SELECT {', '.join(keys)}, {', '.join(f'sum({c})' for c in cols)} FROM {table} GROUP BY ALL ORDER BY ALL")
-                for table, (keys, cols) in ROLLUP_TABLES.items()})
+            sums.append(
+                {
+                    table: store.query(  # both files number their cohorts alike
+                        f"SELECT {', '.join(keys)}, {', '.join(f'sum({c})' for c in cols)} FROM {table} GROUP BY ALL ORDER BY ALL"
+                    )
+                    for table, (keys, cols) in ROLLUP_TABLES.items()
+                }
+            )
             assert store.query("SELECT sum(events) FROM cohort_buckets") == [(40,)]
         # with room to spare, only the merging thread merges; without, the storing thread does too
         assert ("shapewatch-import" in merged_by) == (room == 0), merged_by

@@ -8,6 +8,7 @@ TIMESTAMPTZ values are read as epoch seconds (DuckDB's Python conversion needs p
 
 from __future__ import annotations
 
+import itertools
 import math
 import sys
 from collections import Counter
@@ -32,11 +33,11 @@ from test_rollup import (
     write_all,
 )
 
-from collector._speedups import Acc
-from collector.envelope import LIMITS, Envelope, parse_envelope
-from collector.profile import read_profile
-from collector.rollup import ROLLUP_TABLES, RollupBatch, RollupConfig, number_bin
-from collector.store import MIGRATIONS, SCHEMA_VERSION, Store
+from shapewatch.collector._speedups import Acc
+from shapewatch.collector.envelope import LIMITS, Envelope, parse_envelope
+from shapewatch.collector.profile import read_profile
+from shapewatch.collector.rollup import ROLLUP_TABLES, RollupBatch, RollupConfig, number_bin
+from shapewatch.collector.store import MIGRATIONS, SCHEMA_VERSION, Store
 
 PROPERTY = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 DBL_MAX = sys.float_info.max
@@ -60,7 +61,14 @@ def log_bin(x: float) -> float:
 def test_small_integers_are_exact_and_everything_else_is_binned() -> None:
     assert [number_bin(i) for i in (-100, -7, 0, 1, 42, 100)] == [-100.0, -7.0, 0.0, 1.0, 42.0, 100.0]
     assert [number_bin(x) for x in (101, -101, 1.0, 3.0, 0.5, 1234.5, -1e15)] == [
-        log_bin(101), log_bin(-101), 2 / 2.02, log_bin(3.0), log_bin(0.5), log_bin(1234.5), log_bin(-1e15)]
+        log_bin(101),
+        log_bin(-101),
+        2 / 2.02,
+        log_bin(3.0),
+        log_bin(0.5),
+        log_bin(1234.5),
+        log_bin(-1e15),
+    ]
     assert number_bin(1.02) == 2 * 1.02 / 2.02  # log(1.02) / log(1.02) is exactly 1: the top of bin 1
     assert number_bin(-3.0) == -number_bin(3.0)
     assert number_bin(2**64 - 1) == log_bin(float(2**64 - 1))
@@ -127,12 +135,46 @@ def reference(outputs: list[dict[str, Any]]) -> NumberRows:
     return Counter(pair for output in outputs for pair in numbers_of(output))
 
 
-_EDGES = st.sampled_from([0, -0.0, 100, -100, 101, -101, 1.0, 1.02, 1e-9, -1e-9, 9.999999999e-10, 5e-324,
-                          DBL_MAX, -DBL_MAX, 2**63 - 1, -(2**63), 2**63, 2**64 - 1, 2**64, 10**400, -(10**400),
-                          math.inf, -math.inf, 0.1, 1e300, True, False, None, "5"])
+_EDGES = st.sampled_from(
+    [
+        0,
+        -0.0,
+        100,
+        -100,
+        101,
+        -101,
+        1.0,
+        1.02,
+        1e-9,
+        -1e-9,
+        9.999999999e-10,
+        5e-324,
+        DBL_MAX,
+        -DBL_MAX,
+        2**63 - 1,
+        -(2**63),
+        2**63,
+        2**64 - 1,
+        2**64,
+        10**400,
+        -(10**400),
+        math.inf,
+        -math.inf,
+        0.1,
+        1e300,
+        True,
+        False,
+        None,
+        "5",
+    ]
+)
 _NUMBERS = st.integers() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False) | _EDGES
-_OUTPUTS = st.lists(st.fixed_dictionaries({"x": _NUMBERS, "items": st.lists(_NUMBERS, max_size=4),
-                                           "nested": st.fixed_dictionaries({"y": _NUMBERS})}), max_size=6)
+_OUTPUTS = st.lists(
+    st.fixed_dictionaries(
+        {"x": _NUMBERS, "items": st.lists(_NUMBERS, max_size=4), "nested": st.fixed_dictionaries({"y": _NUMBERS})}
+    ),
+    max_size=6,
+)
 
 
 @PROPERTY
@@ -148,8 +190,12 @@ def test_the_accumulator_on_a_hand_written_batch() -> None:
         {"a": False, "b": [250]},
     ]
     assert accumulated(outputs) == {
-        ("a", 7.0): 1, ("a", log_bin(7.0)): 1,  # an int up to 100 is exact, a float is binned
-        ("b[]", 1.0): 2, ("b[]", log_bin(2.5)): 1, ("b[]", log_bin(250)): 1, ("b[][]", 3.0): 1,
+        ("a", 7.0): 1,
+        ("a", log_bin(7.0)): 1,  # an int up to 100 is exact, a float is binned
+        ("b[]", 1.0): 2,
+        ("b[]", log_bin(2.5)): 1,
+        ("b[]", log_bin(250)): 1,
+        ("b[][]", 3.0): 1,
         ("c.d", 0.0): 2,
     }
 
@@ -159,7 +205,7 @@ def test_every_bin_has_its_own_value_in_both_implementations() -> None:
     # relies on this: within a batch, (path, value) is one row (no two bins share a value).
     inside = [GAMMA ** (k - 0.5) for k in range(-1045, 35844)]
     reps = [number_bin(x) for x in inside]
-    assert all(a < b for a, b in zip(reps, reps[1:], strict=False))  # one value per bin, in order
+    assert all(a < b for a, b in itertools.pairwise(reps))  # one value per bin, in order
     assert not {r for r in reps if r <= 100 and r == int(r)}  # never an exact small integer's value
     outputs = [{"x": inside}, {"x": [-x for x in inside]}, {"x": list(range(-100, 101))}]
     got = accumulated(outputs)
@@ -189,21 +235,27 @@ def number_rows(store: Store, since: int | None = None, until: int | None = None
     where = [f"epoch(bucket) >= {since}"] if since is not None else []
     where += [f"epoch(bucket) < {until}"] if until is not None else []
     cond = f"WHERE {' AND '.join(where)}" if where else ""
-    return Counter({(c, p, v): n for c, p, v, n in store.query(
-        f"SELECT cohort_id, path, value, sum(n)::BIGINT FROM number_rollups {cond} GROUP BY ALL")})
+    return Counter(
+        {
+            (c, p, v): n
+            for c, p, v, n in store.query(
+                f"SELECT cohort_id, path, value, sum(n)::BIGINT FROM number_rollups {cond} GROUP BY ALL"
+            )
+        }
+    )
 
 
 def recomputed(store: Store, since: int, until: int) -> NumberRows:
     out: NumberRows = Counter()
     for cohort_id, output in store.query(
-            f"SELECT cohort_id, output FROM cohort_events WHERE epoch(ts) >= {since} AND epoch(ts) < {until}"):
+        f"SELECT cohort_id, output FROM cohort_events WHERE epoch(ts) >= {since} AND epoch(ts) < {until}"
+    ):
         for path, value in numbers_of(orjson.loads(output)):
             out[(cohort_id, path, value)] += 1
     return out
 
 
-def test_a_window_histogram_is_the_merge_of_its_parts_and_the_recomputation(
-        store: Store, tmp_path: Path) -> None:
+def test_a_window_histogram_is_the_merge_of_its_parts_and_the_recomputation(store: Store, tmp_path: Path) -> None:
     events = random_envelopes(make_envelope, 400, seed=21)
     write_all(store, chunks(events, [30, 1, 70]))
     window = number_rows(store, T1200, T1200 + 180)
@@ -253,8 +305,10 @@ def _v3_file(path: Path, outputs: list[tuple[str, dict[str, Any]]], watermark: s
         con.execute(migration.replace("{bucket}", "60"))
     con.execute("INSERT INTO meta VALUES ('schema_version', '3'), ('bucket_seconds', '60')")
     con.execute("INSERT INTO meta SELECT 'rollups_through', epoch_us(?::TIMESTAMPTZ)::VARCHAR", [watermark])
-    con.execute("INSERT INTO cohorts VALUES (nextval('cohort_seq'), 'm-old', 'p1', 'intake', "
-                "TIMESTAMPTZ '2026-11-29 12:00:00+00')")
+    con.execute(
+        "INSERT INTO cohorts VALUES (nextval('cohort_seq'), 'm-old', 'p1', 'intake', "
+        "TIMESTAMPTZ '2026-11-29 12:00:00+00')"
+    )
     for i, (received, output) in enumerate(outputs):
         con.execute(
             """INSERT INTO events (id_key, event_id, payload_hash, generated_id, cohort_id, ts, received_at,
@@ -262,30 +316,58 @@ def _v3_file(path: Path, outputs: list[tuple[str, dict[str, Any]]], watermark: s
                                    finish_reason, attributes, output)
                VALUES (md5_number($id), $id, 'hash-' || $id, false, 1, TIMESTAMPTZ '2026-11-29 12:00:30+00',
                        $received::TIMESTAMPTZ, NULL, '3', 'production', NULL, NULL, 'stop', NULL, $output)""",
-            {"id": f"old-{i}", "received": received, "output": orjson.dumps(output).decode()})
+            {"id": f"old-{i}", "received": received, "output": orjson.dumps(output).decode()},
+        )
     con.close()
 
 
 def test_a_v3_file_gets_the_table_and_its_unmerged_events_are_rolled_up(db_path: Path) -> None:
     rolled = ("2026-11-29 12:05:00+00", {"score": 0.75, "n": 3})
-    unmerged = [("2026-11-29 12:10:00+00", {"score": 12.5, "n": [1, 2, 1000]}),
-                ("2026-11-29 12:10:01+00", {"score": -0.75, "flag": True})]
+    unmerged = [
+        ("2026-11-29 12:10:00+00", {"score": 12.5, "n": [1, 2, 1000]}),
+        ("2026-11-29 12:10:01+00", {"score": -0.75, "flag": True}),
+    ]
     _v3_file(db_path, [rolled, *unmerged], watermark="2026-11-29 12:05:00+00")
     with Store.open(db_path) as store:
         assert store.query("SELECT value FROM meta WHERE key = 'schema_version'") == [(str(SCHEMA_VERSION),)]
-        assert store.query("SELECT column_name, data_type FROM duckdb_columns() WHERE table_name = 'number_rollups'"
-                           " ORDER BY column_index") == [
-            ("cohort_id", "INTEGER"), ("bucket", "TIMESTAMP WITH TIME ZONE"), ("path", "VARCHAR"),
-            ("value", "DOUBLE"), ("n", "BIGINT")]
+        assert store.query(
+            "SELECT column_name, data_type FROM duckdb_columns() WHERE table_name = 'number_rollups'"
+            " ORDER BY column_index"
+        ) == [
+            ("cohort_id", "INTEGER"),
+            ("bucket", "TIMESTAMP WITH TIME ZONE"),
+            ("path", "VARCHAR"),
+            ("value", "DOUBLE"),
+            ("n", "BIGINT"),
+        ]
         # events after the watermark are rolled up, numbers included; the history is not re-read
-        assert number_rows(store) == Counter({
-            (1, "score", number_bin(12.5)): 1, (1, "score", number_bin(-0.75)): 1,
-            (1, "n[]", 1.0): 1, (1, "n[]", 2.0): 1, (1, "n[]", number_bin(1000)): 1})
+        assert number_rows(store) == Counter(
+            {
+                (1, "score", number_bin(12.5)): 1,
+                (1, "score", number_bin(-0.75)): 1,
+                (1, "n[]", 1.0): 1,
+                (1, "n[]", 2.0): 1,
+                (1, "n[]", number_bin(1000)): 1,
+            }
+        )
         assert store.query("SELECT epoch(bucket)::BIGINT, sum(events)::BIGINT FROM cohort_buckets GROUP BY ALL") == [
-            (T1200, 2)]
+            (T1200, 2)
+        ]
         # and the migrated file takes writes with their numbers
-        store.write_batch([parse(make_envelope(event_id="new", ts="2026-11-29T12:00:40Z", model="m-old", served_model=None,
-                                               prompt_version="p1", output={"score": 0.75}))])
+        store.write_batch(
+            [
+                parse(
+                    make_envelope(
+                        event_id="new",
+                        ts="2026-11-29T12:00:40Z",
+                        model="m-old",
+                        served_model=None,
+                        prompt_version="p1",
+                        output={"score": 0.75},
+                    )
+                )
+            ]
+        )
         assert number_rows(store)[(1, "score", number_bin(0.75))] == 1
     with Store.open(db_path) as again:  # reopening re-rolls nothing twice
         assert sum(number_rows(again).values()) == 6
@@ -305,7 +387,6 @@ def test_profiles_read_a_window_through_the_migration(db_path: Path) -> None:
         p = read_profile(store, 1, t0, t0 + timedelta(hours=1))
         assert p.fields["score"].numbers == {5.0: 1}
         assert p.fields["score"].number_percentile(0.5) == 5.0
-
 
 
 def test_value_rows_are_the_values_as_arrow_buffers() -> None:
@@ -328,9 +409,14 @@ def test_value_rows_are_the_values_as_arrow_buffers() -> None:
     rows = len(vs) // 8
     column = pa.Array.from_buffers(pa.string(), rows, [None, pa.py_buffer(voff), pa.py_buffer(vdata)])
     column.validate(full=True)
-    got = list(zip(pa.Array.from_buffers(pa.int64(), rows, [None, pa.py_buffer(vs)]).to_pylist(),
-                   column.to_pylist(),
-                   pa.Array.from_buffers(pa.int64(), rows, [None, pa.py_buffer(vn)]).to_pylist(), strict=True))
+    got = list(
+        zip(
+            pa.Array.from_buffers(pa.int64(), rows, [None, pa.py_buffer(vs)]).to_pylist(),
+            column.to_pylist(),
+            pa.Array.from_buffers(pa.int64(), rows, [None, pa.py_buffer(vn)]).to_pylist(),
+            strict=True,
+        )
+    )
     assert got == list(zip(slots, keys, counts, strict=True))
     assert len(voff) == 4 * (rows + 1) and len(vdata) == sum(len(k.encode()) for k in keys)
     assert sorted({k for _, k, _ in got}) == sorted(set(values) - {"z" * 65} | {"k"})  # 65 chars: too long

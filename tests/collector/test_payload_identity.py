@@ -18,16 +18,23 @@ import orjson
 import pytest
 from harness import ROOT, SHAPEWATCH, make_envelope, start_service
 
-from collector import store as store_module
-from collector.envelope import LIMITS, parse_envelope
-from collector.store import MIGRATIONS, SCHEMA_VERSION, Store, WriteStatus
+from shapewatch.collector import store as store_module
+from shapewatch.collector.envelope import LIMITS, parse_envelope
+from shapewatch.collector.store import MIGRATIONS, SCHEMA_VERSION, Store, WriteStatus
 
 JSON = {"content-type": "application/json"}
-CONFLICT = [{"path": "event_id", "reason": "already stored with a different payload; "
-             "an event_id names one event and must not be reused"}]
-OUTPUT = {"intent": "refund", "priority": "high",
-          "customer": {"tier": "gold", "id": "c-1", "flags": {"vip": True, "angry": False}},
-          "entities": [{"type": "order", "value": "A-1"}, {"value": "B-2", "type": "sku"}]}
+CONFLICT = [
+    {
+        "path": "event_id",
+        "reason": "already stored with a different payload; an event_id names one event and must not be reused",
+    }
+]
+OUTPUT = {
+    "intent": "refund",
+    "priority": "high",
+    "customer": {"tier": "gold", "id": "c-1", "flags": {"vip": True, "angry": False}},
+    "entities": [{"type": "order", "value": "A-1"}, {"value": "B-2", "type": "sku"}],
+}
 
 
 def reordered(v: Any) -> Any:
@@ -48,7 +55,11 @@ def answer(r: httpx.Response) -> tuple[str, str]:
     assert r.status_code == 200, r.text
     body = r.json()
     assert (body["accepted"], body["duplicate"], body["rejected"], len(body["results"])) == (
-        body["results"][0]["status"] == "accepted", body["results"][0]["status"] == "duplicate", 0, 1)
+        body["results"][0]["status"] == "accepted",
+        body["results"][0]["status"] == "duplicate",
+        0,
+        1,
+    )
     return body["results"][0]["event_id"], body["results"][0]["status"]
 
 
@@ -77,7 +88,9 @@ def test_a_retry_in_another_key_order_is_a_duplicate_over_http(tmp_path: Path) -
             # in a batch too (the C scanner reads every item of an array body)
             r = post(c, [{**first, "output": reordered(OUTPUT)}, make_envelope(event_id="e-2", output=OUTPUT)])
             assert [(x["event_id"], x["status"]) for x in r.json()["results"]] == [
-                ("e-1", "duplicate"), ("e-2", "accepted")]
+                ("e-1", "duplicate"),
+                ("e-2", "accepted"),
+            ]
             # another value under the same id is still refused, in any order
             changed = {**OUTPUT, "customer": {**OUTPUT["customer"], "tier": "silver"}}
             r = post(c, {**first, "output": reordered(changed)})
@@ -88,16 +101,23 @@ def test_a_retry_in_another_key_order_is_a_duplicate_over_http(tmp_path: Path) -
         svc.stop()
     # stored once, as first sent (the key order of what is stored is the client's)
     assert stored(svc.db_path, "SELECT event_id, output FROM events ORDER BY event_id") == [
-        ("e-1", orjson.dumps(OUTPUT).decode()), ("e-2", orjson.dumps(OUTPUT).decode())]
+        ("e-1", orjson.dumps(OUTPUT).decode()),
+        ("e-2", orjson.dumps(OUTPUT).decode()),
+    ]
 
 
 # --- bulk import -----------------------------------------------------------------------------------
 
 
 def ingest(src: Path, db: Path) -> dict[str, Any]:
-    proc = subprocess.run([*SHAPEWATCH, "ingest", str(src), "--db", str(db), "--format", "json"],
-                          capture_output=True, text=True, timeout=120, cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.run(
+        [*SHAPEWATCH, "ingest", str(src), "--db", str(db), "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert proc.returncode in (0, 1), proc.stderr
     result: dict[str, Any] = json.loads(proc.stdout)
     return result
@@ -107,8 +127,10 @@ def test_bulk_import_counts_a_line_in_another_key_order_once(tmp_path: Path) -> 
     first = make_envelope(event_id="b-1", output=OUTPUT)
     changed = make_envelope(event_id="b-1", output=reordered({**OUTPUT, "priority": "low"}))
     src = tmp_path / "in.jsonl"
-    src.write_text("\n".join(json.dumps(e) for e in [
-        first, reordered(first), {**first, "output": reordered(OUTPUT)}, changed]) + "\n")
+    src.write_text(
+        "\n".join(json.dumps(e) for e in [first, reordered(first), {**first, "output": reordered(OUTPUT)}, changed])
+        + "\n"
+    )
     db = tmp_path / "bulk.duckdb"
     summary = ingest(src, db)
     assert (summary["accepted"], summary["duplicate"], summary["rejected"]) == (1, 2, 1)
@@ -125,8 +147,14 @@ def test_bulk_import_counts_a_line_in_another_key_order_once(tmp_path: Path) -> 
 
 # An envelope, and the payload hash releases before schema version 8 stored for it (pinned by
 # their test of the C fast path: tests/collector/test_envelope_fast_path.py at b7c23f5).
-PINNED = {"event_id": "e-1", "ts": "2026-11-28T10:00:00.5+02:00", "model": "m", "prompt_version": "p",
-          "contract": "c", "output": {"a": [1, "x", None], "b": 0.25}}
+PINNED = {
+    "event_id": "e-1",
+    "ts": "2026-11-28T10:00:00.5+02:00",
+    "model": "m",
+    "prompt_version": "p",
+    "contract": "c",
+    "output": {"a": [1, "x", None], "b": 0.25},
+}
 PINNED_HASH = "8cc4c804ea715f3bf2087b8a48076c17"
 
 
@@ -134,10 +162,19 @@ def old_payload_hash(env: dict[str, Any]) -> str:
     """The payload hash as releases before schema version 8 computed it: the output's text in the
     key order sent, then the tags with ``ts`` as written."""
     attributes = env.get("attributes")
-    tags = [env["model"], env["prompt_version"], env.get("contract") or "default", env.get("ts"), env.get("source"),
-            None if attributes is None else orjson.dumps(attributes, option=orjson.OPT_SORT_KEYS).decode(),
-            env.get("served_model"), env.get("contract_version"), env.get("run_id"), env.get("agent_release"),
-            env.get("finish_reason")]
+    tags = [
+        env["model"],
+        env["prompt_version"],
+        env.get("contract") or "default",
+        env.get("ts"),
+        env.get("source"),
+        None if attributes is None else orjson.dumps(attributes, option=orjson.OPT_SORT_KEYS).decode(),
+        env.get("served_model"),
+        env.get("contract_version"),
+        env.get("run_id"),
+        env.get("agent_release"),
+        env.get("finish_reason"),
+    ]
     return hashlib.blake2b(orjson.dumps(env["output"]) + orjson.dumps(tags), digest_size=16).hexdigest()
 
 
@@ -145,9 +182,21 @@ RECEIVED = datetime(2026, 11, 29, 12, 5, tzinfo=UTC)
 OLD = [  # what an earlier release stored, and a time the service defaulted for the one without ts
     (PINNED, None),
     (make_envelope(event_id="old-offset", ts="2026-11-29T14:00:00+02:00", output=OUTPUT), None),
-    (make_envelope(event_id="old-no-ts", ts=None, output=OUTPUT), datetime(2026, 11, 29, 12, 4, 59, 250_000, tzinfo=UTC)),
-    (make_envelope(event_id="old-attributes", output=OUTPUT, attributes={"team": "a", "region": "eu"},
-                   run_id="r-1", agent_release="1.2", finish_reason="stop"), None),
+    (
+        make_envelope(event_id="old-no-ts", ts=None, output=OUTPUT),
+        datetime(2026, 11, 29, 12, 4, 59, 250_000, tzinfo=UTC),
+    ),
+    (
+        make_envelope(
+            event_id="old-attributes",
+            output=OUTPUT,
+            attributes={"team": "a", "region": "eu"},
+            run_id="r-1",
+            agent_release="1.2",
+            finish_reason="stop",
+        ),
+        None,
+    ),
 ]
 
 
@@ -167,16 +216,32 @@ def old_file(path: Path, envelopes: list[tuple[dict[str, Any], datetime | None]]
             con.execute("INSERT INTO cohorts VALUES (nextval('cohort_seq'), ?, ?, ?, ?)", [*cohort, RECEIVED])
         ts = defaulted or datetime.fromisoformat(env["ts"]).astimezone(UTC)
         attributes = env.get("attributes")
-        row = {"id": env["event_id"], "hash": old_payload_hash(env), "cohort": cohorts[cohort], "ts": ts,
-               "received": RECEIVED, "served": env.get("served_model"), "version": env.get("contract_version"),
-               "source": env.get("source"), "run": env.get("run_id"), "release": env.get("agent_release"),
-               "finish": env.get("finish_reason"),
-               "attributes": None if attributes is None else orjson.dumps(attributes, option=orjson.OPT_SORT_KEYS).decode(),
-               "output": orjson.dumps(env["output"]).decode()}
-        con.execute("""INSERT INTO events VALUES (md5_number($id), $id, $hash, false, $cohort, $ts, $received, $served,
-                       $version, $source, $run, $release, $finish, $attributes, $output)""", row)
-        con.execute("INSERT INTO event_keys VALUES (md5_number($id), $hash, $received)",
-                    {"id": row["id"], "hash": row["hash"], "received": RECEIVED})
+        row = {
+            "id": env["event_id"],
+            "hash": old_payload_hash(env),
+            "cohort": cohorts[cohort],
+            "ts": ts,
+            "received": RECEIVED,
+            "served": env.get("served_model"),
+            "version": env.get("contract_version"),
+            "source": env.get("source"),
+            "run": env.get("run_id"),
+            "release": env.get("agent_release"),
+            "finish": env.get("finish_reason"),
+            "attributes": None
+            if attributes is None
+            else orjson.dumps(attributes, option=orjson.OPT_SORT_KEYS).decode(),
+            "output": orjson.dumps(env["output"]).decode(),
+        }
+        con.execute(
+            """INSERT INTO events VALUES (md5_number($id), $id, $hash, false, $cohort, $ts, $received, $served,
+                       $version, $source, $run, $release, $finish, $attributes, $output)""",
+            row,
+        )
+        con.execute(
+            "INSERT INTO event_keys VALUES (md5_number($id), $hash, $received)",
+            {"id": row["id"], "hash": row["hash"], "received": RECEIVED},
+        )
     con.close()
 
 
@@ -195,10 +260,14 @@ def test_stored_identities_migrate_to_the_hash_of_the_canonical_payload(db_path:
         assert SCHEMA_VERSION == 8
         want = sorted((env["event_id"], new_hash(env)) for env, _ in OLD)
         assert sorted(store.query("SELECT event_id, payload_hash FROM events")) == want
-        assert sorted(store.query("SELECT e.event_id, k.payload_hash FROM event_keys k JOIN events e USING (id_key)")) == want
+        assert (
+            sorted(store.query("SELECT e.event_id, k.payload_hash FROM event_keys k JOIN events e USING (id_key)"))
+            == want
+        )
         # outputs stay as they were sent
         assert sorted(store.query("SELECT event_id, output FROM events")) == sorted(
-            (env["event_id"], orjson.dumps(env["output"]).decode()) for env, _ in OLD)
+            (env["event_id"], orjson.dumps(env["output"]).decode()) for env, _ in OLD
+        )
         # retries, as sent then and in another key order, are duplicates; another value conflicts
         retries = [parse_envelope(orjson.dumps(e), LIMITS) for env, _ in OLD for e in (env, reordered(env))]
         assert [r.status for r in store.write_batch(retries)] == [WriteStatus.duplicate] * len(retries)
@@ -252,7 +321,8 @@ def test_the_migration_is_one_transaction_read_in_chunks(db_path: Path, monkeypa
     monkeypatch.setattr(store_module, "_payload_hash", real)
     with Store.open(db_path) as store:
         assert store.query("SELECT event_id, payload_hash FROM events ORDER BY 1") == sorted(
-            (env["event_id"], new_hash(env)) for env, _ in OLD)
+            (env["event_id"], new_hash(env)) for env, _ in OLD
+        )
 
 
 def test_a_key_whose_event_was_purged_keeps_its_hash_and_a_reused_id_keeps_the_newest(db_path: Path) -> None:
@@ -270,4 +340,6 @@ def test_a_key_whose_event_was_purged_keeps_its_hash_and_a_reused_id_keeps_the_n
         assert sorted(store.query("SELECT payload_hash FROM event_keys")) == sorted([("kept-hash",), (new_hash(env),)])
         old_output = parse_envelope(orjson.dumps({**env, "output": {"intent": "old"}}), LIMITS).payload_hash
         assert store.query("SELECT output, payload_hash FROM events ORDER BY received_at") == [
-            ('{"intent":"old"}', old_output), (orjson.dumps(OUTPUT).decode(), new_hash(env))]
+            ('{"intent":"old"}', old_output),
+            (orjson.dumps(OUTPUT).decode(), new_hash(env)),
+        ]

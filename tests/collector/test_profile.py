@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections import Counter
 from datetime import UTC, datetime, timedelta
@@ -12,19 +13,22 @@ import pytest
 from harness import make_envelope
 from test_rollup import numbers_of
 
-from collector import Store, flatten_output, read_profile, read_profiles
-from collector.envelope import LIMITS, parse_envelope
-from collector.profile import FieldProfile
-from collector.rollup import number_bin
+from shapewatch.collector import Store, flatten_output, read_profile, read_profiles
+from shapewatch.collector.envelope import LIMITS, parse_envelope
+from shapewatch.collector.profile import FieldProfile
+from shapewatch.collector.rollup import number_bin
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
 
 def output(rnd: random.Random) -> dict[str, Any]:
-    out: dict[str, Any] = {"priority": rnd.choice(["low", "high", None]),
-                           "items": [{"k": rnd.choice(["a", "b"]), "n": rnd.choice([1, 2.5, -40, 1e6 + 0.5])}
-                                     for _ in range(rnd.randint(0, 3))],
-                           "latency_ms": rnd.choice([rnd.randrange(0, 5000), rnd.uniform(0, 5000)])}
+    out: dict[str, Any] = {
+        "priority": rnd.choice(["low", "high", None]),
+        "items": [
+            {"k": rnd.choice(["a", "b"]), "n": rnd.choice([1, 2.5, -40, 1e6 + 0.5])} for _ in range(rnd.randint(0, 3))
+        ],
+        "latency_ms": rnd.choice([rnd.randrange(0, 5000), rnd.uniform(0, 5000)]),
+    }
     if rnd.random() < 0.6:
         out["customer"] = {"tier": rnd.choice(["gold", "free"])}
     if rnd.random() < 0.3:
@@ -49,8 +53,9 @@ def write(store: Store, n: int, seed: int) -> list[tuple[datetime, dict[str, Any
     return written
 
 
-def expected(written: list[tuple[datetime, dict[str, Any]]], since: datetime, until: datetime
-             ) -> tuple[int, dict[str, dict[str, Any]]]:
+def expected(
+    written: list[tuple[datetime, dict[str, Any]]], since: datetime, until: datetime
+) -> tuple[int, dict[str, dict[str, Any]]]:
     """The same statistics computed one output at a time with the reference flattener."""
     inside = [out for ts, out in written if since <= ts.replace(second=0, microsecond=0) < until]
     fields: dict[str, dict[str, Any]] = {}
@@ -60,8 +65,17 @@ def expected(written: list[tuple[datetime, dict[str, Any]]], since: datetime, un
         for path, value in numbers_of(out):
             numbers.setdefault(path, Counter())[value] += 1
         for o in flatten_output(out):
-            f = fields.setdefault(o.path, {"scope": o.scope, "present": 0, "types": Counter(),
-                                           "values": Counter(), "lengths": Counter(), "numbers": Counter()})
+            f = fields.setdefault(
+                o.path,
+                {
+                    "scope": o.scope,
+                    "present": 0,
+                    "types": Counter(),
+                    "values": Counter(),
+                    "lengths": Counter(),
+                    "numbers": Counter(),
+                },
+            )
             f["numbers"].update(numbers.pop(o.path, {}))
             f["present"] += 1
             f["types"][o.type.value] += 1
@@ -76,8 +90,15 @@ def expected(written: list[tuple[datetime, dict[str, Any]]], since: datetime, un
 
 
 def as_plain(p: FieldProfile) -> dict[str, Any]:
-    return {"scope": p.scope, "present": p.present, "types": Counter(p.types), "values": Counter(p.values),
-            "lengths": Counter(p.array_lengths), "numbers": Counter(p.numbers), "units": p.units}
+    return {
+        "scope": p.scope,
+        "present": p.present,
+        "types": Counter(p.types),
+        "values": Counter(p.values),
+        "lengths": Counter(p.array_lengths),
+        "numbers": Counter(p.numbers),
+        "units": p.units,
+    }
 
 
 @pytest.mark.parametrize("minutes", [(0, 10), (2, 5), (9, 10)])
@@ -92,7 +113,8 @@ def test_a_window_profile_equals_the_recomputation(store: Store, minutes: tuple[
     # Without number histograms: everything else identical, numbers empty.
     (lean,) = read_profiles(store, since, until, numbers=False)
     assert {p: as_plain(f) for p, f in lean.fields.items()} == {
-        p: {**f, "numbers": Counter()} for p, f in fields.items()}
+        p: {**f, "numbers": Counter()} for p, f in fields.items()
+    }
     assert any(f["numbers"] for f in fields.values())  # the comparison above is not vacuous
 
 
@@ -114,7 +136,7 @@ def test_a_window_profile_is_the_merge_of_its_parts(store: Store) -> None:
     write(store, 200, seed=4)
     minutes = [T0 + timedelta(minutes=m) for m in range(11)]
     (whole,) = read_profiles(store, minutes[0], minutes[-1])
-    parts = [read_profiles(store, a, b) for a, b in zip(minutes, minutes[1:], strict=False)]
+    parts = [read_profiles(store, a, b) for a, b in itertools.pairwise(minutes)]
     merged: dict[str, dict[str, Counter[Any]]] = {}
     for part in parts:
         for p in part:
@@ -123,8 +145,10 @@ def test_a_window_profile_is_the_merge_of_its_parts(store: Store) -> None:
                 m["types"].update(f.types)
                 m["lengths"].update(f.array_lengths)
                 m["numbers"].update(f.numbers)
-    assert {path: {"types": Counter(f.types), "lengths": Counter(f.array_lengths), "numbers": Counter(f.numbers)}
-            for path, f in whole.fields.items()} == merged
+    assert {
+        path: {"types": Counter(f.types), "lengths": Counter(f.array_lengths), "numbers": Counter(f.numbers)}
+        for path, f in whole.fields.items()
+    } == merged
     assert sum(whole.fields["latency_ms"].numbers.values()) == whole.events
 
 
@@ -133,14 +157,18 @@ def test_number_percentiles_and_shares(store: Store) -> None:
     outs: list[dict[str, Any]] = [{"latency": i} for i in range(1, 101)]
     outs += [{"latency": 250.0}, {"latency": 5000.5}, {"latency": None}, {"latency": True}, {"latency": "3"}]
     outs += [{"scores": [0.5, -2, 1e-12]}, {"label": "x"}]
-    store.write_batch([parse_envelope(orjson.dumps(make_envelope(event_id=f"n{i}", output=o)), LIMITS)
-                       for i, o in enumerate(outs)])
+    store.write_batch(
+        [parse_envelope(orjson.dumps(make_envelope(event_id=f"n{i}", output=o)), LIMITS) for i, o in enumerate(outs)]
+    )
     cohort_id = store.query("SELECT cohort_id FROM cohorts")[0][0]
     p = read_profile(store, cohort_id, T0, T0 + timedelta(hours=1))
     latency, scores = p.fields["latency"], p.fields["scores[]"]
     assert sum(latency.numbers.values()) == 102  # null, boolean and string are not numbers
     assert (latency.number_percentile(0.0), latency.number_percentile(0.5), latency.number_percentile(0.9)) == (
-        1.0, 51.0, 92.0)  # nearest rank: 51st and 92nd of 102
+        1.0,
+        51.0,
+        92.0,
+    )  # nearest rank: 51st and 92nd of 102
     assert latency.number_percentile(0.99) == number_bin(250.0)  # 101st of 102
     assert latency.number_percentile(1.0) == number_bin(5000.5)
     assert abs(latency.number_percentile(1.0) - 5000.5) <= 0.01 * 5000.5
@@ -150,8 +178,18 @@ def test_number_percentiles_and_shares(store: Store) -> None:
 
 
 def test_field_profiles_round_trip_through_json_exactly() -> None:
-    f = FieldProfile("x", None, 10, 9, {"number": 6, "integer": 3}, 0, {}, 0, {0: 1, 3: 2},
-                     {0.1: 2, -3.0: 1, 1e300: 1, number_bin(1e-5): 3, 0.0: 1, -1.7976931348623157e308: 1})
+    f = FieldProfile(
+        "x",
+        None,
+        10,
+        9,
+        {"number": 6, "integer": 3},
+        0,
+        {},
+        0,
+        {0: 1, 3: 2},
+        {0.1: 2, -3.0: 1, 1e300: 1, number_bin(1e-5): 3, 0.0: 1, -1.7976931348623157e308: 1},
+    )
     data = orjson.loads(orjson.dumps(f.to_json(), option=orjson.OPT_SORT_KEYS))
     assert data["numbers"]["0.1"] == 2 and data["numbers"]["-3.0"] == 1 and data["numbers"]["1e+300"] == 1
     back = FieldProfile.from_json(data)

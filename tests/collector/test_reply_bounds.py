@@ -9,7 +9,7 @@ import httpx
 import pytest
 from harness import Service, make_envelope
 
-from collector.api import MAX_REJECTIONS_LISTED
+from shapewatch.collector.api import MAX_REJECTIONS_LISTED
 
 
 def _body(ndjson: bool, items: list[dict[str, object]]) -> tuple[bytes, str]:
@@ -34,18 +34,31 @@ def test_a_batch_of_invalid_envelopes_gets_a_bounded_reply(service: Service, ndj
         # the first rejections, in order, whole
         where = (lambda i: f"line {i + 1}: ") if ndjson else (lambda i: "")
         assert listed[:2] == [
-            {"index": 1, "event_id": missing[0]["event_id"], "status": "rejected",
-             "errors": [{"path": "model", "reason": f"{where(1)}is required"}]},
-            {"index": 2, "event_id": missing[1]["event_id"], "status": "rejected",
-             "errors": [{"path": "model", "reason": f"{where(2)}is required"}]}]
+            {
+                "index": 1,
+                "event_id": missing[0]["event_id"],
+                "status": "rejected",
+                "errors": [{"path": "model", "reason": f"{where(1)}is required"}],
+            },
+            {
+                "index": 2,
+                "event_id": missing[1]["event_id"],
+                "status": "rejected",
+                "errors": [{"path": "model", "reason": f"{where(2)}is required"}],
+            },
+        ]
         assert [x["index"] for x in listed] == list(range(1, MAX_REJECTIONS_LISTED + 1))
         assert [x for x in reply["results"] if x["status"] != "rejected"] == [
             {"index": 0, "event_id": valid[0]["event_id"], "status": "accepted"},
-            {"index": 3001, "event_id": valid[1]["event_id"], "status": "accepted"}]
+            {"index": 3001, "event_id": valid[1]["event_id"], "status": "accepted"},
+        ]
         assert {k: v for k, v in reply.items() if k != "results"} == {
-            "accepted": 2, "duplicate": 0, "rejected": 3000,
+            "accepted": 2,
+            "duplicate": 0,
+            "rejected": 3000,
             "rejected_by_reason": {"missing": 1500, "wrong_type": 1500},
-            "rejections_omitted": 3000 - MAX_REJECTIONS_LISTED}
+            "rejections_omitted": 3000 - MAX_REJECTIONS_LISTED,
+        }
         assert len(r.content) < 30_000
         stored = c.get("/v1/events", params={"ids": [v["event_id"] for v in valid]})
         assert sorted(e["event_id"] for e in stored.json()) == sorted(v["event_id"] for v in valid)
@@ -58,8 +71,20 @@ def test_conflicts_beyond_the_cap_are_counted_not_listed(service: Service) -> No
         reused = [{**e, "output": {"intent": "other"}} for e in first]
         reply = c.post("/v1/outputs", json=[make_envelope(model=None), *reused]).json()
     assert (reply["accepted"], reply["rejected"], reply["rejected_by_reason"], reply["rejections_omitted"]) == (
-        0, len(first) + 1, {"conflict": len(first), "missing": 1}, 21)
+        0,
+        len(first) + 1,
+        {"conflict": len(first), "missing": 1},
+        21,
+    )
     assert len(reply["results"]) == MAX_REJECTIONS_LISTED
-    assert reply["results"][1] == {"index": 1, "event_id": first[0]["event_id"], "status": "rejected", "errors": [
-        {"path": "event_id", "reason": "already stored with a different payload; an event_id names one event and "
-                                       "must not be reused"}]}
+    assert reply["results"][1] == {
+        "index": 1,
+        "event_id": first[0]["event_id"],
+        "status": "rejected",
+        "errors": [
+            {
+                "path": "event_id",
+                "reason": "already stored with a different payload; an event_id names one event and must not be reused",
+            }
+        ],
+    }

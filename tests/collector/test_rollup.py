@@ -22,19 +22,28 @@ from typing import Any
 
 import orjson
 
-from collector import register_contract
-from collector.envelope import LIMITS, Envelope, parse_envelope
-from collector.flatten import JsonType, flatten_output, items_path, join_key
-from collector.rollup import ROLLUP_TABLES, RollupConfig, compact_rollups, number_bin
-from collector.store import Store, WriteStatus
+from shapewatch.collector import register_contract
+from shapewatch.collector.envelope import LIMITS, Envelope, parse_envelope
+from shapewatch.collector.flatten import JsonType, flatten_output, items_path, join_key
+from shapewatch.collector.rollup import ROLLUP_TABLES, RollupConfig, compact_rollups, number_bin
+from shapewatch.collector.store import Store, WriteStatus
 
 MakeEnvelope = Callable[..., dict[str, Any]]
 Sums = dict[str, dict[tuple[Any, ...], tuple[int, ...]]]
 
 T1200 = int(datetime(2026, 11, 29, 12, 0, tzinfo=UTC).timestamp())
 CAP = 50  # the `store` fixture's enum_values_per_path
-FIELD_COLS = ["present", "n_null", "n_boolean", "n_integer", "n_number", "n_string", "n_array",
-              "n_object", "long_strings"]
+FIELD_COLS = [
+    "present",
+    "n_null",
+    "n_boolean",
+    "n_integer",
+    "n_number",
+    "n_string",
+    "n_array",
+    "n_object",
+    "long_strings",
+]
 
 
 def parse(raw: dict[str, Any]) -> Envelope:
@@ -56,6 +65,7 @@ def numbers_of(output: dict[str, Any]) -> Iterator[tuple[str, float]]:
 
     Booleans are not numbers; numbers inside arrays count under the items path.
     """
+
     def walk(v: Any, path: str) -> Iterator[tuple[str, float]]:
         if isinstance(v, bool) or v is None or isinstance(v, str):
             return
@@ -72,8 +82,7 @@ def numbers_of(output: dict[str, Any]) -> Iterator[tuple[str, float]]:
         yield from walk(v, join_key(None, k))
 
 
-def rollup_sums(store: Store, *, since: int | None = None, until: int | None = None,
-                by_bucket: bool = True) -> Sums:
+def rollup_sums(store: Store, *, since: int | None = None, until: int | None = None, by_bucket: bool = True) -> Sums:
     """Every rollup table summed per key over [since, until); cohorts by name, buckets as epoch seconds.
 
     With ``by_bucket=False`` the bucket is summed away: the profile of the whole window.
@@ -92,9 +101,10 @@ def rollup_sums(store: Store, *, since: int | None = None, until: int | None = N
             cols.append("epoch(t.bucket)::BIGINT")
         cols += [f"t.{k}" for k in other]
         aggs = ", ".join(f"sum(t.{s})::BIGINT" for s in sums)
-        rows = store.query(f"SELECT {', '.join(cols)}, {aggs} FROM {table} t JOIN cohorts c USING (cohort_id) "
-                           f"{cond} GROUP BY ALL")
-        out[table] = {tuple(r[:len(cols)]): tuple(r[len(cols):]) for r in rows}
+        rows = store.query(
+            f"SELECT {', '.join(cols)}, {aggs} FROM {table} t JOIN cohorts c USING (cohort_id) {cond} GROUP BY ALL"
+        )
+        out[table] = {tuple(r[: len(cols)]): tuple(r[len(cols) :]) for r in rows}
     return out
 
 
@@ -160,12 +170,38 @@ def random_output(rng: random.Random) -> dict[str, Any]:
     if rng.random() < 0.1:
         out["deep"] = {"l1": {"l2": {"l3": [{"k": None}, {"k": "v"}, {}]}}}
     if rng.random() < 0.7:  # numbers over the whole range: exact small ints, every kind of bin
-        out["amount"] = rng.choice([0, 7, -3, 100, -100, 101, -101, 250, 10**6, 2**53 + 1, -(2**63), 2**64 - 1,
-                                    0.1, -0.1, 1e-9, 5e-10, -0.0, 3.0, 99.5, 1234.5678, -1e15, 1e300,
-                                    1.7976931348623157e308, round(rng.uniform(-1000, 1000), 2)])
+        out["amount"] = rng.choice(
+            [
+                0,
+                7,
+                -3,
+                100,
+                -100,
+                101,
+                -101,
+                250,
+                10**6,
+                2**53 + 1,
+                -(2**63),
+                2**64 - 1,
+                0.1,
+                -0.1,
+                1e-9,
+                5e-10,
+                -0.0,
+                3.0,
+                99.5,
+                1234.5678,
+                -1e15,
+                1e300,
+                1.7976931348623157e308,
+                round(rng.uniform(-1000, 1000), 2),
+            ]
+        )
     if rng.random() < 0.4:
-        out["readings"] = [rng.choice([rng.uniform(-50, 50), rng.randrange(-200, 200), True, None])
-                           for _ in range(rng.randrange(4))]
+        out["readings"] = [
+            rng.choice([rng.uniform(-50, 50), rng.randrange(-200, 200), True, None]) for _ in range(rng.randrange(4))
+        ]
     return out
 
 
@@ -176,9 +212,19 @@ def random_envelopes(make: MakeEnvelope, n: int, seed: int, minutes: int = 3) ->
     for i in range(n):
         model, pv, contract = rng.choice(COHORTS)
         ts = base + timedelta(seconds=rng.randrange(minutes * 60), microseconds=rng.randrange(1_000_000))
-        result.append(parse(make(event_id=f"ev-{seed}-{i}", model=model, prompt_version=pv, contract=contract,
-                                 ts=ts.isoformat(), served_model=rng.choice([f"{model}-snap1", f"{model}-snap2"]),
-                                 output=random_output(rng))))
+        result.append(
+            parse(
+                make(
+                    event_id=f"ev-{seed}-{i}",
+                    model=model,
+                    prompt_version=pv,
+                    contract=contract,
+                    ts=ts.isoformat(),
+                    served_model=rng.choice([f"{model}-snap1", f"{model}-snap2"]),
+                    output=random_output(rng),
+                )
+            )
+        )
     return result
 
 
@@ -186,7 +232,7 @@ def chunks(items: list[Envelope], sizes: list[int]) -> list[list[Envelope]]:
     out, i, k = [], 0, 0
     while i < len(items):
         size = sizes[k % len(sizes)]
-        out.append(items[i:i + size])
+        out.append(items[i : i + size])
         i += size
         k += 1
     return out
@@ -196,7 +242,8 @@ def chunks(items: list[Envelope], sizes: list[int]) -> list[list[Envelope]]:
 
 
 def test_a_window_is_the_merge_of_its_parts_whatever_the_batching(
-        store: Store, tmp_path: Path, envelope: MakeEnvelope) -> None:
+    store: Store, tmp_path: Path, envelope: MakeEnvelope
+) -> None:
     events = random_envelopes(envelope, 300, seed=1)
     # store A: minute by minute, in batches of 40
     by_minute = sorted(events, key=lambda e: e.ts)
@@ -208,8 +255,7 @@ def test_a_window_is_the_merge_of_its_parts_whatever_the_batching(
     write_all(other, chunks(shuffled, [1, 37, 5, 60, 3]))
 
     window = rollup_sums(store, since=T1200, until=T1200 + 180, by_bucket=False)
-    parts = [rollup_sums(store, since=T1200 + 60 * m, until=T1200 + 60 * (m + 1), by_bucket=False)
-             for m in range(3)]
+    parts = [rollup_sums(store, since=T1200 + 60 * m, until=T1200 + 60 * (m + 1), by_bucket=False) for m in range(3)]
     assert window == merge(*parts)
     assert window == rollup_sums(other, since=T1200, until=T1200 + 180, by_bucket=False)
     assert rollup_sums(store) == rollup_sums(other)
@@ -223,8 +269,7 @@ def test_a_window_is_the_merge_of_its_parts_whatever_the_batching(
     other.close()
 
 
-def test_one_batch_and_many_small_batches_give_the_same_sums(
-        tmp_path: Path, envelope: MakeEnvelope) -> None:
+def test_one_batch_and_many_small_batches_give_the_same_sums(tmp_path: Path, envelope: MakeEnvelope) -> None:
     events = random_envelopes(envelope, 120, seed=3)
     one = open_store(tmp_path, "one")
     many = open_store(tmp_path, "many")
@@ -255,8 +300,7 @@ def recompute(store: Store, max_len: int) -> dict[str, dict[tuple[Any, ...], Any
             numbers[(cohort_id, bucket, path)][value] += 1
         for obs in flatten_output(orjson.loads(output)):
             key = (cohort_id, bucket, obs.path)
-            f = field.setdefault(key, {"scope": obs.scope, **dict.fromkeys(FIELD_COLS, 0),
-                                       "values_overflow": 0})
+            f = field.setdefault(key, {"scope": obs.scope, **dict.fromkeys(FIELD_COLS, 0), "values_overflow": 0})
             assert f["scope"] == obs.scope
             f["present"] += 1
             f[f"n_{obs.type.value}"] += 1
@@ -269,32 +313,50 @@ def recompute(store: Store, max_len: int) -> dict[str, dict[tuple[Any, ...], Any
             if obs.type is JsonType.array:
                 assert obs.length is not None
                 lengths[key][obs.length] += 1
-    return {"field": field, "values": dict(values), "lengths": dict(lengths), "numbers": dict(numbers),
-            "buckets": dict(buckets)}
+    return {
+        "field": field,
+        "values": dict(values),
+        "lengths": dict(lengths),
+        "numbers": dict(numbers),
+        "buckets": dict(buckets),
+    }
 
 
 def stored(store: Store) -> dict[str, dict[tuple[Any, ...], Any]]:
     cols = ", ".join(f"sum({c})::BIGINT" for c in [*FIELD_COLS, "values_overflow"])
     field = {}
-    for row in store.query(f"SELECT cohort_id, epoch(bucket)::BIGINT, path, scope, {cols} "
-                           "FROM field_rollups GROUP BY ALL"):
+    for row in store.query(
+        f"SELECT cohort_id, epoch(bucket)::BIGINT, path, scope, {cols} FROM field_rollups GROUP BY ALL"
+    ):
         field[row[:3]] = {"scope": row[3], **dict(zip([*FIELD_COLS, "values_overflow"], row[4:], strict=True))}
     values: dict[tuple[Any, ...], Counter[str]] = defaultdict(Counter)
-    for cid, b, path, value, n in store.query("SELECT cohort_id, epoch(bucket)::BIGINT, path, value, "
-                                              "sum(n)::BIGINT FROM value_rollups GROUP BY ALL"):
+    for cid, b, path, value, n in store.query(
+        "SELECT cohort_id, epoch(bucket)::BIGINT, path, value, sum(n)::BIGINT FROM value_rollups GROUP BY ALL"
+    ):
         values[(cid, b, path)][value] = n
     lengths: dict[tuple[Any, ...], Counter[int]] = defaultdict(Counter)
-    for cid, b, path, length, n in store.query("SELECT cohort_id, epoch(bucket)::BIGINT, path, length, "
-                                               "sum(n)::BIGINT FROM array_rollups GROUP BY ALL"):
+    for cid, b, path, length, n in store.query(
+        "SELECT cohort_id, epoch(bucket)::BIGINT, path, length, sum(n)::BIGINT FROM array_rollups GROUP BY ALL"
+    ):
         lengths[(cid, b, path)][length] = n
     numbers: dict[tuple[Any, ...], Counter[float]] = defaultdict(Counter)
-    for cid, b, path, value, n in store.query("SELECT cohort_id, epoch(bucket)::BIGINT, path, value, "
-                                              "sum(n)::BIGINT FROM number_rollups GROUP BY ALL"):
+    for cid, b, path, value, n in store.query(
+        "SELECT cohort_id, epoch(bucket)::BIGINT, path, value, sum(n)::BIGINT FROM number_rollups GROUP BY ALL"
+    ):
         numbers[(cid, b, path)][value] = n
-    buckets = {(cid, b): n for cid, b, n in store.query(
-        "SELECT cohort_id, epoch(bucket)::BIGINT, sum(events)::BIGINT FROM cohort_buckets GROUP BY ALL")}
-    return {"field": field, "values": dict(values), "lengths": dict(lengths), "numbers": dict(numbers),
-            "buckets": buckets}
+    buckets = {
+        (cid, b): n
+        for cid, b, n in store.query(
+            "SELECT cohort_id, epoch(bucket)::BIGINT, sum(events)::BIGINT FROM cohort_buckets GROUP BY ALL"
+        )
+    }
+    return {
+        "field": field,
+        "values": dict(values),
+        "lengths": dict(lengths),
+        "numbers": dict(numbers),
+        "buckets": buckets,
+    }
 
 
 def test_rollups_equal_a_recomputation_from_the_raw_outputs(store: Store, envelope: MakeEnvelope) -> None:
@@ -311,13 +373,21 @@ def test_rollups_equal_a_recomputation_from_the_raw_outputs(store: Store, envelo
     assert got["numbers"] == expected["numbers"]
     # the data exercised what it was meant to
     paths = {k[2] for k in got["field"]}
-    assert {"a\\.b", "a.b", "x\\[0\\].in\\]ner", "x\\[0\\].back\\\\slash[]", "entities[].spans[][]",
-            "matrix[][]", "deep.l1.l2.l3[].k", "customer.flags"} <= paths
+    assert {
+        "a\\.b",
+        "a.b",
+        "x\\[0\\].in\\]ner",
+        "x\\[0\\].back\\\\slash[]",
+        "entities[].spans[][]",
+        "matrix[][]",
+        "deep.l1.l2.l3[].k",
+        "customer.flags",
+    } <= paths
     totals = {c: sum(f[c] for f in got["field"].values()) for c in FIELD_COLS}
     assert all(totals[c] > 0 for c in FIELD_COLS), totals
     assert any(0 in h for h in got["lengths"].values())  # empty arrays counted as length 0
     binned = Counter(v for h in got["numbers"].values() for v in h)
-    assert {0.0, 7.0, -100.0, 1.7849871279102503e+308} <= set(binned)  # exact, tiny, top bin
+    assert {0.0, 7.0, -100.0, 1.7849871279102503e308} <= set(binned)  # exact, tiny, top bin
     assert {p for (_, _, p) in got["numbers"]} >= {"amount", "readings[]", "matrix[][]", "entities[].spans[][]"}
 
 
@@ -328,7 +398,7 @@ def test_the_accumulator_agrees_with_flatten_on_awkward_documents(store: Store, 
         {"a": [[]]},
         {"a": [{}, {"b": None}, [], "s", 1, 1.0, 1.5, True, None]},
         {"e": {"": 1}},
-        {"k": "x" * 64, "l": "x" * 65, "u": "\U0001F600" * 64, "v": "\U0001F600" * 65},
+        {"k": "x" * 64, "l": "x" * 65, "u": "\U0001f600" * 64, "v": "\U0001f600" * 65},
         {"n": -0.0, "m": 1e300, "big": 2**63 + 5, "neg": -(2**63), "t": 1e-9, "u": -5e-324, "b": [True, 1]},
         {"q\\.": {"r": 1}, "q\\": {".r": 2}},
     ]
@@ -339,8 +409,12 @@ def test_the_accumulator_agrees_with_flatten_on_awkward_documents(store: Store, 
 
 
 def test_an_empty_key_does_not_share_paths_with_the_top_level(store: Store, envelope: MakeEnvelope) -> None:
-    store.write_batch([parse(envelope(event_id="top", output={"b": "top"})),
-                       parse(envelope(event_id="nested", output={"": {"b": "nested"}}))])
+    store.write_batch(
+        [
+            parse(envelope(event_id="top", output={"b": "top"})),
+            parse(envelope(event_id="nested", output={"": {"b": "nested"}})),
+        ]
+    )
     rows = store.query("SELECT path, sum(present)::BIGINT FROM field_rollups GROUP BY path ORDER BY path")
     paths = [r[0] for r in rows]
     assert len(paths) == 3, rows  # the key "", its child "b", and the top-level "b": three different fields
@@ -351,7 +425,8 @@ def test_an_empty_key_does_not_share_paths_with_the_top_level(store: Store, enve
 
 
 def test_the_value_cap_bounds_distinct_values_and_counts_the_rest_as_overflow(
-        tmp_path: Path, envelope: MakeEnvelope) -> None:
+    tmp_path: Path, envelope: MakeEnvelope
+) -> None:
     cap = 4
     store = open_store(tmp_path, "cap", rollup=RollupConfig(enum_values_per_path=cap))
     # (values of `intent` per batch), all in one bucket; a few non-strings and long strings too
@@ -369,9 +444,10 @@ def test_the_value_cap_bounds_distinct_values_and_counts_the_rest_as_overflow(
         store.write_batch([parse(envelope(event_id=f"b{b}-{i}", output=o)) for i, o in enumerate(outs)])
 
     kept = dict(store.query("SELECT value, sum(n)::BIGINT FROM value_rollups WHERE path = 'intent' GROUP BY value"))
-    (present, n_string, long_strings, overflow), = store.query(
+    ((present, n_string, long_strings, overflow),) = store.query(
         "SELECT sum(present)::BIGINT, sum(n_string)::BIGINT, sum(long_strings)::BIGINT, "
-        "sum(values_overflow)::BIGINT FROM field_rollups WHERE path = 'intent'")
+        "sum(values_overflow)::BIGINT FROM field_rollups WHERE path = 'intent'"
+    )
     assert (present, n_string, long_strings) == (total_short + 4 * len(extras), total_short + 8, 8)
     assert len(kept) <= cap
     assert sum(kept.values()) + overflow == total_short == n_string - long_strings
@@ -395,13 +471,12 @@ def test_the_value_cap_bounds_distinct_values_and_counts_the_rest_as_overflow(
     store.close()
 
 
-
 def test_a_kept_value_keeps_counting_when_a_later_batch_brings_many_new_ones(
-        tmp_path: Path, envelope: MakeEnvelope) -> None:
+    tmp_path: Path, envelope: MakeEnvelope
+) -> None:
     store = open_store(tmp_path, "kept", rollup=RollupConfig(enum_values_per_path=2))
     for b, values in enumerate([["a", "b"], ["c", "d", "a", "a"]]):
-        store.write_batch([parse(envelope(event_id=f"k{b}-{i}", output={"intent": v}))
-                           for i, v in enumerate(values)])
+        store.write_batch([parse(envelope(event_id=f"k{b}-{i}", output={"intent": v})) for i, v in enumerate(values)])
     kept = dict(store.query("SELECT value, sum(n)::BIGINT FROM value_rollups GROUP BY value"))
     overflow = store.query("SELECT sum(values_overflow)::BIGINT FROM field_rollups WHERE path = 'intent'")
     assert (kept, overflow) == ({"a": 3, "b": 1}, [(2,)])
@@ -416,6 +491,7 @@ def test_the_cap_keeps_the_most_frequent_values_of_a_batch(tmp_path: Path, envel
     assert kept == {"common": 20, "second": 5}
     store.close()
 
+
 def test_the_value_cap_is_per_cohort_bucket_and_path(tmp_path: Path, envelope: MakeEnvelope) -> None:
     store = open_store(tmp_path, "cap2", rollup=RollupConfig(enum_values_per_path=2))
     raws = []
@@ -424,12 +500,13 @@ def test_the_value_cap_is_per_cohort_bucket_and_path(tmp_path: Path, envelope: M
             for v in ("a", "b", "c"):
                 raws.append(envelope(ts=f"2026-11-29T12:0{minute}:30Z", output={path: v}))
     store.write_batch([parse(r) for r in raws])
-    rows = store.query("SELECT epoch(bucket)::BIGINT, path, count(*), sum(n)::BIGINT FROM value_rollups "
-                       "GROUP BY ALL ORDER BY ALL")
+    rows = store.query(
+        "SELECT epoch(bucket)::BIGINT, path, count(*), sum(n)::BIGINT FROM value_rollups GROUP BY ALL ORDER BY ALL"
+    )
     assert rows == [(T1200, "x", 2, 2), (T1200, "y", 2, 2), (T1200 + 60, "x", 2, 2), (T1200 + 60, "y", 2, 2)]
-    assert store.query("SELECT epoch(bucket)::BIGINT, path, sum(values_overflow)::BIGINT FROM field_rollups "
-                       "GROUP BY ALL ORDER BY ALL") == [
-        (T1200, "x", 1), (T1200, "y", 1), (T1200 + 60, "x", 1), (T1200 + 60, "y", 1)]
+    assert store.query(
+        "SELECT epoch(bucket)::BIGINT, path, sum(values_overflow)::BIGINT FROM field_rollups GROUP BY ALL ORDER BY ALL"
+    ) == [(T1200, "x", 1), (T1200, "y", 1), (T1200 + 60, "x", 1), (T1200 + 60, "y", 1)]
     store.close()
 
 
@@ -452,9 +529,20 @@ def test_merges_of_several_batches_keep_values_by_the_policy(tmp_path: Path, env
             for _ in range(rng.randint(1, 12)):
                 minute = rng.randint(0, 3)
                 served = rng.choice(["m", "m", "m2"])
-                output = {p: rng.choice("abcdef"[:rng.randint(1, 6)]) for p in rng.sample(["x", "y"], rng.randint(1, 2))}
-                batch.append(parse(envelope(event_id=f"e{n}", model="m", served_model=served,
-                                            ts=f"2026-11-29T12:0{minute}:{rng.randint(0, 59):02d}Z", output=output)))
+                output = {
+                    p: rng.choice("abcdef"[: rng.randint(1, 6)]) for p in rng.sample(["x", "y"], rng.randint(1, 2))
+                }
+                batch.append(
+                    parse(
+                        envelope(
+                            event_id=f"e{n}",
+                            model="m",
+                            served_model=served,
+                            ts=f"2026-11-29T12:0{minute}:{rng.randint(0, 59):02d}Z",
+                            output=output,
+                        )
+                    )
+                )
                 n += 1
                 for model in {"m", served}:
                     for path, v in output.items():
@@ -471,14 +559,20 @@ def test_merges_of_several_batches_keep_values_by_the_policy(tmp_path: Path, env
                     overflow[key] += c
     rows = store.query(
         """SELECT c.model, epoch(bucket)::BIGINT, path, value, sum(n)::BIGINT FROM value_rollups
-           JOIN cohorts c USING (cohort_id) WHERE c.prompt_version = 'intake-v3' GROUP BY ALL""")
+           JOIN cohorts c USING (cohort_id) WHERE c.prompt_version = 'intake-v3' GROUP BY ALL"""
+    )
     got: dict[tuple[str, int, str], dict[str, int]] = defaultdict(dict)
     for model, bucket, path, value, count in rows:
         got[(model, bucket, path)][value] = count
     assert dict(got) == {k: dict(v) for k, v in kept.items()}
-    got_overflow = {(m, b, p): o for m, b, p, o in store.query(
-        """SELECT c.model, epoch(bucket)::BIGINT, path, sum(values_overflow)::BIGINT FROM field_rollups
-           JOIN cohorts c USING (cohort_id) WHERE c.prompt_version = 'intake-v3' GROUP BY ALL""") if o}
+    got_overflow = {
+        (m, b, p): o
+        for m, b, p, o in store.query(
+            """SELECT c.model, epoch(bucket)::BIGINT, path, sum(values_overflow)::BIGINT FROM field_rollups
+           JOIN cohorts c USING (cohort_id) WHERE c.prompt_version = 'intake-v3' GROUP BY ALL"""
+        )
+        if o
+    }
     assert got_overflow == dict(overflow)
     assert len({k[0] for k in kept}) == 2 and sum(overflow.values()) > 0  # both cohorts, and the cap bit
     store.close()
@@ -492,8 +586,9 @@ def rows_per_key(store: Store) -> dict[str, int]:
     out = {}
     for table, (keys, _) in ROLLUP_TABLES.items():
         k = ", ".join(keys)
-        out[table] = int(store.query(f"SELECT coalesce(max(n), 0) FROM (SELECT count(*) AS n FROM {table} "
-                                     f"GROUP BY {k})")[0][0])
+        out[table] = int(
+            store.query(f"SELECT coalesce(max(n), 0) FROM (SELECT count(*) AS n FROM {table} GROUP BY {k})")[0][0]
+        )
     return out
 
 
@@ -529,8 +624,10 @@ def test_compaction_since_touches_only_later_buckets(store: Store, envelope: Mak
     assert removed > 0
     assert rollup_sums(store) == before
     assert store.query(f"SELECT count(*) FROM field_rollups WHERE epoch(bucket) < {T1200 + 60}") == early_rows
-    assert store.query(f"SELECT max(n) FROM (SELECT count(*) AS n FROM field_rollups WHERE epoch(bucket) >= "
-                       f"{T1200 + 60} GROUP BY cohort_id, bucket, path, scope)") == [(1,)]
+    assert store.query(
+        f"SELECT max(n) FROM (SELECT count(*) AS n FROM field_rollups WHERE epoch(bucket) >= "
+        f"{T1200 + 60} GROUP BY cohort_id, bucket, path, scope)"
+    ) == [(1,)]
 
 
 def test_writes_after_compaction_add_up_as_without_it(tmp_path: Path, envelope: MakeEnvelope) -> None:
@@ -554,35 +651,53 @@ def test_writes_after_compaction_add_up_as_without_it(tmp_path: Path, envelope: 
 
 
 def test_bucket_boundaries_are_exact_and_in_utc(store: Store, envelope: MakeEnvelope) -> None:
-    store.write_batch([
-        parse(envelope(ts="2026-11-29T12:00:59.999Z", output={"k": "a"})),
-        parse(envelope(ts="2026-11-29T12:01:00.000Z", output={"k": "b"})),
-        parse(envelope(ts="2026-11-29T14:00:30+02:00", output={"k": "c"})),  # 12:00:30 UTC
-        parse(envelope(ts="2026-11-29T11:59:59.999999-00:00", output={"k": "d"})),
-    ])
+    store.write_batch(
+        [
+            parse(envelope(ts="2026-11-29T12:00:59.999Z", output={"k": "a"})),
+            parse(envelope(ts="2026-11-29T12:01:00.000Z", output={"k": "b"})),
+            parse(envelope(ts="2026-11-29T14:00:30+02:00", output={"k": "c"})),  # 12:00:30 UTC
+            parse(envelope(ts="2026-11-29T11:59:59.999999-00:00", output={"k": "d"})),
+        ]
+    )
     assert sorted(store.query("SELECT epoch(bucket)::BIGINT, events FROM cohort_buckets")) == [
-        (T1200 - 60, 1), (T1200, 2), (T1200 + 60, 1)]
+        (T1200 - 60, 1),
+        (T1200, 2),
+        (T1200 + 60, 1),
+    ]
     assert sorted(store.query("SELECT epoch(bucket)::BIGINT, value, n FROM value_rollups")) == [
-        (T1200 - 60, "d", 1), (T1200, "a", 1), (T1200, "c", 1), (T1200 + 60, "b", 1)]
+        (T1200 - 60, "d", 1),
+        (T1200, "a", 1),
+        (T1200, "c", 1),
+        (T1200 + 60, "b", 1),
+    ]
     assert sorted(store.query("SELECT epoch(bucket)::BIGINT, n FROM served_models")) == [
-        (T1200 - 60, 1), (T1200, 2), (T1200 + 60, 1)]
+        (T1200 - 60, 1),
+        (T1200, 2),
+        (T1200 + 60, 1),
+    ]
     # the raw event keeps its instant, in UTC
-    assert store.query("SELECT epoch_us(ts) FROM events WHERE output = '{\"k\":\"c\"}'") == [
-        ((T1200 + 30) * 1_000_000,)]
+    assert store.query('SELECT epoch_us(ts) FROM events WHERE output = \'{"k":"c"}\'') == [((T1200 + 30) * 1_000_000,)]
 
 
 def test_bucket_width_follows_the_store(tmp_path: Path, envelope: MakeEnvelope) -> None:
     store = open_store(tmp_path, "wide", bucket_seconds=3600)
-    store.write_batch([parse(envelope(ts=f"2026-11-29T12:{m:02d}:00Z")) for m in (0, 30, 59)]
-                      + [parse(envelope(ts="2026-11-29T13:00:00Z"))])
+    store.write_batch(
+        [parse(envelope(ts=f"2026-11-29T12:{m:02d}:00Z")) for m in (0, 30, 59)]
+        + [parse(envelope(ts="2026-11-29T13:00:00Z"))]
+    )
     assert sorted(store.query("SELECT epoch(bucket)::BIGINT, events FROM cohort_buckets")) == [
-        (T1200, 3), (T1200 + 3600, 1)]
+        (T1200, 3),
+        (T1200 + 3600, 1),
+    ]
     store.close()
 
 
 def test_compaction_by_day_covers_every_day_and_keeps_the_sums(store: Store, envelope: MakeEnvelope) -> None:
-    events = [parse(envelope(event_id=f"d{day}-{i}", ts=f"2026-11-{day:02d}T{h:02d}:00:00Z"))
-              for day in (27, 28, 29) for i, h in enumerate((0, 0, 23, 23))]
+    events = [
+        parse(envelope(event_id=f"d{day}-{i}", ts=f"2026-11-{day:02d}T{h:02d}:00:00Z"))
+        for day in (27, 28, 29)
+        for i, h in enumerate((0, 0, 23, 23))
+    ]
     register_contract(store, "intake", "3", {"type": "object", "required": ["never"]})  # violations too
     write_all(store, chunks(events, [1]))  # one row per event: many rows per key
     before = rollup_sums(store)

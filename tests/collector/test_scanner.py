@@ -20,17 +20,18 @@ from harness import make_envelope
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from collector import _speedups, envelope
-from collector.envelope import LIMITS, Envelope, Limits, parse_body, parse_envelope
-from collector.errors import EnvelopeInvalid
+from shapewatch.collector import _speedups, envelope
+from shapewatch.collector.envelope import LIMITS, Envelope, Limits, parse_body, parse_envelope
+from shapewatch.collector.errors import EnvelopeInvalid
 
 NOW = datetime(2026, 11, 29, 12, 30, tzinfo=UTC)
 PROPERTY = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def scan(raw: bytes, lim: Limits = LIMITS) -> tuple[Any, ...] | None:
-    return _speedups.scan_envelope(raw, lim.max_tag_length, lim.max_depth, lim.max_array_length,
-                                   lim.max_key_length, lim.max_leaves)
+    return _speedups.scan_envelope(
+        raw, lim.max_tag_length, lim.max_depth, lim.max_array_length, lim.max_key_length, lim.max_leaves
+    )
 
 
 def reference(raw: bytes, lim: Limits = LIMITS) -> Envelope | None:
@@ -59,41 +60,65 @@ def agrees(raw: bytes, lim: Limits = LIMITS) -> bool:
 
 
 def test_plain_envelopes_take_the_scanner_and_get_the_reference_envelope() -> None:
-    outputs = [{}, {"a": None, "b": True, "c": False, "d": [], "e": {}},
-               {"n": [0, -1, 17, 123456789012345678, -123456789012345678, 0.5, -0.25, 100.0, -0.0, 0.0001, 3.14159]},
-               {"s": 'quote " back \\ nl \n tab \t cr \r bs \b ff \f', "é": "日本語 🎉", "long": "x" * 1000},
-               {"deep": {"a": [{"b": [{"c": [1, 2, {"d": "e"}]}]}]}},
-               {"k.with[dots]": 1, "": "empty key"}]
+    outputs = [
+        {},
+        {"a": None, "b": True, "c": False, "d": [], "e": {}},
+        {"n": [0, -1, 17, 123456789012345678, -123456789012345678, 0.5, -0.25, 100.0, -0.0, 0.0001, 3.14159]},
+        {"s": 'quote " back \\ nl \n tab \t cr \r bs \b ff \f', "é": "日本語 🎉", "long": "x" * 1000},
+        {"deep": {"a": [{"b": [{"c": [1, 2, {"d": "e"}]}]}]}},
+        {"k.with[dots]": 1, "": "empty key"},
+    ]
     for output in outputs:
-        for env in (make_envelope(output=output), make_envelope(output=output, event_id=None, ts=None, contract=None),
-                    {"model": "m", "prompt_version": "p", "output": output}):
-            for raw in (orjson.dumps(env), json.dumps(env, ensure_ascii=False).encode(),
-                        json.dumps(env, ensure_ascii=False, indent=2).encode()):
+        for env in (
+            make_envelope(output=output),
+            make_envelope(output=output, event_id=None, ts=None, contract=None),
+            {"model": "m", "prompt_version": "p", "output": output},
+        ):
+            for raw in (
+                orjson.dumps(env),
+                json.dumps(env, ensure_ascii=False).encode(),
+                json.dumps(env, ensure_ascii=False, indent=2).encode(),
+            ):
                 assert agrees(raw), raw
 
 
 def test_the_payload_hash_is_blake2b_of_the_sorted_output_then_the_tags() -> None:
-    env = make_envelope(output={"z": "x" * 300, "a": [1.5, {"y": 1, "b": 2}]}, ts="2026-11-29T12:00:00+02:00",
-                        contract=None)
+    env = make_envelope(
+        output={"z": "x" * 300, "a": [1.5, {"y": 1, "b": 2}]}, ts="2026-11-29T12:00:00+02:00", contract=None
+    )
     fast = scan(json.dumps(env, indent=1).encode())
     assert fast is not None
     output_json, payload_hash = fast[-2], fast[-1]
     assert output_json == '{"z":"' + "x" * 300 + '","a":[1.5,{"y":1,"b":2}]}'  # stored as sent, compacted
     ts_us = int(datetime(2026, 11, 29, 10, tzinfo=UTC).timestamp()) * 1_000_000
-    tags = orjson.dumps([env["model"], env["prompt_version"], "default", ts_us, env["source"], None,
-                         env["served_model"], env["contract_version"], env.get("run_id"), env.get("agent_release"),
-                         env.get("finish_reason")])
+    tags = orjson.dumps(
+        [
+            env["model"],
+            env["prompt_version"],
+            "default",
+            ts_us,
+            env["source"],
+            None,
+            env["served_model"],
+            env["contract_version"],
+            env.get("run_id"),
+            env.get("agent_release"),
+            env.get("finish_reason"),
+        ]
+    )
     sorted_text = b'{"a":[1.5,{"b":2,"y":1}],"z":"' + b"x" * 300 + b'"}'
     assert payload_hash == hashlib.blake2b(sorted_text + tags, digest_size=16).hexdigest()
 
 
 def test_what_the_scanner_declines_still_goes_the_reference_way() -> None:
     plain = orjson.dumps(make_envelope(output={"a": 1}))
-    texts = [orjson.dumps(make_envelope(output={"a": 1e20})),  # an exponent
-             orjson.dumps(make_envelope(attributes={"team": "x"})),  # attributes
-             orjson.dumps(make_envelope(output={"a": "\u0001"})),  # a \u escape
-             plain.replace(b'"a":1', b'"a":1.50'),  # a trailing zero
-             plain.replace(b'"a":1', b'"a":1,"a":2')]  # a repeated key
+    texts = [
+        orjson.dumps(make_envelope(output={"a": 1e20})),  # an exponent
+        orjson.dumps(make_envelope(attributes={"team": "x"})),  # attributes
+        orjson.dumps(make_envelope(output={"a": "\u0001"})),  # a \u escape
+        plain.replace(b'"a":1', b'"a":1.50'),  # a trailing zero
+        plain.replace(b'"a":1', b'"a":1,"a":2'),
+    ]  # a repeated key
     for raw in texts:
         assert scan(raw) is None
         ref = reference(raw)
@@ -131,28 +156,61 @@ def _results(body: bytes) -> list[Any]:
 
 _CHARS = st.sampled_from(list('ab":\\ .[]{},/é\t\n\r\b\f\x00\x1f\x7f\u2028日🎉'))
 _TEXT = st.text(_CHARS, max_size=8) | st.text(max_size=4)
-_NUMBERS = (st.integers(-(2**63), 2**64 - 1) | st.floats(allow_nan=False, allow_infinity=False)
-            | st.floats(-1e6, 1e6).map(lambda x: round(x, 3)) | st.sampled_from([0.0, -0.0, 1e-4, 1e-5, 1e15, 1e16]))
-_VALUES = st.recursive(st.none() | st.booleans() | _NUMBERS | _TEXT,
-                       lambda c: st.lists(c, max_size=4) | st.dictionaries(_TEXT, c, max_size=4), max_leaves=25)
+_NUMBERS = (
+    st.integers(-(2**63), 2**64 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.floats(-1e6, 1e6).map(lambda x: round(x, 3))
+    | st.sampled_from([0.0, -0.0, 1e-4, 1e-5, 1e15, 1e16])
+)
+_VALUES = st.recursive(
+    st.none() | st.booleans() | _NUMBERS | _TEXT,
+    lambda c: st.lists(c, max_size=4) | st.dictionaries(_TEXT, c, max_size=4),
+    max_leaves=25,
+)
 _TAG = st.none() | st.text(st.sampled_from(list("ab -_.é\t\u200b")), max_size=5)
-_LIMITS = st.builds(Limits, max_depth=st.integers(1, 6), max_array_length=st.integers(0, 5),
-                    max_key_length=st.integers(0, 5), max_leaves=st.integers(0, 25), max_tag_length=st.integers(1, 6))
+_LIMITS = st.builds(
+    Limits,
+    max_depth=st.integers(1, 6),
+    max_array_length=st.integers(0, 5),
+    max_key_length=st.integers(0, 5),
+    max_leaves=st.integers(0, 25),
+    max_tag_length=st.integers(1, 6),
+)
 
 
 @st.composite
 def _envelopes(draw: st.DrawFn) -> dict[str, Any]:
-    env: dict[str, Any] = {"model": draw(_TAG), "prompt_version": draw(_TAG),
-                           "output": draw(st.dictionaries(_TEXT, _VALUES, max_size=5))}
-    for name in ("event_id", "contract", "served_model", "contract_version", "run_id", "agent_release",
-                 "finish_reason"):
+    env: dict[str, Any] = {
+        "model": draw(_TAG),
+        "prompt_version": draw(_TAG),
+        "output": draw(st.dictionaries(_TEXT, _VALUES, max_size=5)),
+    }
+    for name in (
+        "event_id",
+        "contract",
+        "served_model",
+        "contract_version",
+        "run_id",
+        "agent_release",
+        "finish_reason",
+    ):
         if draw(st.booleans()):
             env[name] = draw(_TAG)
     if draw(st.booleans()):
         env["source"] = draw(st.sampled_from([None, "production", "probe", "shadow", "other"]))
     if draw(st.booleans()):
-        env["ts"] = draw(st.sampled_from([None, "2026-11-29T12:00:00Z", "2026-11-29T12:00:00.123456+05:30",
-                                          "2026-11-29 12:00:00Z", "2026-02-30T00:00:00Z", "2026-11-29T12:00:00"]))
+        env["ts"] = draw(
+            st.sampled_from(
+                [
+                    None,
+                    "2026-11-29T12:00:00Z",
+                    "2026-11-29T12:00:00.123456+05:30",
+                    "2026-11-29 12:00:00Z",
+                    "2026-02-30T00:00:00Z",
+                    "2026-11-29T12:00:00",
+                ]
+            )
+        )
     return env
 
 
@@ -180,8 +238,9 @@ def _shuffled(v: Any, draw: st.DrawFn) -> Any:
 
 @PROPERTY
 @given(env=_envelopes(), how=st.integers(0, 3), data=st.data())
-def test_a_payload_in_another_key_order_has_the_same_hash_on_both_paths(env: dict[str, Any], how: int,
-                                                                        data: st.DataObject) -> None:
+def test_a_payload_in_another_key_order_has_the_same_hash_on_both_paths(
+    env: dict[str, Any], how: int, data: st.DataObject
+) -> None:
     """A retry that a client or proxy re-serialized: each object's keys in another order, the
     output stored as sent, the payload hash the same, whichever path read either text."""
     again = {**env, "output": _shuffled(env["output"], data.draw)}
@@ -204,8 +263,17 @@ def test_a_payload_in_another_key_order_has_the_same_hash_on_both_paths(env: dic
 def test_keys_are_put_in_order_by_code_point_at_every_level() -> None:
     """What orjson's OPT_SORT_KEYS does with escaped keys and non-ASCII ones (the C compares
     what an escape stands for, and UTF-8 bytes, whose order is code point order)."""
-    output = {"😀": 1, "\uffff": {"b": [{"z": 0, "a": 1}], "a": None}, "b": 3, 'a"': 4, "a": 5, "a\n": 6, "é": 7,
-              "a\\": 8, "a\t": {"": 0, " ": 1}}
+    output = {
+        "😀": 1,
+        "\uffff": {"b": [{"z": 0, "a": 1}], "a": None},
+        "b": 3,
+        'a"': 4,
+        "a": 5,
+        "a\n": 6,
+        "é": 7,
+        "a\\": 8,
+        "a\t": {"": 0, " ": 1},
+    }
     shuffles = [output, dict(reversed(output.items())), dict(sorted(output.items()))]
     hashes = set()
     for out in shuffles:
@@ -221,7 +289,8 @@ _LITERALS = st.builds(
     st.sampled_from(["0", "00", "1", "9", "10", "100"]) | st.integers(0, 10**19).map(str),
     st.sampled_from(["", ".", ".0", ".00", ".5", ".50", ".05", ".0001", ".00001", ".000123"])
     | st.integers(0, 10**17).map(lambda n: f".{n}"),
-    st.sampled_from(["", "", "", "e5", "E-3", "e+0", "e"]))
+    st.sampled_from(["", "", "", "e5", "E-3", "e+0", "e"]),
+)
 
 
 @PROPERTY
@@ -233,18 +302,47 @@ def test_number_literals_are_kept_only_when_orjson_writes_them_back_the_same(lit
         assert ref is not None and literal in ref.output_json
 
 
-_NOISE = st.sampled_from([b'"', b"\\", b",", b":", b"{", b"}", b"[", b"]", b"\x00", b"\x1f", b"\x80", b"\xc3",
-                          b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xff", b"e", b"0", b"-", b".", b" ", b"n", b"u",
-                          b"\\u0041", b"\\/", b"null", b"1e400", b"18446744073709551616"])
+_NOISE = st.sampled_from(
+    [
+        b'"',
+        b"\\",
+        b",",
+        b":",
+        b"{",
+        b"}",
+        b"[",
+        b"]",
+        b"\x00",
+        b"\x1f",
+        b"\x80",
+        b"\xc3",
+        b"\xed\xa0\x80",
+        b"\xf4\x90\x80\x80",
+        b"\xff",
+        b"e",
+        b"0",
+        b"-",
+        b".",
+        b" ",
+        b"n",
+        b"u",
+        b"\\u0041",
+        b"\\/",
+        b"null",
+        b"1e400",
+        b"18446744073709551616",
+    ]
+)
 
 
 @PROPERTY
 @given(env=_envelopes(), at=st.floats(0, 1), cut=st.integers(0, 2), noise=_NOISE)
 def test_a_damaged_text_is_never_scanned_into_an_envelope_the_reference_refuses(
-        env: dict[str, Any], at: float, cut: int, noise: bytes) -> None:
+    env: dict[str, Any], at: float, cut: int, noise: bytes
+) -> None:
     raw = orjson.dumps(env)
     i = int(at * len(raw))
-    agrees(raw[:i] + noise + raw[i + cut:])
+    agrees(raw[:i] + noise + raw[i + cut :])
 
 
 # --- properties: counting from text is counting the parsed output ----------------------------------------
@@ -265,8 +363,7 @@ def _state(acc: _speedups.Acc) -> tuple[Any, ...]:
 
 
 @PROPERTY
-@given(outputs=st.lists(st.dictionaries(_TEXT, _VALUES, max_size=5), min_size=1, max_size=4),
-       how=st.integers(0, 3))
+@given(outputs=st.lists(st.dictionaries(_TEXT, _VALUES, max_size=5), min_size=1, max_size=4), how=st.integers(0, 3))
 def test_add_json_counts_what_add_counts(outputs: list[dict[str, Any]], how: int) -> None:
     parsed, parsed_names = _acc()
     text, text_names = _acc()
@@ -317,8 +414,12 @@ _LINE_KINDS = st.sampled_from(["plain", "no id", "padded", "blank", "declined", 
 @st.composite
 def _lines(draw: st.DrawFn) -> bytes:
     kind = draw(_LINE_KINDS)
-    env = {"model": "m", "prompt_version": "p", "output": draw(st.dictionaries(_TEXT, _VALUES, max_size=3)),
-           "event_id": draw(st.sampled_from(["a", "b", "c"]))}
+    env = {
+        "model": "m",
+        "prompt_version": "p",
+        "output": draw(st.dictionaries(_TEXT, _VALUES, max_size=3)),
+        "event_id": draw(st.sampled_from(["a", "b", "c"])),
+    }
     if kind == "no id" or kind == "crlf":
         del env["event_id"]
     if kind == "declined":  # an exponent: valid, read the reference way
@@ -341,7 +442,7 @@ def _per_line(lines: list[bytes], lim: Limits) -> list[tuple[int, Any]]:
     """What the import read line by line makes of each line: (number, envelope or error codes)."""
     from functools import partial
 
-    from collector.ingest import _line_id
+    from shapewatch.collector.ingest import _line_id
 
     out: list[tuple[int, Any]] = []
     for n, line in enumerate(lines, 1):
@@ -357,16 +458,20 @@ def _per_line(lines: list[bytes], lim: Limits) -> list[tuple[int, Any]]:
 
 
 @PROPERTY
-@given(lines=st.lists(_lines(), max_size=12), rooms=st.lists(st.integers(1, 4), min_size=1, max_size=5),
-       newline_at_end=st.booleans())
-def test_scan_lines_makes_what_parse_envelope_makes_of_each_line(lines: list[bytes], rooms: list[int],
-                                                                  newline_at_end: bool) -> None:
+@given(
+    lines=st.lists(_lines(), max_size=12),
+    rooms=st.lists(st.integers(1, 4), min_size=1, max_size=5),
+    newline_at_end=st.booleans(),
+)
+def test_scan_lines_makes_what_parse_envelope_makes_of_each_line(
+    lines: list[bytes], rooms: list[int], newline_at_end: bool
+) -> None:
     """scan_lines stops where it is told (room) and at a line it declines; the caller reads that
     line the reference way and goes on: together, the same envelopes (ids made up from the file,
     the line number and its bytes included) and the same line numbers as a line-by-line read."""
     from functools import partial
 
-    from collector.ingest import _line_id
+    from shapewatch.collector.ingest import _line_id
 
     lim = Limits(max_event_bytes=250)
     text = b"\n".join(lines) + (b"\n" if newline_at_end and lines else b"")
@@ -378,8 +483,22 @@ def test_scan_lines_makes_what_parse_envelope_makes_of_each_line(lines: list[byt
         room = rooms[calls % len(rooms)]
         calls += 1
         at, n, start, end = _speedups.scan_lines(
-            memoryview(text), at, n, "f", Envelope, NOW, room, out, origin, lim.max_event_bytes,
-            lim.max_tag_length, lim.max_depth, lim.max_array_length, lim.max_key_length, lim.max_leaves)
+            memoryview(text),
+            at,
+            n,
+            "f",
+            Envelope,
+            NOW,
+            room,
+            out,
+            origin,
+            lim.max_event_bytes,
+            lim.max_tag_length,
+            lim.max_depth,
+            lim.max_array_length,
+            lim.max_key_length,
+            lim.max_leaves,
+        )
         assert len(out) == len(origin) <= room
         got.extend(zip(origin, out, strict=True))
         if start >= 0:
@@ -401,9 +520,23 @@ def test_scan_lines_leaves_a_line_over_the_size_limit_to_the_reference() -> None
         lim = Limits(max_event_bytes=limit)
         out: list[Envelope] = []
         origin: list[int] = []
-        answer = _speedups.scan_lines(text, 0, 7, "f", Envelope, NOW, 10, out, origin,
-                                      lim.max_event_bytes, lim.max_tag_length, lim.max_depth,
-                                      lim.max_array_length, lim.max_key_length, lim.max_leaves)
+        answer = _speedups.scan_lines(
+            text,
+            0,
+            7,
+            "f",
+            Envelope,
+            NOW,
+            10,
+            out,
+            origin,
+            lim.max_event_bytes,
+            lim.max_tag_length,
+            lim.max_depth,
+            lim.max_array_length,
+            lim.max_key_length,
+            lim.max_leaves,
+        )
         # the blank line is line 8, this one line 9 (declined: text[1:-1] is the caller's to read)
         assert answer == ((len(text), 9, 1, len(text) - 1) if declined else (len(text), 9, -1, -1))
         assert origin == ([] if declined else [9])
@@ -413,12 +546,24 @@ def test_scan_lines_leaves_a_line_over_the_size_limit_to_the_reference() -> None
 # --- the range of ts -------------------------------------------------------------------------------
 
 _TS_EDGES = [  # (ts as sent, accepted)
-    ("1970-12-31T23:59:59Z", False), ("1970-12-31T23:59:59.999999Z", False), ("1971-01-01T00:00:00Z", True),
-    ("2199-12-31T23:59:59.999999Z", True), ("2200-01-01T00:00:00Z", False), ("2200-01-01T00:00:00.000001Z", False),
-    ("1971-01-01T00:59:59+01:00", False), ("1970-12-31T23:00:00-01:00", True), ("1971-01-01T00:30:00+00:30", True),
-    ("2199-12-31T23:30:00-00:30", False), ("2200-01-01T00:30:00+00:31", True), ("2199-12-31T23:59:59.999999-00:01", False),
-    ("0001-01-01T00:00:00Z", False), ("9999-12-31T23:59:59Z", False), ("1000-01-01T00:00:00Z", False),
-    ("9998-12-31T23:59:59-23:59", False), ("2026-11-29t12:00:00z", True)]
+    ("1970-12-31T23:59:59Z", False),
+    ("1970-12-31T23:59:59.999999Z", False),
+    ("1971-01-01T00:00:00Z", True),
+    ("2199-12-31T23:59:59.999999Z", True),
+    ("2200-01-01T00:00:00Z", False),
+    ("2200-01-01T00:00:00.000001Z", False),
+    ("1971-01-01T00:59:59+01:00", False),
+    ("1970-12-31T23:00:00-01:00", True),
+    ("1971-01-01T00:30:00+00:30", True),
+    ("2199-12-31T23:30:00-00:30", False),
+    ("2200-01-01T00:30:00+00:31", True),
+    ("2199-12-31T23:59:59.999999-00:01", False),
+    ("0001-01-01T00:00:00Z", False),
+    ("9999-12-31T23:59:59Z", False),
+    ("1000-01-01T00:00:00Z", False),
+    ("9998-12-31T23:59:59-23:59", False),
+    ("2026-11-29t12:00:00z", True),
+]
 
 
 def test_ts_at_the_edges_of_the_range_is_accepted_or_refused_the_same_way_on_every_path() -> None:
@@ -427,8 +572,14 @@ def test_ts_at_the_edges_of_the_range_is_accepted_or_refused_the_same_way_on_eve
         raw = orjson.dumps(env)
         agrees(raw)  # the scanner declines (or agrees with) what is out of range
         assert (scan(raw) is not None) <= accepted, ts
-        fast = _speedups.check_envelope(env, LIMITS.max_tag_length, LIMITS.max_depth, LIMITS.max_array_length,
-                                        LIMITS.max_key_length, LIMITS.max_leaves)
+        fast = _speedups.check_envelope(
+            env,
+            LIMITS.max_tag_length,
+            LIMITS.max_depth,
+            LIMITS.max_array_length,
+            LIMITS.max_key_length,
+            LIMITS.max_leaves,
+        )
         assert (fast is not None) <= accepted, ts
         for read in (partial(parse_envelope, raw, LIMITS, now=NOW), partial(envelope.validate_envelope, env, LIMITS)):
             if accepted:
@@ -438,20 +589,27 @@ def test_ts_at_the_edges_of_the_range_is_accepted_or_refused_the_same_way_on_eve
                 read()
             except EnvelopeInvalid as exc:
                 assert [(f.path, f.code, f.reason) for f in exc.fields] == [
-                    ("ts", "invalid_timestamp", f"{ts!r} is outside the accepted range: from 1971-01-01T00:00:00Z "
-                     "up to, not including, 2200-01-01T00:00:00Z")]
+                    (
+                        "ts",
+                        "invalid_timestamp",
+                        f"{ts!r} is outside the accepted range: from 1971-01-01T00:00:00Z "
+                        "up to, not including, 2200-01-01T00:00:00Z",
+                    )
+                ]
             else:
                 raise AssertionError(f"{ts} was accepted")
 
 
 _NEAR_EDGES = st.sampled_from([datetime(1971, 1, 1, tzinfo=UTC), datetime(2200, 1, 1, tzinfo=UTC)]).flatmap(
-    lambda edge: st.integers(-90_000_000_000, 90_000_000_000).map(lambda us: edge + timedelta(microseconds=us)))
+    lambda edge: st.integers(-90_000_000_000, 90_000_000_000).map(lambda us: edge + timedelta(microseconds=us))
+)
 
 
 @PROPERTY
 @given(at=_NEAR_EDGES, offset=st.integers(-(24 * 60 - 1), 24 * 60 - 1), fraction=st.sampled_from([0, 3, 6]))
-def test_ts_near_either_edge_in_any_offset_is_judged_by_the_instant_it_names(at: datetime, offset: int,
-                                                                             fraction: int) -> None:
+def test_ts_near_either_edge_in_any_offset_is_judged_by_the_instant_it_names(
+    at: datetime, offset: int, fraction: int
+) -> None:
     zone = timezone(timedelta(minutes=offset))
     local = at.astimezone(zone)
     if fraction < 6:  # fewer digits: the instant named is the truncated one
@@ -472,13 +630,17 @@ _ZONES = st.sampled_from([UTC, timezone(timedelta(hours=5, minutes=30)), timezon
 
 
 @PROPERTY
-@given(tss=st.lists(st.datetimes(min_value=datetime(1000, 1, 2), max_value=datetime(9998, 12, 30), timezones=_ZONES),
-                    max_size=20),
-       width=st.sampled_from([1, 7, 60, 3600, 86400]))
+@given(
+    tss=st.lists(
+        st.datetimes(min_value=datetime(1000, 1, 2), max_value=datetime(9998, 12, 30), timezones=_ZONES), max_size=20
+    ),
+    width=st.sampled_from([1, 7, 60, 3600, 86400]),
+)
 def test_timestamp_columns_are_what_python_computes(tss: list[datetime], width: int) -> None:
     """epoch_micros and bucket_starts against Python: exact integers for UTC datetimes (every ts
     the envelope rules make; a float timestamp() loses microseconds past 2255), the float
     timestamp() for the others, as the Python they replace computed every one."""
+
     def micros(ts: datetime) -> int:
         if ts.tzinfo is UTC:
             return (ts - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
@@ -496,25 +658,39 @@ def test_timestamp_columns_are_what_python_computes(tss: list[datetime], width: 
 
 
 @PROPERTY
-@given(rows=st.lists(st.tuples(st.sampled_from(["m", "n"]), st.sampled_from(["p", "q"]),
-                               st.sampled_from([None, "m", "n", "o"]), st.sampled_from([0, 60, 120])), max_size=12))
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.sampled_from(["m", "n"]),
+            st.sampled_from(["p", "q"]),
+            st.sampled_from([None, "m", "n", "o"]),
+            st.sampled_from([0, 60, 120]),
+        ),
+        max_size=12,
+    )
+)
 def test_group_ids_are_the_first_appearance_of_each_group_key(rows: list[tuple[str, str, str | None, int]]) -> None:
     cohorts = [(m, p, "c") for m, p, _, _ in rows]
     served = [None if s is None else "".join(s) for _, _, s, _ in rows]  # equal, not the same object
     starts = [b for *_, b in rows]
     want: dict[Any, int] = {"earlier": 0}
-    expected = [want.setdefault((c[0], c[1], c[2], s if s is not None and s != c[0] else None, b), len(want))
-                for c, s, b in zip(cohorts, served, starts, strict=True)]
+    expected = [
+        want.setdefault((c[0], c[1], c[2], s if s is not None and s != c[0] else None, b), len(want))
+        for c, s, b in zip(cohorts, served, starts, strict=True)
+    ]
     groups: dict[Any, int] = {"earlier": 0}
     assert _speedups.group_ids(groups, cohorts, served, starts) == expected
     assert groups == want
 
 
 @PROPERTY
-@given(outputs=st.lists(st.dictionaries(_TEXT, _VALUES, max_size=4), min_size=1, max_size=5),
-       as_text=st.lists(st.booleans(), min_size=5, max_size=5))
-def test_acc_add_many_counts_as_add_and_add_json_one_at_a_time(outputs: list[dict[str, Any]],
-                                                               as_text: list[bool]) -> None:
+@given(
+    outputs=st.lists(st.dictionaries(_TEXT, _VALUES, max_size=4), min_size=1, max_size=5),
+    as_text=st.lists(st.booleans(), min_size=5, max_size=5),
+)
+def test_acc_add_many_counts_as_add_and_add_json_one_at_a_time(
+    outputs: list[dict[str, Any]], as_text: list[bool]
+) -> None:
     given_ = [orjson.dumps(o).decode() if t else o for o, t in zip(outputs, as_text, strict=False)]
     one, one_names = _acc()
     for i, o in enumerate(given_):
@@ -528,11 +704,17 @@ def test_acc_add_many_counts_as_add_and_add_json_one_at_a_time(outputs: list[dic
 
 
 @PROPERTY
-@given(literal=st.builds(lambda sign, whole, frac: sign + whole + frac, st.sampled_from(["", "-"]),
-                         st.sampled_from(["0", "1", "7", "123456789012345", "9007199254740993"]) |
-                         st.integers(0, 10**16).map(str),
-                         st.sampled_from([".0", ".5", ".05", ".1", ".333333333333333", ".1234567890123456789012",
-                                          ".0000000000000000000001"]) | st.integers(0, 10**22).map(lambda n: f".{n}")))
+@given(
+    literal=st.builds(
+        lambda sign, whole, frac: sign + whole + frac,
+        st.sampled_from(["", "-"]),
+        st.sampled_from(["0", "1", "7", "123456789012345", "9007199254740993"]) | st.integers(0, 10**16).map(str),
+        st.sampled_from(
+            [".0", ".5", ".05", ".1", ".333333333333333", ".1234567890123456789012", ".0000000000000000000001"]
+        )
+        | st.integers(0, 10**22).map(lambda n: f".{n}"),
+    )
+)
 def test_a_decimal_is_binned_from_text_as_from_its_float(literal: str) -> None:
     """add_json reads short decimals without strtod: the same bin and kind as the parsed float."""
     text, _ = _acc()

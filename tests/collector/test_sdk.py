@@ -21,7 +21,7 @@ import warnings
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -30,8 +30,8 @@ import orjson
 import pytest
 from harness import ROOT
 
-from collector import sdk
-from collector.sdk import Client
+from shapewatch.collector import sdk
+from shapewatch.collector.sdk import Client
 
 # A fault is an HTTP status to answer with, or one of these:
 #   "drop": read the request, close the connection without answering
@@ -90,9 +90,7 @@ class Receiver:
         server.daemon_threads = True
         self.port = server.server_address[1]
         self._server = server
-        self._thread = threading.Thread(
-            target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
-        )
+        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
@@ -154,12 +152,14 @@ class Receiver:
                     self.store[event_id] = envelope
                     self.accepted_ids.append(event_id)
                 # Like the service, an invalid envelope is named by its index only.
-                results.append({
-                    "index": index,
-                    "event_id": None if errors else event_id,
-                    "status": status,
-                    "errors": errors,
-                })
+                results.append(
+                    {
+                        "index": index,
+                        "event_id": None if errors else event_id,
+                        "status": status,
+                        "errors": errors,
+                    }
+                )
         if fault == "store_then_drop":
             h.close_connection = True
             return
@@ -223,8 +223,7 @@ def _validate(envelope: Any) -> list[dict[str, str]]:
         errors.append({"path": "output", "reason": "must be a JSON object"})
     attributes = envelope.get("attributes")
     if attributes is not None and not (
-        isinstance(attributes, dict)
-        and all(isinstance(k, str) and isinstance(v, str) for k, v in attributes.items())
+        isinstance(attributes, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in attributes.items())
     ):
         errors.append({"path": "attributes", "reason": "must map strings to strings"})
     return errors
@@ -291,21 +290,16 @@ def make_client(receiver: Receiver, spill_dir: Path) -> Iterator[MakeClient]:
 
 
 def record(client: Client, n: int, **kwargs: Any) -> list[str]:
-    return [
-        client.record({"i": i, "priority": "low"}, model="m", prompt_version="p", **kwargs)
-        for i in range(n)
-    ]
+    return [client.record({"i": i, "priority": "low"}, model="m", prompt_version="p", **kwargs) for i in range(n)]
 
 
 # -- the envelope --------------------------------------------------------------
 
 
-def test_envelope_carries_every_field_and_the_token(
-    receiver: Receiver, make_client: MakeClient
-) -> None:
+def test_envelope_carries_every_field_and_the_token(receiver: Receiver, make_client: MakeClient) -> None:
     receiver.token = "t0k"
     client = make_client(token="t0k")
-    ts = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
+    ts = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
     given = client.record(
         {"intent": "refund", "priority": "high"},
         model="claude-x",
@@ -346,18 +340,22 @@ def test_envelope_carries_every_field_and_the_token(
     assert envelope["contract"] == "default"
     sent_at = datetime.fromisoformat(envelope["ts"])
     assert sent_at.utcoffset() == timedelta(0)
-    assert abs(datetime.now(timezone.utc) - sent_at) < timedelta(seconds=60)
+    assert abs(datetime.now(UTC) - sent_at) < timedelta(seconds=60)
     assert receiver.requests[0].headers["authorization"] == "Bearer t0k"
     assert receiver.requests[0].headers["content-type"] == "application/json"
     assert client.stats == {
-        "recorded": 2, "sent": 2, "duplicate": 0, "rejected": 0,
-        "spilled": 0, "dropped": 0, "retries": 0, "recovered": 0,
+        "recorded": 2,
+        "sent": 2,
+        "duplicate": 0,
+        "rejected": 0,
+        "spilled": 0,
+        "dropped": 0,
+        "retries": 0,
+        "recovered": 0,
     }
 
 
-def test_later_changes_to_the_output_are_not_sent(
-    receiver: Receiver, make_client: MakeClient
-) -> None:
+def test_later_changes_to_the_output_are_not_sent(receiver: Receiver, make_client: MakeClient) -> None:
     client = make_client()
     output: dict[str, Any] = {"tags": ["a"]}
     event_id = client.record(output, model="m", prompt_version="p")
@@ -367,9 +365,7 @@ def test_later_changes_to_the_output_are_not_sent(
     assert receiver.store[event_id]["output"] == {"tags": ["a"]}
 
 
-def test_a_partial_batch_leaves_after_flush_interval(
-    receiver: Receiver, make_client: MakeClient
-) -> None:
+def test_a_partial_batch_leaves_after_flush_interval(receiver: Receiver, make_client: MakeClient) -> None:
     client = make_client(flush_interval=0.05)
     event_id = client.record({"a": 1}, model="m", prompt_version="p")
     wait_until(lambda: event_id in receiver.store)
@@ -378,9 +374,7 @@ def test_a_partial_batch_leaves_after_flush_interval(
 # -- retries and idempotency ----------------------------------------------------------
 
 
-def test_event_id_is_kept_across_retries_and_stored_once(
-    receiver: Receiver, make_client: MakeClient
-) -> None:
+def test_event_id_is_kept_across_retries_and_stored_once(receiver: Receiver, make_client: MakeClient) -> None:
     # The first attempt lands but its reply is lost, the second gets a 500:
     # the third carries the same ids, and the receiver counts them as duplicates.
     receiver.fail_next("store_then_drop")
@@ -397,17 +391,13 @@ def test_event_id_is_kept_across_retries_and_stored_once(
 
 
 @pytest.mark.parametrize("fault", [500, 502, 503, 429, "drop"])
-def test_transient_failures_are_retried(
-    fault: Fault, receiver: Receiver, make_client: MakeClient
-) -> None:
+def test_transient_failures_are_retried(fault: Fault, receiver: Receiver, make_client: MakeClient) -> None:
     receiver.fail_next(fault, times=3)
     client = make_client()
     ids = record(client, 4)
 
     assert client.flush(5)
-    assert [seen.status for seen in receiver.requests] == [
-        None if fault == "drop" else fault
-    ] * 3 + [200]
+    assert [seen.status for seen in receiver.requests] == [None if fault == "drop" else fault] * 3 + [200]
     assert all(seen.event_ids == ids for seen in receiver.requests)
     assert receiver.accepted_ids == ids
     stats = client.stats
@@ -426,9 +416,7 @@ def test_other_4xx_drop_the_batch_without_retrying(
     assert len(receiver.requests) == 1
     stats = client.stats
     assert (stats["rejected"], stats["retries"], stats["sent"]) == (2, 0, 0)
-    assert any(
-        r.levelno == logging.ERROR and f"HTTP {status}" in r.getMessage() for r in caplog.records
-    )
+    assert any(r.levelno == logging.ERROR and f"HTTP {status}" in r.getMessage() for r in caplog.records)
     # The client carries on with the next batch.
     later = client.record({"a": 1}, model="m", prompt_version="p")
     assert client.flush(5)
@@ -505,9 +493,7 @@ def test_413_splits_the_batch_and_drops_only_the_oversized_event(
 # -- never blocking, never losing ---------------------------------------------------
 
 
-def test_record_does_not_block_while_the_server_hangs_or_is_down(
-    receiver: Receiver, make_client: MakeClient
-) -> None:
+def test_record_does_not_block_while_the_server_hangs_or_is_down(receiver: Receiver, make_client: MakeClient) -> None:
     receiver.down = "hang"
     client = make_client(timeout=5.0)
 
@@ -553,9 +539,7 @@ def test_buffer_overflow_spills_to_disk_and_is_delivered_later(
     assert list(spill_dir.glob("*.jsonl")) == []  # removed once delivered
 
 
-def test_max_attempts_parks_the_batch_on_disk(
-    receiver: Receiver, make_client: MakeClient, spill_dir: Path
-) -> None:
+def test_max_attempts_parks_the_batch_on_disk(receiver: Receiver, make_client: MakeClient, spill_dir: Path) -> None:
     receiver.down = "drop"
     client = make_client(max_attempts=2, batch_size=5)
     ids = record(client, 5)
@@ -666,8 +650,12 @@ def test_nan_and_infinity_are_refused_not_sent_as_null(
     shared: dict[str, Any] = {"x": 1.5}
     cyclic: dict[str, Any] = {"ok": shared, "again": shared}
     cyclic["self"] = cyclic
-    outputs: list[Any] = [{"score": math.nan}, {"a": [{"b": 1.0}, {"b": -math.inf}]},
-                          {"deep": {"t": (1, math.inf)}}, cyclic]
+    outputs: list[Any] = [
+        {"score": math.nan},
+        {"a": [{"b": 1.0}, {"b": -math.inf}]},
+        {"deep": {"t": (1, math.inf)}},
+        cyclic,
+    ]
     ids = [client.record(o, model="m", prompt_version="p") for o in outputs]
     fine = client.record({"score": 0.5, "big": 1e308}, model="m", prompt_version="p")
     assert client.flush(5)
@@ -683,8 +671,10 @@ def test_odd_arguments_are_counted_as_rejected_never_raised(
     receiver: Receiver, make_client: MakeClient, caplog: pytest.LogCaptureFixture
 ) -> None:
     client = make_client()
-    ids = [client.record({"a": 1}, model="m", prompt_version="p", ts=12345),  # type: ignore[arg-type]
-           client.record({"a": 1}, model="m", prompt_version="p", attributes=[1, 2])]  # type: ignore[arg-type]
+    ids = [
+        client.record({"a": 1}, model="m", prompt_version="p", ts=12345),  # type: ignore[arg-type]
+        client.record({"a": 1}, model="m", prompt_version="p", attributes=[1, 2]),
+    ]  # type: ignore[arg-type]
     assert client.flush(1)
     assert receiver.requests == []
     assert (client.stats["recorded"], client.stats["rejected"]) == (2, 2)
@@ -720,9 +710,7 @@ def test_context_manager_flushes_on_exit(receiver: Receiver, make_client: MakeCl
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
-def test_a_forked_child_sends_its_own_events_only(
-    receiver: Receiver, make_client: MakeClient
-) -> None:
+def test_a_forked_child_sends_its_own_events_only(receiver: Receiver, make_client: MakeClient) -> None:
     client = make_client()
     (parent_id,) = record(client, 1)  # still buffered at fork time
     with warnings.catch_warnings():  # 3.12+ warns about forking with threads
@@ -760,9 +748,11 @@ def test_many_open_clients_are_warned_about_once(
         for _ in range(sdk._MANY_OPEN_CLIENTS + 3):
             clients.append(Client(receiver.url, spill_dir=spill_dir))
         warnings = [r.getMessage() for r in caplog.records if "clients are open" in r.getMessage()]
-        assert warnings == [f"shapewatch: {sdk._MANY_OPEN_CLIENTS} clients are open in this process, each "
-                            "with its own sender thread until close(); create one Client and share it "
-                            "(record() is thread-safe)"]
+        assert warnings == [
+            f"shapewatch: {sdk._MANY_OPEN_CLIENTS} clients are open in this process, each "
+            "with its own sender thread until close(); create one Client and share it "
+            "(record() is thread-safe)"
+        ]
     finally:
         for c in clients:
             c.close(1)
@@ -788,18 +778,25 @@ def test_constructor_rejects_bad_settings(spill_dir: Path) -> None:
 
 
 def _run_child(code: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          timeout=120, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
 
 
 def test_a_full_disk_while_spilling_loses_only_what_it_counts_and_never_raises(
-        receiver: Receiver, spill_dir: Path) -> None:
+    receiver: Receiver, spill_dir: Path
+) -> None:
     # The disk is "full" past 3,000 bytes per file (RLIMIT_FSIZE, in a process of its own);
     # the service is down, so every event goes to disk.
     receiver.stop()
     child = _run_child(f"""
         import json, resource
-        from collector import Client
+        from shapewatch.collector import Client
         resource.setrlimit(resource.RLIMIT_FSIZE, (3000, resource.RLIM_INFINITY))
         c = Client({receiver.url!r}, spill_dir={str(spill_dir)!r}, max_buffer=5, batch_size=5,
                    flush_interval=0.05, max_backoff=0.1)
@@ -828,7 +825,7 @@ def test_a_worker_forked_right_after_the_client_was_made_sends(receiver: Receive
     # sender stuck or dead.
     child = _run_child(f"""
         import os, time
-        from collector import Client
+        from shapewatch.collector import Client
         c = Client({receiver.url!r}, spill_dir={str(spill_dir)!r}, flush_interval=0.05)
         pids = []
         for w in range(6):
@@ -846,12 +843,11 @@ def test_a_worker_forked_right_after_the_client_was_made_sends(receiver: Receive
     assert len(receiver.accepted_ids) == 6
 
 
-def test_events_recorded_in_a_multiprocessing_child_are_sent_at_its_end(receiver: Receiver,
-                                                                       spill_dir: Path) -> None:
+def test_events_recorded_in_a_multiprocessing_child_are_sent_at_its_end(receiver: Receiver, spill_dir: Path) -> None:
     # A multiprocessing child ends with os._exit: atexit never runs there.
     child = _run_child(f"""
         import multiprocessing, time
-        from collector import Client
+        from shapewatch.collector import Client
         c = Client({receiver.url!r}, spill_dir={str(spill_dir)!r}, flush_interval=30)
 
         def work() -> None:
@@ -870,14 +866,21 @@ def test_events_recorded_in_a_multiprocessing_child_are_sent_at_its_end(receiver
 
 
 def test_files_left_by_many_clients_are_claimed_a_few_at_a_time_and_all_sent(
-        receiver: Receiver, spill_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    receiver: Receiver, spill_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(sdk, "_MAX_CLAIMED", 4, raising=False)
     key = hashlib.sha256(receiver.url.encode()).hexdigest()[:12]
     spill_dir.mkdir(parents=True, exist_ok=True)
     ids = [f"orphan-{n}" for n in range(20)]
     for n, event_id in enumerate(ids):  # as 20 short-lived processes leave them
-        envelope = {"event_id": event_id, "ts": "2026-11-30T00:00:00+00:00", "model": "m", "prompt_version": "p",
-                    "contract": "default", "output": {"n": n}}
+        envelope = {
+            "event_id": event_id,
+            "ts": "2026-11-30T00:00:00+00:00",
+            "model": "m",
+            "prompt_version": "p",
+            "contract": "default",
+            "output": {"n": n},
+        }
         (spill_dir / f"shapewatch-{key}-{100000 + n}-deadbeef-000001.jsonl").write_bytes(orjson.dumps(envelope) + b"\n")
     with Client(receiver.url, spill_dir=spill_dir, flush_interval=0.05) as client:
         held = []

@@ -11,7 +11,7 @@ import duckdb
 import pytest
 from harness import Service, free_port, start_service
 
-from collector.sdk import Client
+from shapewatch.collector.sdk import Client
 
 
 def stored(db: Path) -> dict[str, int]:
@@ -39,12 +39,24 @@ def clients(tmp_path: Path) -> Iterator[list[Client]]:
 def test_sdk_delivers_500_outputs_once(service: Service, tmp_path: Path, clients: list[Client]) -> None:
     client = Client(service.url, spill_dir=tmp_path / "spill", batch_size=64, flush_interval=0.05)
     clients.append(client)
-    ids = [client.record({"priority": ["low", "high"][i % 2], "n": i}, model="gpt-4o",
-                         prompt_version="v1", contract="triage") for i in range(500)]
+    ids = [
+        client.record(
+            {"priority": ["low", "high"][i % 2], "n": i}, model="gpt-4o", prompt_version="v1", contract="triage"
+        )
+        for i in range(500)
+    ]
     assert len(set(ids)) == 500
     assert client.flush(timeout=30)
-    assert client.stats == {"recorded": 500, "sent": 500, "duplicate": 0, "rejected": 0, "spilled": 0,
-                            "dropped": 0, "retries": 0, "recovered": 0}
+    assert client.stats == {
+        "recorded": 500,
+        "sent": 500,
+        "duplicate": 0,
+        "rejected": 0,
+        "spilled": 0,
+        "dropped": 0,
+        "retries": 0,
+        "recovered": 0,
+    }
     with service.client() as c:
         assert c.get("/healthz").json()["events"] == 500
     service.stop()
@@ -55,14 +67,14 @@ def test_sdk_survives_a_sigkill_of_the_service_mid_stream(tmp_path: Path, client
     db, port = tmp_path / "sdk.duckdb", free_port()
     svc = start_service(db, port=port)
     try:
-        client = Client(svc.url, spill_dir=tmp_path / "spill", batch_size=20, flush_interval=0.01,
-                        max_backoff=0.2, timeout=5)
+        client = Client(
+            svc.url, spill_dir=tmp_path / "spill", batch_size=20, flush_interval=0.01, max_backoff=0.2, timeout=5
+        )
         clients.append(client)
         total = 600
 
         def record(n: int) -> list[str]:
-            return [client.record({"n": i, "ok": i % 3 != 0}, model="gpt-4o", prompt_version="v1")
-                    for i in range(n)]
+            return [client.record({"n": i, "ok": i % 3 != 0}, model="gpt-4o", prompt_version="v1") for i in range(n)]
 
         ids = record(total // 2)
         wait_for(lambda: client.stats["sent"] >= 100, 30, "the first deliveries")

@@ -19,16 +19,19 @@ import orjson
 from harness import make_envelope
 from test_store import rollup_sums
 
-from collector import Store, served_aliases
-from collector.envelope import LIMITS, Envelope, parse_envelope
+from shapewatch.collector import Store, served_aliases
+from shapewatch.collector.envelope import LIMITS, Envelope, parse_envelope
 
 ALIAS, OLD, NEW = "gpt-4o", "gpt-4o-2024-08-06", "gpt-4o-2024-11-20"
 PV, CONTRACT = "triage-v1", "triage"
 
 
 def _output(rnd: random.Random) -> dict[str, Any]:
-    out: dict[str, Any] = {"priority": rnd.choice(["low", "high"]), "score": rnd.choice([0.5, 0.75, 12.5]),
-                           "items": [{"k": rnd.choice("ab")} for _ in range(rnd.randint(0, 3))]}
+    out: dict[str, Any] = {
+        "priority": rnd.choice(["low", "high"]),
+        "score": rnd.choice([0.5, 0.75, 12.5]),
+        "items": [{"k": rnd.choice("ab")} for _ in range(rnd.randint(0, 3))],
+    }
     if rnd.random() < 0.5:
         out["tier"] = rnd.choice(["gold", None])
     return out
@@ -40,28 +43,52 @@ Row = tuple[str, str, dict[str, Any], str, str | None]  # event id, ts, output, 
 def traffic(seed: int = 3) -> dict[str, list[Row]]:
     """Outputs by kind, over three one-minute buckets."""
     rnd = random.Random(seed)
-    counts = {"alias_old": (ALIAS, OLD, 40), "alias_new": (ALIAS, NEW, 25), "pinned_old": (OLD, OLD, 30),
-              "alias_unknown": (ALIAS, None, 10)}
-    return {kind: [(f"{kind}-{i}", f"2026-11-29T12:0{rnd.randrange(3)}:{rnd.randrange(60):02d}Z", _output(rnd),
-                    model, served) for i in range(n)]
-            for kind, (model, served, n) in counts.items()}
+    counts = {
+        "alias_old": (ALIAS, OLD, 40),
+        "alias_new": (ALIAS, NEW, 25),
+        "pinned_old": (OLD, OLD, 30),
+        "alias_unknown": (ALIAS, None, 10),
+    }
+    return {
+        kind: [
+            (f"{kind}-{i}", f"2026-11-29T12:0{rnd.randrange(3)}:{rnd.randrange(60):02d}Z", _output(rnd), model, served)
+            for i in range(n)
+        ]
+        for kind, (model, served, n) in counts.items()
+    }
 
 
 def envelopes(kinds: dict[str, list[Row]], *names: str) -> list[Envelope]:
-    return [parse_envelope(orjson.dumps(make_envelope(
-        event_id=event_id, ts=ts, model=model, served_model=served, prompt_version=PV, contract=CONTRACT,
-        output=output)), LIMITS) for name in names for event_id, ts, output, model, served in kinds[name]]
+    return [
+        parse_envelope(
+            orjson.dumps(
+                make_envelope(
+                    event_id=event_id,
+                    ts=ts,
+                    model=model,
+                    served_model=served,
+                    prompt_version=PV,
+                    contract=CONTRACT,
+                    output=output,
+                )
+            ),
+            LIMITS,
+        )
+        for name in names
+        for event_id, ts, output, model, served in kinds[name]
+    ]
 
 
 def cohort_sums(store: Store, model: str) -> dict[str, dict[tuple[Any, ...], tuple[int, ...]]]:
     """The rollup sums of one (model, PV, CONTRACT) cohort, keys without the cohort's name."""
-    return {table: {k[3:]: v for k, v in rows.items() if k[:3] == (model, PV, CONTRACT)}
-            for table, rows in rollup_sums(store).items()}
+    return {
+        table: {k[3:]: v for k, v in rows.items() if k[:3] == (model, PV, CONTRACT)}
+        for table, rows in rollup_sums(store).items()
+    }
 
 
 def events_per_cohort(store: Store, table: str) -> dict[str, int]:
-    return {m: n for m, n in store.query(
-        f"SELECT c.model, count(*) FROM {table} JOIN cohorts c USING (cohort_id) GROUP BY ALL")}
+    return dict(store.query(f"SELECT c.model, count(*) FROM {table} JOIN cohorts c USING (cohort_id) GROUP BY ALL"))
 
 
 def test_an_alias_answered_by_two_models_counts_in_each_served_cohort(tmp_path: Path) -> None:
@@ -75,11 +102,14 @@ def test_an_alias_answered_by_two_models_counts_in_each_served_cohort(tmp_path: 
         assert buckets == {ALIAS: 75, OLD: 30 + 40, NEW: 25}
         # and the raw view agrees
         assert events_per_cohort(store, "cohort_events") == buckets
-        assert served_aliases(store) == {(OLD, PV, CONTRACT): [(ALIAS, PV, CONTRACT)],
-                                         (NEW, PV, CONTRACT): [(ALIAS, PV, CONTRACT)]}
-        assert store.query("SELECT model, served_model, sum(n)::BIGINT FROM served_models JOIN cohorts "
-                           "USING (cohort_id) GROUP BY ALL ORDER BY ALL") == [
-            (ALIAS, OLD, 40), (ALIAS, NEW, 25), (OLD, OLD, 70), (NEW, NEW, 25)]
+        assert served_aliases(store) == {
+            (OLD, PV, CONTRACT): [(ALIAS, PV, CONTRACT)],
+            (NEW, PV, CONTRACT): [(ALIAS, PV, CONTRACT)],
+        }
+        assert store.query(
+            "SELECT model, served_model, sum(n)::BIGINT FROM served_models JOIN cohorts "
+            "USING (cohort_id) GROUP BY ALL ORDER BY ALL"
+        ) == [(ALIAS, OLD, 40), (ALIAS, NEW, 25), (OLD, OLD, 70), (NEW, NEW, 25)]
         new_sums = cohort_sums(store, NEW)
         old_sums = cohort_sums(store, OLD)
 
@@ -108,13 +138,13 @@ def test_deferred_merges_and_recovery_after_a_crash_count_served_cohorts_once(tm
     random.Random(5).shuffle(evs)
     with Store.open(tmp_path / "sync.duckdb") as sync:
         for i in range(0, len(evs), 7):
-            sync.write_batch(evs[i:i + 7])
+            sync.write_batch(evs[i : i + 7])
         expected = rollup_sums(sync)
     db = tmp_path / "deferred.duckdb"
     store = Store.open(db)
     store.defer_rollups(max_events=50, max_seconds=3600)
     for i in range(0, len(evs), 7):
-        store.write_batch(evs[i:i + 7])
+        store.write_batch(evs[i : i + 7])
     store._con.close()  # private on purpose: the process dies with counts only in memory
     with Store.open(db) as reopened:
         assert rollup_sums(reopened) == expected

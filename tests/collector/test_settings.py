@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from collector.errors import SettingsInvalid
-from collector.settings import Settings, load_settings, settings_help
+from shapewatch.collector.errors import SettingsInvalid
+from shapewatch.collector.settings import Settings, load_settings, settings_help
 
 ROOT = Path(__file__).resolve().parents[2]
 KNOWN = ", ".join(f.name for f in dataclasses.fields(Settings))
@@ -40,14 +40,13 @@ def test_no_sources_give_the_defaults() -> None:
 
 
 def test_each_layer_overrides_the_one_below(tmp_path: Path) -> None:
-    path = toml(tmp_path, "[shapewatch]\nport = 8001\nbucket_seconds = 120\nhost = \"localhost\"\n")
+    path = toml(tmp_path, '[shapewatch]\nport = 8001\nbucket_seconds = 120\nhost = "localhost"\n')
     env = {"SHAPEWATCH_PORT": "8002", "SHAPEWATCH_BUCKET_SECONDS": "300"}
     over = {"port": 8003}
     assert load_settings(env={}) == Settings()
     assert load_settings(env={}, toml_path=path) == Settings(port=8001, bucket_seconds=120, host="localhost")
     assert load_settings(env=env, toml_path=path) == Settings(port=8002, bucket_seconds=300, host="localhost")
-    assert load_settings(over, env=env, toml_path=path) == Settings(port=8003, bucket_seconds=300,
-                                                                    host="localhost")
+    assert load_settings(over, env=env, toml_path=path) == Settings(port=8003, bucket_seconds=300, host="localhost")
     assert load_settings(over, env={}) == Settings(port=8003)
 
 
@@ -62,8 +61,7 @@ def test_the_toml_file_may_use_the_top_level(tmp_path: Path) -> None:
 
 
 def test_other_tables_in_the_toml_file_belong_to_other_packages(tmp_path: Path) -> None:
-    path = toml(tmp_path, "[shapewatch]\nport = 9000\n[shapewatch.rules]\nmin_samples = 5\n"
-                          "[analysis]\nwhatever = 1\n")
+    path = toml(tmp_path, "[shapewatch]\nport = 9000\n[shapewatch.rules]\nmin_samples = 5\n[analysis]\nwhatever = 1\n")
     assert load_settings(env={}, toml_path=path) == Settings(port=9000)
 
 
@@ -77,12 +75,24 @@ def test_shapewatch_config_in_the_environment_names_the_toml_file(tmp_path: Path
 
 
 def test_environment_values_are_coerced_to_each_type() -> None:
-    env = {"SHAPEWATCH_DB_PATH": "/srv/sw.duckdb", "SHAPEWATCH_PORT": "9001", "SHAPEWATCH_HOST": "::1",
-           "SHAPEWATCH_DEDUP_TTL_DAYS": "1.5", "SHAPEWATCH_RAW_RETENTION_DAYS": "2",
-           "SHAPEWATCH_MEMORY_LIMIT": "512MB", "SHAPEWATCH_BATCH_MAX_WAIT_MS": "0"}
-    assert load_settings(env=env) == Settings(db_path=Path("/srv/sw.duckdb"), port=9001, host="::1",
-                                              dedup_ttl_days=1.5, raw_retention_days=2.0,
-                                              memory_limit="512MB", batch_max_wait_ms=0.0)
+    env = {
+        "SHAPEWATCH_DB_PATH": "/srv/sw.duckdb",
+        "SHAPEWATCH_PORT": "9001",
+        "SHAPEWATCH_HOST": "::1",
+        "SHAPEWATCH_DEDUP_TTL_DAYS": "1.5",
+        "SHAPEWATCH_RAW_RETENTION_DAYS": "2",
+        "SHAPEWATCH_MEMORY_LIMIT": "512MB",
+        "SHAPEWATCH_BATCH_MAX_WAIT_MS": "0",
+    }
+    assert load_settings(env=env) == Settings(
+        db_path=Path("/srv/sw.duckdb"),
+        port=9001,
+        host="::1",
+        dedup_ttl_days=1.5,
+        raw_retention_days=2.0,
+        memory_limit="512MB",
+        batch_max_wait_ms=0.0,
+    )
 
 
 def test_unknown_shapewatch_environment_variables_are_ignored() -> None:
@@ -90,8 +100,9 @@ def test_unknown_shapewatch_environment_variables_are_ignored() -> None:
     assert load_settings(env={"SHAPEWATCH_NOT_A_SETTING": "x", "SHAPEWATCH_URL": "http://h"}) == Settings()
 
 
-@pytest.mark.parametrize(("value", "tokens"), [
-    ("a", ("a",)), ("a,b", ("a", "b")), (" a , b ,, c ,", ("a", "b", "c")), ("", ()), (" , ", ())])
+@pytest.mark.parametrize(
+    ("value", "tokens"), [("a", ("a",)), ("a,b", ("a", "b")), (" a , b ,, c ,", ("a", "b", "c")), ("", ()), (" , ", ())]
+)
 def test_tokens_from_a_comma_separated_environment_variable(value: str, tokens: tuple[str, ...]) -> None:
     assert load_settings(env={"SHAPEWATCH_TOKENS": value}).tokens == tokens
 
@@ -105,27 +116,46 @@ def test_tokens_from_the_toml_file_and_overrides(tmp_path: Path) -> None:
 # --- refusals name the key ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("name", "value", "message"), [
-    ("port", "abc", "setting 'port': 'abc' is not a valid whole number"),
-    ("port", "80.5", "setting 'port': '80.5' is not a valid whole number"),
-    ("duckdb_threads", "", "setting 'duckdb_threads': '' is not a valid whole number"),
-    ("dedup_ttl_days", "a week", "setting 'dedup_ttl_days': 'a week' is not a valid finite number"),
-    ("port", "0", "setting 'port': 0 is below the minimum 1; set it to 1 or more"),
-    ("port", "65536", "setting 'port': 65536 is above the maximum 65535; set it to 65535 or less"),
-    ("max_depth", "513", "setting 'max_depth': 513 is above the maximum 512; set it to 512 or less"),
-    ("max_event_bytes", "255", "setting 'max_event_bytes': 255 is below the minimum 256; set it to 256 or more"),
-    ("max_body_bytes", "1000", "setting 'max_body_bytes': 1000 is below the minimum 1024; set it to 1024 or more"),
-    ("bucket_seconds", "86401",
-     "setting 'bucket_seconds': 86401 is above the maximum 86400; set it to 86400 or less"),
-    ("batch_max_wait_ms", "-1", "setting 'batch_max_wait_ms': -1.0 is below the minimum 0.0; set it to 0.0 or more"),
-    ("max_attributes", "-1", "setting 'max_attributes': -1 is below the minimum 0; set it to 0 or more"),
-    ("checkpoint_threshold", "lots",
-     "setting 'checkpoint_threshold': 'lots' is not a size; write a number and a unit such as 512MB or 1GB"),
-    ("memory_limit", "1 GBs",
-     "setting 'memory_limit': '1 GBs' is not a size; write a number and a unit such as 512MB or 1GB"),
-    ("import_memory_limit", "MB",
-     "setting 'import_memory_limit': 'MB' is not a size; write a number and a unit such as 512MB or 1GB"),
-])
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("port", "abc", "setting 'port': 'abc' is not a valid whole number"),
+        ("port", "80.5", "setting 'port': '80.5' is not a valid whole number"),
+        ("duckdb_threads", "", "setting 'duckdb_threads': '' is not a valid whole number"),
+        ("dedup_ttl_days", "a week", "setting 'dedup_ttl_days': 'a week' is not a valid finite number"),
+        ("port", "0", "setting 'port': 0 is below the minimum 1; set it to 1 or more"),
+        ("port", "65536", "setting 'port': 65536 is above the maximum 65535; set it to 65535 or less"),
+        ("max_depth", "513", "setting 'max_depth': 513 is above the maximum 512; set it to 512 or less"),
+        ("max_event_bytes", "255", "setting 'max_event_bytes': 255 is below the minimum 256; set it to 256 or more"),
+        ("max_body_bytes", "1000", "setting 'max_body_bytes': 1000 is below the minimum 1024; set it to 1024 or more"),
+        (
+            "bucket_seconds",
+            "86401",
+            "setting 'bucket_seconds': 86401 is above the maximum 86400; set it to 86400 or less",
+        ),
+        (
+            "batch_max_wait_ms",
+            "-1",
+            "setting 'batch_max_wait_ms': -1.0 is below the minimum 0.0; set it to 0.0 or more",
+        ),
+        ("max_attributes", "-1", "setting 'max_attributes': -1 is below the minimum 0; set it to 0 or more"),
+        (
+            "checkpoint_threshold",
+            "lots",
+            "setting 'checkpoint_threshold': 'lots' is not a size; write a number and a unit such as 512MB or 1GB",
+        ),
+        (
+            "memory_limit",
+            "1 GBs",
+            "setting 'memory_limit': '1 GBs' is not a size; write a number and a unit such as 512MB or 1GB",
+        ),
+        (
+            "import_memory_limit",
+            "MB",
+            "setting 'import_memory_limit': 'MB' is not a size; write a number and a unit such as 512MB or 1GB",
+        ),
+    ],
+)
 def test_a_bad_environment_value_names_the_key(name: str, value: str, message: str) -> None:
     exc = invalid(env={f"SHAPEWATCH_{name.upper()}": value})
     assert (exc.key, str(exc)) == (name, message)
@@ -158,8 +188,7 @@ def test_an_unreadable_or_malformed_toml_file_is_refused(tmp_path: Path) -> None
     missing = tmp_path / "missing.toml"
     exc = invalid(env={}, toml_path=missing)
     assert exc.key == "config"
-    assert str(exc) == (f"setting 'config': cannot read {missing}: "
-                        f"[Errno 2] No such file or directory: '{missing}'")
+    assert str(exc) == (f"setting 'config': cannot read {missing}: [Errno 2] No such file or directory: '{missing}'")
     broken = toml(tmp_path, "port = \n")
     exc = invalid(env={"SHAPEWATCH_CONFIG": str(broken)})
     assert exc.key == "config"
@@ -168,8 +197,9 @@ def test_an_unreadable_or_malformed_toml_file_is_refused(tmp_path: Path) -> None
 
 def test_raw_retention_and_dedup_ttl_are_independent() -> None:
     # the keys have a table of their own: raw outputs may go before their keys, or outlive them
-    assert load_settings(env={"SHAPEWATCH_DEDUP_TTL_DAYS": "10", "SHAPEWATCH_RAW_RETENTION_DAYS": "1.5"}) == \
-        Settings(dedup_ttl_days=10.0, raw_retention_days=1.5)
+    assert load_settings(env={"SHAPEWATCH_DEDUP_TTL_DAYS": "10", "SHAPEWATCH_RAW_RETENTION_DAYS": "1.5"}) == Settings(
+        dedup_ttl_days=10.0, raw_retention_days=1.5
+    )
     assert load_settings(env={"SHAPEWATCH_DEDUP_TTL_DAYS": "31"}) == Settings(dedup_ttl_days=31.0)
 
 
@@ -179,12 +209,13 @@ def test_settings_are_frozen() -> None:
 
 
 def test_binding_beyond_loopback_without_tokens_is_never_silent(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="collector.settings"):
+    with caplog.at_level(logging.WARNING, logger="shapewatch.collector.settings"):
         load_settings(env={"SHAPEWATCH_HOST": "0.0.0.0"})
         load_settings(env={"SHAPEWATCH_HOST": "0.0.0.0", "SHAPEWATCH_TOKENS": "t"})
         load_settings(env={})
     assert [(r.name, r.levelname, r.getMessage()) for r in caplog.records] == [
-        ("collector.settings", "WARNING", "binding 0.0.0.0 without tokens: anyone who reaches it can write")]
+        ("shapewatch.collector.settings", "WARNING", "binding 0.0.0.0 without tokens: anyone who reaches it can write")
+    ]
 
 
 @pytest.mark.parametrize("name", ["dedup_ttl_days", "raw_retention_days", "batch_max_wait_ms"])
@@ -224,27 +255,35 @@ def test_every_setting_is_documented_in_the_readme() -> None:
 def test_the_readme_settings_table_names_each_variable_and_default() -> None:
     readme = (ROOT / "README.md").read_text()
     rows = re.findall(r"^\| `(\w+)` \| `(SHAPEWATCH_\w+)` \| ([^|]+?) \|", readme, flags=re.MULTILINE)
-    expected = {f.name: (f"SHAPEWATCH_{f.name.upper()}", "none" if f.default == () else f"`{f.default}`")
-                for f in dataclasses.fields(Settings)}
+    expected = {
+        f.name: (f"SHAPEWATCH_{f.name.upper()}", "none" if f.default == () else f"`{f.default}`")
+        for f in dataclasses.fields(Settings)
+    }
     assert {name: (env, default) for name, env, default in rows} == expected
 
 
 def test_token_entries_are_bare_secrets_or_scoped() -> None:
-    from collector.settings import Scope, parse_token
+    from shapewatch.collector.settings import Scope, parse_token
 
     assert parse_token("s3cret") == ("s3cret", frozenset(Scope))
     assert parse_token("read:s3") == ("s3", frozenset({Scope.read}))
     assert parse_token("ingest+read+admin:a:b") == ("a:b", frozenset(Scope))
     assert load_settings(env={"SHAPEWATCH_TOKENS": "ingest:a, read+admin:b ,c"}).tokens == (
-        "ingest:a", "read+admin:b", "c")
+        "ingest:a",
+        "read+admin:b",
+        "c",
+    )
 
 
-@pytest.mark.parametrize(("entry", "says"), [
-    ("reed:s3", "scope 'reed' of an entry is unknown"),
-    ("read+:s3", "scope '' of an entry is unknown"),
-    ("read:", "an entry has an empty secret"),
-    ("read: s3", "an entry has an empty secret or one with white space"),
-])
+@pytest.mark.parametrize(
+    ("entry", "says"),
+    [
+        ("reed:s3", "scope 'reed' of an entry is unknown"),
+        ("read+:s3", "scope '' of an entry is unknown"),
+        ("read:", "an entry has an empty secret"),
+        ("read: s3", "an entry has an empty secret or one with white space"),
+    ],
+)
 def test_a_bad_token_entry_names_the_setting_and_the_syntax(entry: str, says: str) -> None:
     err = invalid({"tokens": [entry]}, env={})
     assert err.key == "tokens" and says in str(err)
@@ -261,21 +300,22 @@ def test_sizes_duckdb_reads_are_accepted(size: str) -> None:
 
 
 def test_the_checkpoint_threshold_and_memory_limit_reach_the_store(tmp_path: Path) -> None:
-    from analysis.store_access import open_store  # the one place settings become a store
+    from shapewatch.analysis.store_access import open_store  # the one place settings become a store
 
-    settings = load_settings({"checkpoint_threshold": "64MiB", "memory_limit": "768MB",
-                              "db_path": str(tmp_path / "s.duckdb")}, env={})
+    settings = load_settings(
+        {"checkpoint_threshold": "64MiB", "memory_limit": "768MB", "db_path": str(tmp_path / "s.duckdb")}, env={}
+    )
     with open_store(settings) as store:
         # memory_limit, plus room for the key index of the next 100,000 events (64 bytes each)
         assert store.query("SELECT current_setting('checkpoint_threshold'), current_setting('memory_limit')") == [
-            ("64.0 MiB", "738.5 MiB")]
+            ("64.0 MiB", "738.5 MiB")
+        ]
         assert store.memory_limit_bytes == 768_000_000 + 100_000 * 64
 
 
-
 def test_duckdb_runs_on_one_thread_for_the_service_and_for_imports(tmp_path: Path) -> None:
-    from analysis.service import create_app
-    from analysis.store_access import open_store
+    from shapewatch.analysis.service import create_app
+    from shapewatch.analysis.store_access import open_store
 
     path = str(tmp_path / "t.duckdb")
     assert load_settings({"db_path": path}, env={}).duckdb_threads == 1
@@ -297,20 +337,21 @@ def test_a_session_sees_the_rows_it_inserts_after_a_large_import(tmp_path: Path)
     did; bench/repro_invisible_rows.py). The default store runs on one thread, where it does not."""
     import orjson
 
-    from analysis.store_access import open_store
-    from collector import Limits, import_files
+    from shapewatch.analysis.store_access import open_store
+    from shapewatch.collector import Limits, import_files
 
     sys.path.insert(0, str(ROOT / "bench"))
     from gen import make_envelopes  # bench/ is not a package
 
     src = tmp_path / "in.jsonl"
-    src.write_bytes(b"".join(orjson.dumps(e, option=orjson.OPT_APPEND_NEWLINE)
-                             for e in make_envelopes(10_000, seed=1001)))
+    src.write_bytes(
+        b"".join(orjson.dumps(e, option=orjson.OPT_APPEND_NEWLINE) for e in make_envelopes(10_000, seed=1001))
+    )
     settings = load_settings({"db_path": str(tmp_path / "r.duckdb")}, env={})
     count = "SELECT count(*), sum(n) FROM value_rollups"
     with open_store(settings, bulk=True) as store:
         import_files([src], store, Limits())
-        rows, n = store.query(count)[0]
+        rows, _n = store.query(count)[0]
         assert rows > 122_880  # past one row group: where two threads lost sight of later rows
         with store.transaction("adding ten rows") as con:
             con.execute("INSERT INTO value_rollups SELECT * FROM value_rollups LIMIT 10")

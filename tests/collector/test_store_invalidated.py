@@ -31,8 +31,14 @@ def test_an_invalidated_database_stops_the_service_and_a_restart_recovers_it(tmp
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
 
     env = {**os.environ, "PYTHONPATH": str(ROOT), "SHAPEWATCH_CHECKPOINT_THRESHOLD": "1MB"}
-    proc = subprocess.Popen([*SHAPEWATCH, "serve", "--db", str(db), "--port", str(port)], stdout=log.open("wb"),
-                            stderr=subprocess.STDOUT, env=env, cwd=ROOT, preexec_fn=full_disk)
+    proc = subprocess.Popen(
+        [*SHAPEWATCH, "serve", "--db", str(db), "--port", str(port)],
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        env=env,
+        cwd=ROOT,
+        preexec_fn=full_disk,
+    )
     url = f"http://127.0.0.1:{port}"
     acked: set[str] = set()
     answers: list[int] = []
@@ -49,8 +55,15 @@ def test_an_invalidated_database_stops_the_service_and_a_restart_recovers_it(tmp
                     pass
                 time.sleep(0.05)
             for k in range(3000):  # until the service stops (or the bound, which fails below)
-                body = [{"event_id": f"b{k}-{i}", "model": "m", "prompt_version": "p",
-                         "output": {"i": i, "pad": uuid.uuid4().hex * 8}} for i in range(100)]
+                body = [
+                    {
+                        "event_id": f"b{k}-{i}",
+                        "model": "m",
+                        "prompt_version": "p",
+                        "output": {"i": i, "pad": uuid.uuid4().hex * 8},
+                    }
+                    for i in range(100)
+                ]
                 try:
                     r = http.post("/v1/outputs", json=body)
                 except httpx.HTTPError:
@@ -81,8 +94,9 @@ def test_an_invalidated_database_stops_the_service_and_a_restart_recovers_it(tmp
     svc = start_service(db, port=free_port())  # no limit now: recovered at open
     try:
         with svc.client() as http:
-            r = http.post("/v1/outputs", json=[{"event_id": "after", "model": "m", "prompt_version": "p",
-                                                "output": {"i": 1}}])
+            r = http.post(
+                "/v1/outputs", json=[{"event_id": "after", "model": "m", "prompt_version": "p", "output": {"i": 1}}]
+            )
             assert r.status_code == 200, r.text
     finally:
         svc.stop()

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from collector.errors import StoreError, StoreVersionTooNew
-from collector.store import Schema, Store
+from shapewatch.collector.errors import StoreError, StoreVersionTooNew
+from shapewatch.collector.store import Schema, Store
 
 V1 = "CREATE TABLE notes (id INTEGER PRIMARY KEY, text VARCHAR NOT NULL);"
 V2 = "ALTER TABLE notes ADD COLUMN author VARCHAR;"

@@ -13,12 +13,12 @@ import orjson
 import pytest
 from harness import make_envelope
 
-from collector import Store
-from collector.envelope import LIMITS, Envelope, parse_envelope
-from collector.errors import BatchTooLarge, StoreError, StoreInvalidated, StoreUnavailable
-from collector.rollup import RollupBatch, RollupConfig
-from collector.store import WriteStatus
-from collector.writer import Writer
+from shapewatch.collector import Store
+from shapewatch.collector.envelope import LIMITS, Envelope, parse_envelope
+from shapewatch.collector.errors import BatchTooLarge, StoreError, StoreInvalidated, StoreUnavailable
+from shapewatch.collector.rollup import RollupBatch, RollupConfig
+from shapewatch.collector.store import WriteStatus
+from shapewatch.collector.writer import Writer
 
 
 def envs(n: int, prefix: str) -> list[Envelope]:
@@ -58,15 +58,16 @@ def test_a_request_larger_than_the_queue_is_refused_outright(store: Store) -> No
     assert str(info.value) == "the request holds 6 events; send at most 5 per request"
 
 
-def test_a_failed_merge_after_the_commit_does_not_fail_the_events(db_path: Path, monkeypatch: pytest.MonkeyPatch
-                                                                   ) -> None:
+def test_a_failed_merge_after_the_commit_does_not_fail_the_events(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store = Store.open(db_path)
     store.defer_rollups(max_events=1, max_seconds=3600)
 
     def broken(*args: object, **kwargs: object) -> None:
         raise StoreError("merging rollups", "simulated failure")
 
-    monkeypatch.setattr("collector.store.merge_rollups", broken)
+    monkeypatch.setattr("shapewatch.collector.store.merge_rollups", broken)
     results = store.write_batch(envs(4, "e"))
     assert [r.status for r in results] == [WriteStatus.accepted] * 4  # committed, so acknowledged
     assert store.last_merge_error == "store error while merging rollups: simulated failure"
@@ -95,7 +96,7 @@ def test_received_at_keeps_growing_after_a_restart_with_the_clock_behind(db_path
 
 
 def test_a_cancelled_future_is_not_an_error_for_settle() -> None:
-    from collector.writer import _settle
+    from shapewatch.collector.writer import _settle
 
     fut: Future[list[object]] = Future()
     fut.cancel()
@@ -103,11 +104,12 @@ def test_a_cancelled_future_is_not_an_error_for_settle() -> None:
     assert fut.cancelled()
 
 
-def test_a_duckdb_error_outside_the_batch_transaction_is_a_store_error(store: Store,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_duckdb_error_outside_the_batch_transaction_is_a_store_error(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # A new cohort is inserted in a statement of its own, before the batch's transaction.
     def failing(*_: object) -> None:
-        raise duckdb.IOException("Could not write file \"x.wal\": No space left on device")
+        raise duckdb.IOException('Could not write file "x.wal": No space left on device')
 
     monkeypatch.setattr(store, "_cohort_ids", failing)
     with pytest.raises(StoreUnavailable, match="No space left on device"):
@@ -122,8 +124,7 @@ def test_a_duckdb_error_outside_the_batch_transaction_is_a_store_error(store: St
         writer.stop()
 
 
-def test_an_invalidated_database_is_remembered_and_reported_once(store: Store,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_invalidated_database_is_remembered_and_reported_once(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     told: list[StoreInvalidated] = []
     store.on_invalidated = told.append
 
@@ -134,13 +135,16 @@ def test_an_invalidated_database_is_remembered_and_reported_once(store: Store,
     for _ in range(2):
         with pytest.raises(StoreInvalidated) as info:
             store.write_batch(envs(1, "f"))
-    assert str(info.value).startswith("DuckDB invalidated the database after a fatal error while writing a batch "
-                                      "(FATAL Error: Failed to create checkpoint because of error: File too large)")
+    assert str(info.value).startswith(
+        "DuckDB invalidated the database after a fatal error while writing a batch "
+        "(FATAL Error: Failed to create checkpoint because of error: File too large)"
+    )
     assert told == [store.invalidated] and store.invalidated is not None
 
 
 def test_a_failure_after_the_commit_neither_fails_the_batch_nor_loses_its_counts(
-        db_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with Store.open(db_path) as store:
         store.defer_rollups(max_events=10**6, max_seconds=3600)
 

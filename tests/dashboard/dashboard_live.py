@@ -18,8 +18,8 @@ from pathlib import Path
 import uvicorn
 from prometheus_client import CollectorRegistry
 
-from analysis.service import create_app
-from collector import Settings
+from shapewatch.analysis.service import create_app
+from shapewatch.collector import Settings
 
 
 def free_port() -> int:
@@ -31,8 +31,9 @@ def free_port() -> int:
 @contextmanager
 def live_service(db_path: Path, *, tokens: tuple[str, ...] = ()) -> Iterator[str]:
     """The service on a free loopback port until the block ends; yields its URL."""
-    app = create_app(dataclasses.replace(Settings(), db_path=db_path, tokens=tokens), registry=CollectorRegistry(),
-                     analyze=False)
+    app = create_app(
+        dataclasses.replace(Settings(), db_path=db_path, tokens=tokens), registry=CollectorRegistry(), analyze=False
+    )
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False))
     thread = threading.Thread(target=server.run, daemon=True)

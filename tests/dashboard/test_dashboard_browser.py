@@ -20,7 +20,7 @@ import pytest
 from dashboard_live import free_port
 from harness import ROOT, ensure_tool, start_service
 
-from analysis.sample import seed_sample
+from shapewatch.analysis.sample import seed_sample
 
 pytestmark = pytest.mark.slow
 
@@ -29,8 +29,20 @@ CHROMIUM = ensure_tool("chromium")  # installed from Debian by the test when mis
 
 def _chromium(*args: str, timeout: float = 60) -> str:
     assert CHROMIUM is not None
-    done = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                           "--virtual-time-budget=15000", *args], capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run(
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            "--virtual-time-budget=15000",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     return done.stdout
 
 
@@ -64,9 +76,13 @@ def test_the_alerts_page_in_a_real_browser_shows_the_page_alert(tmp_path: Path) 
     try:
         assert seed_sample(svc.url).seeded
         port = free_port()
-        dash = subprocess.Popen([sys.executable, "-m", "analysis.cli", "dashboard", "--url", svc.url,
-                                 "--port", str(port)], cwd=tmp_path, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        dash = subprocess.Popen(
+            [sys.executable, "-m", "shapewatch.analysis.cli", "dashboard", "--url", svc.url, "--port", str(port)],
+            cwd=tmp_path,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 120
         while True:
@@ -89,8 +105,11 @@ def test_the_alerts_page_in_a_real_browser_shows_the_page_alert(tmp_path: Path) 
         shots.mkdir()
         _screenshot(shots / "alerts.png", url + "/", "1400,1800", deadline)
         cohorts = httpx.get(svc.url + "/v1/cohorts").json()
-        cid = next(c["cohort_id"] for c in cohorts if c["cohort"]["contract"] == "sample-intake"
-                   and c["cohort"]["prompt_version"] == "intake-v3")
+        cid = next(
+            c["cohort_id"]
+            for c in cohorts
+            if c["cohort"]["contract"] == "sample-intake" and c["cohort"]["prompt_version"] == "intake-v3"
+        )
         field_url = f"{url}/field?cohort={cid}&field=customer.tier"
         field_dom = _dom_with(field_url, "Type shares", deadline)
         assert 'data-testid="stException"' not in field_dom

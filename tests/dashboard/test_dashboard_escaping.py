@@ -40,8 +40,16 @@ ENUM_VALUES = (IMAGE, LINK, f"{SCRIPT} |\n# h")
 RAW = ("![", "](", "<img", "<script", "http://")
 
 _PARSER = MarkdownIt("commonmark").enable(["table", "strikethrough"])
-_UNRENDERED = {"text", "code", "json", "exception", "dataframe", "arrow_data_frame", "arrow_vega_lite_chart",
-               "vega_lite_chart"}
+_UNRENDERED = {
+    "text",
+    "code",
+    "json",
+    "exception",
+    "dataframe",
+    "arrow_data_frame",
+    "arrow_vega_lite_chart",
+    "vega_lite_chart",
+}
 
 
 def _iso(t: datetime) -> str:
@@ -49,8 +57,14 @@ def _iso(t: datetime) -> str:
 
 
 def _envelope(ts: datetime, output: dict[str, Any]) -> dict[str, Any]:
-    return {"event_id": uuid.uuid4().hex, "ts": _iso(ts), **COHORT, "served_model": SERVED, "source": "production",
-            "output": output}
+    return {
+        "event_id": uuid.uuid4().hex,
+        "ts": _iso(ts),
+        **COHORT,
+        "served_model": SERVED,
+        "source": "production",
+        "output": output,
+    }
 
 
 def _seed(url: str) -> str:
@@ -70,8 +84,10 @@ def _seed(url: str) -> str:
         for batch in (calm, drifted):
             r = c.post("/v1/outputs", json=batch)
             assert r.status_code == 200 and r.json()["rejected"] == 0, r.text[:500]
-        r = c.post("/v1/baselines", json={**COHORT, "since": _iso(base), "until": _iso(base + 480 * step),
-                                          "author": HTML, "note": NOTE})
+        r = c.post(
+            "/v1/baselines",
+            json={**COHORT, "since": _iso(base), "until": _iso(base + 480 * step), "author": HTML, "note": NOTE},
+        )
         assert r.status_code == 201, r.text
         for _ in range(2):  # a page breach fires on its second evaluation in a row
             assert c.post("/v1/analyzer/run").status_code == 200
@@ -114,7 +130,7 @@ def _open(url: str, page: str, monkeypatch: pytest.MonkeyPatch, query: dict[str,
 def _nodes(node: Any) -> Iterator[Any]:
     yield node
     children = getattr(node, "children", None)
-    for child in (children.values() if isinstance(children, dict) else children or []):
+    for child in children.values() if isinstance(children, dict) else children or []:
         yield from _nodes(child)
 
 
@@ -131,9 +147,7 @@ def markdown_strings(at: AppTest) -> list[str]:
         for desc, value in proto.ListFields():
             if desc.name in ("body", "label", "help") and isinstance(value, str):
                 found.append(value)
-            elif desc.name == "expandable":  # an expander block: its label
-                found.append(value.label)
-            elif desc.name == "tab":
+            elif desc.name == "expandable" or desc.name == "tab":  # an expander block: its label
                 found.append(value.label)
     return found
 
@@ -169,8 +183,9 @@ def _assert_inert(strings: list[str]) -> None:
 
 
 @pytest.mark.parametrize("page", PAGES)
-def test_no_page_renders_a_stored_value_as_markdown(hostile_url: str, page: str,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_page_renders_a_stored_value_as_markdown(
+    hostile_url: str, page: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     query = None
     if page == "views/field.py":
         cohort_id = next(c["cohort_id"] for c in httpx.get(f"{hostile_url}/v1/cohorts", timeout=30).json())
@@ -191,8 +206,9 @@ def test_the_values_still_show_as_their_text(hostile: tuple[str, str], monkeypat
     assert NOTE in seen and HTML in seen
 
 
-def test_the_review_shown_on_the_dashboard_holds_no_live_markdown(hostile_url: str,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_review_shown_on_the_dashboard_holds_no_live_markdown(
+    hostile_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     at = _open(hostile_url, "views/baselines.py", monkeypatch)
     (review,) = [m.value for m in at.markdown if m.value.startswith("# shapewatch weekly review")]
     _assert_inert([review])

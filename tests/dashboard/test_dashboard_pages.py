@@ -21,7 +21,7 @@ import pytest
 from dashboard_live import free_port, live_service
 from streamlit.testing.v1 import AppTest
 
-from analysis.sample import SAMPLE_AUTHOR, seed_sample
+from shapewatch.analysis.sample import SAMPLE_AUTHOR, seed_sample
 
 APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
 PAGES = ["views/alerts.py", "views/cohorts.py", "views/field.py", "views/baselines.py", "views/ingestion.py"]
@@ -58,8 +58,13 @@ def _env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SHAPEWATCH_URL", raising=False)
 
 
-def open_page(url: str, page: str = "views/alerts.py", token: str | None = None,
-              query: dict[str, str] | None = None, monkeypatch: pytest.MonkeyPatch | None = None) -> AppTest:
+def open_page(
+    url: str,
+    page: str = "views/alerts.py",
+    token: str | None = None,
+    query: dict[str, str] | None = None,
+    monkeypatch: pytest.MonkeyPatch | None = None,
+) -> AppTest:
     """The app at ``page``, talking to the service at ``url``."""
     assert monkeypatch is not None
     monkeypatch.setenv("SHAPEWATCH_URL", url)
@@ -106,10 +111,13 @@ def test_alerts_page_shows_page_alerts_first_with_their_diff(sample_url: str, mo
     # The presence drop's diff: baseline against current, as a table.
     drop = by_field_kind(sample_url)[("customer.tier", "presence_drop")]
     tables = [d.value.to_dict("records") for d in at.dataframe]
-    assert [{"measure": "presence_rate", "baseline": "100.0%", "current": "50.0%"},
-            {"measure": "samples", "baseline": "480", "current": "600"}] in tables
-    assert any(f"compared with baseline {drop['baseline_id']}" in m and f"`{drop['fingerprint']}`" in m
-               for m in markdown(at))
+    assert [
+        {"measure": "presence_rate", "baseline": "100.0%", "current": "50.0%"},
+        {"measure": "samples", "baseline": "480", "current": "600"},
+    ] in tables
+    assert any(
+        f"compared with baseline {drop['baseline_id']}" in m and f"`{drop['fingerprint']}`" in m for m in markdown(at)
+    )
     # Links to the field's charts, and the alert's sample outputs.
     links = {visible(ln.proto.label): ln.proto.query_string for ln in at.get("page_link")}
     cohort_id = next(c["cohort_id"] for c in api(sample_url).get("/v1/cohorts").json() if c["cohort"] == INTAKE)
@@ -131,7 +139,7 @@ def test_alert_filters_narrow_the_list(sample_url: str, monkeypatch: pytest.Monk
     assert [h.value for h in at.subheader] == ["Page (1)", "Warn (2)", "Resolved (0)"]
     at.selectbox(key="alerts-state").select("resolved").run()
     assert [h.value for h in at.subheader] == []
-    assert [i.value for i in at.info][0].startswith("No alert matches.")
+    assert next(i.value for i in at.info).startswith("No alert matches.")
 
 
 def test_acknowledge_from_the_page(writable_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -164,9 +172,11 @@ def test_silence_from_the_page(writable_url: str, monkeypatch: pytest.MonkeyPatc
     assert not at.exception, [e.value for e in at.exception]
     until = datetime.fromisoformat(api(writable_url).get(f"/v1/alerts/{fp}").json()["silenced_until"])
     assert before + timedelta(hours=3) <= until <= datetime.now(UTC) + timedelta(hours=3)
-    assert [visible(s.value) for s in at.success][0].startswith("Silenced new_enum_value on priority until ")
+    assert next(visible(s.value) for s in at.success).startswith("Silenced new_enum_value on priority until ")
     # Only that alert: the other alerts of the cohort are not silenced.
-    assert {k for k, a in by_field_kind(writable_url).items() if a["silenced_until"]} == {("priority", "new_enum_value")}
+    assert {k for k, a in by_field_kind(writable_url).items() if a["silenced_until"]} == {
+        ("priority", "new_enum_value")
+    }
 
 
 # --- cohorts, field detail --------------------------------------------------------------------
@@ -180,27 +190,42 @@ def test_cohorts_page_lists_cohorts_with_the_unpinned_marker(sample_url: str, mo
     assert {k: (r["pinned"], r["answers for alias"]) for k, r in rows.items()} == {
         ("claude-sonnet-4-5-20250929", "intake-v3"): ("pinned", "-"),
         ("claude-sonnet-4-5-20250929", "intake-v4"): ("pinned", "-"),
-        ("gemini-2.0-flash-001", "extract-v1"): ("pinned", "-"), ("gpt-4o", "triage-v2"): ("⚠ unpinned alias", "-"),
-        ("gpt-4o-2024-08-06", "triage-v2"): ("pinned", "gpt-4o"), ("gpt-4o-2024-11-20", "triage-v2"): ("pinned", "gpt-4o")}
+        ("gemini-2.0-flash-001", "extract-v1"): ("pinned", "-"),
+        ("gpt-4o", "triage-v2"): ("⚠ unpinned alias", "-"),
+        ("gpt-4o-2024-08-06", "triage-v2"): ("pinned", "gpt-4o"),
+        ("gpt-4o-2024-11-20", "triage-v2"): ("pinned", "gpt-4o"),
+    }
     assert rows[("gpt-4o-2024-11-20", "triage-v2")]["baseline how"] == (
-        "inherited (served alias: gpt-4o / triage-v2 / sample-triage)")
+        "inherited (served alias: gpt-4o / triage-v2 / sample-triage)"
+    )
     assert rows[("gpt-4o-2024-11-20", "triage-v2")]["served models"] == "gpt-4o-2024-11-20 (600)"
     intake = rows[("claude-sonnet-4-5-20250929", "intake-v3")]
     assert (intake["events (7 days)"], intake["page firing"], intake["warn firing"], intake["baseline how"]) == (
-        1560, 1, 2, "own")
+        1560,
+        1,
+        2,
+        "own",
+    )
     assert rows[("claude-sonnet-4-5-20250929", "intake-v4")]["baseline how"] == (
-        "inherited (previous prompt version: claude-sonnet-4-5-20250929 / intake-v3 / sample-intake)")
+        "inherited (previous prompt version: claude-sonnet-4-5-20250929 / intake-v3 / sample-intake)"
+    )
     assert rows[("gpt-4o", "triage-v2")]["served models"] == "gpt-4o-2024-08-06 (960), gpt-4o-2024-11-20 (600)"
     assert changes.to_dict("records")[0] | {"detected": None} == {
-        "cohort": "gpt-4o / triage-v2 / sample-triage", "previous": "gpt-4o-2024-08-06",
-        "current": "gpt-4o-2024-11-20", "detected": None}
+        "cohort": "gpt-4o / triage-v2 / sample-triage",
+        "previous": "gpt-4o-2024-08-06",
+        "current": "gpt-4o-2024-11-20",
+        "detected": None,
+    }
     assert [m.value for m in at.metric] == ["6", "0", "1", "2"]
 
 
 def _cohort_id(url: str, contract: str, prompt_version: str | None = None) -> int:
-    return next(c["cohort_id"] for c in api(url).get("/v1/cohorts").json()
-                if c["cohort"]["contract"] == contract
-                and (prompt_version is None or c["cohort"]["prompt_version"] == prompt_version))
+    return next(
+        c["cohort_id"]
+        for c in api(url).get("/v1/cohorts").json()
+        if c["cohort"]["contract"] == contract
+        and (prompt_version is None or c["cohort"]["prompt_version"] == prompt_version)
+    )
 
 
 def _specs(at: AppTest) -> list[dict[str, Any]]:
@@ -209,10 +234,16 @@ def _specs(at: AppTest) -> list[dict[str, Any]]:
 
 def test_field_page_draws_presence_against_the_baseline(sample_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     cid = _cohort_id(sample_url, "sample-intake", "intake-v3")
-    at = open_page(sample_url, "views/field.py", query={"cohort": str(cid), "field": "customer.tier"},
-                   monkeypatch=monkeypatch)
-    assert [h.value for h in at.subheader] == ["Presence", "Type shares", "Values",
-                                               "Sample outputs that show the change", "Every field of the cohort"]
+    at = open_page(
+        sample_url, "views/field.py", query={"cohort": str(cid), "field": "customer.tier"}, monkeypatch=monkeypatch
+    )
+    assert [h.value for h in at.subheader] == [
+        "Presence",
+        "Type shares",
+        "Values",
+        "Sample outputs that show the change",
+        "Every field of the cohort",
+    ]
     presence, types, values, unknown = _specs(at)
     marks = [layer["mark"]["type"] for layer in presence["layer"]]
     assert marks == ["area", "rule", "line"]  # tolerance band, baseline level, the series
@@ -227,28 +258,31 @@ def test_field_page_draws_presence_against_the_baseline(sample_url: str, monkeyp
     assert at.query_params == {"cohort": str(cid), "field": "customer.tier"}
 
 
-def test_field_page_highlights_new_values_and_draws_array_sizes(sample_url: str,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_field_page_highlights_new_values_and_draws_array_sizes(
+    sample_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cid = _cohort_id(sample_url, "sample-intake", "intake-v3")
-    at = open_page(sample_url, "views/field.py", query={"cohort": str(cid), "field": "priority"},
-                   monkeypatch=monkeypatch)
+    at = open_page(
+        sample_url, "views/field.py", query={"cohort": str(cid), "field": "priority"}, monkeypatch=monkeypatch
+    )
     values = at.dataframe[0].value
-    assert values.to_dict("records")[0] == {"value": "URGENT", "count (period)": 60, "count (baseline)": 0,
-                                            "new": True}
+    assert values.to_dict("records")[0] == {"value": "URGENT", "count (period)": 60, "count (baseline)": 0, "new": True}
     assert not values["new"][1:].any()
     assert "**1 value(s) the baseline never had:** `URGENT`" in markdown(at)
 
     triage = _cohort_id(sample_url, "sample-triage")
-    at = open_page(sample_url, "views/field.py", query={"cohort": str(triage), "field": "labels"},
-                   monkeypatch=monkeypatch)
+    at = open_page(
+        sample_url, "views/field.py", query={"cohort": str(triage), "field": "labels"}, monkeypatch=monkeypatch
+    )
     assert "Array size" in [h.value for h in at.subheader]
     arrays = _specs(at)[-1]
     assert [layer["mark"]["type"] for layer in arrays["layer"]] == ["line", "rule"]
     assert any(c.value == "Baseline p50/p90/p99: 1/2/2 items (dashed)." for c in at.caption)
 
 
-def test_field_page_without_query_params_picks_a_cohort_and_field(sample_url: str,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_field_page_without_query_params_picks_a_cohort_and_field(
+    sample_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     at = open_page(sample_url, "views/field.py", monkeypatch=monkeypatch)
     assert len(at.get("vega_lite_chart")) >= 2
     assert set(at.query_params) == {"cohort", "field"}
@@ -284,8 +318,10 @@ def test_freezing_asks_for_confirmation_first(fresh_url: str, monkeypatch: pytes
     assert not at.exception, [e.value for e in at.exception]
     # Asked, not done.
     assert api(fresh_url).get("/v1/baselines").json() == before
-    assert any(visible(w.value).startswith(f"Freeze **{' / '.join(INTAKE.values())}** over {since} .. {until}")
-               for w in at.warning)
+    assert any(
+        visible(w.value).startswith(f"Freeze **{' / '.join(INTAKE.values())}** over {since} .. {until}")
+        for w in at.warning
+    )
     at.button(key="baselines-cancel").click().run()
     assert api(fresh_url).get("/v1/baselines").json() == before
     assert not [b for b in at.button if b.key == "baselines-confirm"]
@@ -296,7 +332,13 @@ def test_freezing_asks_for_confirmation_first(fresh_url: str, monkeypatch: pytes
     after = api(fresh_url).get("/v1/baselines").json()
     (new,) = [b for b in after if b["baseline_id"] not in {x["baseline_id"] for x in before}]
     assert (new["cohort"], new["window"], new["author"], new["note"], new["samples"], new["active"]) == (
-        INTAKE, {"since": since, "until": until}, "ana", "week 48: calm period after the v3 rollout", 480, True)
+        INTAKE,
+        {"since": since, "until": until},
+        "ana",
+        "week 48: calm period after the v3 rollout",
+        480,
+        True,
+    )
     assert [visible(s.value) for s in at.success] == [f"Froze baseline {new['baseline_id']} (480 samples), now active."]
 
 
@@ -311,13 +353,13 @@ def test_a_refused_freeze_shows_the_services_objection(writable_url: str, monkey
     at.button(key="baselines-confirm").click().run()
     assert not at.exception, [e.value for e in at.exception]
     (err,) = [visible(e.value) for e in at.error]
-    assert err.startswith("Not done. baseline not frozen: the window holds 1 unresolved page alert(s): "
-                          "presence_drop on customer.tier")
+    assert err.startswith(
+        "Not done. baseline not frozen: the window holds 1 unresolved page alert(s): presence_drop on customer.tier"
+    )
     assert len(api(writable_url).get("/v1/baselines").json()) == 3
 
 
-def test_baselines_page_lists_compares_and_renders_the_review(sample_url: str,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_baselines_page_lists_compares_and_renders_the_review(sample_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     at = open_page(sample_url, "views/baselines.py", monkeypatch=monkeypatch)
     listing = at.dataframe[0].value
     assert len(listing) == 3 and set(listing["active"]) == {"active"} and set(listing["author"]) == {SAMPLE_AUTHOR}
@@ -326,8 +368,11 @@ def test_baselines_page_lists_compares_and_renders_the_review(sample_url: str,
     at.text_input(key="baselines-since").input(_iso(now - timedelta(hours=5)))
     at.text_input(key="baselines-until").input(_iso(now + timedelta(minutes=1))).run()
     rows = {r["field"]: r for r in at.dataframe[1].value.to_dict("records")}
-    assert (rows["customer.tier"]["presence (baseline)"], rows["customer.tier"]["presence (window)"],
-            rows["customer.tier"]["move (points)"]) == ("100.0%", "50.0%", -50.0)
+    assert (
+        rows["customer.tier"]["presence (baseline)"],
+        rows["customer.tier"]["presence (window)"],
+        rows["customer.tier"]["move (points)"],
+    ) == ("100.0%", "50.0%", -50.0)
     assert rows["priority"]["new values"] == "URGENT"
     assert any(m.startswith("# shapewatch weekly review") for m in markdown(at))
     (download,) = at.get("download_button")
@@ -337,8 +382,7 @@ def test_baselines_page_lists_compares_and_renders_the_review(sample_url: str,
 # --- ingestion health -------------------------------------------------------------------------
 
 
-def test_ingestion_page_shows_counts_and_the_analyzers_runs(sample_url: str,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ingestion_page_shows_counts_and_the_analyzers_runs(sample_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     at = open_page(sample_url, "views/ingestion.py", monkeypatch=monkeypatch)
     metrics = {m.label: visible(m.value) for m in at.metric}
     assert (metrics["Accepted"], metrics["Duplicates"], metrics["Rejected"]) == ("4,730", "0", "0")
@@ -356,8 +400,9 @@ def test_ingestion_page_shows_counts_and_the_analyzers_runs(sample_url: str,
 @pytest.mark.parametrize("page", PAGES)
 def test_every_page_says_clearly_when_the_service_is_down(page: str, monkeypatch: pytest.MonkeyPatch) -> None:
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    at = open_page(url, page, query={"cohort": "1", "field": "x"} if page == "views/field.py" else None,
-                   monkeypatch=monkeypatch)
+    at = open_page(
+        url, page, query={"cohort": "1", "field": "x"} if page == "views/field.py" else None, monkeypatch=monkeypatch
+    )
     assert not at.exception
     (err,) = [visible(e.value) for e in at.error]
     assert err.startswith(f"**The service is not reachable.** Cannot reach the shapewatch service at {url}")
@@ -382,7 +427,7 @@ def test_a_wrong_token_shows_the_auth_message(guarded_url: str, page: str, monke
 def test_the_right_token_is_sent(guarded_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     at = open_page(guarded_url, token="s3cret", monkeypatch=monkeypatch)
     assert not at.error
-    assert [i.value for i in at.info][0].startswith("No alert matches.")
+    assert next(i.value for i in at.info).startswith("No alert matches.")
 
 
 # --- optional login ---------------------------------------------------------------------------
@@ -391,9 +436,13 @@ def test_the_right_token_is_sent(guarded_url: str, monkeypatch: pytest.MonkeyPat
 def test_with_oidc_configured_nothing_shows_before_a_login(sample_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SHAPEWATCH_URL", sample_url)
     at = AppTest.from_file(APP, default_timeout=30)
-    at.secrets["auth"] = {"redirect_uri": "http://localhost:8501/oauth2callback", "cookie_secret": "x" * 32,
-                          "client_id": "shapewatch", "client_secret": "s",
-                          "server_metadata_url": "https://login.example/.well-known/openid-configuration"}
+    at.secrets["auth"] = {
+        "redirect_uri": "http://localhost:8501/oauth2callback",
+        "cookie_secret": "x" * 32,
+        "client_id": "shapewatch",
+        "client_secret": "s",
+        "server_metadata_url": "https://login.example/.well-known/openid-configuration",
+    }
     at.run()
     assert not at.exception, [e.value for e in at.exception]
     assert [t.value for t in at.title] == ["shapewatch"]

@@ -18,7 +18,7 @@ import psutil
 import pytest
 from dashboard_live import free_port, live_service
 
-from analysis.sample import seed_sample
+from shapewatch.analysis.sample import seed_sample
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -59,25 +59,45 @@ def _wait_for(q: queue.Queue[str], prefix: str, seen: list[str], timeout: float 
     raise AssertionError(f"no line starting {prefix!r} in {timeout}s; output so far: {seen}")
 
 
-@pytest.mark.parametrize("stop", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)],
-                         ids=["ctrl-c", "sigterm"])
+@pytest.mark.parametrize(
+    "stop", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)], ids=["ctrl-c", "sigterm"]
+)
 def test_up_runs_the_service_and_the_dashboard_with_the_sample_and_a_signal_stops_both(
-        tmp_path: Path, stop: signal.Signals) -> None:
+    tmp_path: Path, stop: signal.Signals
+) -> None:
     port, dash_port = free_port(), free_port()
     db = tmp_path / "var" / "shapewatch.duckdb"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "SHAPEWATCH_DASHBOARD_REFRESH": "60"}
     env.pop("SHAPEWATCH_TOKENS", None)
-    proc = subprocess.Popen([sys.executable, "-m", "analysis.cli", "up", "--db", str(db), "--port", str(port),
-                             "--dashboard-port", str(dash_port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=env, cwd=tmp_path)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "shapewatch.analysis.cli",
+            "up",
+            "--db",
+            str(db),
+            "--port",
+            str(port),
+            "--dashboard-port",
+            str(dash_port),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
     seen: list[str] = []
     try:
         out = _lines(proc)
         assert _wait_for(out, "shapewatch service:", seen).startswith(f"shapewatch service:   http://127.0.0.1:{port}")
         assert _wait_for(out, "loaded the sample workspace:", seen).startswith(
-            "loaded the sample workspace: 4730 events of contracts named sample-..., 3 baselines, 6 alerts")
+            "loaded the sample workspace: 4730 events of contracts named sample-..., 3 baselines, 6 alerts"
+        )
         assert _wait_for(out, "ready:", seen) == (
-            f"ready: open http://127.0.0.1:{dash_port} (Ctrl-C stops the service and the dashboard)")
+            f"ready: open http://127.0.0.1:{dash_port} (Ctrl-C stops the service and the dashboard)"
+        )
         assert f"shapewatch dashboard: http://127.0.0.1:{dash_port}" in seen
         alerts = httpx.get(f"http://127.0.0.1:{port}/v1/alerts", params={"severity": "page"}).json()
         assert {a["field"] for a in alerts} == {"customer.tier", "score"}
@@ -87,7 +107,7 @@ def test_up_runs_the_service_and_the_dashboard_with_the_sample_and_a_signal_stop
 
         proc.send_signal(stop)
         assert proc.wait(60) == 0, seen
-        gone, alive = psutil.wait_procs(children, timeout=20)
+        _gone, alive = psutil.wait_procs(children, timeout=20)
         assert alive == []
     finally:
         if proc.poll() is None:
