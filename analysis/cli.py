@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import click
 import orjson
 
+from shapewatch import __version__
 from shapewatch.collector import (
     ImportSummary,
     Settings,
@@ -26,6 +27,7 @@ from shapewatch.collector import (
     limits_from_settings,
     parse_token,
 )
+from shapewatch.collector.accel import IMPLEMENTATION
 
 from ._cli import (
     _analyzer_config,
@@ -47,6 +49,13 @@ __all__ = ["cli", "main"]
 
 
 @click.group()
+@click.version_option(
+    __version__,
+    "-V",
+    "--version",
+    prog_name="shapewatch",
+    message=f"%(prog)s %(version)s (accelerator: {IMPLEMENTATION})",
+)
 @click.option("--config", type=click.Path(dir_okay=False), help="TOML settings file (also SHAPEWATCH_CONFIG).")
 @click.option("-v", "--verbose", is_flag=True, help="Log more.")
 @click.pass_context

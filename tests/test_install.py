@@ -1,0 +1,146 @@
+"""What an application gets from ``pip install shapewatch`` with no extras: the SDK and nothing else.
+
+A fresh virtual environment installs a copy of the checkout (its tracked files, the namespace
+links included) without extras; there ``from shapewatch import Client`` works, none of the
+service's or the dashboard's heavy dependencies is installed, the bare layer names do not
+import, the ``shapewatch`` command says which extra it needs, and the SDK records outputs into a
+real service (started from the project's own environment) that stores each of them as sent.
+
+The install tests are slow (a virtual environment and a package install): ``make test-slow``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+from harness import ROOT, start_service
+
+HEAVY = ["duckdb", "streamlit", "pandas", "scipy", "fastapi", "uvicorn", "pyarrow", "apscheduler"]
+
+
+def _copy_checkout(dest: Path) -> Path:
+    """The tracked files of the working tree (links kept as links), as a fresh clone would have them."""
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    for name in filter(None, files.decode().split("\0")):
+        src = ROOT / name
+        if not src.exists() and not src.is_symlink():
+            continue  # deleted in the working tree, not yet committed
+        target = dest / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_symlink():
+            target.symlink_to(src.readlink())
+        else:
+            shutil.copy2(src, target)
+    return dest
+
+
+@pytest.fixture(scope="module")
+def sdk_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    base = tmp_path_factory.mktemp("sdk-install")
+    checkout = _copy_checkout(base / "checkout")
+    env_dir = base / "venv"
+    venv.create(env_dir, with_pip=True)
+    python = env_dir / "bin" / "python"
+    out = subprocess.run(
+        [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", str(checkout)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return python
+
+
+def _run(python: Path, code: str, **kw: object) -> subprocess.CompletedProcess[str]:
+    # Run outside the checkout, so that nothing resolves from the source tree.
+    return subprocess.run([str(python), "-c", code], capture_output=True, text=True, cwd="/", timeout=120, **kw)  # type: ignore[call-overload]
+
+
+@pytest.mark.slow
+def test_the_sdk_installs_alone(sdk_python: Path) -> None:
+    out = _run(sdk_python, "from shapewatch import Client, __version__; print(Client.__module__, __version__)")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["shapewatch.collector.sdk", "0.1.0"]
+    listed = subprocess.run(
+        [str(sdk_python), "-m", "pip", "list", "--format=json"], capture_output=True, text=True, check=True
+    )
+    installed = {p["name"].lower() for p in json.loads(listed.stdout)}
+    assert {"shapewatch", "httpx", "orjson"} <= installed
+    assert sorted(installed & set(HEAVY)) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["analysis", "collector", "baselines", "dashboard"])
+def test_no_generic_import_names(sdk_python: Path, name: str) -> None:
+    out = _run(sdk_python, f"import {name}")
+    assert out.returncode == 1
+    assert f"ModuleNotFoundError: No module named '{name}'" in out.stderr
+
+
+@pytest.mark.slow
+def test_the_command_names_the_extra_it_needs(sdk_python: Path) -> None:
+    out = subprocess.run([str(sdk_python.parent / "shapewatch"), "--version"], capture_output=True, text=True)
+    assert out.returncode == 2
+    assert out.stderr == (
+        "shapewatch: the command line needs the service extra (click is not installed): "
+        "pip install 'shapewatch[service]' (or 'shapewatch[all]' for the dashboard too)\n"
+    )
+
+
+SDK_SCRIPT = """
+import json, sys
+from shapewatch import Client
+client = Client(sys.argv[1], spill_dir=sys.argv[2])
+ids = [client.record({"intent": "refund", "n": i, "tags": ["a"] * (i % 3)}, model="sdk-install-model",
+                     prompt_version="p1", contract="intake") for i in range(40)]
+delivered = client.flush(timeout=60)
+client.close()
+print(json.dumps({"ids": ids, "delivered": delivered, "stats": client.stats}))
+"""
+
+
+@pytest.mark.slow
+def test_the_sdk_records_into_a_running_service(sdk_python: Path, tmp_path: Path) -> None:
+    svc = start_service(tmp_path / "sdk.duckdb")
+    try:
+        out = subprocess.run(
+            [str(sdk_python), "-c", SDK_SCRIPT, svc.url, str(tmp_path / "spill")],
+            capture_output=True,
+            text=True,
+            cwd="/",
+            timeout=120,
+        )
+        assert out.returncode == 0, out.stderr
+        sent = json.loads(out.stdout)
+        assert sent["delivered"] is True
+        assert {k: sent["stats"][k] for k in ("recorded", "sent", "rejected", "dropped", "spilled")} == {
+            "recorded": 40,
+            "sent": 40,
+            "rejected": 0,
+            "dropped": 0,
+            "spilled": 0,
+        }
+        with svc.client() as http:
+            stored = http.get("/v1/events", params={"ids": sent["ids"]}).json()
+        by_id = {e["event_id"]: e for e in stored}
+        assert sorted(by_id) == sorted(sent["ids"])
+        for n, event_id in enumerate(sent["ids"]):
+            event = by_id[event_id]
+            assert event["output"] == {"intent": "refund", "n": n, "tags": ["a"] * (n % 3)}
+            assert event["cohort"] == {"model": "sdk-install-model", "prompt_version": "p1", "contract": "intake"}
+    finally:
+        svc.stop()
+
+
+def test_version_from_the_command_line() -> None:
+    from shapewatch.collector.accel import IMPLEMENTATION
+
+    out = subprocess.run([sys.executable, "-m", "shapewatch", "--version"], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == f"shapewatch 0.1.0 (accelerator: {IMPLEMENTATION})\n"
