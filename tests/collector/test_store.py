@@ -896,7 +896,9 @@ def test_string_column_packs_str_or_none_items_as_an_arrow_column() -> None:
     import pyarrow as pa
     import pytest
 
-    from shapewatch.collector._speedups import string_column
+    from shapewatch.collector.accel import speedups
+
+    string_column = speedups.string_column  # the implementation selected (SHAPEWATCH_ACCEL)
 
     def column(values: list[str | None]) -> pa.Array:
         rows = [("x", v) for v in values]
