@@ -1518,98 +1518,43 @@ fail:
  * it or names the fault; a property test holds the two paths to the same envelopes.
  * ------------------------------------------------------------------------------------- */
 
-/* BLAKE2b (RFC 7693), as hashlib.blake2b(digest_size=16): no key, no salt. */
-static const uint64_t b2_iv[8] = {
-    0x6a09e667f3bcc908ULL, 0xbb67ae8584caa73bULL, 0x3c6ef372fe94f82bULL, 0xa54ff53a5f1d36f1ULL,
-    0x510e527fade682d1ULL, 0x9b05688c2b3e6c1fULL, 0x1f83d9abfb41bd6bULL, 0x5be0cd19137e2179ULL};
-static const uint8_t b2_sigma[12][16] = {
-    {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, {14, 10, 4, 8, 9, 15, 13, 6, 1, 12, 0, 2, 11, 7, 5, 3},
-    {11, 8, 12, 0, 5, 2, 15, 13, 10, 14, 3, 6, 7, 1, 9, 4}, {7, 9, 3, 1, 13, 12, 11, 14, 2, 6, 5, 10, 4, 0, 15, 8},
-    {9, 0, 5, 7, 2, 4, 10, 15, 14, 1, 11, 12, 6, 8, 3, 13}, {2, 12, 6, 10, 0, 11, 8, 3, 4, 13, 7, 5, 15, 14, 1, 9},
-    {12, 5, 1, 15, 14, 13, 4, 10, 0, 7, 6, 3, 9, 2, 8, 11}, {13, 11, 7, 14, 12, 1, 3, 9, 5, 0, 15, 4, 8, 6, 2, 10},
-    {6, 15, 14, 9, 11, 3, 0, 8, 12, 2, 13, 7, 1, 4, 10, 5}, {10, 2, 8, 4, 7, 6, 1, 5, 15, 11, 9, 14, 3, 12, 13, 0},
-    {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, {14, 10, 4, 8, 9, 15, 13, 6, 1, 12, 0, 2, 11, 7, 5, 3}};
+/* BLAKE2b is hashlib's (hashlib.blake2b, set at import), called through the C API: the
+ * stored hashes (payload hash, made-up event ids) are hex digests of it, so one implementation
+ * of the hash, the standard library's, serves both the C and the Python paths. */
+static PyObject *b2_new;          /* hashlib.blake2b */
+static PyObject *b2_kwnames;      /* ("digest_size",) */
+static PyObject *b2_sizes[2];     /* 8 and 16 */
+static PyObject *str_hexdigest;
 
-typedef struct {
-    uint8_t b[128];
-    uint64_t h[8], t[2];
-    size_t c;
-} b2_ctx;
-
-#define B2_ROTR(x, y) (((x) >> (y)) ^ ((x) << (64 - (y))))
-#define B2_G(a, b, c, d, x, y)                                   \
-    do {                                                         \
-        v[a] = v[a] + v[b] + (x); v[d] = B2_ROTR(v[d] ^ v[a], 32); \
-        v[c] = v[c] + v[d];       v[b] = B2_ROTR(v[b] ^ v[c], 24); \
-        v[a] = v[a] + v[b] + (y); v[d] = B2_ROTR(v[d] ^ v[a], 16); \
-        v[c] = v[c] + v[d];       v[b] = B2_ROTR(v[b] ^ v[c], 63); \
-    } while (0)
-
-static void b2_compress(b2_ctx *ctx, int last) {
-    uint64_t v[16], m[16];
-    for (int i = 0; i < 8; i++) { v[i] = ctx->h[i]; v[i + 8] = b2_iv[i]; }
-    v[12] ^= ctx->t[0];
-    v[13] ^= ctx->t[1];
-    if (last) v[14] = ~v[14];
-    for (int i = 0; i < 16; i++) {
-        const uint8_t *p = ctx->b + 8 * i;
-        m[i] = (uint64_t)p[0] | ((uint64_t)p[1] << 8) | ((uint64_t)p[2] << 16) | ((uint64_t)p[3] << 24) |
-               ((uint64_t)p[4] << 32) | ((uint64_t)p[5] << 40) | ((uint64_t)p[6] << 48) | ((uint64_t)p[7] << 56);
-    }
-    /* the rounds unrolled, so every message index is a constant (twice as fast as a loop) */
-#define B2_ROUND(r)                                                   \
-    do {                                                              \
-        B2_G(0, 4, 8, 12, m[b2_sigma[r][0]], m[b2_sigma[r][1]]);      \
-        B2_G(1, 5, 9, 13, m[b2_sigma[r][2]], m[b2_sigma[r][3]]);      \
-        B2_G(2, 6, 10, 14, m[b2_sigma[r][4]], m[b2_sigma[r][5]]);     \
-        B2_G(3, 7, 11, 15, m[b2_sigma[r][6]], m[b2_sigma[r][7]]);     \
-        B2_G(0, 5, 10, 15, m[b2_sigma[r][8]], m[b2_sigma[r][9]]);     \
-        B2_G(1, 6, 11, 12, m[b2_sigma[r][10]], m[b2_sigma[r][11]]);   \
-        B2_G(2, 7, 8, 13, m[b2_sigma[r][12]], m[b2_sigma[r][13]]);    \
-        B2_G(3, 4, 9, 14, m[b2_sigma[r][14]], m[b2_sigma[r][15]]);    \
-    } while (0)
-    B2_ROUND(0); B2_ROUND(1); B2_ROUND(2); B2_ROUND(3); B2_ROUND(4); B2_ROUND(5);
-    B2_ROUND(6); B2_ROUND(7); B2_ROUND(8); B2_ROUND(9); B2_ROUND(10); B2_ROUND(11);
-#undef B2_ROUND
-    for (int i = 0; i < 8; i++) ctx->h[i] ^= v[i] ^ v[i + 8];
+/* The hex digest (a str) of BLAKE2b with digest_size 8 or 16 over `data` (a bytes object, not
+ * stolen), or NULL with an exception set. */
+static PyObject *b2_hex(PyObject *data, int size) {
+    PyObject *args[3] = {NULL, data, b2_sizes[size == 16]};
+    PyObject *h = PyObject_Vectorcall(b2_new, args + 1, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, b2_kwnames);
+    if (h == NULL) return NULL;
+    PyObject *hex = PyObject_CallMethodNoArgs(h, str_hexdigest);
+    Py_DECREF(h);
+    return hex;
 }
 
-static void b2_init(b2_ctx *ctx, size_t outlen) {
-    for (int i = 0; i < 8; i++) ctx->h[i] = b2_iv[i];
-    ctx->h[0] ^= 0x01010000ULL ^ (uint64_t)outlen;
-    ctx->t[0] = ctx->t[1] = 0;
-    ctx->c = 0;
+static PyObject *b2_hex_of(const void *p, Py_ssize_t n, int size) {
+    PyObject *data = PyBytes_FromStringAndSize(p, n);
+    if (data == NULL) return NULL;
+    PyObject *hex = b2_hex(data, size);
+    Py_DECREF(data);
+    return hex;
 }
 
-static void b2_update(b2_ctx *ctx, const void *in, size_t n) {
-    const uint8_t *p = in;
-    while (n > 0) {
-        if (ctx->c == 128) {
-            ctx->t[0] += 128;
-            if (ctx->t[0] < 128) ctx->t[1]++;
-            b2_compress(ctx, 0);
-            ctx->c = 0;
-        }
-        size_t take = 128 - ctx->c;
-        if (take > n) take = n;
-        memcpy(ctx->b + ctx->c, p, take);
-        ctx->c += take;
-        p += take;
-        n -= take;
-    }
-}
-
-static void b2_final_hex(b2_ctx *ctx, size_t outlen, char *hex) {
-    static const char digits16[] = "0123456789abcdef";
-    ctx->t[0] += ctx->c;
-    if (ctx->t[0] < ctx->c) ctx->t[1]++;
-    memset(ctx->b + ctx->c, 0, 128 - ctx->c);
-    b2_compress(ctx, 1);
-    for (size_t i = 0; i < outlen; i++) {
-        uint8_t byte = (uint8_t)(ctx->h[i / 8] >> (8 * (i % 8)));
-        hex[2 * i] = digits16[byte >> 4];
-        hex[2 * i + 1] = digits16[byte & 15];
-    }
+static int b2_setup(void) {
+    PyObject *hashlib = PyImport_ImportModule("hashlib");
+    if (hashlib == NULL) return -1;
+    b2_new = PyObject_GetAttrString(hashlib, "blake2b");
+    Py_DECREF(hashlib);
+    if (b2_new == NULL) return -1;
+    if ((b2_kwnames = Py_BuildValue("(s)", "digest_size")) == NULL) return -1;
+    if ((b2_sizes[0] = PyLong_FromLong(8)) == NULL || (b2_sizes[1] = PyLong_FromLong(16)) == NULL) return -1;
+    if ((str_hexdigest = PyUnicode_InternFromString("hexdigest")) == NULL) return -1;
+    return 0;
 }
 
 typedef struct {
@@ -2070,36 +2015,51 @@ static int scan_core(const unsigned char *buf, Py_ssize_t len, const scan_limits
             text_len = sc_compact(out_start, text_len, compact);
             text_at = compact;
         }
-        b2_ctx h;
-        char hex[32];
-        b2_init(&h, 16);
-        b2_update(&h, s.w, (size_t)s.wo);  /* the keys in order; the text is stored as sent */
+        /* ts_us is positive (in the accepted range): written as an unsigned number */
+        char num[24];
+        int nn = 24;
+        if (span[K_TS][0] != NULL) {
+            uint64_t v = (uint64_t)ts_us;
+            do { num[--nn] = (char)('0' + v % 10); v /= 10; } while (v);
+        }
+        /* the hashed text's length first, then the text itself, written once into a bytes */
+        Py_ssize_t hn = s.wo + 1;
         for (size_t j = 0; j < sizeof order / sizeof order[0]; j++) {
             int k = order[j];
-            b2_update(&h, j ? "," : "[", 1);
-            if (k == K_TS && span[k][0] != NULL) {  /* ts_us is positive: in the accepted range */
-                char num[24];
-                int nn = 24;
-                uint64_t v = (uint64_t)ts_us;
-                do { num[--nn] = (char)('0' + v % 10); v /= 10; } while (v);
-                b2_update(&h, num + nn, (size_t)(24 - nn));
+            hn += 1;
+            if (k == K_TS && span[k][0] != NULL) hn += 24 - nn;
+            else if (span[k][0] != NULL) hn += span[k][1] - span[k][0] + 2;
+            else if (k == K_CONTRACT) hn += 9;
+            else hn += 4;
+        }
+        PyObject *hashed = PyBytes_FromStringAndSize(NULL, hn);
+        if (hashed == NULL) { r = SC_ERR; goto done; }
+        char *o = PyBytes_AS_STRING(hashed);
+#define PUT(src, n) (memcpy(o, (src), (size_t)(n)), o += (n))
+        PUT(s.w, s.wo);  /* the keys in order; the text is stored as sent */
+        for (size_t j = 0; j < sizeof order / sizeof order[0]; j++) {
+            int k = order[j];
+            *o++ = j ? ',' : '[';
+            if (k == K_TS && span[k][0] != NULL) {
+                PUT(num + nn, 24 - nn);
             } else if (span[k][0] != NULL) {
-                b2_update(&h, "\"", 1);
-                b2_update(&h, span[k][0], (size_t)(span[k][1] - span[k][0]));
-                b2_update(&h, "\"", 1);
+                *o++ = '"';
+                PUT(span[k][0], span[k][1] - span[k][0]);
+                *o++ = '"';
             } else if (k == K_CONTRACT) {
-                b2_update(&h, "\"default\"", 9);
+                PUT("\"default\"", 9);
             } else {
-                b2_update(&h, "null", 4);
+                PUT("null", 4);
             }
         }
-        b2_update(&h, "]", 1);
-        b2_final_hex(&h, 16, hex);
+        *o++ = ']';
+#undef PUT
+        PyObject *digest = b2_hex(hashed, 16);
+        Py_DECREF(hashed);
+        if (digest == NULL) { r = SC_ERR; goto done; }
         PyObject *text = PyUnicode_DecodeUTF8(text_at, text_len, "strict");
-        PyObject *digest = PyUnicode_FromStringAndSize(hex, 32);
-        if (text == NULL || digest == NULL) {
-            Py_XDECREF(text);
-            Py_XDECREF(digest);
+        if (text == NULL) {
+            Py_DECREF(digest);
             r = SC_ERR;
             goto done;
         }
@@ -2217,12 +2177,11 @@ static PyObject *py_scan_lines(PyObject *self, PyObject *args) {
         PyObject *env = NULL, *where = NULL;
         int generated = f[F_EVENT_ID] == NULL;
         if (generated) {
-            b2_ctx h;
-            char hex[16];
-            b2_init(&h, 8);
-            b2_update(&h, p + a, (size_t)(b - a));
-            b2_final_hex(&h, 8, hex);
-            f[F_EVENT_ID] = PyUnicode_FromFormat("%U:%zd:%.16s", prefix, line_no, hex);
+            PyObject *hex = b2_hex_of(p + a, b - a, 8);
+            if (hex != NULL) {
+                f[F_EVENT_ID] = PyUnicode_FromFormat("%U:%zd:%U", prefix, line_no, hex);
+                Py_DECREF(hex);
+            }
         }
         if (f[F_EVENT_ID] != NULL) env = tp->tp_alloc(tp, 16);
         if (env != NULL) {
@@ -2415,6 +2374,7 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     nb_log_gamma = log(gamma);
     sc_init_classes();
     if (PyType_Ready(&AccType) < 0) return NULL;
+    if (b2_setup() < 0) return NULL;
     PyDateTime_IMPORT;
     if (PyDateTimeAPI == NULL) return NULL;
     for (int k = 0; k < NKEYS; k++)
