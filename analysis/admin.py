@@ -165,10 +165,7 @@ def alerts(
 ) -> list[dict[str, Any]]:
     """Alerts (page first), filtered; ``state`` may be ``open`` for pending and firing."""
     now = now or datetime.now(UTC)
-    ids = {
-        Cohort(str(m), str(p), str(c)): int(i)
-        for i, m, p, c in store.query("SELECT cohort_id, model, prompt_version, contract FROM cohorts")
-    }
+    ids = {Cohort(r.model, r.prompt_version, r.contract): r.cohort_id for r in store.cohorts()}
     found = AlertBook(store).alerts(
         state=AlertState(state) if state and state != "open" else None,
         severity=Severity(severity) if severity else None,
@@ -190,10 +187,7 @@ def alerts(
 
 
 def _cohort_id_of(store: Store, cohort: Cohort) -> int | None:
-    rows = store.query(
-        "SELECT cohort_id FROM cohorts WHERE model = ? AND prompt_version = ? AND contract = ?", list(cohort)
-    )
-    return int(rows[0][0]) if rows else None
+    return store.cohort_id(*cohort)
 
 
 def alert(store: Store, fingerprint: str) -> dict[str, Any]:
@@ -249,50 +243,22 @@ def cohorts(store: Store, *, since: datetime | None = None, until: datetime | No
     until = until or datetime.now(UTC)
     since = since or until - COHORTS_WINDOW
     store.flush_rollups()
-    traffic = {
-        int(cid): int(n)
-        for cid, n in store.query(
-            "SELECT cohort_id, sum(events) FROM cohort_buckets WHERE bucket >= ? AND bucket < ? GROUP BY ALL",
-            [since, until],
-        )
-    }
-    served: dict[int, dict[str, int]] = {}
-    for cid, m, n in store.query(
-        """SELECT cohort_id, served_model, sum(n)::BIGINT FROM served_models WHERE bucket >= ? AND bucket < ?
-               GROUP BY ALL ORDER BY 3 DESC""",
-        [since, until],
-    ):
-        served.setdefault(int(cid), {})[str(m)] = int(n)
-    contracts: dict[int, dict[str, int]] = {}  # contract version ('' none) -> outputs in the window
-    for cid, version, n in store.query(
-        """SELECT cohort_id, contract_version, sum(n)::BIGINT FROM contract_rollups
-               WHERE bucket >= ? AND bucket < ? GROUP BY ALL ORDER BY 3 DESC, 2""",
-        [since, until],
-    ):
-        contracts.setdefault(int(cid), {})[str(version)] = int(n)
-    outcomes: dict[int, dict[str, int]] = {}
-    for cid, kind, n in store.query(
-        "SELECT cohort_id, kind, sum(n)::BIGINT FROM outcomes WHERE bucket >= ? AND bucket < ? GROUP BY ALL ORDER BY 2",
-        [since, until],
-    ):
-        outcomes.setdefault(int(cid), {})[str(kind)] = int(n)
+    traffic = store.events_by_cohort(since, until)
+    served = store.served_by_cohort(since, until)
+    contracts = store.contract_versions_by_cohort(since, until)  # contract version ('' none) -> outputs
+    outcomes = store.outcomes_by_cohort(since, until)
     counts: dict[tuple[str, str, str], dict[str, int]] = {}
     for m, p, c, sev, n in store.query(
         "SELECT model, prompt_version, contract, severity, count(*) FROM alerts WHERE state = 'firing' GROUP BY ALL"
     ):
         counts.setdefault((m, p, c), {})[str(sev)] = int(n)
     current = {a.cohort: a for a in activation_history(store)}
-    first_seen = {
-        Cohort(str(m), str(p), str(c)): t
-        for m, p, c, t in store.query("SELECT model, prompt_version, contract, first_seen FROM cohorts")
-    }
+    rows = store.cohorts()
+    first_seen = {Cohort(r.model, r.prompt_version, r.contract): r.first_seen for r in rows}
     aliases = served_aliases(store)
     out = []
-    for cid, m, p, c, first in store.query(
-        "SELECT cohort_id, model, prompt_version, contract, first_seen FROM cohorts ORDER BY model, "
-        "prompt_version, contract"
-    ):
-        cohort = Cohort(str(m), str(p), str(c))
+    for cid, m, p, c, first in rows:
+        cohort = Cohort(m, p, c)
         resolved = resolve_baseline(store, cohort, current=current, first_seen=first_seen, aliases=aliases)
         baseline = None
         if resolved is not None:
@@ -388,10 +354,10 @@ def field_series(
 
     if not 1 <= points <= MAX_SERIES_POINTS:
         raise BaselineError(f"points must be between 1 and {MAX_SERIES_POINTS}")
-    cohort_rows = store.query("SELECT model, prompt_version, contract FROM cohorts WHERE cohort_id = ?", [cohort_id])
-    if not cohort_rows:
+    row = store.cohort(cohort_id)
+    if row is None:
         raise LookupError(f"no cohort {cohort_id}")
-    cohort = Cohort(*(str(x) for x in cohort_rows[0]))
+    cohort = Cohort(row.model, row.prompt_version, row.contract)
     resolved = resolve_baseline(store, cohort)
     base = resolved.baseline.fields.get(path) if resolved else None
     known = set(base.values) if base else set()
@@ -476,24 +442,17 @@ def events(store: Store, event_ids: list[str]) -> list[dict[str, Any]]:
 
     if not event_ids or len(event_ids) > 100:
         raise BaselineError("give between 1 and 100 event ids")
-    rows = store.query(
-        """SELECT e.event_id, e.ts, c.model, c.prompt_version, c.contract, e.served_model, e.contract_version,
-                  e.source, e.output FROM events e JOIN cohorts c USING (cohort_id)
-           WHERE e.id_key IN (SELECT md5_number(unnest(?::VARCHAR[]))) AND list_contains(?::VARCHAR[], e.event_id)
-           ORDER BY e.ts""",
-        [event_ids, event_ids],
-    )
     return [
         {
-            "event_id": r[0],
-            "ts": _iso(r[1]),
-            "cohort": {"model": r[2], "prompt_version": r[3], "contract": r[4]},
-            "served_model": r[5],
-            "contract_version": r[6],
-            "source": r[7],
-            "output": orjson.loads(r[8]),
+            "event_id": e.event_id,
+            "ts": _iso(e.ts),
+            "cohort": {"model": e.model, "prompt_version": e.prompt_version, "contract": e.contract},
+            "served_model": e.served_model,
+            "contract_version": e.contract_version,
+            "source": e.source,
+            "output": orjson.loads(e.output),
         }
-        for r in rows
+        for e in store.events_by_id(event_ids)
     ]
 
 

@@ -183,10 +183,7 @@ def evaluate(store: Store, config: AnalyzerConfig, at: datetime, *, window: time
     since = at - (window or config.window)
     profiles = read_profiles(store, since, at, numbers=False)  # no rule reads number histograms
     current: dict[Cohort, Activation] = {a.cohort: a for a in activation_history(store)}
-    first_seen = {
-        Cohort(str(m), str(p), str(c)): t
-        for m, p, c, t in store.query("SELECT model, prompt_version, contract, first_seen FROM cohorts")
-    }
+    first_seen = {Cohort(r.model, r.prompt_version, r.contract): r.first_seen for r in store.cohorts()}
     aliases = served_aliases(store)
     in_window = {Cohort(p.model, p.prompt_version, p.contract): p for p in profiles}
     pending: list[tuple[Profile, Cohort, Any, list[Check], list[Insufficient], Cohort | None, str | None]] = []
@@ -350,17 +347,13 @@ def sample_event_ids(
 ) -> list[str]:
     """Event ids of stored outputs in the window that show the alert's change (newest first)."""
     found = []
-    for event_id, output, version in store.query(
-        """SELECT event_id, output, contract_version FROM cohort_events WHERE cohort_id = ? AND ts >= ? AND ts < ?
-               ORDER BY ts DESC LIMIT ?""",
-        [cohort_id, since, until, _SAMPLE_SCAN],
-    ):
+    for event_id, output, version in store.recent_outputs(cohort_id, since, until, _SAMPLE_SCAN):
         if alert.kind is AlertKind.schema_violation:
-            shown = version is not None and _breaks(store, alert, str(version), orjson.loads(output))
+            shown = version is not None and _breaks(store, alert, version, orjson.loads(output))
         else:
             shown = _shows(alert, orjson.loads(output))
         if shown:
-            found.append(str(event_id))
+            found.append(event_id)
             if len(found) >= limit:
                 break
     return found
@@ -507,10 +500,11 @@ class Analyzer:
             changed, moves = step(self.book.open_alerts(), judged, self.config, at)
             changed = _with_samples(self.store, evaluation, changed, self.config.samples_per_alert)
             moves = [replace(m, alert=changed.get(m.alert.fingerprint, m.alert)) for m in moves]
+            served_moves = self.store.served_model_moves(evaluation.since, evaluation.at)
             duration = time.perf_counter() - t0
             with self.store.transaction("recording an evaluation") as con:
                 self.book.save(con, changed, moves, at)
-                self._served_model_changes(con, evaluation)
+                self._served_model_changes(con, served_moves, evaluation.at)
                 if self.enqueue is not None:
                     self.enqueue(con, moves, at)
                 self._record(con, started, at, True, evaluation.error, duration, evaluation)
@@ -569,21 +563,15 @@ class Analyzer:
             ],
         )
 
-    def _served_model_changes(self, con: Any, evaluation: Evaluation) -> None:
+    def _served_model_changes(self, con: Any, moves: list[tuple[str, str, str, str, str]], at: datetime) -> None:
         # A served model first seen in this window under a cohort that was answered by
-        # another one before: the alias moved. Recorded once per (previous, current).
-        con.execute(
-            """INSERT INTO served_model_changes
-               WITH f AS (SELECT cohort_id, served_model, min(bucket) AS first FROM served_models GROUP BY ALL),
-               moved AS (SELECT n.cohort_id, arg_max(o.served_model, o.first) AS previous,
-                                n.served_model AS current, n.first
-                         FROM f n JOIN f o ON o.cohort_id = n.cohort_id AND o.first < n.first
-                         WHERE n.first >= ? AND n.first < ? GROUP BY n.cohort_id, n.served_model, n.first)
-               SELECT c.model, c.prompt_version, c.contract, previous, current, ?
-               FROM moved JOIN cohorts c USING (cohort_id)
-               ON CONFLICT DO NOTHING""",
-            [evaluation.since, evaluation.at, evaluation.at],
-        )
+        # another one before: the alias moved (Store.served_model_moves). Recorded once per
+        # (previous, current).
+        if moves:
+            con.executemany(
+                "INSERT INTO served_model_changes VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                [[*move, at] for move in moves],
+            )
 
 
 class _AlertGauges(Collector):

@@ -128,14 +128,7 @@ def _field_row(
 
 
 def _daily_events(store: Store, cohort_id: int, since: datetime, until: datetime) -> list[list[Any]]:
-    return [
-        [str(day), int(n)]
-        for day, n in store.query(
-            """SELECT strftime(date_trunc('day', bucket AT TIME ZONE 'UTC'), '%Y-%m-%d') AS day, sum(events)::BIGINT
-           FROM cohort_buckets WHERE cohort_id = ? AND bucket >= ? AND bucket < ? GROUP BY 1 ORDER BY 1""",
-            [cohort_id, since, until],
-        )
-    ]
+    return [[day, n] for day, n in store.events_by_day(cohort_id, since, until).items()]
 
 
 def _alerts(store: Store, cohort: Cohort, since: datetime, until: datetime) -> dict[str, list[dict[str, Any]]]:
@@ -174,14 +167,7 @@ def _candidate(
     day = until.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=1)
     first = since.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=1)
     # One grouped read for the whole period; the loop below walks at most MAX_REVIEW_PERIOD + 2 days.
-    per_day = {
-        str(d): int(n)
-        for d, n in store.query(
-            """SELECT strftime(date_trunc('day', bucket AT TIME ZONE 'UTC'), '%Y-%m-%d'), sum(events)::BIGINT
-           FROM cohort_buckets WHERE cohort_id = ? AND bucket >= ? AND bucket < ? GROUP BY 1""",
-            [cohort_id, first, day + timedelta(days=1)],
-        )
-    }
+    per_day = store.events_by_day(cohort_id, first, day + timedelta(days=1))
     while day >= since - timedelta(days=1):
         end = day + timedelta(days=1)
         n = per_day.get(f"{day:%Y-%m-%d}", 0)
@@ -290,29 +276,19 @@ def build_review(
     since = until - period
     store.flush_rollups()
     current: dict[Cohort, Activation] = {a.cohort: a for a in activation_history(store)}
-    first_seen = {
-        Cohort(str(m), str(p), str(c)): t
-        for m, p, c, t in store.query("SELECT model, prompt_version, contract, first_seen FROM cohorts")
-    }
-    traffic = {
-        int(cid): int(n)
-        for cid, n in store.query(
-            "SELECT cohort_id, sum(events)::BIGINT FROM cohort_buckets WHERE bucket >= ? AND bucket < ? GROUP BY ALL",
-            [since, until],
-        )
-    }
+    rows = store.cohorts()
+    first_seen = {Cohort(r.model, r.prompt_version, r.contract): r.first_seen for r in rows}
+    traffic = store.events_by_cohort(since, until)
     # A served cohort (a model's outputs under an alias) that nobody requested by its own id is
     # reviewed through its alias, whose entry lists the models that answered: the baseline
     # decisions are the alias's, unless one was made for the served cohort itself.
-    requested = {int(r[0]) for r in store.query("SELECT DISTINCT cohort_id FROM events")}
+    requested = store.requested_cohort_ids()
     cohorts: list[dict[str, Any]] = []
     without: list[dict[str, Any]] = []
     stale: list[dict[str, Any]] = []
     errors: list[dict[str, Any]] = []
-    for cid, m, p, c in store.query(
-        "SELECT cohort_id, model, prompt_version, contract FROM cohorts ORDER BY model, prompt_version, contract"
-    ):
-        cohort = Cohort(str(m), str(p), str(c))
+    for cid, m, p, c, _ in rows:
+        cohort = Cohort(m, p, c)
         if int(cid) not in requested and cohort not in current:
             continue
         events = traffic.get(int(cid), 0)

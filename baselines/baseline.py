@@ -555,14 +555,7 @@ def freeze_baseline(
     # The profile holds the buckets that start in the window, i.e. events in [ceil(since), ceil(until))
     # on the bucket grid; count contract versions over exactly those events.
     lo, hi = _bucket_ceil(since, store.bucket_seconds), _bucket_ceil(until, store.bucket_seconds)
-    versions = {
-        str(v): int(n)
-        for v, n in store.query(
-            """SELECT coalesce(contract_version, ''), count(*) FROM cohort_events
-           WHERE cohort_id = ? AND ts >= ? AND ts < ? GROUP BY ALL""",
-            [cid, lo, hi],
-        )
-    }
+    versions = store.contract_versions_of_events(cid, lo, hi)
     draft = Baseline(
         "",
         "",
@@ -616,10 +609,7 @@ def _insert(con: Any, b: Baseline) -> bool:
 
 
 def _cohort_id(store: Store, cohort: Cohort) -> int | None:
-    rows = store.query(
-        "SELECT cohort_id FROM cohorts WHERE model = ? AND prompt_version = ? AND contract = ?", list(cohort)
-    )
-    return int(rows[0][0]) if rows else None
+    return store.cohort_id(*cohort)
 
 
 # --- reading --------------------------------------------------------------------------------
@@ -751,10 +741,7 @@ def _resolve(
         if act.action is ActivationAction.inherit:
             return Resolved(get_baseline(store, act.baseline_id), "parent")
     if first_seen is None:
-        first_seen = {
-            Cohort(str(m), str(p), str(c)): t
-            for m, p, c, t in store.query("SELECT model, prompt_version, contract, first_seen FROM cohorts")
-        }
+        first_seen = {Cohort(r.model, r.prompt_version, r.contract): r.first_seen for r in store.cohorts()}
     mine = first_seen.get(cohort)
     if mine is None:
         return None

@@ -61,7 +61,6 @@ _WHERE = {
     "served_aliases": "profile",
     "contract_changes": "profile",
     "RollupConfig": "rollup",
-    "compact_rollups": "rollup",
     "Client": "sdk",
     "parse_retry_after": "sdk",
     "Settings": "settings",
@@ -167,7 +166,6 @@ __all__ = [
     "WriteStatus",
     "Writer",
     "adapt_response",
-    "compact_rollups",
     "contract_changes",
     "contract_from_document",
     "declared_facts",
@@ -291,7 +289,7 @@ if TYPE_CHECKING:
     from .ingest import ImportSummary, import_files, quarantine_path
     from .metrics import CollectorMetrics, UncheckedOutputs
     from .profile import FieldProfile, Profile, contract_changes, read_profile, read_profiles, served_aliases
-    from .rollup import RollupConfig, compact_rollups
+    from .rollup import RollupConfig
     from .sdk import Client, parse_retry_after
     from .settings import Scope, Settings, TokenEntry, load_settings, parse_token, settings_help
     from .store import SCHEMA_VERSION, Schema, Store, WriteResult, WriteStatus

@@ -61,7 +61,7 @@ from datetime import UTC, datetime
 from enum import Enum
 from functools import cached_property
 from pathlib import Path
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple, Protocol, cast
 from urllib.parse import unquote
 
 import orjson
@@ -78,7 +78,6 @@ from .errors import (
 from .flatten import items_path, join_key
 from .rollup import ContractStatus
 from .schema_check import bounded_validator, prepare_schema, search
-from .store import Store
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +88,8 @@ __all__ = [
     "ContractError",
     "ContractInvalid",
     "ContractNotFound",
+    "ContractRow",
+    "ContractStore",
     "ContractToolAmbiguous",
     "ContractValidator",
     "RegisteredContract",
@@ -783,6 +784,35 @@ def _matches(pattern: str, key: str) -> bool:
     return search(pattern, key)
 
 
+class ContractRow(NamedTuple):
+    """A registered contract version as the store keeps it (``contract_versions``): ``document``
+    is its canonical JSON text and ``tools`` a JSON array of its tools (name, description,
+    format, strict, schema)."""
+
+    contract: str
+    version: str
+    document: str
+    content_hash: str
+    catalog: bool
+    tools: str
+    invocation_hash: str
+    discovery_hash: str
+    registered_at: datetime
+    author: str | None
+    note: str | None
+
+
+class ContractStore(Protocol):
+    """What this module needs of the store (``store.Store`` provides it): the store builds on
+    this module, so it is named here by what it does, not imported."""
+
+    @property
+    def contract_validators(self) -> ValidatorCache: ...
+    def add_contract_version(self, row: ContractRow) -> str | None: ...
+    def contract_version(self, contract: str, version: str) -> ContractRow | None: ...
+    def contract_versions(self, contract: str | None = None) -> list[ContractRow]: ...
+
+
 class ValidatorCache:
     """Compiled validators per registered (contract, version), for checking outputs as they arrive.
 
@@ -795,7 +825,7 @@ class ValidatorCache:
     >>> v.violations(output) if v else "unknown contract version"      # doctest: +SKIP
     """
 
-    def __init__(self, store: Store, *, size: int = 128, miss_seconds: float = 30.0) -> None:
+    def __init__(self, store: ContractStore, *, size: int = 128, miss_seconds: float = 30.0) -> None:
         self.store = store
         self.size = size
         self.miss_seconds = miss_seconds
@@ -929,7 +959,7 @@ def _check_name(what: str, value: str) -> None:
 
 
 def register_contract(
-    store: Store,
+    store: ContractStore,
     contract: str,
     version: str,
     document: Contract | Any,
@@ -954,59 +984,51 @@ def register_contract(
             t.schema, where=f"contract {contract!r} version {version!r}{'' if t.name is None else f': tool {t.name!r}'}"
         )
     content = definition.content_hash
-    with store.transaction(f"registering contract {contract!r} version {version!r}") as con:
-        row = con.execute(
-            "SELECT content_hash FROM contract_versions WHERE contract = ? AND version = ?", [contract, version]
-        ).fetchone()
-        if row is not None and row[0] != content:
-            raise ContractConflict(contract, version, str(row[0]), content)
-        if row is None:
-            con.execute(
-                "INSERT INTO contract_versions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [
-                    contract,
-                    version,
-                    canonical_json(definition.document).decode(),
-                    content,
-                    definition.catalog,
-                    orjson.dumps([t.to_json() for t in definition.tools], option=orjson.OPT_SORT_KEYS).decode(),
-                    definition.invocation_hash,
-                    definition.discovery_hash,
-                    now or datetime.now(UTC),
-                    author,
-                    note,
-                ],
-            )
+    stored = store.add_contract_version(
+        ContractRow(
+            contract,
+            version,
+            canonical_json(definition.document).decode(),
+            content,
+            definition.catalog,
+            orjson.dumps([t.to_json() for t in definition.tools], option=orjson.OPT_SORT_KEYS).decode(),
+            definition.invocation_hash,
+            definition.discovery_hash,
+            now or datetime.now(UTC),
+            author,
+            note,
+        )
+    )
+    if stored is not None and stored != content:
+        raise ContractConflict(contract, version, stored, content)
     store.contract_validators.forget_miss(contract, version)
-    return get_contract(store, contract, version), row is None
+    return get_contract(store, contract, version), stored is None
 
 
-_COLUMNS = "contract, version, document, invocation_hash, discovery_hash, content_hash, registered_at, author, note"
-
-
-def _registered(row: tuple[Any, ...]) -> RegisteredContract:
-    contract, version, document = str(row[0]), str(row[1]), orjson.loads(row[2])
-    definition = contract_from_document(document, where=f"stored contract {contract!r} version {version!r}")
+def _registered(row: ContractRow) -> RegisteredContract:
+    document = orjson.loads(row.document)
+    definition = contract_from_document(document, where=f"stored contract {row.contract!r} version {row.version!r}")
     return RegisteredContract(
-        contract, version, definition, str(row[3]), str(row[4]), str(row[5]), row[6], row[7], row[8]
+        row.contract,
+        row.version,
+        definition,
+        row.invocation_hash,
+        row.discovery_hash,
+        row.content_hash,
+        row.registered_at,
+        row.author,
+        row.note,
     )
 
 
-def get_contract(store: Store, contract: str, version: str) -> RegisteredContract:
+def get_contract(store: ContractStore, contract: str, version: str) -> RegisteredContract:
     """The registered version, or ``ContractNotFound``."""
-    rows = store.query(
-        f"SELECT {_COLUMNS} FROM contract_versions WHERE contract = ? AND version = ?", [contract, version]
-    )
-    if not rows:
+    row = store.contract_version(contract, version)
+    if row is None:
         raise ContractNotFound(contract, version)
-    return _registered(rows[0])
+    return _registered(row)
 
 
-def list_contracts(store: Store, contract: str | None = None) -> list[RegisteredContract]:
+def list_contracts(store: ContractStore, contract: str | None = None) -> list[RegisteredContract]:
     """Every registered version (of one contract), by contract, oldest registration first."""
-    rows = store.query(
-        f"SELECT {_COLUMNS} FROM contract_versions WHERE ? IS NULL OR contract = ? "
-        "ORDER BY contract, registered_at, version",
-        [contract, contract],
-    )
-    return [_registered(r) for r in rows]
+    return [_registered(r) for r in store.contract_versions(contract)]

@@ -159,21 +159,9 @@ def contract_changes(
     untagged outputs are no version. One query for every cohort. Reads the merged rollups as they
     are: callers that read a profile first (which merges) do not merge twice.
     """
-    params: list[Any] = [since, until]
-    where = ""
-    if cohort_id is not None:
-        where, params = "AND cohort_id = ?", [cohort_id, since, until]
     out: dict[int, list[dict[str, Any]]] = {}
-    for c, v, t in store.query(
-        f"""WITH firsts AS (SELECT cohort_id, contract_version, min(bucket) AS first FROM contract_rollups
-                                WHERE status <> 'untagged' {where} GROUP BY ALL),
-                    starts AS (SELECT cohort_id, min(first) AS start FROM firsts GROUP BY ALL)
-                SELECT cohort_id, contract_version, first FROM firsts JOIN starts USING (cohort_id)
-                WHERE first >= ? AND first < ? AND first > start
-                ORDER BY cohort_id, first, contract_version""",
-        params,
-    ):
-        out.setdefault(int(c), []).append({"version": str(v), "first_seen": t})
+    for c, v, t in store.contract_version_starts(since, until, cohort_id):
+        out.setdefault(c, []).append({"version": v, "first_seen": t})
     return out
 
 
@@ -185,14 +173,8 @@ def served_aliases(store: Store) -> dict[tuple[str, str, str], list[tuple[str, s
     this maps that cohort to the requested ones, so it can be judged against what they were.
     """
     out: dict[tuple[str, str, str], list[tuple[str, str, str]]] = {}
-    for served, prompt_version, contract, model, _ in store.query(
-        """SELECT s.served_model, c.prompt_version, c.contract, c.model, sum(s.n) AS n
-               FROM served_models s JOIN cohorts c USING (cohort_id)
-               WHERE s.served_model <> c.model GROUP BY ALL ORDER BY n DESC, c.model"""
-    ):
-        out.setdefault((str(served), str(prompt_version), str(contract)), []).append(
-            (str(model), str(prompt_version), str(contract))
-        )
+    for served, prompt_version, contract, model in store.served_aliases():
+        out.setdefault((served, prompt_version, contract), []).append((model, prompt_version, contract))
     return out
 
 
@@ -209,7 +191,7 @@ def read_profiles(store: Store, since: datetime, until: datetime, *, numbers: bo
 def read_profile(store: Store, cohort_id: int, since: datetime, until: datetime) -> Profile:
     """The profile of one cohort over ``[since, until)`` (zero events if it had none)."""
     store.flush_rollups()
-    if not store.query("SELECT 1 FROM cohorts WHERE cohort_id = ?", [cohort_id]):
+    if store.cohort(cohort_id) is None:
         raise LookupError(f"no cohort {cohort_id}")
     return _read(store, cohort_id, since, until)[0]
 
@@ -217,49 +199,13 @@ def read_profile(store: Store, cohort_id: int, since: datetime, until: datetime)
 def _read(
     store: Store, cohort_id: int | None, since: datetime, until: datetime, *, numbers: bool = True
 ) -> list[Profile]:
-    # One query per rollup table for every cohort at once: each scan of a table costs about
-    # the same for one cohort as for all of them (measured: 3-6x less than a query per cohort).
-    params: list[Any] = [since, until]
-    where = "bucket >= ? AND bucket < ?"
-    if cohort_id is not None:
-        where += " AND cohort_id = ?"
-        params.append(cohort_id)
-    events = {
-        int(c): int(n)
-        for c, n in store.query(
-            f"SELECT cohort_id, sum(events)::BIGINT FROM cohort_buckets WHERE {where} GROUP BY ALL", params
-        )
-    }
-    lengths: dict[tuple[int, str], dict[int, int]] = {}
-    for c, path, length, n in store.query(
-        f"SELECT cohort_id, path, length, sum(n)::BIGINT FROM array_rollups WHERE {where} GROUP BY ALL", params
-    ):
-        lengths.setdefault((c, path), {})[int(length)] = int(n)
-    values: dict[tuple[int, str], dict[str, int]] = {}
-    for c, path, value, n in store.query(
-        f"SELECT cohort_id, path, value, sum(n)::BIGINT FROM value_rollups WHERE {where} GROUP BY ALL", params
-    ):
-        values.setdefault((c, path), {})[value] = int(n)
-    histograms: dict[tuple[int, str], dict[float, int]] = {}
-    for c, path, value, n in (
-        store.query(
-            f"SELECT cohort_id, path, value, sum(n)::BIGINT FROM number_rollups WHERE {where} GROUP BY ALL", params
-        )
-        if numbers
-        else []
-    ):
-        histograms.setdefault((c, path), {})[float(value)] = int(n)
+    r = store.window_rollups(since, until, cohort_id, numbers=numbers)
+    events = r.events
     fields: dict[int, dict[str, FieldProfile]] = {}
-    for row in store.query(
-        f"""SELECT cohort_id, path, scope, sum(present), sum(n_null), sum(n_boolean), sum(n_integer),
-                       sum(n_number), sum(n_string), sum(n_array), sum(n_object), sum(long_strings),
-                       sum(values_overflow)
-                FROM field_rollups WHERE {where} GROUP BY cohort_id, path, scope ORDER BY cohort_id, path""",
-        params,
-    ):
+    for row in r.fields:
         c, path, scope = int(row[0]), row[1], row[2]
         # The units of a path under an array are that array's items: the sum of its lengths.
-        units = events.get(c, 0) if scope is None else sum(k * n for k, n in lengths.get((c, scope), {}).items())
+        units = events.get(c, 0) if scope is None else sum(k * n for k, n in r.lengths.get((c, scope), {}).items())
         counts = [int(x) for x in row[3:]]
         types = {t: n for t, n in zip(TYPES, counts[1:8], strict=True) if n}
         fields.setdefault(c, {})[path] = FieldProfile(
@@ -269,34 +215,13 @@ def _read(
             counts[0],
             types,
             counts[8],
-            values.get((c, path), {}),
+            r.values.get((c, path), {}),
             counts[9],
-            lengths.get((c, path), {}),
-            histograms.get((c, path), {}),
+            r.lengths.get((c, path), {}),
+            r.numbers.get((c, path), {}),
         )
-    served: dict[int, dict[str, int]] = {}
-    for c, m, n in store.query(
-        f"SELECT cohort_id, served_model, sum(n)::BIGINT FROM served_models WHERE {where} GROUP BY ALL", params
-    ):
-        served.setdefault(int(c), {})[str(m)] = int(n)
-    checks: dict[int, dict[str, dict[str, int]]] = {}
-    for c, version, status, n in store.query(
-        f"SELECT cohort_id, contract_version, status, sum(n)::BIGINT FROM contract_rollups WHERE {where} GROUP BY ALL",
-        params,
-    ):
-        checks.setdefault(int(c), {}).setdefault(str(version), {})[str(status)] = int(n)
-    broken: dict[int, dict[str, dict[str, int]]] = {}
-    for c, path, keyword, n in store.query(
-        f"SELECT cohort_id, coalesce(path, '$'), keyword, sum(n)::BIGINT FROM violation_rollups WHERE {where} "
-        "GROUP BY ALL",
-        params,
-    ):
-        broken.setdefault(int(c), {}).setdefault(str(path), {})[str(keyword)] = int(n)
     wanted = [cohort_id] if cohort_id is not None else sorted(events)
-    names = {
-        int(c): (str(m), str(p), str(k))
-        for c, m, p, k in store.query("SELECT cohort_id, model, prompt_version, contract FROM cohorts")
-    }
+    names = {row.cohort_id: (row.model, row.prompt_version, row.contract) for row in store.cohorts()}
     return [
         Profile(
             c,
@@ -305,9 +230,9 @@ def _read(
             until,
             events.get(c, 0),
             fields.get(c, {}),
-            served.get(c, {}),
-            checks.get(c, {}),
-            broken.get(c, {}),
+            r.served.get(c, {}),
+            r.checks.get(c, {}),
+            r.violations.get(c, {}),
         )
         for c in wanted
     ]

@@ -16,7 +16,8 @@ from harness import make_envelope
 
 from shapewatch.collector import Store, WriteStatus, register_contract
 from shapewatch.collector.envelope import LIMITS, parse_envelope
-from shapewatch.collector.rollup import ContractStatus, compact_rollups
+from shapewatch.collector.rollup import ContractStatus
+from shapewatch.collector.store.merge import compact_rollups
 
 SCHEMA = {
     "type": "object",

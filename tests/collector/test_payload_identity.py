@@ -18,9 +18,9 @@ import orjson
 import pytest
 from harness import ROOT, SHAPEWATCH, make_envelope, start_service
 
-from shapewatch.collector import store as store_module
 from shapewatch.collector.envelope import LIMITS, parse_envelope
 from shapewatch.collector.store import MIGRATIONS, SCHEMA_VERSION, Store, WriteStatus
+from shapewatch.collector.store import schema as schema_module
 
 JSON = {"content-type": "application/json"}
 CONFLICT = [
@@ -303,9 +303,9 @@ def test_the_migration_is_one_transaction_read_in_chunks(db_path: Path, monkeypa
     """A failure part way leaves the file as the earlier release left it; the next open migrates it."""
     old_file(db_path, OLD)
     before = stored(db_path, "SELECT event_id, payload_hash FROM events ORDER BY 1")
-    monkeypatch.setattr(store_module, "_REHASH_ROWS", 1)  # one event a chunk: every chunk's update is used
+    monkeypatch.setattr(schema_module, "_REHASH_ROWS", 1)  # one event a chunk: every chunk's update is used
     calls: list[str] = []
-    real = store_module._payload_hash
+    real = schema_module._payload_hash
 
     def failing(*args: Any) -> str:
         calls.append(args[1])
@@ -313,12 +313,12 @@ def test_the_migration_is_one_transaction_read_in_chunks(db_path: Path, monkeypa
             raise RuntimeError("killed")
         return real(*args)
 
-    monkeypatch.setattr(store_module, "_payload_hash", failing)
+    monkeypatch.setattr(schema_module, "_payload_hash", failing)
     with pytest.raises(RuntimeError, match="killed"):
         Store.open(db_path)
     assert stored(db_path, "SELECT value FROM meta WHERE key = 'schema_version'") == [("7",)]
     assert stored(db_path, "SELECT event_id, payload_hash FROM events ORDER BY 1") == before
-    monkeypatch.setattr(store_module, "_payload_hash", real)
+    monkeypatch.setattr(schema_module, "_payload_hash", real)
     with Store.open(db_path) as store:
         assert store.query("SELECT event_id, payload_hash FROM events ORDER BY 1") == sorted(
             (env["event_id"], new_hash(env)) for env, _ in OLD

@@ -25,8 +25,9 @@ import orjson
 from shapewatch.collector import register_contract
 from shapewatch.collector.envelope import LIMITS, Envelope, parse_envelope
 from shapewatch.collector.flatten import JsonType, flatten_output, items_path, join_key
-from shapewatch.collector.rollup import ROLLUP_TABLES, RollupConfig, compact_rollups, number_bin
+from shapewatch.collector.rollup import ROLLUP_TABLES, RollupConfig, number_bin
 from shapewatch.collector.store import Store, WriteStatus
+from shapewatch.collector.store.merge import compact_rollups
 
 MakeEnvelope = Callable[..., dict[str, Any]]
 Sums = dict[str, dict[tuple[Any, ...], tuple[int, ...]]]

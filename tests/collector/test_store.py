@@ -319,10 +319,10 @@ def test_stored_keys_are_found_by_either_lookup_with_their_hashes(
 ) -> None:
     """A probing write finds the stored keys among its ids the same way by IN lists (chunked)
     as by a join, and then stores only the rest: the same results, counts and rows."""
-    import shapewatch.collector.store as store_module
+    import shapewatch.collector.store.writes as writes_module
 
-    monkeypatch.setattr(store_module, "_KEYS_SCANNED_PER_ID", scanned_per_id)
-    monkeypatch.setattr(store_module, "_PROBE_KEYS", 3)
+    monkeypatch.setattr(writes_module, "_KEYS_SCANNED_PER_ID", scanned_per_id)
+    monkeypatch.setattr(writes_module, "_PROBE_KEYS", 3)
     stored = envs(envelope, 7, "s")
     store.write_batch(stored)
     other = parse(envelope(event_id="s-3", output={"priority": "other"}))
@@ -494,9 +494,9 @@ def test_a_batch_meeting_stored_keys_is_written_again_knowing_them(
     """Events go in with a plain INSERT; one stored key makes it fail and roll back, and the
     batch is written again after looking the stored keys up (in chunks of _PROBE_KEYS).
     Nothing of the failed try remains: each new event once, counted once."""
-    import shapewatch.collector.store as store_module
+    import shapewatch.collector.store.writes as writes_module
 
-    monkeypatch.setattr(store_module, "_PROBE_KEYS", 3)  # 10 keys: four lookups
+    monkeypatch.setattr(writes_module, "_PROBE_KEYS", 3)  # 10 keys: four lookups
     if deferred:
         store.defer_rollups(max_events=1_000_000, max_seconds=float("inf"))
     stored = [envelope(event_id=f"s{i}", output={"v": i}) for i in range(6)]
@@ -763,7 +763,7 @@ def test_the_bucket_width_cannot_change_under_stored_rollups(db_path: Path, enve
 def test_purge_deletes_in_chunks_and_counts_them_all(
     db_path: Path, envelope: MakeEnvelope, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("shapewatch.collector.store._PURGE_CHUNK", 3)
+    monkeypatch.setattr("shapewatch.collector.store.maintenance._PURGE_CHUNK", 3)
     old = datetime(2026, 1, 1, tzinfo=UTC)
     with Store.open(db_path) as store:
         store.write_batch(envs(envelope, 7, "old"), now=old)
@@ -778,7 +778,7 @@ def test_purge_deletes_in_chunks_and_counts_them_all(
 def test_a_stopped_purge_stops_between_chunks_and_the_next_one_finishes(
     db_path: Path, envelope: MakeEnvelope, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("shapewatch.collector.store._PURGE_CHUNK", 3)
+    monkeypatch.setattr("shapewatch.collector.store.maintenance._PURGE_CHUNK", 3)
     old = datetime(2026, 1, 1, tzinfo=UTC)
     later = {"raw_retention": timedelta(days=30), "dedup_ttl": timedelta(days=7), "now": old + timedelta(days=41)}
     with Store.open(db_path) as store:
@@ -799,7 +799,7 @@ def test_a_stopped_purge_stops_between_chunks_and_the_next_one_finishes(
 def test_a_writer_waiting_for_a_long_purge_gets_in_between_its_chunks(
     db_path: Path, envelope: MakeEnvelope, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("shapewatch.collector.store._PURGE_CHUNK", 50)
+    monkeypatch.setattr("shapewatch.collector.store.maintenance._PURGE_CHUNK", 50)
     old = datetime(2026, 1, 1, tzinfo=UTC)
     order: list[str] = []
     with Store.open(db_path) as store:
@@ -988,7 +988,7 @@ def test_the_memory_limit_grows_with_the_key_index_so_writes_never_run_out(tmp_p
 
 
 def test_running_out_of_memory_answers_503_naming_the_setting() -> None:
-    from shapewatch.collector.store import _store_error
+    from shapewatch.collector.store.connection import _store_error
 
     err = _store_error(
         "writing a batch",

@@ -67,7 +67,7 @@ def test_a_failed_merge_after_the_commit_does_not_fail_the_events(
     def broken(*args: object, **kwargs: object) -> None:
         raise StoreError("merging rollups", "simulated failure")
 
-    monkeypatch.setattr("shapewatch.collector.store.merge_rollups", broken)
+    monkeypatch.setattr("shapewatch.collector.store.merge.merge_rollups", broken)
     results = store.write_batch(envs(4, "e"))
     assert [r.status for r in results] == [WriteStatus.accepted] * 4  # committed, so acknowledged
     assert store.last_merge_error == "store error while merging rollups: simulated failure"

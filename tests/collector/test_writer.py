@@ -262,9 +262,9 @@ def test_requests_are_answered_and_commits_go_on_while_rollups_merge(
     """A batch that brings deferred rollups to max_events is answered at its commit; the merge
     (hundreds of milliseconds on a busy store) runs on its own thread, and later batches commit
     while it runs. What it merged, and what was pending at stop, all end up counted."""
-    import shapewatch.collector.store as store_module
+    import shapewatch.collector.store.merge as merge_module
 
-    real_merge = store_module.merge_rollups
+    real_merge = merge_module.merge_rollups
     merging, release = threading.Event(), threading.Event()
 
     def held_merge(*args: Any, **kwargs: Any) -> None:
@@ -272,7 +272,7 @@ def test_requests_are_answered_and_commits_go_on_while_rollups_merge(
         assert release.wait(TIMEOUT)
         real_merge(*args, **kwargs)
 
-    monkeypatch.setattr(store_module, "merge_rollups", held_merge)
+    monkeypatch.setattr(merge_module, "merge_rollups", held_merge)
     store.defer_rollups(max_events=3, max_seconds=3600)
     writer = Writer(store, max_wait=0.001)
     writer.start()

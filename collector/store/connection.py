@@ -1,0 +1,96 @@
+"""Opening the file: the write-ahead log left by a crash, the lock of another process, the
+memory the key index needs, and DuckDB's errors as the store's own."""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import duckdb
+
+from ..errors import StoreError, StoreInvalidated, StoreUnavailable
+
+log = logging.getLogger(__name__)
+
+_WAL_COPIES_KEPT = 5
+
+
+def _copy_wal(path: Path) -> Path | None:
+    """Copy ``<db>.wal`` (when present and not empty) to ``quarantine/`` beside the database;
+    the newest copies are kept, older ones deleted. None when there is none or it cannot be copied."""
+    import shutil
+
+    wal = Path(f"{path}.wal")
+    try:
+        if not wal.is_file() or wal.stat().st_size == 0:
+            return None
+        where = path.parent / "quarantine"
+        where.mkdir(exist_ok=True)
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
+        copy = where / f"{path.name}.wal.{stamp}.unclean"
+        shutil.copyfile(wal, copy)
+    except OSError as exc:  # a full disk must not also keep the service from starting
+        log.warning(
+            "%s: a write-ahead log left by an unclean shutdown could not be copied aside (%s); replaying it", path, exc
+        )
+        return None
+    for old in sorted(where.glob(f"{path.name}.wal.*.unclean"))[:-_WAL_COPIES_KEPT]:
+        old.unlink(missing_ok=True)
+    return copy
+
+
+def _is_wal_error(exc: duckdb.Error) -> bool:
+    msg = str(exc).lower()
+    return "wal" in msg and ("replaying" in msg or "corrupt" in msg)
+
+
+def _wal_refusal(path: Path, exc: duckdb.Error) -> str:
+    wal = f"{path}.wal"
+    detail = " ".join(str(exc).split())
+    return (
+        f"its write-ahead log {wal} is damaged and cannot be replayed, so the database is not opened and "
+        f"nothing was changed ({detail}). To start anyway, move it aside (mv {wal} {wal}.damaged): the "
+        f"database then opens without the writes the log holds (copies of it are kept in "
+        f"{path.parent / 'quarantine'}); or restore the database from a backup"
+    )
+
+
+def _is_lock_error(exc: duckdb.Error) -> bool:
+    msg = str(exc).lower()
+    return "lock" in msg and ("conflicting" in msg or "could not set lock" in msg)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+# DuckDB keeps the index of the idempotency key (an ART over md5_number(event_id)) in memory,
+# and a write that needs more than memory_limit fails: measured about 45 bytes per stored event
+# (a 512MB limit refused every insert past about 10.7M keys, even after a restart). So the
+# configured limit is working memory, and the store adds room for the index on top of it,
+# at open and as events are stored, a step at a time.
+_INDEX_BYTES_PER_EVENT = 64
+_INDEX_STEP_EVENTS = 100_000
+
+
+def _epoch_us(t: datetime) -> int:
+    """Exact microseconds since the epoch (float timestamp() can be 1 us short)."""
+    return (t - _EPOCH) // timedelta(microseconds=1)
+
+
+def _store_error(doing: str, exc: duckdb.Error) -> StoreError:
+    if isinstance(exc, duckdb.FatalException) or "database has been invalidated" in str(exc).lower():
+        return StoreInvalidated(doing, exc)
+    if "out of memory" in str(exc).lower():
+        return StoreUnavailable(
+            f"DuckDB ran out of memory while {doing} ({' '.join(str(exc).split())[:300]}); "
+            "raise memory_limit (import_memory_limit for shapewatch ingest)"
+        )
+    return StoreUnavailable(exc) if _is_space_error(exc) else StoreError(doing, exc)
+
+
+def _is_space_error(exc: BaseException) -> bool:
+    msg = str(exc).lower()
+    return any(
+        s in msg
+        for s in ("no space left", "disk full", "out of disk", "could not write", "i/o error", "input/output error")
+    )
