@@ -1,14 +1,22 @@
-"""HTTP routes of the analysis side: alerts, silences, cohorts, baselines, analyzer runs.
+"""HTTP routes of the analysis side: alerts, silences, cohorts, baselines, contracts, the review, analyzer runs.
 
 Each route is a thin shell over ``admin.py`` (the code the CLI runs with
-``--db``), so ``--url`` and ``--db`` give the same answers. Errors answer in
-the shared JSON shape: unknown ids 404, refused freezes and a contract
-version registered with other content 409, requests that are well formed but
-cannot be done (an empty window, a tampered document, an invalid schema) 422,
-malformed ones 400. A parameter out of its range (a duration, a time, a window
-longer than its route reads, too many ids) is refused with 422 naming it in
-``fields`` before anything is read, and so are FastAPI's own validation errors:
-``{"path": "since", "reason": ...}``, the parameter's name without its location.
+``--db``), so ``--url`` and ``--db`` give the same answers. The router is built once, at
+import (``router``); the store, the analyzer configuration and the analyzer it serves are
+reached through ``Depends(analysis_of)``, the ``AnalysisApi`` the service puts in
+``app.state.analysis``. Errors answer in the shared JSON shape, each with the status its
+class names (``status``): unknown ids 404, refused freezes and a contract version
+registered with other content 409, requests that are well formed but cannot be done (an
+empty window, a tampered document, an invalid schema) 422, malformed ones 400. A parameter
+out of its range (a duration, a time, a window longer than its route reads, too many ids)
+is refused with 422 naming it in ``fields`` before anything is read, and so are FastAPI's
+own validation errors: ``{"path": "since", "reason": ...}``, the parameter's name without
+its location.
+
+Every 2xx body is documented by a model below (``response_model=``) and answered through
+``json_response`` (orjson), so the bodies keep the shape the SDK, the dashboard and the CLI
+read; the models allow the keys they do not name (``extra``), where a body carries
+open-ended maps.
 
 Baselines have no PUT, PATCH or DELETE: a frozen baseline never changes.
 """
@@ -19,30 +27,21 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
-import orjson
-from fastapi import APIRouter, Body, FastAPI, Query, Request
+from fastapi import APIRouter, Body, Depends, Query, Request, Security
 from fastapi.responses import Response
-from pydantic import AwareDatetime, BaseModel, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
-from shapewatch.baselines import (
-    BaselineError,
-    BaselineInvalid,
-    BaselineNotFound,
-    BaselineRefused,
-    BaselineTampered,
-    Cohort,
-)
-from shapewatch.collector import (
-    ContractConflict,
-    ContractError,
-    ContractInvalid,
-    ContractNotFound,
-    FieldError,
-    ShapewatchError,
-    Store,
-    error_body,
+from shapewatch.baselines import BaselineError, Cohort
+from shapewatch.collector import ShapewatchError, Store
+from shapewatch.collector.api import (
+    AUTH_ERRORS,
+    COMMON_ERRORS,
+    ApiError,
+    bearer,
     error_responses,
-    require_token,
+    guarded_route,
+    json_response,
+    operation_id,
 )
 
 from . import admin
@@ -57,9 +56,9 @@ from .config import (
     parse_duration,
     parse_time,
 )
-from .errors import AlertError, AlertNotFound, ConfigInvalid, ParameterInvalid
+from .errors import ConfigInvalid, ParameterInvalid
 
-__all__ = ["AnalysisApi", "install_analysis_error_handlers"]
+__all__ = ["AnalysisApi", "analysis_of", "router"]
 
 
 When = Annotated[
@@ -115,50 +114,7 @@ def _event_ids(ids: list[str]) -> list[str]:
     return ids
 
 
-def _json(body: Any, status: int = 200) -> Response:
-    return Response(orjson.dumps(body), status_code=status, media_type="application/json")
-
-
-_STATUS: list[tuple[type[Exception], int]] = [
-    (BaselineNotFound, 404),
-    (AlertNotFound, 404),
-    (ContractNotFound, 404),
-    (BaselineRefused, 409),
-    (ContractConflict, 409),
-    (BaselineTampered, 422),
-    (BaselineError, 422),
-    (AlertError, 422),
-    (ContractError, 422),
-]
-
-
-def install_analysis_error_handlers(app: FastAPI) -> None:
-    """Baseline and alert errors answer in the shared error shape."""
-    for cls, status in _STATUS:
-
-        def handler(_: Request, exc: Exception, status: int = status) -> Response:
-            fields = exc.fields if isinstance(exc, BaselineInvalid) else _contract_fields(exc)  # each one named
-            return _json(error_body(status, str(exc), fields), status)
-
-        app.add_exception_handler(cls, handler)
-
-    # A parameter out of range, and a value a configuration parser refused (the review's period
-    # when it reaches build_review): 422 naming it.
-    def parameter(_: Request, exc: Exception) -> Response:
-        assert isinstance(exc, ParameterInvalid | ConfigInvalid)
-        name, reason = (exc.name, exc.reason) if isinstance(exc, ParameterInvalid) else (exc.key, exc.problem)
-        return _json(error_body(422, str(exc), [FieldError(name, reason)]), 422)
-
-    app.add_exception_handler(ParameterInvalid, parameter)
-    app.add_exception_handler(ConfigInvalid, parameter)
-
-
-def _contract_fields(exc: Exception) -> list[FieldError] | None:
-    """A refused contract names what was wrong: its name, its version, or its document."""
-    if not isinstance(exc, ContractInvalid):
-        return None
-    path = {"the contract name": "contract", "the contract version": "version"}.get(exc.where, "document")
-    return [FieldError(path, exc.problem if path != "document" else str(exc))]
+# --- request bodies ----------------------------------------------------------------------------
 
 
 class FreezeRequest(BaseModel):
@@ -210,8 +166,298 @@ class SilenceRequest(BaseModel):
     kind: str | None = None
 
 
+# --- the documented 2xx bodies --------------------------------------------------------------------
+
+
+class _Open(BaseModel):
+    """A body that may carry keys beyond those named (open-ended maps, keys added later)."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class CohortTags(_Open):
+    model: str
+    prompt_version: str
+    contract: str
+
+
+class Window(_Open):
+    since: str
+    until: str
+
+
+class Alert(_Open):
+    """An alert as the API, the CLI and the pager carry it (README, *Analyzer and alerts*)."""
+
+    cohort: CohortTags
+    field: str
+    kind: str
+    value: str | None
+    severity: str
+    state: str
+    fingerprint: str
+    episode: int
+    baseline: dict[str, Any]
+    current: dict[str, Any]
+    p_value: float | None
+    q_value: float | None
+    effect: float | None
+    threshold: float | None
+    detail: str
+    baseline_id: str | None
+    compared_with: str | None
+    contracts: dict[str, Any]
+    first_seen: str | None
+    last_seen: str | None
+    fired_at: str | None
+    resolved_at: str | None
+    acknowledged_at: str | None
+    acknowledged_by: str | None
+    silenced_until: str | None
+    samples: list[str]
+    cohort_id: int | None
+
+
+class AlertTransition(_Open):
+    fingerprint: str
+    at: str | None
+    from_: str | None = Field(alias="from")
+    to: str | None
+    severity: str | None
+    episode: int | None
+    detail: str | None
+    actor: str | None
+
+
+class AlertWithHistory(Alert):
+    history: list[AlertTransition]
+
+
+class Silence(_Open):
+    silence_id: int
+    starts_at: str | None
+    ends_at: str | None
+    author: str
+    reason: str
+    match: dict[str, str]
+
+
+class CohortBaseline(_Open):
+    baseline_id: str
+    how: str
+    cohort: CohortTags
+    created_at: str | None
+    author: str | None
+    note: str | None
+    age_days: float
+    window: Window
+    samples: int
+
+
+class CohortSummary(_Open):
+    cohort_id: int
+    cohort: CohortTags
+    first_seen: str | None
+    events: int
+    unpinned: bool
+    served_models: dict[str, int]
+    baseline: CohortBaseline | None
+    answered_for: list[str]
+    contract_versions: dict[str, int]
+    provider_outcomes: dict[str, int]
+    alerts_firing: dict[str, int]
+
+
+class FieldWindow(_Open):
+    """One field's window profile (the collector's profile of the path, and figures read from it)."""
+
+    path: str
+    units: int
+    present: int
+    types: dict[str, int]
+    values: dict[str, int]
+    presence_rate: float
+    filled: int
+    array_p50: float | None
+    array_p90: float | None
+    array_p99: float | None
+    number_p50: float | None
+    number_p90: float | None
+    number_p99: float | None
+
+
+class CohortFields(_Open):
+    cohort_id: int
+    cohort: CohortTags
+    since: str | None
+    until: str | None
+    events: int
+    served_models: dict[str, int]
+    fields: list[FieldWindow]
+
+
+class SeriesPoint(_Open):
+    since: str | None
+    until: str | None
+    units: int
+    presence_rate: float | None
+    types: dict[str, float]
+    values: dict[str, int]
+    unknown_share: float | None
+    violation_rate: float | None
+    array: dict[str, float | None] | None
+
+
+class SeriesBaseline(_Open):
+    baseline_id: str
+    how: str
+    present: bool
+
+
+class ContractChange(_Open):
+    version: str
+    at: str | None
+
+
+class FieldSeries(_Open):
+    cohort_id: int
+    cohort: CohortTags
+    field: str
+    since: str | None
+    until: str | None
+    baseline: SeriesBaseline | None
+    series: list[SeriesPoint]
+    contract_changes: list[ContractChange]
+
+
+class StoredEvent(_Open):
+    event_id: str
+    ts: str | None
+    cohort: CohortTags
+    served_model: str | None
+    contract_version: str | None
+    source: str | None
+    output: Any
+
+
+class ServedModelChange(_Open):
+    cohort: CohortTags
+    previous: str | None
+    current: str | None
+    detected_at: str | None
+
+
+class BaselineSummary(_Open):
+    """A baseline's listing form: everything but the field profiles (``fields`` counts them)."""
+
+    baseline_id: str
+    hash: str
+    format: int
+    cohort: CohortTags
+    window: Window
+    samples: int
+    served_models: dict[str, int]
+    contract_versions: dict[str, int]
+    author: str | None
+    note: str | None
+    forced: str | None
+    created_at: str
+    fields: int
+    unpinned: bool
+
+
+class BaselineEntry(BaselineSummary):
+    """A baseline's listing form, and whether it is its cohort's active one."""
+
+    active: bool
+
+
+class BaselineDocument(_Open):
+    """A baseline's canonical document (what is stored, exported and hashed), profiles included."""
+
+    baseline_id: str
+    hash: str
+    format: int
+    cohort: CohortTags
+    window: Window
+    samples: int
+    created_at: str
+    fields: dict[str, dict[str, Any]]
+
+
+class BaselineImported(_Open):
+    baseline_id: str
+    hash: str
+    imported: bool
+
+
+class BaselineRetired(_Open):
+    cohort: CohortTags
+    retired: bool
+
+
+class BaselineInherited(_Open):
+    cohort: CohortTags
+    parent: BaselineSummary
+
+
+class Review(_Open):
+    """The weekly review: every fact of the report, per cohort (the README's *Review* section)."""
+
+    generated_at: str | None
+    since: str | None
+    until: str | None
+    max_baseline_age_days: float
+    cohorts: list[dict[str, Any]]
+    without_baseline: list[Any]
+    stale_baselines: list[Any]
+    errors: list[Any]
+
+
+class ContractSummary(_Open):
+    contract: str
+    version: str
+    catalog: bool
+    tools: list[str | None]  # a bare JSON Schema is one tool without a name
+    formats: list[str]
+    invocation_hash: str
+    discovery_hash: str
+    content_hash: str
+    registered_at: str
+    author: str | None
+    note: str | None
+
+
+class ContractItem(ContractSummary):
+    document: Any
+
+
+class ContractRegistered(ContractSummary):
+    created: bool
+
+
+class AnalyzerRun(_Open):
+    run_id: int
+    started_at: str | None
+    evaluated_at: str | None
+    ok: bool | None
+    error: str | None
+    duration_seconds: float | None
+    cohorts: int | None
+    checks: int | None
+    breaches: int | None
+
+
+class RunNow(_Open):
+    ok: bool
+    at: str
+    duration_seconds: float
+    transitions: int
+
+
 class AnalysisApi:
-    """The analysis routes around one store, the analyzer config and (in the service) the analyzer."""
+    """What the analysis routes serve (``app.state.analysis``): one store, the analyzer config and
+    (in the service) the analyzer."""
 
     def __init__(
         self,
@@ -225,248 +471,392 @@ class AnalysisApi:
         self.analyzer = analyzer
         self.clock = clock
 
-    def router(self, tokens: tuple[str, ...]) -> APIRouter:
-        store, config = self.store, self.config
-        guard = require_token(tokens, "read", writes="admin")  # GETs read, every other method is admin
-        r = APIRouter(
-            route_class=guard.route_class, responses={**guard.responses, **error_responses(400, 404, 409, 422)}
+
+async def analysis_of(request: Request) -> AnalysisApi:
+    """The analysis state the app serves (``app.state.analysis``), for ``Depends``."""
+    api: AnalysisApi = request.app.state.analysis
+    return api
+
+
+Analysis = Annotated[AnalysisApi, Depends(analysis_of)]
+
+#: Every analysis route: GETs need the read scope, every other method admin.
+router = APIRouter(
+    route_class=guarded_route("read", writes="admin"),
+    dependencies=[Security(bearer)],
+    responses=error_responses(*AUTH_ERRORS, *COMMON_ERRORS, 400, 404, 409),
+    generate_unique_id_function=operation_id,
+)
+
+
+# --- alerts and silences ----------------------------------------------------------------------------
+
+
+@router.get("/v1/alerts", summary="Alerts, page first", tags=["alerts"], response_model=list[Alert])
+def list_alerts(
+    api: Analysis,
+    state: str | None = Query(None, pattern="^(open|pending|firing|resolved)$"),
+    severity: str | None = Query(None, pattern="^(page|warn)$"),
+    model: str | None = None,
+    prompt_version: str | None = None,
+    contract: str | None = None,
+    kind: str | None = None,
+) -> Response:
+    return json_response(
+        admin.alerts(
+            api.store,
+            state=state,
+            severity=severity,
+            model=model,
+            prompt_version=prompt_version,
+            contract=contract,
+            kind=kind,
         )
+    )
 
-        @r.get("/v1/alerts", summary="Alerts, page first")
-        def get_alerts(
-            state: str | None = Query(None, pattern="^(open|pending|firing|resolved)$"),
-            severity: str | None = Query(None, pattern="^(page|warn)$"),
-            model: str | None = None,
-            prompt_version: str | None = None,
-            contract: str | None = None,
-            kind: str | None = None,
-        ) -> Response:
-            return _json(
-                admin.alerts(
-                    store,
-                    state=state,
-                    severity=severity,
-                    model=model,
-                    prompt_version=prompt_version,
-                    contract=contract,
-                    kind=kind,
-                )
-            )
 
-        @r.get("/v1/alerts/{fingerprint}", summary="One alert and its history")
-        def get_alert(fingerprint: str) -> Response:
-            return _json(admin.alert(store, fingerprint))
+@router.get(
+    "/v1/alerts/{fingerprint}", summary="One alert and its history", tags=["alerts"], response_model=AlertWithHistory
+)
+def get_alert(api: Analysis, fingerprint: str) -> Response:
+    return json_response(admin.alert(api.store, fingerprint))
 
-        @r.post("/v1/alerts/{fingerprint}/ack", summary="Acknowledge an alert")
-        def ack(fingerprint: str, body: ActorRequest) -> Response:
-            return _json(admin.acknowledge(store, fingerprint, by=body.author))
 
-        @r.post("/v1/silences", summary="Silence matching alerts for a while (they still resolve)", status_code=201)
-        def post_silence(body: SilenceRequest) -> Response:
-            duration = _duration(body.duration, "duration", MAX_SILENCE)
-            if body.kind is not None and body.kind not in {k.value for k in AlertKind}:
-                raise ParameterInvalid(
-                    "kind", f"{body.kind!r} is not an alert kind; one of " + ", ".join(k.value for k in AlertKind)
-                )
-            return _json(
-                admin.silence(
-                    store,
-                    duration=duration,
-                    author=body.author,
-                    reason=body.reason,
-                    fingerprint=body.fingerprint,
-                    model=body.model,
-                    prompt_version=body.prompt_version,
-                    contract=body.contract,
-                    field=body.field,
-                    kind=body.kind,
-                ),
-                201,
-            )
+@router.post("/v1/alerts/{fingerprint}/ack", summary="Acknowledge an alert", tags=["alerts"], response_model=Alert)
+def acknowledge_alert(api: Analysis, fingerprint: str, body: ActorRequest) -> Response:
+    return json_response(admin.acknowledge(api.store, fingerprint, by=body.author))
 
-        @r.get("/v1/silences", summary="Silences (by default only those still active)")
-        def get_silences(active: bool = True) -> Response:
-            return _json(admin.silences(store, active=active))
 
-        @r.get("/v1/cohorts", summary="Cohorts with traffic, baselines, alerts and served models")
-        def get_cohorts(since: When = None, until: When = None) -> Response:
-            start, end = _window(since, until, now=self.clock(), length=admin.COHORTS_WINDOW)
-            return _json(admin.cohorts(store, since=start, until=end))
-
-        @r.get("/v1/cohorts/{cohort_id}/fields", summary="A cohort's window profile, field by field")
-        def get_fields(cohort_id: int, since: When = None, until: When = None) -> Response:
-            start, end = _window(since, until, now=self.clock(), length=config.window)
-            try:
-                return _json(admin.cohort_fields(store, cohort_id, since=start, until=end))
-            except LookupError as exc:
-                return _json(error_body(404, str(exc)), 404)
-
-        @r.get("/v1/cohorts/{cohort_id}/series", summary="One field over time against the baseline (charts)")
-        def get_series(
-            cohort_id: int,
-            field: str,
-            since: When = None,
-            until: When = None,
-            points: int = Query(
-                24, ge=1, le=admin.MAX_SERIES_POINTS, description="steps of the window, each read as a window profile"
-            ),
-        ) -> Response:
-            start, end = _window(since, until, now=self.clock(), length=config.window)
-            try:
-                return _json(admin.field_series(store, config, cohort_id, field, since=start, until=end, points=points))
-            except LookupError as exc:
-                return _json(error_body(404, str(exc)), 404)
-
-        @r.get("/v1/events", summary="Stored outputs by event id (an alert's samples)")
-        def get_events(ids: Annotated[list[str], Query(description=f"event ids, 1 to {MAX_EVENT_IDS}")]) -> Response:
-            return _json(admin.events(store, _event_ids(ids)))
-
-        @r.get("/v1/served-model-changes", summary="Served models that changed behind a requested model id")
-        def get_served() -> Response:
-            return _json(admin.served_model_changes(store))
-
-        @r.get("/v1/baselines", summary="Baselines, newest first")
-        def get_baselines(
-            model: str | None = None, prompt_version: str | None = None, contract: str | None = None
-        ) -> Response:
-            if bool(model) != bool(prompt_version):
-                raise BaselineError("model and prompt_version filter together: give both or neither")
-            cohort = Cohort(model, prompt_version, contract or "default") if model and prompt_version else None
-            return _json(admin.list_all(store, cohort))
-
-        @r.post("/v1/baselines", summary="Freeze a window as a baseline (and activate it)", status_code=201)
-        def post_baseline(body: FreezeRequest) -> Response:
-            return _json(
-                admin.freeze(
-                    store,
-                    config,
-                    model=body.model,
-                    prompt_version=body.prompt_version,
-                    contract=body.contract,
-                    since=body.since,
-                    until=body.until,
-                    author=body.author,
-                    note=body.note,
-                    force=body.force,
-                    activate=body.activate,
-                ),
-                201,
-            )
-
-        @r.post("/v1/baselines/import", summary="Import an exported baseline document (no-op if stored)")
-        def post_import(doc: Annotated[dict[str, Any], Body()]) -> Response:
-            return _json(admin.import_document(store, doc))
-
-        @r.post("/v1/baselines/retire", summary="Stop comparing a cohort against its baseline")
-        def post_retire(body: CohortRequest) -> Response:
-            return _json(
-                admin.retire(
-                    store, Cohort(body.model, body.prompt_version, body.contract), author=body.author, note=body.note
-                )
-            )
-
-        @r.post("/v1/baselines/inherit", summary="Compare a cohort against another cohort's baseline")
-        def post_inherit(body: InheritRequest) -> Response:
-            return _json(
-                admin.inherit(
-                    store,
-                    Cohort(body.model, body.prompt_version, body.contract),
-                    body.parent,
-                    author=body.author,
-                    note=body.note,
-                )
-            )
-
-        @r.get("/v1/baselines/{baseline_id}", summary="One baseline's full document")
-        def get_baseline(baseline_id: str) -> Response:
-            return _json(admin.show(store, baseline_id))
-
-        @r.post("/v1/baselines/{baseline_id}/activate", summary="Make a baseline its cohort's active one")
-        def post_activate(baseline_id: str, body: ActorRequest) -> Response:
-            return _json(admin.activate(store, baseline_id, author=body.author, note=body.note))
-
-        @r.get(
-            "/v1/review",
-            summary="The weekly review report (json, markdown or html)",
-            responses={200: {"content": {"application/json": {}, "text/markdown": {}, "text/html": {}}}},
+@router.post(
+    "/v1/silences",
+    summary="Silence matching alerts for a while (they still resolve)",
+    status_code=201,
+    tags=["alerts"],
+    response_model=Silence,
+)
+def create_silence(api: Analysis, body: SilenceRequest) -> Response:
+    duration = _duration(body.duration, "duration", MAX_SILENCE)
+    if body.kind is not None and body.kind not in {k.value for k in AlertKind}:
+        raise ParameterInvalid(
+            "kind", f"{body.kind!r} is not an alert kind; one of " + ", ".join(k.value for k in AlertKind)
         )
-        def get_review(
-            since: str = Query("7d", description=f"the review period, e.g. 7d, at most {MAX_REVIEW_PERIOD.days}d"),
-            format: str = Query("json", pattern="^(json|markdown|html)$"),
-        ) -> Response:
-            from .review import build_review, render_html, render_markdown
+    return json_response(
+        admin.silence(
+            api.store,
+            duration=duration,
+            author=body.author,
+            reason=body.reason,
+            fingerprint=body.fingerprint,
+            model=body.model,
+            prompt_version=body.prompt_version,
+            contract=body.contract,
+            field=body.field,
+            kind=body.kind,
+        ),
+        201,
+    )
 
-            # Refused before the review reads anything: its cost grows with the period.
-            period = _duration(since, "since", MAX_REVIEW_PERIOD)
-            review = build_review(
-                store, config, now=self.clock(), period=period, max_baseline_age=config.max_baseline_age
-            )
-            if format == "markdown":
-                return Response(render_markdown(review), media_type="text/markdown; charset=utf-8")
-            if format == "html":
-                return Response(render_html(review), media_type="text/html; charset=utf-8")
-            return _json(review)
 
-        @r.get("/v1/contracts", summary="Registered contract versions (of one contract), oldest first")
-        def get_contracts(contract: str | None = None) -> Response:
-            return _json(admin.list_contracts(store, contract))
+@router.get(
+    "/v1/silences",
+    summary="Silences (by default only those still active)",
+    tags=["alerts"],
+    response_model=list[Silence],
+)
+def list_silences(api: Analysis, active: bool = True) -> Response:
+    return json_response(admin.silences(api.store, active=active))
 
-        @r.get("/v1/contracts/item", summary="One registered contract version, with its document")
-        def get_contract(contract: str, version: str) -> Response:
-            return _json(admin.show_contract(store, contract, version))
 
-        @r.post(
-            "/v1/contracts",
-            summary="Register a contract version (JSON Schema, tool or catalog)",
-            description="Registered versions never change: a new version answers 201, the same content "
-            "again 200 with created false; other content under a registered version answers 409.",
-            status_code=201,
-            responses={200: {"description": "Registered before with the same content"}},
+# --- cohorts ----------------------------------------------------------------------------------------
+
+
+@router.get(
+    "/v1/cohorts",
+    summary="Cohorts with traffic, baselines, alerts and served models",
+    tags=["cohorts"],
+    response_model=list[CohortSummary],
+)
+def list_cohorts(api: Analysis, since: When = None, until: When = None) -> Response:
+    start, end = _window(since, until, now=api.clock(), length=admin.COHORTS_WINDOW)
+    return json_response(admin.cohorts(api.store, since=start, until=end))
+
+
+@router.get(
+    "/v1/cohorts/{cohort_id}/fields",
+    summary="A cohort's window profile, field by field",
+    tags=["cohorts"],
+    response_model=CohortFields,
+)
+def get_cohort_fields(api: Analysis, cohort_id: int, since: When = None, until: When = None) -> Response:
+    start, end = _window(since, until, now=api.clock(), length=api.config.window)
+    try:
+        return json_response(admin.cohort_fields(api.store, cohort_id, since=start, until=end))
+    except LookupError as exc:
+        raise ApiError(404, str(exc)) from None
+
+
+@router.get(
+    "/v1/cohorts/{cohort_id}/series",
+    summary="One field over time against the baseline (charts)",
+    tags=["cohorts"],
+    response_model=FieldSeries,
+)
+def get_field_series(
+    api: Analysis,
+    cohort_id: int,
+    field: str,
+    since: When = None,
+    until: When = None,
+    points: int = Query(
+        24, ge=1, le=admin.MAX_SERIES_POINTS, description="steps of the window, each read as a window profile"
+    ),
+) -> Response:
+    start, end = _window(since, until, now=api.clock(), length=api.config.window)
+    try:
+        return json_response(
+            admin.field_series(api.store, api.config, cohort_id, field, since=start, until=end, points=points)
         )
-        def post_contract(body: ContractRequest) -> Response:
-            result = admin.register_contract(
-                store, body.contract, body.version, body.document, author=body.author, note=body.note
-            )
-            return _json(result, 201 if result["created"] else 200)
+    except LookupError as exc:
+        raise ApiError(404, str(exc)) from None
 
-        @r.get("/v1/analyzer/runs", summary="The latest analyzer runs")
-        def get_runs(limit: int = Query(20, ge=1, le=1000)) -> Response:
-            rows = store.query(
-                """SELECT run_id, started_at, evaluated_at, ok, error, duration_seconds, cohorts, checks, breaches
+
+@router.get(
+    "/v1/events",
+    summary="Stored outputs by event id (an alert's samples)",
+    tags=["cohorts"],
+    response_model=list[StoredEvent],
+)
+def get_events(
+    api: Analysis, ids: Annotated[list[str], Query(description=f"event ids, 1 to {MAX_EVENT_IDS}")]
+) -> Response:
+    return json_response(admin.events(api.store, _event_ids(ids)))
+
+
+@router.get(
+    "/v1/served-model-changes",
+    summary="Served models that changed behind a requested model id",
+    tags=["cohorts"],
+    response_model=list[ServedModelChange],
+)
+def list_served_model_changes(api: Analysis) -> Response:
+    return json_response(admin.served_model_changes(api.store))
+
+
+# --- baselines --------------------------------------------------------------------------------------
+
+
+@router.get("/v1/baselines", summary="Baselines, newest first", tags=["baselines"], response_model=list[BaselineEntry])
+def list_baselines(
+    api: Analysis, model: str | None = None, prompt_version: str | None = None, contract: str | None = None
+) -> Response:
+    if bool(model) != bool(prompt_version):
+        raise BaselineError("model and prompt_version filter together: give both or neither")
+    cohort = Cohort(model, prompt_version, contract or "default") if model and prompt_version else None
+    return json_response(admin.list_all(api.store, cohort))
+
+
+@router.post(
+    "/v1/baselines",
+    summary="Freeze a window as a baseline (and activate it)",
+    status_code=201,
+    tags=["baselines"],
+    response_model=BaselineEntry,
+)
+def freeze_baseline(api: Analysis, body: FreezeRequest) -> Response:
+    return json_response(
+        admin.freeze(
+            api.store,
+            api.config,
+            model=body.model,
+            prompt_version=body.prompt_version,
+            contract=body.contract,
+            since=body.since,
+            until=body.until,
+            author=body.author,
+            note=body.note,
+            force=body.force,
+            activate=body.activate,
+        ),
+        201,
+    )
+
+
+@router.post(
+    "/v1/baselines/import",
+    summary="Import an exported baseline document (no-op if stored)",
+    tags=["baselines"],
+    response_model=BaselineImported,
+)
+def import_baseline(api: Analysis, doc: Annotated[dict[str, Any], Body()]) -> Response:
+    return json_response(admin.import_document(api.store, doc))
+
+
+@router.post(
+    "/v1/baselines/retire",
+    summary="Stop comparing a cohort against its baseline",
+    tags=["baselines"],
+    response_model=BaselineRetired,
+)
+def retire_baseline(api: Analysis, body: CohortRequest) -> Response:
+    return json_response(
+        admin.retire(
+            api.store, Cohort(body.model, body.prompt_version, body.contract), author=body.author, note=body.note
+        )
+    )
+
+
+@router.post(
+    "/v1/baselines/inherit",
+    summary="Compare a cohort against another cohort's baseline",
+    tags=["baselines"],
+    response_model=BaselineInherited,
+)
+def inherit_baseline(api: Analysis, body: InheritRequest) -> Response:
+    return json_response(
+        admin.inherit(
+            api.store,
+            Cohort(body.model, body.prompt_version, body.contract),
+            body.parent,
+            author=body.author,
+            note=body.note,
+        )
+    )
+
+
+@router.get(
+    "/v1/baselines/{baseline_id}",
+    summary="One baseline's full document",
+    tags=["baselines"],
+    response_model=BaselineDocument,
+)
+def get_baseline(api: Analysis, baseline_id: str) -> Response:
+    return json_response(admin.show(api.store, baseline_id))
+
+
+@router.post(
+    "/v1/baselines/{baseline_id}/activate",
+    summary="Make a baseline its cohort's active one",
+    tags=["baselines"],
+    response_model=BaselineEntry,
+)
+def activate_baseline(api: Analysis, baseline_id: str, body: ActorRequest) -> Response:
+    return json_response(admin.activate(api.store, baseline_id, author=body.author, note=body.note))
+
+
+# --- the review -------------------------------------------------------------------------------------
+
+
+@router.get(
+    "/v1/review",
+    summary="The weekly review report (json, markdown or html)",
+    tags=["review"],
+    response_model=Review,
+    responses={
+        200: {
+            "description": "The review as JSON (format=json), Markdown or HTML",
+            "content": {"text/markdown": {"schema": {"type": "string"}}, "text/html": {"schema": {"type": "string"}}},
+        }
+    },
+)
+def get_review(
+    api: Analysis,
+    since: str = Query("7d", description=f"the review period, e.g. 7d, at most {MAX_REVIEW_PERIOD.days}d"),
+    format: str = Query("json", pattern="^(json|markdown|html)$"),
+) -> Response:
+    from .review import build_review, render_html, render_markdown
+
+    # Refused before the review reads anything: its cost grows with the period.
+    period = _duration(since, "since", MAX_REVIEW_PERIOD)
+    review = build_review(
+        api.store, api.config, now=api.clock(), period=period, max_baseline_age=api.config.max_baseline_age
+    )
+    if format == "markdown":
+        return Response(render_markdown(review), media_type="text/markdown; charset=utf-8")
+    if format == "html":
+        return Response(render_html(review), media_type="text/html; charset=utf-8")
+    return json_response(review)
+
+
+# --- contracts --------------------------------------------------------------------------------------
+
+
+@router.get(
+    "/v1/contracts",
+    summary="Registered contract versions (of one contract), oldest first",
+    tags=["contracts"],
+    response_model=list[ContractSummary],
+)
+def list_contracts(api: Analysis, contract: str | None = None) -> Response:
+    return json_response(admin.list_contracts(api.store, contract))
+
+
+@router.get(
+    "/v1/contracts/item",
+    summary="One registered contract version, with its document",
+    tags=["contracts"],
+    response_model=ContractItem,
+)
+def get_contract(api: Analysis, contract: str, version: str) -> Response:
+    return json_response(admin.show_contract(api.store, contract, version))
+
+
+@router.post(
+    "/v1/contracts",
+    summary="Register a contract version (JSON Schema, tool or catalog)",
+    description="Registered versions never change: a new version answers 201, the same content "
+    "again 200 with created false; other content under a registered version answers 409.",
+    status_code=201,
+    tags=["contracts"],
+    response_model=ContractRegistered,
+    responses={200: {"description": "Registered before with the same content", "model": ContractRegistered}},
+)
+def register_contract(api: Analysis, body: ContractRequest) -> Response:
+    result = admin.register_contract(
+        api.store, body.contract, body.version, body.document, author=body.author, note=body.note
+    )
+    return json_response(result, 201 if result["created"] else 200)
+
+
+# --- the analyzer -----------------------------------------------------------------------------------
+
+
+@router.get("/v1/analyzer/runs", summary="The latest analyzer runs", tags=["admin"], response_model=list[AnalyzerRun])
+def list_analyzer_runs(api: Analysis, limit: int = Query(20, ge=1, le=1000)) -> Response:
+    rows = api.store.query(
+        """SELECT run_id, started_at, evaluated_at, ok, error, duration_seconds, cohorts, checks, breaches
                    FROM analyzer_runs ORDER BY run_id DESC LIMIT ?""",
-                [limit],
-            )
-            return _json(
-                [
-                    {
-                        "run_id": r[0],
-                        "started_at": r[1].isoformat(),
-                        "evaluated_at": r[2].isoformat(),
-                        "ok": r[3],
-                        "error": r[4],
-                        "duration_seconds": r[5],
-                        "cohorts": r[6],
-                        "checks": r[7],
-                        "breaches": r[8],
-                    }
-                    for r in rows
-                ]
-            )
+        [limit],
+    )
+    return json_response(
+        [
+            {
+                "run_id": r[0],
+                "started_at": r[1].isoformat(),
+                "evaluated_at": r[2].isoformat(),
+                "ok": r[3],
+                "error": r[4],
+                "duration_seconds": r[5],
+                "cohorts": r[6],
+                "checks": r[7],
+                "breaches": r[8],
+            }
+            for r in rows
+        ]
+    )
 
-        @r.post("/v1/analyzer/run", summary="Run one evaluation now")
-        def post_run() -> Response:
-            if self.analyzer is None:
-                raise ShapewatchError("no analyzer in this process")
-            res = self.analyzer.run()
-            if not res.ok:  # recorded in analyzer_runs and counted; the caller gets the shared error shape
-                return _json(error_body(500, f"evaluation failed: {res.error}"), 500)
-            return _json(
-                {
-                    "ok": res.ok,
-                    "at": res.at.isoformat(),
-                    "duration_seconds": round(res.duration_seconds, 4),
-                    "transitions": len(res.transitions),
-                }
-            )
 
-        return r
+@router.post("/v1/analyzer/run", summary="Run one evaluation now", tags=["admin"], response_model=RunNow)
+def run_analyzer(api: Analysis) -> Response:
+    if api.analyzer is None:
+        raise ShapewatchError("no analyzer in this process")
+    res = api.analyzer.run()
+    if not res.ok:  # recorded in analyzer_runs and counted; the caller gets the shared error shape
+        raise ApiError(500, f"evaluation failed: {res.error}")
+    return json_response(
+        {
+            "ok": res.ok,
+            "at": res.at.isoformat(),
+            "duration_seconds": round(res.duration_seconds, 4),
+            "transitions": len(res.transitions),
+        }
+    )

@@ -37,6 +37,8 @@ class NotifyConfigInvalid(ShapewatchError, ValueError):
 class ConfigInvalid(ShapewatchError, ValueError):
     """A key of the analyzer configuration is wrong; the message names the key and the fix."""
 
+    status = 422  # the service reaches one through a request's parameter (the review's period)
+
     def __init__(self, key: str, problem: str) -> None:
         self.key = key
         self.problem = problem
@@ -50,6 +52,8 @@ class ParameterInvalid(ShapewatchError, ValueError):
     >>> str(ParameterInvalid("since", "'10000d' is longer than the limit of 90d"))
     "since: '10000d' is longer than the limit of 90d"
     """
+
+    status = 422
 
     def __init__(self, name: str, reason: str) -> None:
         self.name = name
@@ -85,7 +89,11 @@ class ReviewPeriodTooLong(ConfigInvalid):
 class AlertError(ShapewatchError, ValueError):
     """An alert operation asked for something that cannot be done."""
 
+    status = 422
+
 
 class AlertNotFound(AlertError, LookupError):
+    status = 404
+
     def __init__(self, fp: str) -> None:
         super().__init__(f"no alert with fingerprint {fp!r}")

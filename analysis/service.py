@@ -1,9 +1,14 @@
-"""The service process: the HTTP app (collector routes, /metrics), assembled here.
+"""The service process: the HTTP app (collector routes, analysis routes, /metrics), assembled here.
 
 ``analysis`` is the highest backend layer, so this is where the routers that
-each package exposes are put together with the store, the writer and the
-metrics registry, and where the scheduler runs the store's upkeep
-(``maintenance.py``; the analyzer's evaluations join it).
+each package builds at import are put together with what they serve (the store, the
+writer, the metrics registry, the analyzer: ``app.state``, reached by the routes through
+``Depends``), where the one error map is installed, and where the scheduler runs the
+store's upkeep (``maintenance.py``; the analyzer's evaluations join it).
+
+The API description (``/openapi.json``) is browsable at ``/docs`` (Swagger UI) and ``/redoc``,
+both served from files of the ``fastapi-offline`` package: no page loads anything from
+another host, so they work without network access.
 
 >>> app = create_app(settings)          # doctest: +SKIP
 >>> run(settings)                       # doctest: +SKIP  (uvicorn, blocks)
@@ -17,11 +22,14 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import uvicorn
-from fastapi import Depends, FastAPI
-from fastapi.responses import PlainTextResponse, Response
+from fastapi import APIRouter, FastAPI, Request, Security
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
+from fastapi.responses import HTMLResponse, PlainTextResponse, Response
+from fastapi.staticfiles import StaticFiles
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -39,10 +47,21 @@ from shapewatch.collector import (
     limits_from_settings,
     require_token,
 )
+from shapewatch.collector.api import (
+    AUTH_ERRORS,
+    bearer,
+    error_responses,
+    guarded_route,
+    health_router,
+    ingest_router,
+    operation_id,
+    publish_limits,
+)
 
 from .alerts import AlertBook, AlertState, Transition
 from .analyzer import Analyzer
-from .api import AnalysisApi, install_analysis_error_handlers
+from .api import AnalysisApi
+from .api import router as analysis_router
 from .config import AnalyzerConfig
 from .maintenance import start_maintenance
 from .notify import (
@@ -60,6 +79,74 @@ from .store_access import open_store
 __all__ = ["create_app", "open_store", "run"]
 
 log = logging.getLogger(__name__)
+
+#: ``GET /metrics``: the Prometheus text, behind a token with the read scope.
+metrics_router = APIRouter(
+    tags=["health"],
+    route_class=guarded_route("read"),
+    dependencies=[Security(bearer)],
+    responses=error_responses(*AUTH_ERRORS, 500, 503, by_reference=True),
+    generate_unique_id_function=operation_id,
+)
+
+
+@metrics_router.get(
+    "/metrics",
+    summary="Prometheus metrics",
+    response_class=PlainTextResponse,
+    responses={
+        200: {"description": "The Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}}
+    },
+)
+async def get_metrics(request: Request) -> Response:
+    registry: CollectorRegistry = request.app.state.registry
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def _docs_assets() -> Path:
+    """Swagger UI's and Redoc's files, shipped by the ``fastapi-offline`` package."""
+    import fastapi_offline
+
+    return Path(fastapi_offline.__file__).parent / "static"
+
+
+_ASSETS = "/docs/assets"
+
+
+def install_docs(app: FastAPI) -> None:
+    """``/docs`` (Swagger UI) and ``/redoc`` from local files: FastAPI's own pages load their
+    scripts from a CDN, and are blank without network access. No page names another host:
+    no favicon, fonts or validator badge from outside (``validatorUrl`` off)."""
+    app.mount(_ASSETS, StaticFiles(directory=_docs_assets()), name="docs-assets")
+    openapi_url = app.openapi_url or "/openapi.json"
+
+    @app.get("/docs", include_in_schema=False)
+    async def swagger_ui(request: Request) -> HTMLResponse:
+        root = request.scope.get("root_path", "")
+        return get_swagger_ui_html(
+            openapi_url=root + openapi_url,
+            title=f"{app.title} - API",
+            oauth2_redirect_url=root + "/docs/oauth2-redirect",
+            swagger_js_url=f"{root}{_ASSETS}/swagger-ui-bundle.js",
+            swagger_css_url=f"{root}{_ASSETS}/swagger-ui.css",
+            swagger_favicon_url=f"{root}{_ASSETS}/favicon.png",
+            swagger_ui_parameters={"validatorUrl": None, "persistAuthorization": False},
+        )
+
+    @app.get("/docs/oauth2-redirect", include_in_schema=False)
+    async def swagger_ui_redirect() -> HTMLResponse:
+        return get_swagger_ui_oauth2_redirect_html()
+
+    @app.get("/redoc", include_in_schema=False)
+    async def redoc(request: Request) -> HTMLResponse:
+        root = request.scope.get("root_path", "")
+        return get_redoc_html(
+            openapi_url=root + openapi_url,
+            title=f"{app.title} - API",
+            redoc_js_url=f"{root}{_ASSETS}/redoc.standalone.js",
+            redoc_favicon_url=f"{root}{_ASSETS}/favicon.png",
+            with_google_fonts=False,
+        )
 
 
 def pager_enqueue(store: Store, targets: list[Target]) -> Callable[[Any, Sequence[Transition], datetime], None]:
@@ -182,31 +269,50 @@ def create_app(
         version="0.1.0",
         lifespan=lifespan,
         description="Schema-drift monitor for language-model structured outputs.",
+        openapi_tags=_TAGS,
+        generate_unique_id_function=operation_id,
+        docs_url=None,  # install_docs: served from local files
+        redoc_url=None,
     )
     app.add_middleware(BodyPolicy, limits=BodyLimits.from_settings(settings))  # every route's body
-    install_error_handlers(app)
-    install_analysis_error_handlers(app)
-    app.include_router(api.router(settings.tokens))
-    app.include_router(api.health_router())
-    app.include_router(AnalysisApi(store, config, analyzer).router(settings.tokens))
+    install_error_handlers(app)  # the one error map, for every router
+    app.include_router(ingest_router)
+    app.include_router(health_router)
+    app.include_router(analysis_router)
+    app.include_router(metrics_router)
+    install_docs(app)
+    limits = limits_from_settings(settings)
+    describe = app.openapi
 
-    metrics_guard = require_token(settings.tokens, "read")
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = publish_limits(describe(), limits)
+        return app.openapi_schema
 
-    @app.get(
-        "/metrics",
-        summary="Prometheus metrics",
-        dependencies=[Depends(metrics_guard)],
-        response_class=PlainTextResponse,
-        responses={**metrics_guard.responses, 200: {"content": {"text/plain": {}}}},
-    )
-    async def metrics_endpoint() -> Response:
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+    app.openapi = openapi  # type: ignore[method-assign]
 
+    # What the routers serve, reached through their dependencies.
+    app.state.token_guard = require_token(settings.tokens, "read")
+    app.state.collector = api
+    app.state.analysis = AnalysisApi(store, config, analyzer)
+    app.state.registry = registry
     app.state.store = store
     app.state.writer = writer
     app.state.analyzer = analyzer
     app.state.notifier = notifier
     return app
+
+
+_TAGS = [
+    {"name": "ingest", "description": "Structured outputs and raw provider responses in (token scope ingest)"},
+    {"name": "alerts", "description": "Alerts and silences"},
+    {"name": "cohorts", "description": "Cohorts, their window profiles, series and stored outputs"},
+    {"name": "baselines", "description": "Frozen baselines: list, freeze, import, activate, inherit, retire"},
+    {"name": "contracts", "description": "Registered contract versions"},
+    {"name": "review", "description": "The weekly review report"},
+    {"name": "admin", "description": "Analyzer runs"},
+    {"name": "health", "description": "Liveness (open) and Prometheus metrics"},
+]
 
 
 def _digest_job(store: Store, url: str) -> Callable[[], None]:

@@ -19,16 +19,22 @@ __all__ = [
 
 
 class BaselineError(ShapewatchError):
-    """A baseline operation could not be done as asked."""
+    """A baseline operation could not be done as asked (the service answers 422)."""
+
+    status = 422
 
 
 class BaselineNotFound(BaselineError, LookupError):
+    status = 404
+
     def __init__(self, what: str) -> None:
         super().__init__(f"no baseline {what}")
 
 
 class BaselineRefused(BaselineError):
     """Freezing was refused: too few samples, open page alerts, ...; ``--force`` with a reason overrides."""
+
+    status = 409
 
     def __init__(self, objections: Sequence[str]) -> None:
         self.objections = list(objections)

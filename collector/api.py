@@ -1,11 +1,16 @@
-"""The collector's HTTP routes, and the one JSON error shape every route answers with.
+"""The collector's HTTP routes, the one JSON error shape every route answers with, and the token check.
 
 ``POST /v1/outputs`` takes one envelope, a JSON array of envelopes, or NDJSON,
 and answers per event; ``POST /v1/provider/{provider}`` takes a raw provider
-response; ``GET /healthz`` runs a real query. The service (``analysis``)
-mounts this router and installs ``install_error_handlers``.
+response; ``GET /healthz`` runs a real query. The routers are built once, at import
+(``ingest_router``, ``health_router``); what they serve (the store, the writer, the metrics)
+they reach through ``Depends(collector_of)``, the ``CollectorApi`` the service puts in
+``app.state.collector``, and the tokens through ``app.state.token_guard``. The service
+installs ``install_error_handlers`` once for every router.
 
-Errors: ``{"error": {"status": 422, "message": "...", "fields": [{"path": ..., "reason": ...}]}}``.
+Errors: ``{"error": {"status": 422, "message": "...", "fields": [{"path": ..., "reason": ...}]}}``;
+the status of each error class is its ``status`` attribute (collector/errors.py and the
+errors of the other packages).
 """
 
 from __future__ import annotations
@@ -13,19 +18,22 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import re
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from concurrent.futures import Future
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import orjson
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request, Security
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from fastapi.routing import APIRoute
+from fastapi.security import HTTPBearer
+from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
@@ -33,6 +41,7 @@ from .adapters import AdapterError, Provider, ProviderOutcome, adapt_response
 from .envelope import Envelope, Limits, envelope_json_schema, parse_body, validate_envelope
 from .errors import (
     BatchTooLarge,
+    ContractInvalid,
     EnvelopeInvalid,
     FieldError,
     ShapewatchError,
@@ -47,10 +56,18 @@ from .writer import Writer
 __all__ = [
     "ApiError",
     "CollectorApi",
+    "ErrorBody",
     "TokenGuard",
+    "bearer",
+    "collector_of",
     "error_body",
     "error_responses",
+    "guarded_route",
+    "health_router",
+    "ingest_router",
     "install_error_handlers",
+    "json_response",
+    "operation_id",
     "require_token",
 ]
 
@@ -86,7 +103,8 @@ def _compact(items: list[Envelope | EnvelopeInvalid | frozenset[str]]) -> None:
 
 
 class ApiError(ShapewatchError):
-    """An HTTP error with the shared JSON shape."""
+    """An HTTP error with the shared JSON shape, for a refusal no error class of a package names
+    (a content type, a closed connection): its status is given where it is raised."""
 
     def __init__(
         self, status: int, message: str, fields: list[FieldError] | None = None, headers: dict[str, str] | None = None
@@ -98,62 +116,138 @@ class ApiError(ShapewatchError):
         super().__init__(f"{status}: {message}")
 
 
+def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    """A JSON reply serialized by orjson: every route answers through it, not through pydantic,
+    so the bodies keep their shape and the hot ingest path pays no validation."""
+    return Response(orjson.dumps(body), status_code=status, media_type="application/json", headers=headers)
+
+
 def error_body(status: int, message: str, fields: list[FieldError] | None = None) -> dict[str, Any]:
     return {"error": {"status": status, "message": message, "fields": [f.as_dict() for f in fields or []]}}
 
 
-def _json(status: int, body: Any, headers: dict[str, str] | None = None) -> Response:
-    return Response(orjson.dumps(body), status_code=status, media_type="application/json", headers=headers)
+# --- the documented shapes ------------------------------------------------------------------------
 
 
-_ERROR_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["error"],
-    "additionalProperties": False,
-    "properties": {
-        "error": {
-            "type": "object",
-            "required": ["status", "message", "fields"],
-            "properties": {
-                "status": {"type": "integer"},
-                "message": {"type": "string"},
-                "fields": {
-                    "type": "array",
-                    "items": {
-                        "type": "object",
-                        "required": ["path", "reason"],
-                        "properties": {"path": {"type": "string"}, "reason": {"type": "string"}},
-                    },
-                },
-            },
-        }
-    },
-}
+class FieldProblem(BaseModel):
+    """One refused field: where (a field path or a parameter's name) and why."""
+
+    path: str
+    reason: str
+
+
+class ErrorDetail(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    status: int
+    message: str
+    fields: list[FieldProblem]
+
+
+class ErrorBody(BaseModel):
+    """The one error shape of every route."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    error: ErrorDetail
+
+
+class EventResult(BaseModel):
+    """One event of an ingest request: accepted, duplicate (stored before), or rejected with its errors."""
+
+    index: int
+    event_id: str | None
+    status: Literal["accepted", "duplicate", "rejected"]
+    errors: list[FieldProblem] | None = None
+    generated_id: bool | None = None
+
+
+class IngestReply(BaseModel):
+    """What ``POST /v1/outputs`` answers: counts, the per-event results (the first
+    ``MAX_REJECTIONS_LISTED`` rejections in full), and every rejection counted by reason."""
+
+    accepted: int
+    duplicate: int
+    rejected: int
+    results: list[EventResult]
+    rejected_by_reason: dict[str, int]
+    rejections_omitted: int
+
+
+class OutcomeResult(BaseModel):
+    """A response that never reached a parser (truncated, refused, filtered, invalid JSON)."""
+
+    kind: str
+    contract: str
+    finish_reason: str | None
+    detail: str
+    counted: bool
+
+
+class ProviderReply(IngestReply):
+    """What ``POST /v1/provider/{provider}`` answers: the ingest reply and the provider outcomes."""
+
+    outcomes: list[OutcomeResult]
+
+
+class Health(BaseModel):
+    """The store answered a real query; its figures and the writer's queue."""
+
+    model_config = ConfigDict(extra="allow")
+
+    status: Literal["ok"]
+    schema_version: int
+    events: int
+    queued_events: int
+
 
 _ERROR_MEANING = {
-    400: "The body is not JSON (or not an array where one was sent)",
+    400: "The body is not JSON (or not an array where one was sent), or the request is malformed",
+    401: "No bearer token, or one the service does not know",
+    403: "A valid token without the scope this route needs",
     404: "Unknown resource",
-    413: "The body is over max_body_bytes (with or without Content-Length), or holds too many events",
+    408: "The body did not arrive in time",
+    409: "Conflicts with what is stored (a refused freeze, a contract version registered with other content)",
+    413: "The body is over its size limit (with or without Content-Length), or holds too many events",
     415: "Unsupported content type",
-    422: "Invalid envelope, query parameters or reused event_id; each failing field is named",
-    503: "The store cannot take writes or be read right now; retry after Retry-After seconds",
+    422: "Invalid envelope, body or parameters, or a request that cannot be done; each failing field is named",
+    500: "Internal error (the service log says more)",
+    503: "The store cannot take writes or be read right now, or the service is busy; retry after Retry-After seconds",
 }
 
 
-def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI ``responses=`` entries for these statuses, each in the shared error shape."""
-    return {
-        c: {"description": _ERROR_MEANING.get(c, "Error"), "content": {"application/json": {"schema": _ERROR_SCHEMA}}}
-        for c in codes
-    }
+def error_responses(*codes: int, by_reference: bool = False) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses=`` entries for these statuses, each in the shared error shape.
+
+    ``by_reference`` names the schema instead of the model, for a route whose own replies are
+    not JSON (``/metrics``): FastAPI would list a model's schema under the route's media type,
+    but errors are always JSON. The schema is in the description through the other routes."""
+    if by_reference:
+        content = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
+        return {c: {"description": _ERROR_MEANING.get(c, "Error"), "content": content} for c in codes}
+    return {c: {"description": _ERROR_MEANING.get(c, "Error"), "model": ErrorBody} for c in codes}
+
+
+#: what every route may answer: a body refused by the body policy (408, 413, 503), a parameter
+#: refused (422), an error of the service (500)
+COMMON_ERRORS = (408, 413, 422, 500, 503)
+#: what a route behind a token adds
+AUTH_ERRORS = (401, 403)
+
+
+def operation_id(route: APIRoute) -> str:
+    """A route's OpenAPI operation id: its function's name (``ingest_events``, ``list_alerts``),
+    stable across releases, where FastAPI's default is made of the path and the method."""
+    return route.name
+
+
+# --- one error map --------------------------------------------------------------------------------
 
 
 def _allowed_methods(request: Request) -> set[str]:
     """The methods the app documents for this path, from its most specific templates:
     ``/v1/baselines/import`` is POST only, though GET ``/v1/baselines/{id}`` matches it too
     (and answers 404 for it)."""
-    import re
-
     found: dict[str, int] = {}  # method -> fewest path parameters of a template serving it
     for template, ops in request.app.openapi().get("paths", {}).items():
         pattern = "".join(
@@ -175,12 +269,51 @@ def _parameter_path(loc: tuple[Any, ...]) -> str:
     return ".".join(parts[1:] if len(loc) > 1 and isinstance(loc[1], str) else parts)
 
 
-def install_error_handlers(app: FastAPI) -> None:
-    """Make every error the app can produce answer with the shared JSON shape."""
+_CONTRACT_PARTS = {"the contract name": "contract", "the contract version": "version"}
 
-    async def api_error(_: Request, exc: Exception) -> Response:
-        assert isinstance(exc, ApiError)
-        return _json(exc.status, error_body(exc.status, exc.message, exc.fields), exc.headers)
+
+def _error_fields(exc: ShapewatchError) -> list[FieldError]:
+    """The fields an error names, whatever package raised it: its own ``fields``, or the one
+    parameter or key it is about (``ParameterInvalid``: name and reason; ``ConfigInvalid``: key
+    and problem), or the part of a contract that was refused."""
+    if isinstance(exc, BatchTooLarge):
+        return [FieldError("body", "too many events", "too_large")]
+    if isinstance(exc, ContractInvalid):
+        path = _CONTRACT_PARTS.get(exc.where, "document")
+        return [FieldError(path, exc.problem if path != "document" else str(exc))]
+    fields = getattr(exc, "fields", None)
+    if isinstance(fields, list):
+        return [f for f in fields if isinstance(f, FieldError)]
+    for name, reason in (("name", "reason"), ("key", "problem")):
+        n, r = getattr(exc, name, None), getattr(exc, reason, None)
+        if isinstance(n, str) and isinstance(r, str):
+            return [FieldError(n, r)]
+    return []
+
+
+def _shapewatch_error(exc: ShapewatchError) -> Response:
+    """Any error of shapewatch, answered with its class's status in the shared shape."""
+    status = exc.status
+    if isinstance(exc, ApiError):
+        return json_response(error_body(status, exc.message, exc.fields), status, exc.headers)
+    if isinstance(exc, StoreUnavailable):  # expected under a full disk: the client retries
+        return json_response(error_body(status, str(exc)), status, {"Retry-After": str(exc.retry_after)})
+    if isinstance(exc, StoreError):
+        log.error("store error: %s", exc)
+        return json_response(error_body(status, str(exc)), status, {"Retry-After": "5"})
+    if status >= 500:  # not written for a client: said in the log, not in the reply
+        log.error("unexpected error", exc_info=exc)
+        return json_response(error_body(500, "internal error; see the service log"), 500)
+    return json_response(error_body(status, str(exc), _error_fields(exc)), status)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Make every error the app can produce answer with the shared JSON shape: the one error map,
+    installed once by the app for every router."""
+
+    async def shapewatch_error(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ShapewatchError)
+        return _shapewatch_error(exc)
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
@@ -189,8 +322,8 @@ def install_error_handlers(app: FastAPI) -> None:
             # Starlette names only the methods of the first route matching the path; a path
             # served by several routes (GET and POST /v1/baselines) allows all of theirs.
             headers["Allow"] = ", ".join(sorted(_allowed_methods(request))) or headers.get("Allow", "")
-        return _json(
-            exc.status_code, error_body(exc.status_code, str(exc.detail), getattr(exc, "fields", None)), headers
+        return json_response(
+            error_body(exc.status_code, str(exc.detail), getattr(exc, "fields", None)), exc.status_code, headers
         )
 
     async def validation_error(_: Request, exc: Exception) -> Response:
@@ -198,60 +331,49 @@ def install_error_handlers(app: FastAPI) -> None:
         fields = [
             FieldError(_parameter_path(tuple(e.get("loc", ()))), str(e.get("msg", "invalid"))) for e in exc.errors()
         ]
-        return _json(422, error_body(422, "request is invalid", fields))
-
-    async def too_large(_: Request, exc: Exception) -> Response:
-        assert isinstance(exc, BatchTooLarge)
-        return _json(413, error_body(413, str(exc), [FieldError("body", "too many events", "too_large")]))
-
-    async def store_unavailable(_: Request, exc: Exception) -> Response:
-        assert isinstance(exc, StoreUnavailable)
-        return _json(503, error_body(503, str(exc)), {"Retry-After": str(exc.retry_after)})
-
-    async def store_error(_: Request, exc: Exception) -> Response:
-        log.error("store error: %s", exc)
-        return _json(503, error_body(503, str(exc)), {"Retry-After": "5"})
+        return json_response(error_body(422, "request is invalid", fields), 422)
 
     async def unexpected(_: Request, exc: Exception) -> Response:
         log.error("unexpected error", exc_info=exc)
-        return _json(500, error_body(500, "internal error; see the service log"))
+        return json_response(error_body(500, "internal error; see the service log"), 500)
 
-    app.add_exception_handler(ApiError, api_error)
+    app.add_exception_handler(ShapewatchError, shapewatch_error)
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(RequestValidationError, validation_error)
-    app.add_exception_handler(BatchTooLarge, too_large)
-    app.add_exception_handler(StoreUnavailable, store_unavailable)
-    app.add_exception_handler(StoreError, store_error)
     app.add_exception_handler(Exception, unexpected)
 
 
+# --- tokens ---------------------------------------------------------------------------------------
+
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
-_AUTH_RESPONSES: dict[int | str, dict[str, Any]] = {
-    401: {"description": "No bearer token, or one the service does not know (shared error shape)"},
-    403: {"description": "A valid token without the scope this route needs (shared error shape)"},
-}
+#: The bearer scheme the API description declares on every route behind a token. It checks
+#: nothing itself (``auto_error=False``): ``guarded_route`` does, before the body is read.
+bearer = HTTPBearer(
+    auto_error=False,
+    scheme_name="bearer",
+    description="A token of SHAPEWATCH_TOKENS (SECRET, or SCOPE[+SCOPE]:SECRET with the scopes ingest, "
+    "read, admin). Ingest routes need ingest, other GETs read, other writes admin. Without "
+    "configured tokens the service asks for none.",
+)
 
 
 class TokenGuard:
-    """The dependency ``require_token`` builds; ``responses`` documents its 401 and 403.
+    """The service's tokens, checked in constant time; one per app (``app.state.token_guard``).
 
     >>> guard = require_token(("read:s3cret",), "read", writes="admin")
-    >>> router = APIRouter(route_class=guard.route_class, responses=guard.responses)  # doctest: +SKIP
-    >>> app.get("/metrics", dependencies=[Depends(guard)], responses=guard.responses)  # doctest: +SKIP
+    >>> app.state.token_guard = guard  # doctest: +SKIP
+    >>> router = APIRouter(route_class=guarded_route("read", writes="admin"))  # doctest: +SKIP
     """
 
     def __init__(self, tokens: tuple[str, ...], scope: Scope | str, writes: Scope | str | None) -> None:
         self.read_scope, self.write_scope = Scope(scope), Scope(writes or scope)
         self.entries = [(e.secret.encode(), e.scopes) for e in map(parse_token, tokens)]
-        #: OpenAPI responses of the routes it guards (none without tokens: nothing is refused)
-        self.responses: dict[int | str, dict[str, Any]] = dict(_AUTH_RESPONSES) if self.entries else {}
-        #: for ``APIRouter(route_class=...)``: checks the token before anything else of the request
-        #: is read. A dependency runs only after FastAPI parsed the body, so a caller without a
-        #: token would learn from a 400 or 422 how the body is checked.
-        self.route_class: type[APIRoute] = type("GuardedRoute", (_GuardedRoute,), {"guard": self})
 
-    async def __call__(self, request: Request) -> None:
+    def check(self, request: Request, read_scope: Scope | None = None, write_scope: Scope | None = None) -> None:
+        """Raise 401 without a known token, 403 when it lacks the scope this method needs
+        (``read_scope`` for GET, HEAD and OPTIONS, ``write_scope`` for the others; by default
+        the guard's own). No tokens: nothing is checked."""
         if not self.entries:
             return
         header = request.headers.get("authorization", "")
@@ -268,7 +390,8 @@ class TokenGuard:
                 "missing or invalid bearer token" if header else "authentication required",
                 headers={"WWW-Authenticate": "Bearer"},
             )
-        need = self.read_scope if request.method in _SAFE_METHODS else self.write_scope
+        safe = request.method in _SAFE_METHODS
+        need = (read_scope or self.read_scope) if safe else (write_scope or self.write_scope)
         if need not in granted:
             has = "+".join(sorted(s.value for s in granted))
             raise ApiError(
@@ -278,30 +401,44 @@ class TokenGuard:
                 headers={"WWW-Authenticate": f'Bearer error="insufficient_scope", scope="{need.value}"'},
             )
 
-
-class _GuardedRoute(APIRoute):
-    guard: TokenGuard
-
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handler, guard = super().get_route_handler(), self.guard
-
-        async def guarded(request: Request) -> Response:
-            await guard(request)
-            return await handler(request)
-
-        return guarded
+    async def __call__(self, request: Request) -> None:
+        self.check(request)
 
 
 def require_token(tokens: tuple[str, ...], scope: Scope | str, *, writes: Scope | str | None = None) -> TokenGuard:
-    """A dependency: the bearer token must be known (else 401) and grant the route's scope (else 403).
+    """The guard of these tokens: the bearer token must be known (else 401) and grant the route's
+    scope (else 403).
 
-    ``scope`` is what GET, HEAD and OPTIONS need; ``writes`` what the other methods of the
-    same router need (``require_token(tokens, "read", writes="admin")``), by default ``scope``.
+    ``scope`` is what GET, HEAD and OPTIONS need; ``writes`` what the other methods need
+    (``require_token(tokens, "read", writes="admin")``), by default ``scope``.
     Entries are ``SECRET`` (every scope) or ``SCOPE[+SCOPE]:SECRET`` (``parse_token``). The
     given token is compared with every secret in constant time, so timing tells neither
     whether nor which one matched. No tokens: no authentication.
     """
     return TokenGuard(tokens, scope, writes)
+
+
+def guarded_route(scope: Scope | str, *, writes: Scope | str | None = None) -> type[APIRoute]:
+    """A route class (``APIRouter(route_class=...)``) whose routes check the app's token guard
+    before anything else of the request is read: a dependency runs only after FastAPI parsed the
+    body, so a caller without a token would learn from a 400 or 422 how the body is checked.
+    ``scope`` is what GET, HEAD and OPTIONS need, ``writes`` what the other methods need."""
+    read_scope, write_scope = Scope(scope), Scope(writes or scope)
+
+    class GuardedRoute(APIRoute):
+        def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+            handler = super().get_route_handler()
+
+            async def guarded(request: Request) -> Response:
+                guard = getattr(request.app.state, "token_guard", None)
+                if not isinstance(guard, TokenGuard):  # fail closed: an app that forgot its tokens
+                    raise ApiError(500, "the service has no token guard installed")
+                guard.check(request, read_scope, write_scope)
+                return await handler(request)
+
+            return guarded
+
+    return GuardedRoute
 
 
 def _served_cohort(o: ProviderOutcome, limits: Limits) -> str | None:
@@ -332,7 +469,8 @@ def _tags_valid(model: str, prompt_version: str, contract: str, limits: Limits) 
 
 
 class CollectorApi:
-    """Builds the collector's router around one store, writer and metrics."""
+    """What the collector's routes serve: one store, writer and metrics (``app.state.collector``),
+    and the checks of a request they share."""
 
     def __init__(
         self,
@@ -488,250 +626,268 @@ class CollectorApi:
             "rejections_omitted": omitted,
         }
 
-    def router(self, tokens: tuple[str, ...]) -> APIRouter:
-        guard = require_token(tokens, Scope.ingest)
-        router = APIRouter(route_class=guard.route_class, responses=guard.responses)
 
-        envelope = envelope_json_schema(self.limits)
+async def collector_of(request: Request) -> CollectorApi:
+    """The collector the app serves (``app.state.collector``), for ``Depends``."""
+    api: CollectorApi = request.app.state.collector
+    return api
 
-        @router.post(
-            "/v1/outputs",
-            summary="Ingest structured outputs",
-            description="One envelope (JSON object), a JSON array of envelopes, or NDJSON. "
-            "Answers per event once the transaction holding it committed. A single envelope "
-            "that is refused answers 422; in an array or NDJSON each event has its own result.",
-            responses=error_responses(400, 413, 415, 422, 503),
-            openapi_extra={
-                "requestBody": {
-                    "required": True,
-                    "content": {
-                        "application/json": {
-                            "schema": {
-                                "oneOf": [
-                                    envelope,
-                                    {
-                                        "type": "array",
-                                        "items": {},
-                                        "description": "envelopes, each accepted or rejected on its own",
-                                    },
-                                ]
-                            }
+
+Collector = Annotated[CollectorApi, Depends(collector_of)]
+
+
+def _outputs_body(limits: Limits) -> dict[str, Any]:
+    """The request body ``POST /v1/outputs`` documents, with the envelope of these limits."""
+    return {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "oneOf": [
+                        envelope_json_schema(limits),
+                        {
+                            "type": "array",
+                            "items": {},
+                            "description": "envelopes, each accepted or rejected on its own",
                         },
-                        "application/x-ndjson": {"schema": {"type": "string", "description": "one envelope per line"}},
-                    },
+                    ]
                 }
             },
-        )
-        async def post_outputs(request: Request) -> Response:
-            t0 = time.perf_counter()
-            ndjson = self._content_kind(request)
-            async with self._body(request) as body:
-                single = not ndjson and not body.lstrip().startswith(b"[")
+            "application/x-ndjson": {"schema": {"type": "string", "description": "one envelope per line"}},
+        },
+    }
 
-                def parse_and_submit() -> tuple[
-                    list[Envelope | EnvelopeInvalid | frozenset[str]], Future[list[WriteResult]] | None
-                ]:
-                    items: list[Envelope | EnvelopeInvalid | frozenset[str]] = list(
-                        parse_body(body, self.limits, ndjson=ndjson, max_items=self.max_request_events)
-                    )
-                    _compact(items)
-                    return items, self._submit(items)
 
-                try:
-                    # Parsing and preparing a large body take a while: off the event loop, so other
-                    # requests (and /healthz) are not held up by them.
-                    async with self._parsing(len(body)):
-                        items, submitted = await asyncio.to_thread(parse_and_submit)
-                except EnvelopeInvalid as exc:
-                    self.metrics.count_rejected({f.code for f in exc.fields})
-                    raise ApiError(
-                        exc.status if exc.status != 422 or single else 400,
-                        "the body is not a valid envelope" if single else "the body is not valid JSON",
-                        exc.fields,
-                    ) from None
-                reply = await self._reply(items, submitted)
-                self.metrics.request_seconds.labels("outputs").observe(time.perf_counter() - t0)
-                if single and reply["rejected"]:
-                    errs = [FieldError(e["path"], e["reason"]) for e in reply["results"][0]["errors"]]
-                    raise ApiError(422, "the envelope was rejected", errs)
-                return _json(200, reply)
+def publish_limits(openapi: dict[str, Any], limits: Limits) -> dict[str, Any]:
+    """The API description with the envelope of the service's own limits (the routes are built
+    at import, with the default ones)."""
+    openapi["paths"]["/v1/outputs"]["post"]["requestBody"] = _outputs_body(limits)
+    return openapi
 
-        @router.post(
-            "/v1/provider/{provider}",
-            summary="Ingest a raw provider response",
-            description="A raw OpenAI, Anthropic or Gemini response; query parameters "
-            "prompt_version (required), model (the requested model or alias), contract, "
-            "event_id, source, contract_version.",
-            responses=error_responses(400, 404, 413, 415, 422, 503),
-            openapi_extra={
-                "requestBody": {
-                    "required": True,
-                    "content": {
-                        "application/json": {
-                            "schema": {"type": "object", "description": "the provider's response, as it came"}
-                        }
-                    },
-                }
+
+#: The ingest routes: a token with the ingest scope, whatever the method.
+ingest_router = APIRouter(
+    tags=["ingest"],
+    route_class=guarded_route(Scope.ingest),
+    dependencies=[Security(bearer)],
+    responses=error_responses(*AUTH_ERRORS, *COMMON_ERRORS),
+    generate_unique_id_function=operation_id,
+)
+
+
+@ingest_router.post(
+    "/v1/outputs",
+    summary="Ingest structured outputs",
+    description="One envelope (JSON object), a JSON array of envelopes, or NDJSON. "
+    "Answers per event once the transaction holding it committed. A single envelope "
+    "that is refused answers 422; in an array or NDJSON each event has its own result.",
+    # The reply is documented, not validated: it is serialized by orjson on the hot path.
+    responses={200: {"model": IngestReply, "description": "Each event's result"}, **error_responses(400, 415)},
+    openapi_extra={"requestBody": _outputs_body(Limits())},
+)
+async def ingest_events(request: Request, api: Collector) -> Response:
+    t0 = time.perf_counter()
+    ndjson = api._content_kind(request)
+    async with api._body(request) as body:
+        single = not ndjson and not body.lstrip().startswith(b"[")
+
+        def parse_and_submit() -> tuple[
+            list[Envelope | EnvelopeInvalid | frozenset[str]], Future[list[WriteResult]] | None
+        ]:
+            items: list[Envelope | EnvelopeInvalid | frozenset[str]] = list(
+                parse_body(body, api.limits, ndjson=ndjson, max_items=api.max_request_events)
+            )
+            _compact(items)
+            return items, api._submit(items)
+
+        try:
+            # Parsing and preparing a large body take a while: off the event loop, so other
+            # requests (and /healthz) are not held up by them.
+            async with api._parsing(len(body)):
+                items, submitted = await asyncio.to_thread(parse_and_submit)
+        except EnvelopeInvalid as exc:
+            api.metrics.count_rejected({f.code for f in exc.fields})
+            raise ApiError(
+                exc.status if exc.status != 422 or single else 400,
+                "the body is not a valid envelope" if single else "the body is not valid JSON",
+                exc.fields,
+            ) from None
+        reply = await api._reply(items, submitted)
+        api.metrics.request_seconds.labels("outputs").observe(time.perf_counter() - t0)
+        if single and reply["rejected"]:
+            errs = [FieldError(e["path"], e["reason"]) for e in reply["results"][0]["errors"]]
+            raise ApiError(422, "the envelope was rejected", errs)
+        return json_response(reply)
+
+
+@ingest_router.post(
+    "/v1/provider/{provider}",
+    summary="Ingest a raw provider response",
+    description="A raw OpenAI, Anthropic or Gemini response; query parameters "
+    "prompt_version (required), model (the requested model or alias), contract, "
+    "event_id, source, contract_version.",
+    responses={
+        200: {"model": ProviderReply, "description": "Each event's result and the provider outcomes"},
+        **error_responses(400, 404, 415),
+    },
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": {"type": "object", "description": "the provider's response, as it came"}}
             },
+        }
+    },
+)
+async def ingest_provider_response(
+    request: Request,
+    api: Collector,
+    provider: str,
+    prompt_version: str,
+    model: str | None = None,
+    contract: str | None = None,
+    event_id: str | None = None,
+    source: str | None = None,
+    contract_version: str | None = None,
+) -> Response:
+    t0 = time.perf_counter()
+    try:
+        prov = Provider(provider)
+    except ValueError:
+        raise ApiError(
+            404, f"unknown provider {provider!r}; use one of " + ", ".join(p.value for p in Provider)
+        ) from None
+    api._content_kind(request)
+    # The query's tags obey the envelope's rules (they also name the cohort of outcomes).
+    fields: list[FieldError] = []
+    try:
+        validate_envelope(
+            {
+                "model": "-" if model is None else model,
+                "prompt_version": prompt_version,
+                "contract": contract,
+                "source": source,
+                "contract_version": contract_version,
+                "event_id": event_id,
+                "output": {},
+            },
+            api.limits,
         )
-        async def post_provider(
-            request: Request,
-            provider: str,
-            prompt_version: str,
-            model: str | None = None,
-            contract: str | None = None,
-            event_id: str | None = None,
-            source: str | None = None,
-            contract_version: str | None = None,
-        ) -> Response:
-            t0 = time.perf_counter()
+    except EnvelopeInvalid as exc:
+        fields = exc.fields
+    if event_id is not None and len(event_id) > _PROVIDER_EVENT_ID and not fields:
+        # several outputs get f"{event_id}:{position}", which must fit the envelope's 128
+        fields = [
+            FieldError(
+                "event_id",
+                f"is {len(event_id)} characters long; the limit here is "
+                f"{_PROVIDER_EVENT_ID}, leaving room for each output's ':<position>'",
+                "too_large",
+            )
+        ]
+    if fields:
+        raise ApiError(422, "the query parameters are invalid", fields)
+    async with api._body(request) as body:
+
+        def adapt() -> tuple[
+            list[Envelope | EnvelopeInvalid | frozenset[str]], list[ProviderOutcome], list[ProviderOutcome]
+        ]:
+            # Parsing and adapting a large response take a while: off the event loop.
             try:
-                prov = Provider(provider)
-            except ValueError:
+                raw = orjson.loads(body)
+            except orjson.JSONDecodeError as exc:
                 raise ApiError(
-                    404, f"unknown provider {provider!r}; use one of " + ", ".join(p.value for p in Provider)
+                    400, "the body is not valid JSON", [FieldError("body", str(exc), "invalid_json")]
                 ) from None
-            self._content_kind(request)
-            # The query's tags obey the envelope's rules (they also name the cohort of outcomes).
-            fields: list[FieldError] = []
             try:
-                validate_envelope(
-                    {
-                        "model": "-" if model is None else model,
-                        "prompt_version": prompt_version,
-                        "contract": contract,
-                        "source": source,
-                        "contract_version": contract_version,
-                        "event_id": event_id,
-                        "output": {},
-                    },
-                    self.limits,
+                adapted = adapt_response(
+                    prov,
+                    raw,
+                    prompt_version=prompt_version,
+                    model=model,
+                    contract=contract,
+                    event_id=event_id,
+                    source=source,
+                    contract_version=contract_version,
                 )
-            except EnvelopeInvalid as exc:
-                fields = exc.fields
-            if event_id is not None and len(event_id) > _PROVIDER_EVENT_ID and not fields:
-                # several outputs get f"{event_id}:{position}", which must fit the envelope's 128
-                fields = [
-                    FieldError(
-                        "event_id",
-                        f"is {len(event_id)} characters long; the limit here is "
-                        f"{_PROVIDER_EVENT_ID}, leaving room for each output's ':<position>'",
-                        "too_large",
-                    )
-                ]
-            if fields:
-                raise ApiError(422, "the query parameters are invalid", fields)
-            async with self._body(request) as body:
+            except AdapterError as exc:
+                raise ApiError(422, f"not a {prov.value} response", [FieldError(exc.path, exc.reason)]) from None
+            many = len(adapted.envelopes) + len(adapted.outcomes)
+            if many > api.max_request_events:
+                raise BatchTooLarge(many, api.max_request_events)
+            items: list[Envelope | EnvelopeInvalid | frozenset[str]] = []
+            for env in adapted.envelopes:
+                try:
+                    items.append(validate_envelope(env, api.limits, now=now))
+                except EnvelopeInvalid as exc:
+                    items.append(exc)
+            _compact(items)
+            # Tags are checked once per cohort, not per outcome: a response may hold thousands.
+            ok: dict[tuple[str, str, str], bool] = {}
+            for o in adapted.outcomes:
+                tags = (o.model, o.prompt_version, o.contract)
+                if tags not in ok:
+                    ok[tags] = _tags_valid(*tags, api.limits)
+            countable = [o for o in adapted.outcomes if ok[(o.model, o.prompt_version, o.contract)]]
+            return items, list(adapted.outcomes), countable
 
-                def adapt() -> tuple[
-                    list[Envelope | EnvelopeInvalid | frozenset[str]], list[ProviderOutcome], list[ProviderOutcome]
-                ]:
-                    # Parsing and adapting a large response take a while: off the event loop.
-                    try:
-                        raw = orjson.loads(body)
-                    except orjson.JSONDecodeError as exc:
-                        raise ApiError(
-                            400, "the body is not valid JSON", [FieldError("body", str(exc), "invalid_json")]
-                        ) from None
-                    try:
-                        adapted = adapt_response(
-                            prov,
-                            raw,
-                            prompt_version=prompt_version,
-                            model=model,
-                            contract=contract,
-                            event_id=event_id,
-                            source=source,
-                            contract_version=contract_version,
-                        )
-                    except AdapterError as exc:
-                        raise ApiError(
-                            422, f"not a {prov.value} response", [FieldError(exc.path, exc.reason)]
-                        ) from None
-                    many = len(adapted.envelopes) + len(adapted.outcomes)
-                    if many > self.max_request_events:
-                        raise BatchTooLarge(many, self.max_request_events)
-                    items: list[Envelope | EnvelopeInvalid | frozenset[str]] = []
-                    for env in adapted.envelopes:
-                        try:
-                            items.append(validate_envelope(env, self.limits, now=now))
-                        except EnvelopeInvalid as exc:
-                            items.append(exc)
-                    _compact(items)
-                    # Tags are checked once per cohort, not per outcome: a response may hold thousands.
-                    ok: dict[tuple[str, str, str], bool] = {}
-                    for o in adapted.outcomes:
-                        tags = (o.model, o.prompt_version, o.contract)
-                        if tags not in ok:
-                            ok[tags] = _tags_valid(*tags, self.limits)
-                    countable = [o for o in adapted.outcomes if ok[(o.model, o.prompt_version, o.contract)]]
-                    return items, list(adapted.outcomes), countable
+        now = datetime.now(UTC)
+        async with api._parsing(len(body)):
+            items, outcomes, countable = await asyncio.to_thread(adapt)
+        counted_ids: set[int] = set()
+        if countable:
+            # Keyed by response id and position: a re-posted response counts them once.
+            counted = await asyncio.to_thread(
+                api.store.record_outcomes,
+                [(o.model, o.prompt_version, o.contract, now, o.kind.value) for o in countable],
+                keys=[o.key for o in countable],
+                served=[_served_cohort(o, api.limits) for o in countable],
+            )
+            for o, new in zip(countable, counted, strict=True):
+                if new:
+                    counted_ids.add(id(o))
+                    api.metrics.provider_outcomes.labels(prov.value, o.kind.value).inc()
+        # submit prepares the events and may wait for another request's turn: off the loop
+        reply = await api._reply(items, await asyncio.to_thread(api._submit, items))
+        # counted: whether this post counted the outcome (not when a post before it did, nor
+        # when its tags cannot name a cohort: a model name from the response over the limits)
+        reply["outcomes"] = [
+            {
+                "kind": o.kind.value,
+                "contract": o.contract,
+                "finish_reason": o.finish_reason,
+                "detail": o.detail,
+                "counted": id(o) in counted_ids,
+            }
+            for o in outcomes
+        ]
+        api.metrics.request_seconds.labels("provider").observe(time.perf_counter() - t0)
+        return json_response(reply)
 
-                now = datetime.now(UTC)
-                async with self._parsing(len(body)):
-                    items, outcomes, countable = await asyncio.to_thread(adapt)
-                counted_ids: set[int] = set()
-                if countable:
-                    # Keyed by response id and position: a re-posted response counts them once.
-                    counted = await asyncio.to_thread(
-                        self.store.record_outcomes,
-                        [(o.model, o.prompt_version, o.contract, now, o.kind.value) for o in countable],
-                        keys=[o.key for o in countable],
-                        served=[_served_cohort(o, self.limits) for o in countable],
-                    )
-                    for o, new in zip(countable, counted, strict=True):
-                        if new:
-                            counted_ids.add(id(o))
-                            self.metrics.provider_outcomes.labels(prov.value, o.kind.value).inc()
-                # submit prepares the events and may wait for another request's turn: off the loop
-                reply = await self._reply(items, await asyncio.to_thread(self._submit, items))
-                # counted: whether this post counted the outcome (not when a post before it did, nor
-                # when its tags cannot name a cohort: a model name from the response over the limits)
-                reply["outcomes"] = [
-                    {
-                        "kind": o.kind.value,
-                        "contract": o.contract,
-                        "finish_reason": o.finish_reason,
-                        "detail": o.detail,
-                        "counted": id(o) in counted_ids,
-                    }
-                    for o in outcomes
-                ]
-                self.metrics.request_seconds.labels("provider").observe(time.perf_counter() - t0)
-                return _json(200, reply)
 
-        return router
+#: Open without a token: liveness and readiness probes must not hold a secret.
+health_router = APIRouter(tags=["health"], generate_unique_id_function=operation_id)
 
-    def health_router(self) -> APIRouter:
-        router = APIRouter()
 
-        @router.get(
-            "/healthz",
-            summary="Health: runs a real query on the store",
-            description="Open without a token (liveness and readiness probes).",
-            responses=error_responses(503),
-        )
-        async def healthz() -> Response:
-            if self.store.invalidated is not None:  # every query would fail: say why, once
-                return _json(503, error_body(503, str(self.store.invalidated)))
-            try:
-                info = await asyncio.to_thread(self.store.healthcheck)
-            except StoreError as exc:
-                return _json(503, error_body(503, str(exc)), {"Retry-After": "5"})
-            if not self.writer.alive:
-                return _json(
-                    503, error_body(503, "the writer thread has stopped; restart the service"), {"Retry-After": "5"}
-                )
-            if self.store.last_merge_error:
-                return _json(
-                    503,
-                    error_body(503, f"rollups cannot be merged: {self.store.last_merge_error}"),
-                    {"Retry-After": "5"},
-                )
-            if self.writer.last_error:
-                return _json(
-                    503, error_body(503, f"the last write failed: {self.writer.last_error}"), {"Retry-After": "5"}
-                )
-            return _json(200, {"status": "ok", **info, "queued_events": self.writer.queued_events})
-
-        return router
+@health_router.get(
+    "/healthz",
+    summary="Health: runs a real query on the store",
+    description="Open without a token (liveness and readiness probes).",
+    response_model=Health,
+    responses=error_responses(500, 503),
+)
+async def get_health(api: Collector) -> Response:
+    store, writer = api.store, api.writer
+    if store.invalidated is not None:  # every query would fail: say why, once
+        raise ApiError(503, str(store.invalidated))
+    try:
+        info = await asyncio.to_thread(store.healthcheck)
+    except StoreError as exc:
+        raise ApiError(503, str(exc), headers={"Retry-After": "5"}) from None
+    if not writer.alive:
+        raise ApiError(503, "the writer thread has stopped; restart the service", headers={"Retry-After": "5"})
+    if store.last_merge_error:
+        raise ApiError(503, f"rollups cannot be merged: {store.last_merge_error}", headers={"Retry-After": "5"})
+    if writer.last_error:
+        raise ApiError(503, f"the last write failed: {writer.last_error}", headers={"Retry-After": "5"})
+    return json_response({"status": "ok", **info, "queued_events": writer.queued_events})

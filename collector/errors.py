@@ -24,7 +24,13 @@ __all__ = [
 
 
 class ShapewatchError(Exception):
-    """Base of every error shapewatch raises on purpose."""
+    """Base of every error shapewatch raises on purpose.
+
+    ``status`` is the HTTP status the service answers it with: the one error map is these class
+    attributes, read by the service's single error handler (collector/api.py). An error that
+    names no status of its own is the service's fault (500)."""
+
+    status: int = 500
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,8 @@ class FieldError:
 class EnvelopeInvalid(ShapewatchError, ValueError):
     """An envelope (or a whole body) was refused; ``fields`` names each failing field."""
 
+    status = 422
+
     def __init__(self, fields: list[FieldError], *, status: int = 422) -> None:
         self.fields = fields
         self.status = status
@@ -56,6 +64,8 @@ class EnvelopeInvalid(ShapewatchError, ValueError):
 
 class StoreError(ShapewatchError):
     """The DuckDB store failed; the message says what was being done."""
+
+    status = 503  # a client may retry: the service answers with Retry-After
 
     def __init__(self, doing: str, cause: BaseException | str) -> None:
         self.doing = doing
@@ -114,6 +124,8 @@ class StoreInvalidated(StoreError):
 class BatchTooLarge(ShapewatchError, ValueError):
     """A request holds more events than the writer's whole queue: it can never be taken."""
 
+    status = 413
+
     def __init__(self, events: int, limit: int) -> None:
         self.events, self.limit = events, limit
         super().__init__(f"the request holds {events} events; send at most {limit} per request")
@@ -150,6 +162,8 @@ class SettingsInvalid(ShapewatchError, ValueError):
 class ContractError(ShapewatchError, ValueError):
     """A contract (JSON Schema or tool definition) could not be read, registered or used as asked."""
 
+    status = 422
+
 
 class ContractInvalid(ContractError):
     """A contract document is not usable: not JSON, not a schema or tool, or not valid Draft 2020-12."""
@@ -162,6 +176,8 @@ class ContractInvalid(ContractError):
 class ContractNotFound(ContractError, LookupError):
     """No registered version of that contract (or no such tool in it)."""
 
+    status = 404
+
     def __init__(self, contract: str, version: str | None = None, *, tool: str | None = None) -> None:
         self.contract, self.version, self.tool = contract, version, tool
         what = f"contract {contract!r}" + (f" version {version!r}" if version is not None else "")
@@ -173,6 +189,8 @@ class ContractNotFound(ContractError, LookupError):
 
 class ContractConflict(ContractError):
     """A (contract, version) already registered with different content: registered versions never change."""
+
+    status = 409
 
     def __init__(self, contract: str, version: str, stored: str, given: str) -> None:
         self.contract, self.version = contract, version
