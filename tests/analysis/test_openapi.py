@@ -13,18 +13,33 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import httpx
 import pytest
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from harness import ROOT, Service, make_envelope, start_service
 from jsonschema import Draft202012Validator
 from prometheus_client import CollectorRegistry
 
+from shapewatch.analysis.errors import AlertNotFound, ConfigInvalid, ParameterInvalid, ReviewPeriodTooLong
 from shapewatch.analysis.sample import seed_sample
 from shapewatch.analysis.service import create_app
+from shapewatch.baselines import BaselineError, BaselineInvalid, BaselineNotFound, BaselineRefused
 from shapewatch.collector import Settings
+from shapewatch.collector.api import ApiError, install_error_handlers
+from shapewatch.collector.errors import (
+    BatchTooLarge,
+    ContractConflict,
+    ContractInvalid,
+    ContractNotFound,
+    FieldError,
+    ShapewatchError,
+    StoreError,
+    StoreUnavailable,
+)
 
 TOKEN = "openapi-token"
 
@@ -129,6 +144,96 @@ def test_every_operation_that_wants_a_token_declares_the_bearer_scheme(
             declared.add((method, path))
     assert refused == declared
     assert set(OPERATIONS) - declared == {("GET", "/healthz")}
+
+
+# --- one error map -----------------------------------------------------------------------------------
+
+ERRORS: list[tuple[Exception, int, list[dict[str, str]], dict[str, str]]] = [
+    (BaselineNotFound("'feedbe'"), 404, [], {}),
+    (AlertNotFound("feedbeef"), 404, [], {}),
+    (ContractNotFound("c", "1"), 404, [], {}),
+    (BaselineRefused(["too few samples"]), 409, [], {}),
+    (ContractConflict("c", "1", "a" * 64, "b" * 64), 409, [], {}),
+    (BaselineError("an empty window"), 422, [], {}),
+    (
+        BaselineInvalid("body", [FieldError("/format", "must be 1")]),
+        422,
+        [{"path": "/format", "reason": "must be 1"}],
+        {},
+    ),
+    (
+        ContractInvalid("the contract version", "must be a non-empty string"),
+        422,
+        [{"path": "version", "reason": "must be a non-empty string"}],
+        {},
+    ),
+    (ParameterInvalid("since", "too long"), 422, [{"path": "since", "reason": "too long"}], {}),
+    (ConfigInvalid("window", "not a duration"), 422, [{"path": "window", "reason": "not a duration"}], {}),
+    (
+        ReviewPeriodTooLong(timedelta(days=100), timedelta(days=90)),
+        422,
+        [
+            {
+                "path": "since",
+                "reason": "a review period of 100 days is longer than the limit of 90 days; review a shorter period",
+            }
+        ],
+        {},
+    ),
+    (BatchTooLarge(10, 5), 413, [{"path": "body", "reason": "too many events"}], {}),
+    (StoreUnavailable("disk full", retry_after=7), 503, [], {"retry-after": "7"}),
+    (StoreError("reading", "I/O error"), 503, [], {"retry-after": "5"}),
+    (
+        ApiError(415, "content type", [FieldError("content-type", "unsupported")]),
+        415,
+        [{"path": "content-type", "reason": "unsupported"}],
+        {},
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("exc", "status", "fields", "headers"), ERRORS, ids=lambda v: type(v).__name__ if isinstance(v, Exception) else None
+)
+def test_each_error_class_answers_with_its_own_status(
+    exc: Exception, status: int, fields: list[dict[str, str]], headers: dict[str, str]
+) -> None:
+    app = FastAPI()
+    install_error_handlers(app)
+
+    @app.get("/raise")
+    def raising() -> None:
+        raise exc
+
+    with TestClient(app, raise_server_exceptions=False) as c:
+        r = c.get("/raise")
+    message = exc.message if isinstance(exc, ApiError) else str(exc)
+    assert (r.status_code, r.json()) == (status, {"error": {"status": status, "message": message, "fields": fields}})
+    assert {k: r.headers[k] for k in headers} == headers
+
+
+def test_an_error_without_a_status_of_its_own_is_the_services_fault() -> None:
+    app = FastAPI()
+    install_error_handlers(app)
+
+    @app.get("/raise")
+    def raising() -> None:
+        raise ShapewatchError("no analyzer in this process")
+
+    with TestClient(app, raise_server_exceptions=False) as c:
+        r = c.get("/raise")
+    assert (r.status_code, r.json()["error"]["message"]) == (500, "internal error; see the service log")
+
+
+def test_the_app_installs_one_error_map(app_and_spec: tuple[TestClient, dict[str, Any]]) -> None:
+    handled = set(app_and_spec[0].app.exception_handlers)  # type: ignore[attr-defined]
+    assert {getattr(k, "__name__", k) for k in handled} == {
+        "ShapewatchError",
+        "HTTPException",
+        "RequestValidationError",
+        "WebSocketRequestValidationError",  # FastAPI's own (the service has no websocket)
+        "Exception",
+    }
 
 
 def _readme_api_section() -> str:
