@@ -3,8 +3,9 @@
 Every refusal is asserted as the whole list of FieldErrors (path, reason, code),
 so a rule that starts answering for the wrong field, or twice, fails here.
 Property tests hold the two fast paths to their definitions: the C duplicate-key
-count (``_speedups.count_keys``) must never hide a duplicate, and the C walk
-(``_speedups.walk``) must agree with the Python walk (``envelope._Walk``).
+count (``speedups.count_keys``) must never hide a duplicate, and the fast walk
+(``speedups.walk``) must agree with the Python walk (``envelope._Walk``); each runs against the C
+implementation or, under SHAPEWATCH_ACCEL=python, its pure-Python twin.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from harness import make_envelope
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shapewatch.collector import _speedups, envelope
+from shapewatch.collector import envelope
+from shapewatch.collector.accel import speedups
 from shapewatch.collector.envelope import (
     LIMITS,
     SOURCES,
@@ -745,7 +747,7 @@ def test_a_duplicate_key_is_never_hidden(
     got = parse_envelope(raw, _WIDE, now=NOW)
     sent = json.loads(raw)["output"]  # in the order written (sort_keys may reorder)
     assert (stored(got), got.output_json) == (output, orjson.dumps(sent).decode())
-    assert _speedups.count_keys(raw) == _pairs_in(raw)  # the cheap test is exact
+    assert speedups.count_keys(raw) == _pairs_in(raw)  # the cheap test is exact
 
     # Insert one duplicate key into one object (the envelope, attributes, or anywhere in output).
     targets = [(env, ""), *_objects(env["output"], "output")]
@@ -770,17 +772,17 @@ def test_a_duplicate_key_is_never_hidden(
 @given(output=_OUTPUTS, how=_serialization())
 def test_count_keys_is_exact(output: dict[str, Any], how: dict[str, Any]) -> None:
     raw = json.dumps(make_envelope(output=output), **how).encode()
-    assert _speedups.count_keys(raw) == _pairs_in(raw)
+    assert speedups.count_keys(raw) == _pairs_in(raw)
 
 
 def test_count_keys_on_hand_written_text() -> None:
-    assert _speedups.count_keys(b'{"a":1,"b":{"c":"d:"}}') == 3
-    assert _speedups.count_keys(b'{"a":":","b":":x"}') == 2  # ':' at a string's start is not a key
-    assert _speedups.count_keys(b'{"a" :1}') == 1  # a blank before a colon
-    assert _speedups.count_keys(b'{"a\\"":1}') == 1  # an escaped quote inside a key
-    assert _speedups.count_keys(b'{"a\\\\":1}') == 1  # an escaped backslash before the closing quote
-    assert _speedups.count_keys(b'{"a":"x\\":y","b" \n :"\\\\"}') == 2  # quotes and colons inside values
-    assert _speedups.count_keys(b"[1,2]") == 0
+    assert speedups.count_keys(b'{"a":1,"b":{"c":"d:"}}') == 3
+    assert speedups.count_keys(b'{"a":":","b":":x"}') == 2  # ':' at a string's start is not a key
+    assert speedups.count_keys(b'{"a" :1}') == 1  # a blank before a colon
+    assert speedups.count_keys(b'{"a\\"":1}') == 1  # an escaped quote inside a key
+    assert speedups.count_keys(b'{"a\\\\":1}') == 1  # an escaped backslash before the closing quote
+    assert speedups.count_keys(b'{"a":"x\\":y","b" \n :"\\\\"}') == 2  # quotes and colons inside values
+    assert speedups.count_keys(b"[1,2]") == 0
 
 
 # --- property: the C walk agrees with the Python walk ---------------------------------------------------
@@ -809,7 +811,7 @@ _RANDOM_LIMITS = st.builds(
 @PROPERTY
 @given(output=st.dictionaries(_WALK_KEYS, _WALK_VALUES, max_size=5), lim=_RANDOM_LIMITS)
 def test_the_c_walk_agrees_with_the_python_walk(output: dict[str, Any], lim: Limits) -> None:
-    fast = _speedups.walk(output, lim.max_depth, lim.max_array_length, lim.max_key_length, lim.max_leaves)
+    fast = speedups.walk(output, lim.max_depth, lim.max_array_length, lim.max_key_length, lim.max_leaves)
     slow = _Walk(lim)
     try:
         slow.value(output, 1)
@@ -982,13 +984,13 @@ def test_a_json_array_with_an_item_too_deep_to_reparse_answers_per_item() -> Non
 
 def test_item_spans_find_each_item_of_an_array() -> None:
     body = b' [ 1 , {"a":[1,"]\\",\\\\"]} ,"x\\\\" , [[]] ] '
-    spans = _speedups.item_spans(body)
+    spans = speedups.item_spans(body)
     assert spans is not None
     assert [body[a:b] for a, b in spans] == [b"1", b'{"a":[1,"]\\",\\\\"]}', b'"x\\\\"', b"[[]]"]
     assert [orjson.loads(body[a:b]) for a, b in spans] == orjson.loads(body)
-    assert _speedups.item_spans(b"[]") == []
+    assert speedups.item_spans(b"[]") == []
     for broken in (b"[1,2", b"{}", b"", b'["]', b"[[1]"):
-        assert _speedups.item_spans(broken) is None
+        assert speedups.item_spans(broken) is None
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,5 @@
-"""The C envelope check (``_speedups.check_envelope``) against the Python rules.
+"""The fast envelope check (``speedups.check_envelope``: the C one, or its pure-Python twin under
+SHAPEWATCH_ACCEL=python) against the Python rules.
 
 ``validate_envelope`` first asks the C function whether an envelope is plainly
 valid; only when it answers None do the Python rules (``_validate_slowly``, the
@@ -21,7 +22,7 @@ from harness import ROOT
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shapewatch.collector import _speedups
+from shapewatch.collector.accel import speedups
 from shapewatch.collector.envelope import LIMITS, Limits, _validate_slowly, validate_envelope
 from shapewatch.collector.errors import EnvelopeInvalid
 
@@ -39,7 +40,7 @@ NOW = datetime(2026, 11, 29, 12, 30, tzinfo=UTC)
 
 
 def _fast(obj: Any, lim: Limits = LIMITS) -> Any:
-    return _speedups.check_envelope(
+    return speedups.check_envelope(
         obj, lim.max_tag_length, lim.max_depth, lim.max_array_length, lim.max_key_length, lim.max_leaves
     )
 

@@ -33,7 +33,7 @@ from test_rollup import (
     write_all,
 )
 
-from shapewatch.collector._speedups import Acc
+from shapewatch.collector.accel import speedups
 from shapewatch.collector.envelope import LIMITS, Envelope, parse_envelope
 from shapewatch.collector.profile import read_profile
 from shapewatch.collector.rollup import ROLLUP_TABLES, RollupBatch, RollupConfig, number_bin
@@ -219,7 +219,7 @@ def test_nan_has_no_bin_in_the_accumulator() -> None:
         names.append((parent, key))
         return len(names) - 1
 
-    acc = Acc(namer, 64)
+    acc = speedups.Acc(namer, 64)
     acc.add({"x": math.nan, "y": [math.nan, 2]}, 0)
     slots, values, counts = acc.rows(2)
     assert (len(slots), len(values), len(counts)) == (8, 8, 8)  # one row: y[] = 2
@@ -400,7 +400,7 @@ def test_value_rows_are_the_values_as_arrow_buffers() -> None:
         names.append((parent, key))
         return len(names) - 1
 
-    acc = Acc(namer, 64)
+    acc = speedups.Acc(namer, 64)
     values = ["", "a", "é", "日本語", "😀x", "z" * 64, "z" * 65, "a"]
     for i, v in enumerate(values):
         acc.add({"s": v, "t": {"u": [v, "k"]}, "n": i}, i % 3)
@@ -420,4 +420,4 @@ def test_value_rows_are_the_values_as_arrow_buffers() -> None:
     assert got == list(zip(slots, keys, counts, strict=True))
     assert len(voff) == 4 * (rows + 1) and len(vdata) == sum(len(k.encode()) for k in keys)
     assert sorted({k for _, k, _ in got}) == sorted(set(values) - {"z" * 65} | {"k"})  # 65 chars: too long
-    assert Acc(namer, 64).value_rows() == (b"", b"\x00\x00\x00\x00", b"", b"")
+    assert speedups.Acc(namer, 64).value_rows() == (b"", b"\x00\x00\x00\x00", b"", b"")

@@ -1,4 +1,5 @@
-"""The C scanner (``_speedups.scan_envelope``) against the reference path, and counting an
+"""The scanner (``speedups.scan_envelope``: the C one, or its pure-Python twin under
+SHAPEWATCH_ACCEL=python) against the reference path, and counting an
 output from its text (``Acc.add_json``) against counting it parsed (``Acc.add``).
 
 The scanner may always decline (None sends the text the reference way); what it must never do
@@ -20,7 +21,8 @@ from harness import make_envelope
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shapewatch.collector import _speedups, envelope
+from shapewatch.collector import envelope
+from shapewatch.collector.accel import speedups
 from shapewatch.collector.envelope import LIMITS, Envelope, Limits, parse_body, parse_envelope
 from shapewatch.collector.errors import EnvelopeInvalid
 
@@ -29,7 +31,7 @@ PROPERTY = settings(max_examples=300, deadline=None, suppress_health_check=[Heal
 
 
 def scan(raw: bytes, lim: Limits = LIMITS) -> tuple[Any, ...] | None:
-    return _speedups.scan_envelope(
+    return speedups.scan_envelope(
         raw, lim.max_tag_length, lim.max_depth, lim.max_array_length, lim.max_key_length, lim.max_leaves
     )
 
@@ -348,17 +350,17 @@ def test_a_damaged_text_is_never_scanned_into_an_envelope_the_reference_refuses(
 # --- properties: counting from text is counting the parsed output ----------------------------------------
 
 
-def _acc() -> tuple[_speedups.Acc, list[tuple[int, Any]]]:
+def _acc() -> tuple[speedups.Acc, list[tuple[int, Any]]]:
     names: list[tuple[int, Any]] = []
 
     def namer(parent: int, key: Any) -> int:
         names.append((parent, key))
         return len(names) - 1
 
-    return _speedups.Acc(namer, 5), names
+    return speedups.Acc(namer, 5), names
 
 
-def _state(acc: _speedups.Acc) -> tuple[Any, ...]:
+def _state(acc: speedups.Acc) -> tuple[Any, ...]:
     return acc.counts(), acc.value_rows(), acc.rows(1), acc.rows(2)
 
 
@@ -482,7 +484,7 @@ def test_scan_lines_makes_what_parse_envelope_makes_of_each_line(
         origin: list[int] = []
         room = rooms[calls % len(rooms)]
         calls += 1
-        at, n, start, end = _speedups.scan_lines(
+        at, n, start, end = speedups.scan_lines(
             memoryview(text),
             at,
             n,
@@ -520,7 +522,7 @@ def test_scan_lines_leaves_a_line_over_the_size_limit_to_the_reference() -> None
         lim = Limits(max_event_bytes=limit)
         out: list[Envelope] = []
         origin: list[int] = []
-        answer = _speedups.scan_lines(
+        answer = speedups.scan_lines(
             text,
             0,
             7,
@@ -572,7 +574,7 @@ def test_ts_at_the_edges_of_the_range_is_accepted_or_refused_the_same_way_on_eve
         raw = orjson.dumps(env)
         agrees(raw)  # the scanner declines (or agrees with) what is out of range
         assert (scan(raw) is not None) <= accepted, ts
-        fast = _speedups.check_envelope(
+        fast = speedups.check_envelope(
             env,
             LIMITS.max_tag_length,
             LIMITS.max_depth,
@@ -653,8 +655,8 @@ def test_timestamp_columns_are_what_python_computes(tss: list[datetime], width: 
         return int(ts.timestamp())
 
     rows = [(ts,) for ts in tss]
-    assert memoryview(_speedups.epoch_micros(rows, 0)).cast("q").tolist() == [micros(ts) for ts in tss]
-    assert _speedups.bucket_starts(tss, width) == [seconds(ts) - seconds(ts) % width for ts in tss]
+    assert memoryview(speedups.epoch_micros(rows, 0)).cast("q").tolist() == [micros(ts) for ts in tss]
+    assert speedups.bucket_starts(tss, width) == [seconds(ts) - seconds(ts) % width for ts in tss]
 
 
 @PROPERTY
@@ -679,7 +681,7 @@ def test_group_ids_are_the_first_appearance_of_each_group_key(rows: list[tuple[s
         for c, s, b in zip(cohorts, served, starts, strict=True)
     ]
     groups: dict[Any, int] = {"earlier": 0}
-    assert _speedups.group_ids(groups, cohorts, served, starts) == expected
+    assert speedups.group_ids(groups, cohorts, served, starts) == expected
     assert groups == want
 
 
