@@ -654,12 +654,12 @@ class Acc:
         return slot
 
     def _value(self, v: Any, group: int, path: int) -> None:
+        slot = self._slot(group, path)
+        row = self._rows[slot]
+        row[_PRESENT] += 1  # before the kind is known, as the C counts
         t = type(v)
         if t not in _JSON_TYPES:
             raise TypeError(f"unexpected {_type_name(v)} in an output")
-        slot = self._slot(group, path)
-        row = self._rows[slot]
-        row[_PRESENT] += 1
         row[self._column[json_type_of(v)]] += 1
         if t is int or t is float:
             if v == v:  # NaN has no bin
@@ -706,9 +706,9 @@ class Acc:
 
     def add_json(self, text: str | bytes, group: int, /) -> None:
         """Count one output given as JSON text, as ``add(json.loads(text), group)`` would."""
-        group = self._group(group)
         if not isinstance(text, str | bytes):
             raise TypeError(f"an output's text is str or bytes, not {_type_name(text)}")
+        group = self._group(group)
         try:
             output = orjson.loads(text)
         except orjson.JSONDecodeError as exc:

@@ -4,6 +4,7 @@ are in harness.py, which tests import directly."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,24 @@ import pytest
 from harness import Service, make_envelope, start_service
 
 from shapewatch.collector import Store
+from shapewatch.collector.accel import IMPLEMENTATION
 from shapewatch.collector.rollup import RollupConfig
+
+
+def _accelerator() -> str:
+    mode = os.environ.get("SHAPEWATCH_ACCEL", "auto")
+    return f"shapewatch accelerator: {IMPLEMENTATION} (SHAPEWATCH_ACCEL={mode})"
+
+
+def pytest_report_header() -> str:
+    """Which implementation of the accelerator the run tests: ``make test`` runs the suites that
+    use it once with the C extension and once with its pure-Python twin."""
+    return _accelerator()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The same at the end, where ``pytest -q`` (which prints no header) shows it too."""
+    terminalreporter.write_line(_accelerator())
 
 
 @pytest.fixture

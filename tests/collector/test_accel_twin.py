@@ -1,0 +1,267 @@
+"""The pure-Python twin (``_pyspeedups``) against the C extension (``_speedups``), answer for answer.
+
+The suites run against either implementation hold each to the Python reference; that cannot see
+what a fast path declines (None only sends the input the reference way). Here the two meet on the
+same inputs, declined ones and errors included: the same envelopes recognised and declined, the
+same counts, the same buffers. Skipped where the C extension is not built.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_scanner import _LIMITS, _NOISE, _TEXT, _VALUES, _dumps, _envelopes, _lines
+
+from shapewatch.collector import _pyspeedups as py
+from shapewatch.collector import envelope
+from shapewatch.collector.envelope import LIMITS, Envelope, Limits
+
+c = pytest.importorskip("shapewatch.collector._speedups", reason="the C accelerator is not built here")
+
+PROPERTY = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+NOW = datetime(2026, 11, 29, 12, 30, tzinfo=UTC)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_ts_range() -> None:
+    """envelope.py sets the range of the implementation in use only: both get it here."""
+    for impl in (c, py):
+        impl.set_ts_range(envelope._epoch_us(envelope.TS_MIN), envelope._epoch_us(envelope.TS_END))
+
+
+def _args(lim: Limits) -> tuple[int, int, int, int, int]:
+    return lim.max_tag_length, lim.max_depth, lim.max_array_length, lim.max_key_length, lim.max_leaves
+
+
+def _both(call: Callable[[Any], Any]) -> Any:
+    """What ``call`` answers with each implementation, asserted equal (an exception counts as an
+    answer: its type and message)."""
+    answers = []
+    for impl in (c, py):
+        try:
+            answers.append(("ok", call(impl)))
+        except Exception as exc:
+            answers.append((type(exc).__name__, str(exc)))
+    assert answers[1] == answers[0]
+    return answers[0]
+
+
+@PROPERTY
+@given(
+    env=_envelopes(),
+    how=st.integers(0, 3),
+    lim=st.none() | _LIMITS,
+    damage=st.none() | st.tuples(st.floats(0, 1), st.integers(0, 2), _NOISE),
+)
+def test_the_same_envelopes_are_scanned_and_checked(
+    env: dict[str, Any], how: int, lim: Limits | None, damage: tuple[float, int, bytes] | None
+) -> None:
+    raw = _dumps(env, how)
+    if damage is not None:
+        at, cut, noise = damage
+        i = int(at * len(raw))
+        raw = raw[:i] + noise + raw[i + cut :]
+    args = _args(lim or LIMITS)
+    _both(lambda impl: impl.scan_envelope(raw, *args))
+    _both(lambda impl: impl.scan_envelope(memoryview(b"[" + raw + b"]")[1:-1], *args))
+    _both(lambda impl: impl.check_envelope(env, *args))
+    _both(lambda impl: impl.count_keys(raw))
+    _both(lambda impl: impl.item_spans(b" [" + raw + b" , " + raw + b"]"))
+    _both(lambda impl: impl.item_spans(raw))
+
+
+def test_plain_envelopes_are_recognised_by_both() -> None:
+    """Not only declined alike: the generated ones are taken, by both."""
+    for i in range(20):
+        env = {"model": "m", "prompt_version": "p", "ts": "2026-11-29T12:00:00.5+01:00", "output": {"i": i, "x": [i]}}
+        assert _both(lambda impl, env=env: impl.scan_envelope(orjson.dumps(env), *_args(LIMITS)))[1] is not None
+        assert _both(lambda impl, env=env: impl.check_envelope(env, *_args(LIMITS)))[1] is not None
+
+
+_JSONISH = st.binary(max_size=40) | st.lists(
+    st.sampled_from([b'"', b"\\", b":", b" ", b"\n", b"[", b"]", b"{", b"}", b",", b"a", b"1"]), max_size=30
+).map(b"".join)
+
+
+@PROPERTY
+@given(raw=_JSONISH)
+def test_keys_and_items_are_found_alike_in_any_bytes(raw: bytes) -> None:
+    _both(lambda impl: impl.count_keys(raw))
+    _both(lambda impl: impl.item_spans(raw))
+    _both(lambda impl: impl.item_spans(b"[" + raw))
+
+
+_ODD = st.sampled_from([float("nan"), float("inf"), -float("inf"), (1, 2), b"x", 1.5 + 0j])
+_WALK = st.recursive(
+    _VALUES | _ODD,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_TEXT | st.integers(0, 3), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@PROPERTY
+@given(output=_WALK, lim=_LIMITS)
+def test_the_walks_agree_on_anything(output: Any, lim: Limits) -> None:
+    _both(lambda impl: impl.walk(output, lim.max_depth, lim.max_array_length, lim.max_key_length, lim.max_leaves))
+
+
+def _acc_state(impl: Any, adds: list[tuple[Any, int, bool]]) -> tuple[Any, ...]:
+    names: list[tuple[int, Any]] = []
+
+    def namer(parent: int, key: Any) -> int:
+        names.append((parent, key))
+        return len(names) - 1
+
+    acc = impl.Acc(namer, 5)
+    for output, group, as_text in adds:
+        if as_text:
+            acc.add_json(orjson.dumps(output).decode(), group)
+        else:
+            acc.add(output, group)
+    return names, acc.counts(), acc.value_rows(), acc.rows(0), _packed(acc.rows(1), "q"), _packed(acc.rows(2), "d")
+
+
+def _packed(rows: tuple[bytes, bytes, bytes], value_format: str) -> list[tuple[int, Any, int]]:
+    """Array lengths or number bins as (slot, value, count) rows, sorted: the C lists a slot's
+    rows in its hash table's order, the twin in order of first appearance."""
+    slots, values, counts = rows
+    return sorted(
+        zip(
+            memoryview(slots).cast("q").tolist(),
+            memoryview(values).cast(value_format).tolist(),
+            memoryview(counts).cast("q").tolist(),
+            strict=True,
+        )
+    )
+
+
+@PROPERTY
+@given(
+    adds=st.lists(
+        st.tuples(st.dictionaries(_TEXT, _VALUES, max_size=5), st.integers(0, 2), st.booleans()), min_size=1, max_size=5
+    )
+)
+def test_the_accumulators_count_alike(adds: list[tuple[dict[str, Any], int, bool]]) -> None:
+    assert _acc_state(py, adds) == _acc_state(c, adds)
+
+
+@PROPERTY
+@given(lines=st.lists(_lines(), max_size=10), room=st.integers(1, 5))
+def test_scan_lines_reads_the_same_lines_alike(lines: list[bytes], room: int) -> None:
+    text = b"\n".join(lines)
+    lim = Limits(max_event_bytes=250)
+    at = n = 0
+    while at < len(text):
+        outs = []
+        for impl in (c, py):
+            out: list[Envelope] = []
+            origin: list[int] = []
+            answer = impl.scan_lines(memoryview(text), at, n, "f", Envelope, NOW, room, out, origin, 250, *_args(lim))
+            outs.append((answer, out, origin, [type(e) for e in out]))
+        assert outs[1] == outs[0]
+        at, n = outs[0][0][0], outs[0][0][1]
+
+
+_ZONES = st.sampled_from([UTC, timezone(timedelta(hours=5, minutes=30)), timezone(timedelta(hours=-8)), None])
+
+
+@PROPERTY
+@given(
+    tss=st.lists(
+        st.datetimes(min_value=datetime(1000, 1, 2), max_value=datetime(9998, 12, 30), timezones=_ZONES), max_size=12
+    ),
+    width=st.sampled_from([1, 7, 60, 86400]),
+    strings=st.lists(st.none() | st.text(max_size=5), max_size=20),
+    served=st.lists(st.sampled_from([None, "m", "n"]), min_size=12, max_size=12),
+)
+def test_columns_and_groups_are_built_alike(
+    tss: list[datetime], width: int, strings: list[str | None], served: list[str | None]
+) -> None:
+    _both(lambda impl: impl.epoch_micros([(ts,) for ts in tss], 0))
+    _both(lambda impl: impl.bucket_starts(tss, width))
+    _both(lambda impl: impl.string_column([("x", s) for s in strings], 1))
+    cohorts = [("m", "p", "c")] * len(tss)
+    starts = [i % 3 * 60 for i in range(len(tss))]
+
+    def grouped(impl: Any) -> tuple[list[int], dict[Any, int]]:
+        groups: dict[Any, int] = {"earlier": 0}
+        return impl.group_ids(groups, cohorts, served[: len(tss)], starts), groups
+
+    _both(grouped)
+
+
+def _acc(impl: Any) -> Any:
+    return impl.Acc(lambda parent, key: 0, 5)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda m: m.epoch_micros((1,), 0),
+        lambda m: m.epoch_micros([(1,), 2], 0),
+        lambda m: m.epoch_micros([("x",)], 1),
+        lambda m: m.string_column([("a",), ("b", 3)], 1),
+        lambda m: m.string_column([("\ud800",)], 0),
+        lambda m: m.bucket_starts([], 0),
+        lambda m: m.bucket_starts(3, 60),
+        lambda m: m.bucket_starts([datetime(2026, 1, 1, tzinfo=UTC), "x"], 60),
+        lambda m: m.group_ids({}, [("a", "b", "c")], [], []),
+        lambda m: m.group_ids({}, [("a", "b")], [None], [0]),
+        lambda m: m.group_ids([], [], [], []),
+        lambda m: m.set_ts_range(-1, 5),
+        lambda m: m.set_ts_range(1.5, 5),
+        lambda m: m.count_keys("{}"),
+        lambda m: m.item_spans(bytearray(b"[]")),
+        lambda m: m.scan_envelope("{}", *_args(LIMITS)),
+        lambda m: m.scan_lines(b"", 1, 0, "f", Envelope, NOW, 1, [], [], 1, *_args(LIMITS)),
+        lambda m: m.scan_lines(b"", 0, 0, "f", list, NOW, 1, [], [], 1, *_args(LIMITS)),
+        lambda m: m.scan_lines(b"", 0, 0, 5, Envelope, NOW, 1, [], [], 1, *_args(LIMITS)),
+        lambda m: m.scan_lines(b"", 0, 0, "f", Envelope, NOW, 1, [], (), 1, *_args(LIMITS)),
+        lambda m: _acc(m).add(OrderedDict(a=1), 0),
+        lambda m: _acc(m).add([1], 0),
+        lambda m: _acc(m).add({"a": (1,)}, 0),
+        lambda m: _acc(m).add({"a": "\udc00"}, 0),
+        lambda m: _acc(m).add({}, -1),
+        lambda m: _acc(m).add_many([3], [0]),
+        lambda m: _acc(m).add_many([{}], []),
+        lambda m: _acc(m).add_json("[1]", 0),
+        lambda m: _acc(m).rows(3),
+        lambda m: m.Acc(lambda parent, key: -1, 5).add({"a": 1}, 0),
+        lambda m: (lambda acc: acc.__init__(lambda parent, key: 0, 5))(_acc(m)),
+    ],
+)
+def test_wrong_input_is_refused_alike(call: Callable[[Any], Any]) -> None:
+    kind, _ = _both(call)
+    assert kind != "ok"
+
+
+def test_a_refused_output_leaves_the_same_partial_counts_in_both() -> None:
+    """Counting stops at the faulty value in each, with the same counts made on the way."""
+    counts = []
+    for impl in (c, py):
+        names: list[tuple[int, Any]] = []
+        acc = impl.Acc(lambda parent, key, names=names: names.append((parent, key)) or len(names) - 1, 5)
+        with pytest.raises(TypeError, match=r"^unexpected tuple in an output$"):
+            acc.add({"a": 1, "b": {"c": (1,)}, "d": 2}, 0)
+        counts.append((names, acc.counts()))
+    assert counts[1] == counts[0]
+    assert counts[0] == (
+        [(-1, "a"), (-1, "b"), (1, "c")],
+        [(0, 0, 1, 0, 0, 1, 0, 0, 0, 0, 0), (0, 1, 1, 0, 0, 0, 0, 0, 0, 1, 0), (0, 2, 1, 0, 0, 0, 0, 0, 0, 0, 0)],
+    )
+
+
+def test_json_text_that_is_not_an_object_is_refused_by_both() -> None:
+    for text in ("[1]", "1", '"x"'):
+        kind, message = _both(lambda impl, text=text: _acc(impl).add_json(text, 0))
+        assert (kind, message) == ("ValueError", "add_json: an output is a JSON object")
+    for impl in (c, py):
+        with pytest.raises(ValueError, match=r"^add_json: "):
+            _acc(impl).add_json('{"a": ', 0)
