@@ -72,13 +72,7 @@ def _iso(t: datetime | None) -> str | None:
 
 def _open_page_alerts(store: Store, cohort: Cohort, since: datetime, until: datetime, window: timedelta) -> list[str]:
     # An alert first seen at T judged [T - window, T): its change lies in the data from there on.
-    rows = store.query(
-        """SELECT field, kind, coalesce(value, ''), first_seen FROM alerts
-           WHERE model = ? AND prompt_version = ? AND contract = ? AND severity = 'page'
-             AND state <> 'resolved' AND first_seen - ? < ?
-           ORDER BY first_seen""",
-        [*cohort, window, until],
-    )
+    rows = store.open_page_alerts(cohort, window, until)
     return [f"{kind} on {field}{' = ' + repr(v) if v else ''} since {_iso(t)}" for field, kind, v, t in rows]
 
 
@@ -247,11 +241,7 @@ def cohorts(store: Store, *, since: datetime | None = None, until: datetime | No
     served = store.served_by_cohort(since, until)
     contracts = store.contract_versions_by_cohort(since, until)  # contract version ('' none) -> outputs
     outcomes = store.outcomes_by_cohort(since, until)
-    counts: dict[tuple[str, str, str], dict[str, int]] = {}
-    for m, p, c, sev, n in store.query(
-        "SELECT model, prompt_version, contract, severity, count(*) FROM alerts WHERE state = 'firing' GROUP BY ALL"
-    ):
-        counts.setdefault((m, p, c), {})[str(sev)] = int(n)
+    counts = store.firing_alert_counts()
     current = {a.cohort: a for a in activation_history(store)}
     rows = store.cohorts()
     first_seen = {Cohort(r.model, r.prompt_version, r.contract): r.first_seen for r in rows}
@@ -330,10 +320,7 @@ def served_model_changes(store: Store) -> list[dict[str, Any]]:
             "current": cur,
             "detected_at": _iso(t),
         }
-        for m, p, c, prev, cur, t in store.query(
-            """SELECT model, prompt_version, contract, previous, current, detected_at
-                   FROM served_model_changes ORDER BY detected_at DESC"""
-        )
+        for m, p, c, prev, cur, t in store.served_model_changes()
     ]
 
 

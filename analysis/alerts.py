@@ -36,7 +36,8 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from shapewatch.baselines import Cohort
-from shapewatch.collector import Schema, Store
+from shapewatch.collector import Store
+from shapewatch.collector.store import ALERTS_SCHEMA
 
 from .config import AlertKind, AnalyzerConfig, Severity
 from .errors import AlertError, AlertNotFound
@@ -55,43 +56,6 @@ __all__ = [
     "fingerprint",
     "step",
 ]
-
-ALERTS_SCHEMA = Schema(
-    "alerts",
-    (
-        """
-CREATE TABLE alerts (
-    fingerprint VARCHAR PRIMARY KEY,
-    model VARCHAR NOT NULL, prompt_version VARCHAR NOT NULL, contract VARCHAR NOT NULL,
-    field VARCHAR NOT NULL, kind VARCHAR NOT NULL, value VARCHAR,
-    state VARCHAR NOT NULL, severity VARCHAR NOT NULL, episode INTEGER NOT NULL, streak INTEGER NOT NULL,
-    first_seen TIMESTAMPTZ NOT NULL, last_seen TIMESTAMPTZ NOT NULL, fired_at TIMESTAMPTZ,
-    resolved_at TIMESTAMPTZ, acknowledged_at TIMESTAMPTZ, acknowledged_by VARCHAR,
-    diff VARCHAR NOT NULL, samples VARCHAR NOT NULL);
-CREATE SEQUENCE alert_history_seq START 1;
-CREATE TABLE alert_history (
-    seq BIGINT PRIMARY KEY DEFAULT nextval('alert_history_seq'), fingerprint VARCHAR NOT NULL,
-    happened_at TIMESTAMPTZ NOT NULL, from_state VARCHAR, to_state VARCHAR NOT NULL,
-    severity VARCHAR NOT NULL, episode INTEGER NOT NULL, detail VARCHAR NOT NULL, actor VARCHAR);
-CREATE SEQUENCE silence_seq START 1;
-CREATE TABLE silences (
-    silence_id BIGINT PRIMARY KEY DEFAULT nextval('silence_seq'),
-    fingerprint VARCHAR, model VARCHAR, prompt_version VARCHAR, contract VARCHAR, field VARCHAR, kind VARCHAR,
-    starts_at TIMESTAMPTZ NOT NULL, ends_at TIMESTAMPTZ NOT NULL,
-    author VARCHAR NOT NULL, reason VARCHAR NOT NULL, created_at TIMESTAMPTZ NOT NULL);
-CREATE SEQUENCE analyzer_run_seq START 1;
-CREATE TABLE analyzer_runs (
-    run_id BIGINT PRIMARY KEY DEFAULT nextval('analyzer_run_seq'),
-    started_at TIMESTAMPTZ NOT NULL, finished_at TIMESTAMPTZ NOT NULL, evaluated_at TIMESTAMPTZ NOT NULL,
-    ok BOOLEAN NOT NULL, error VARCHAR, duration_seconds DOUBLE NOT NULL,
-    cohorts INTEGER NOT NULL, checks INTEGER NOT NULL, breaches INTEGER NOT NULL, report VARCHAR);
-CREATE TABLE served_model_changes (
-    model VARCHAR NOT NULL, prompt_version VARCHAR NOT NULL, contract VARCHAR NOT NULL,
-    previous VARCHAR NOT NULL, current VARCHAR NOT NULL, detected_at TIMESTAMPTZ NOT NULL,
-    PRIMARY KEY (model, prompt_version, contract, previous, current));
-""",
-    ),
-)
 
 
 class AlertState(str, Enum):
@@ -349,12 +313,6 @@ class Silence:
         return all(w is None or w == v for w, v in wanted)
 
 
-_COLS = (
-    "fingerprint, model, prompt_version, contract, field, kind, value, state, severity, episode, streak, "
-    "first_seen, last_seen, fired_at, resolved_at, acknowledged_at, acknowledged_by, diff, samples"
-)
-
-
 def _alert_of(r: Sequence[Any]) -> Alert:
     return Alert(
         r[0],
@@ -417,19 +375,10 @@ class AlertBook:
         now: datetime | None = None,
     ) -> list[Alert]:
         """Alerts, page first, then most recently seen; with silences filled in."""
-        where, params = [], []
-        if state is not None:
-            where.append("state = ?")
-            params.append(state.value)
-        if severity is not None:
-            where.append("severity = ?")
-            params.append(severity.value)
-        if cohort is not None:
-            where.append("model = ? AND prompt_version = ? AND contract = ?")
-            params.extend(cohort)
-        cond = ("WHERE " + " AND ".join(where)) if where else ""
-        rows = self.store.query(
-            f"SELECT {_COLS} FROM alerts {cond} ORDER BY severity = 'page' DESC, last_seen DESC, fingerprint", params
+        rows = self.store.alert_rows(
+            state=None if state is None else state.value,
+            severity=None if severity is None else severity.value,
+            cohort=cohort,
         )
         alerts = [_alert_of(r) for r in rows]
         if now is None:
@@ -442,14 +391,13 @@ class AlertBook:
 
     def open_alerts(self) -> dict[str, Alert]:
         """Every alert by fingerprint (the state ``step`` starts from)."""
-        return {r[0]: _alert_of(r) for r in self.store.query(f"SELECT {_COLS} FROM alerts")}
+        return {r[0]: _alert_of(r) for r in self.store.alert_rows()}
 
     def get(self, fp: str) -> Alert | None:
-        rows = self.store.query(f"SELECT {_COLS} FROM alerts WHERE fingerprint = ?", [fp])
-        return _alert_of(rows[0]) if rows else None
+        row = self.store.alert_row(fp)
+        return None if row is None else _alert_of(row)
 
     def history(self, fp: str | None = None) -> list[dict[str, Any]]:
-        cond, params = ("WHERE fingerprint = ?", [fp]) if fp else ("", [])
         return [
             {
                 "fingerprint": r[0],
@@ -461,49 +409,38 @@ class AlertBook:
                 "detail": r[6],
                 "actor": r[7],
             }
-            for r in self.store.query(
-                f"""SELECT fingerprint, happened_at, from_state, to_state, severity, episode,
-                                                     detail, actor FROM alert_history {cond} ORDER BY seq""",
-                params,
-            )
+            for r in self.store.alert_history(fp)
         ]
 
     def save(self, con: Any, changed: dict[str, Alert], moves: Sequence[Transition], now: datetime) -> None:
         """Write changed alerts and their transitions (inside the caller's transaction)."""
-        if changed:
-            con.executemany(
-                f"INSERT OR REPLACE INTO alerts ({_COLS}) VALUES ({', '.join('?' * 19)})",
-                [_row_of(a) for a in changed.values()],
-            )
-        if moves:
-            con.executemany(
-                """INSERT INTO alert_history (fingerprint, happened_at, from_state, to_state, severity, episode,
-                                              detail, actor) VALUES (?, ?, ?, ?, ?, ?, ?, NULL)""",
+        self.store.put_alerts(con, [_row_of(a) for a in changed.values()])
+        self.store.add_alert_history(
+            con,
+            [
                 [
-                    [
-                        m.alert.fingerprint,
-                        now,
-                        m.previous.value if m.previous else None,
-                        m.alert.state.value,
-                        m.alert.severity.value,
-                        m.alert.episode,
-                        m.alert.detail,
-                    ]
-                    for m in moves
-                ],
-            )
+                    m.alert.fingerprint,
+                    now,
+                    m.previous.value if m.previous else None,
+                    m.alert.state.value,
+                    m.alert.severity.value,
+                    m.alert.episode,
+                    m.alert.detail,
+                    None,
+                ]
+                for m in moves
+            ],
+        )
 
     def acknowledge(self, fp: str, *, by: str, now: datetime) -> Alert:
         with self.store.transaction("acknowledging an alert") as con:
-            rows = con.execute(f"SELECT {_COLS} FROM alerts WHERE fingerprint = ?", [fp]).fetchall()
-            if not rows:
+            row = self.store.alert_row(fp, con)
+            if row is None:
                 raise AlertNotFound(fp)
-            a = replace(_alert_of(rows[0]), acknowledged_at=now, acknowledged_by=by)
+            a = replace(_alert_of(row), acknowledged_at=now, acknowledged_by=by)
             self.save(con, {fp: a}, [], now)
-            con.execute(
-                """INSERT INTO alert_history (fingerprint, happened_at, from_state, to_state, severity,
-                                                       episode, detail, actor) VALUES (?, ?, ?, ?, ?, ?, ?, ?)""",
-                [fp, now, a.state.value, a.state.value, a.severity.value, a.episode, "acknowledged", by],
+            self.store.add_alert_history(
+                con, [[fp, now, a.state.value, a.state.value, a.severity.value, a.episode, "acknowledged", by]]
             )
         return a
 
@@ -529,37 +466,9 @@ class AlertBook:
             raise AlertError(
                 "a silence must match something: a fingerprint, or a model, prompt version, contract, field or kind"
             )
-        with self.store.transaction("adding a silence") as con:
-            row = con.execute(
-                """INSERT INTO silences (fingerprint, model, prompt_version, contract, field, kind, starts_at,
-                                          ends_at, author, reason, created_at)
-                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING silence_id""",
-                [
-                    fingerprint,
-                    model,
-                    prompt_version,
-                    contract,
-                    field,
-                    kind,
-                    starts_at,
-                    ends_at,
-                    author,
-                    reason,
-                    starts_at,
-                ],
-            ).fetchone()
-        assert row is not None
-        return Silence(
-            int(row[0]), fingerprint, model, prompt_version, contract, field, kind, starts_at, ends_at, author, reason
-        )
+        match = (fingerprint, model, prompt_version, contract, field, kind)
+        silence_id = self.store.add_silence((*match, starts_at, ends_at, author, reason), starts_at)
+        return Silence(silence_id, *match, starts_at, ends_at, author, reason)
 
     def silences(self, *, now: datetime | None = None) -> list[Silence]:
-        cond, params = ("WHERE ends_at > ?", [now]) if now else ("", [])
-        return [
-            Silence(*r)
-            for r in self.store.query(
-                f"""SELECT silence_id, fingerprint, model, prompt_version, contract, field, kind, starts_at, ends_at,
-                       author, reason FROM silences {cond} ORDER BY silence_id""",
-                params,
-            )
-        ]
+        return [Silence(*r) for r in self.store.silence_rows(ending_after=now)]

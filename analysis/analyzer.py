@@ -545,10 +545,8 @@ class Analyzer:
             if evaluation is None
             else orjson.dumps({"cohorts": [c.to_json() for c in evaluation.cohorts]}).decode()
         )
-        con.execute(
-            """INSERT INTO analyzer_runs (started_at, finished_at, evaluated_at, ok, error, duration_seconds,
-                                          cohorts, checks, breaches, report)
-               VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+        self.store.add_analyzer_run(
+            con,
             [
                 started,
                 self.clock(),
@@ -567,11 +565,7 @@ class Analyzer:
         # A served model first seen in this window under a cohort that was answered by
         # another one before: the alias moved (Store.served_model_moves). Recorded once per
         # (previous, current).
-        if moves:
-            con.executemany(
-                "INSERT INTO served_model_changes VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                [[*move, at] for move in moves],
-            )
+        self.store.add_served_model_changes(con, moves, at)
 
 
 class _AlertGauges(Collector):
@@ -584,10 +578,7 @@ class _AlertGauges(Collector):
         firing = GaugeMetricFamily("shapewatch_alerts", "Alerts by state and severity", labels=["state", "severity"])
         counts = {(s, v): 0 for s in ("pending", "firing") for v in ("page", "warn")}
         try:
-            for state, severity, n in self.analyzer.store.query(
-                "SELECT state, severity, count(*) FROM alerts WHERE state <> 'resolved' GROUP BY ALL"
-            ):
-                counts[(str(state), str(severity))] = int(n)
+            counts.update(self.analyzer.store.unresolved_alert_counts())
         except Exception:  # a scrape must not fail because the store is busy or closed
             log.warning("alert gauges unavailable", exc_info=True)
         for (state, severity), n in sorted(counts.items()):

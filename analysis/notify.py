@@ -65,7 +65,9 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from shapewatch.collector import Schema, Store, StoreError, parse_retry_after
+from shapewatch.collector import Store, StoreError, parse_retry_after
+from shapewatch.collector.store import NOTIFY_SCHEMA
+from shapewatch.collector.store.outbox import add_notification, trigger_started
 
 from .errors import NotifyConfigInvalid
 
@@ -91,26 +93,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_V1 = """
--- The notification outbox: rows are written in the transaction that changes an alert's
--- state and delivered afterwards, so neither a crash nor a retry loses or doubles a page.
-CREATE TABLE notifications (
-    target VARCHAR NOT NULL,            -- Target.name in the configuration
-    fingerprint VARCHAR NOT NULL,       -- the alert's fingerprint, the pager's dedup key
-    episode INTEGER NOT NULL,           -- 1, 2, ...: each firing of an alert is its own incident
-    action VARCHAR NOT NULL,            -- trigger | resolve
-    payload VARCHAR NOT NULL,           -- JSON: severity, summary, alert, dashboard_url, started_at, ended_at
-    created_at TIMESTAMPTZ NOT NULL,
-    attempts INTEGER NOT NULL DEFAULT 0,
-    next_attempt_at TIMESTAMPTZ NOT NULL,
-    state VARCHAR NOT NULL DEFAULT 'pending',  -- pending | sent | failed
-    last_error VARCHAR,
-    sent_at TIMESTAMPTZ,
-    PRIMARY KEY (target, fingerprint, episode, action));
-"""
-
-#: The outbox table; open the store with ``Store.open(path, schemas=[NOTIFY_SCHEMA, ...])``.
-NOTIFY_SCHEMA = Schema("notify", (_V1,))
 
 PAGERDUTY_EVENTS_URL = "https://events.pagerduty.com/v2/enqueue"
 
@@ -396,15 +378,10 @@ def enqueue(con: duckdb.DuckDBPyConnection, targets: Sequence[Target], notices: 
                     continue
                 started = now
             else:
-                row = con.execute(
-                    """SELECT created_at FROM notifications
-                       WHERE target = ? AND fingerprint = ? AND episode = ? AND action = 'trigger'
-                         AND state IN ('pending', 'sent')""",
-                    [target.name, notice.fingerprint, notice.episode],
-                ).fetchone()
-                if row is None:
+                queued = trigger_started(con, target.name, notice.fingerprint, notice.episode)
+                if queued is None:
                     continue
-                started = _utc(row[0])
+                started = _utc(queued)
             payload = {
                 "severity": notice.severity,
                 "summary": notice.summary,
@@ -413,21 +390,11 @@ def enqueue(con: duckdb.DuckDBPyConnection, targets: Sequence[Target], notices: 
                 "started_at": _rfc3339(started),
                 "ended_at": _rfc3339(now) if notice.action is NoticeAction.resolve else None,
             }
-            added += len(
-                con.execute(
-                    """INSERT INTO notifications (target, fingerprint, episode, action, payload, created_at,
-                                              attempts, next_attempt_at, state)
-                   VALUES (?, ?, ?, ?, ?, ?, 0, ?, 'pending') ON CONFLICT DO NOTHING RETURNING 1""",
-                    [
-                        target.name,
-                        notice.fingerprint,
-                        notice.episode,
-                        notice.action.value,
-                        orjson.dumps(payload, default=str).decode(),
-                        now,
-                        now,
-                    ],
-                ).fetchall()
+            added += add_notification(
+                con,
+                (target.name, notice.fingerprint, notice.episode, notice.action.value),
+                orjson.dumps(payload, default=str).decode(),
+                now,
             )
     return added
 
@@ -641,13 +608,11 @@ class _OutboxCollector(Collector):
     def collect(self) -> Iterable[GaugeMetricFamily]:
         pending, oldest = self._families()
         try:
-            rows = self._store.query(
-                "SELECT target, count(*), min(created_at) FROM notifications WHERE state = 'pending' GROUP BY target"
-            )
+            pending_rows = self._store.pending_by_target()
         except StoreError as exc:
             log.warning("cannot read the notification outbox for metrics: %s", exc)
             return ()
-        found = {str(r[0]): (int(r[1]), _utc(r[2])) for r in rows}
+        found = {name: (n, _utc(first)) for name, (n, first) in pending_rows.items()}
         now = _utc(self._clock())
         for name in self._targets:
             n, first = found.get(name, (0, None))
@@ -706,12 +671,7 @@ class Notifier:
                 self._results.labels(name, result)
         self._outbox = _OutboxCollector(store, names, clock)
         registry.register(self._outbox)
-        orphans = store.query(
-            """SELECT target, count(*) FROM notifications
-               WHERE state = 'pending' AND NOT list_contains(?::VARCHAR[], target) GROUP BY target ORDER BY target""",
-            [names],
-        )
-        for name, n in orphans:
+        for name, n in store.pending_elsewhere(names):
             log.warning("%d notifications for target %r stay pending: it is not configured any more", n, name)
 
     def close(self) -> None:
@@ -764,12 +724,7 @@ class Notifier:
         return DeliveryReport(**counts)
 
     def _pending_rows(self) -> list[_Row]:
-        rows = self._store.query(
-            """SELECT target, fingerprint, episode, action, payload, created_at, attempts, next_attempt_at
-               FROM notifications WHERE state = 'pending' AND list_contains(?::VARCHAR[], target)
-               ORDER BY target, fingerprint, episode, action = 'resolve'""",
-            [list(self._targets)],
-        )
+        rows = self._store.pending_notifications(list(self._targets))
         return [
             _Row(
                 str(t),
@@ -796,9 +751,7 @@ class Notifier:
             answer = _post(self._client, target.url, body, headers, target.timeout_seconds, now)
         attempts = row.attempts + 1
         if answer.result == "sent":
-            self._update(
-                row, "marking a notification sent", "state = 'sent', attempts = attempts + 1, sent_at = ?", [now]
-            )
+            self._store.notification_sent(row.key, now)
         elif answer.result == "retried" and attempts < target.max_attempts:
             delay = answer.retry_after
             if delay is None:
@@ -812,35 +765,16 @@ class Notifier:
                 _rfc3339(due),
                 answer.error,
             )
-            self._update(
-                row,
-                "scheduling a notification retry",
-                "attempts = attempts + 1, next_attempt_at = ?, last_error = ?",
-                [due, answer.error],
-            )
+            self._store.notification_retry(row.key, due, answer.error)
         else:
             error = answer.error or "unknown error"
             if answer.result == "retried":
                 error = f"gave up after {attempts} attempts: {error}"
             log.warning("%s failed for good: %s", what, error)
-            self._update(
-                row,
-                "marking a notification failed",
-                "state = 'failed', attempts = attempts + 1, last_error = ?",
-                [error],
-            )
+            self._store.notification_failed(row.key, error)
             answer = _Answer("failed", error)
         self._results.labels(target.name, answer.result).inc()
         return answer.result
-
-    def _update(self, row: _Row, doing: str, assignments: str, params: list[Any]) -> None:
-        # Only a pending row changes: a pass never overwrites what another recorded.
-        with self._store.transaction(doing) as con:
-            con.execute(
-                f"UPDATE notifications SET {assignments} "
-                "WHERE target = ? AND fingerprint = ? AND episode = ? AND action = ? AND state = 'pending'",
-                [*params, *row.key],
-            )
 
 
 # --- the daily digest -------------------------------------------------------------------------

@@ -133,12 +133,7 @@ def _daily_events(store: Store, cohort_id: int, since: datetime, until: datetime
 
 def _alerts(store: Store, cohort: Cohort, since: datetime, until: datetime) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = {"fired": [], "acknowledged": [], "resolved": []}
-    for field, kind, value, severity, state, fired, acked, acked_by, resolved in store.query(
-        """SELECT field, kind, value, severity, state, fired_at, acknowledged_at, acknowledged_by, resolved_at
-               FROM alerts WHERE model = ? AND prompt_version = ? AND contract = ? ORDER BY severity = 'page' DESC,
-               field, kind""",
-        list(cohort),
-    ):
+    for field, kind, value, severity, state, fired, acked, acked_by, resolved in store.cohort_alert_events(cohort):
         item = {"field": field, "kind": kind, "value": value, "severity": severity, "state": state}
         if fired is not None and since <= fired < until:
             out["fired"].append({**item, "at": _iso(fired)})
@@ -156,14 +151,7 @@ def _candidate(
 
     An alert first seen at T judged the data of ``[T - window, T)``: that is where its change lies.
     """
-    pages = [
-        (start - window, stop)
-        for start, stop in store.query(
-            """SELECT first_seen, coalesce(resolved_at, ?) FROM alerts
-           WHERE model = ? AND prompt_version = ? AND contract = ? AND severity = 'page'""",
-            [until, *cohort],
-        )
-    ]
+    pages = [(start - window, stop) for start, stop in store.page_alert_spans(cohort, until)]
     day = until.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=1)
     first = since.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=1)
     # One grouped read for the whole period; the loop below walks at most MAX_REVIEW_PERIOD + 2 days.

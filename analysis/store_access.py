@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from shapewatch.baselines import BASELINES_SCHEMA
 from shapewatch.collector import RollupConfig, Settings, Store
-
-from .alerts import ALERTS_SCHEMA
-from .notify import NOTIFY_SCHEMA
+from shapewatch.collector.store import ALERTS_SCHEMA, BASELINES_SCHEMA, NOTIFY_SCHEMA
 
 __all__ = ["SCHEMAS", "open_store"]
 
-# The tables of the packages above the collector, migrated with the store's own.
+# The tables of the packages above the collector (their DDL and SQL live in the store package),
+# migrated with the store's own.
 SCHEMAS = (BASELINES_SCHEMA, ALERTS_SCHEMA, NOTIFY_SCHEMA)
 
 

@@ -41,12 +41,12 @@ from shapewatch.collector import (
     FieldProfile,
     JsonType,
     Limits,
-    Schema,
     Store,
     read_profile,
     served_aliases,
     tag_problem,
 )
+from shapewatch.collector.store import BASELINES_SCHEMA
 
 from .errors import (
     BaselineError,
@@ -95,27 +95,6 @@ __all__ = [
 FORMAT = 1
 #: ingest's default ``max_tag_length``: what an imported document's names are held to
 DEFAULT_TAG_LENGTH = Limits().max_tag_length
-
-BASELINES_SCHEMA = Schema(
-    "baselines",
-    (
-        """
-CREATE TABLE baselines (
-    baseline_id VARCHAR PRIMARY KEY, hash VARCHAR NOT NULL UNIQUE,
-    model VARCHAR NOT NULL, prompt_version VARCHAR NOT NULL, contract VARCHAR NOT NULL,
-    since TIMESTAMPTZ NOT NULL, until TIMESTAMPTZ NOT NULL, samples BIGINT NOT NULL,
-    author VARCHAR NOT NULL, note VARCHAR NOT NULL, created_at TIMESTAMPTZ NOT NULL,
-    document VARCHAR NOT NULL);
--- Append-only: the latest row of a cohort says what it is compared against.
-CREATE SEQUENCE baseline_activation_seq START 1;
-CREATE TABLE baseline_activations (
-    seq BIGINT PRIMARY KEY DEFAULT nextval('baseline_activation_seq'),
-    model VARCHAR NOT NULL, prompt_version VARCHAR NOT NULL, contract VARCHAR NOT NULL,
-    action VARCHAR NOT NULL, baseline_id VARCHAR, activated_at TIMESTAMPTZ NOT NULL,
-    author VARCHAR NOT NULL, note VARCHAR NOT NULL);
-""",
-    ),
-)
 
 
 class Cohort(NamedTuple):
@@ -576,9 +555,9 @@ def freeze_baseline(
     digest = _hash(_content(draft))
     baseline = Baseline(**{**draft.__dict__, "baseline_id": digest[:16], "hash": digest})
     with store.transaction("freezing a baseline") as con:
-        _insert(con, baseline)
+        _insert(store, con, baseline)
         if activate:
-            _record(con, cohort, "activate", baseline.baseline_id, baseline.created_at, author, note)
+            _record(store, con, cohort, "activate", baseline.baseline_id, baseline.created_at, author, note)
     return get_baseline(store, baseline.baseline_id)
 
 
@@ -587,11 +566,10 @@ def _bucket_ceil(t: datetime, width: int) -> datetime:
     return datetime.fromtimestamp(-(-epoch // width) * width, UTC)
 
 
-def _insert(con: Any, b: Baseline) -> bool:
-    """Insert if absent (by id); True when it was new."""
-    rows = con.execute(
-        """INSERT INTO baselines VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-           ON CONFLICT DO NOTHING RETURNING baseline_id""",
+def _insert(store: Store, con: Any, b: Baseline) -> bool:
+    """Insert if absent (by id), in the transaction ``con``; True when it was new."""
+    return store.add_baseline(
+        con,
         [
             b.baseline_id,
             b.hash,
@@ -604,8 +582,7 @@ def _insert(con: Any, b: Baseline) -> bool:
             b.created_at,
             _canonical(b.document()).decode(),
         ],
-    ).fetchall()
-    return bool(rows)
+    )
 
 
 def _cohort_id(store: Store, cohort: Cohort) -> int | None:
@@ -619,12 +596,12 @@ def get_baseline(store: Store, baseline_id: str) -> Baseline:
     """The baseline with this id (or a unique prefix of it, at least 6 characters)."""
     if len(baseline_id) < 6:
         raise BaselineNotFound(f"{baseline_id!r} (give at least 6 characters of the id)")
-    rows = store.query("SELECT document FROM baselines WHERE starts_with(baseline_id, ?) LIMIT 2", [baseline_id])
+    rows = store.baseline_documents(baseline_id, limit=2)
     if not rows:
         raise BaselineNotFound(repr(baseline_id))
     if len(rows) > 1:
         raise BaselineNotFound(f"{baseline_id!r}: the prefix matches several baselines; give more of the id")
-    return _verified(str(rows[0][0]), where=f"stored baseline {baseline_id}")
+    return _verified(rows[0], where=f"stored baseline {baseline_id}")
 
 
 _VERIFIED: dict[str, Baseline] = {}  # document text -> baseline; frozen documents never change
@@ -665,14 +642,9 @@ class Activation:
 
 def activation_history(store: Store, cohort: Cohort | None = None) -> list[Activation]:
     """Every activation, oldest first (of one cohort, or all)."""
-    where, params = ("WHERE model = ? AND prompt_version = ? AND contract = ?", list(cohort)) if cohort else ("", [])
     return [
         Activation(Cohort(r[0], r[1], r[2]), ActivationAction(r[3]), r[4], r[5], r[6], r[7])
-        for r in store.query(
-            f"""SELECT model, prompt_version, contract, action, baseline_id, activated_at, author, note
-                                     FROM baseline_activations {where} ORDER BY seq""",
-            params,
-        )
+        for r in store.baseline_activations(cohort)
     ]
 
 
@@ -774,12 +746,11 @@ class BaselineListing:
 
 def list_baselines(store: Store, cohort: Cohort | None = None) -> list[BaselineListing]:
     """Every baseline (of one cohort, or all), newest first, with whether it is active."""
-    where, params = ("WHERE model = ? AND prompt_version = ? AND contract = ?", list(cohort)) if cohort else ("", [])
     current = _current(store)
     active = {a.baseline_id for a in current.values() if a.action is ActivationAction.activate}
     out = []
-    for (doc,) in store.query(f"SELECT document FROM baselines {where} ORDER BY created_at DESC, baseline_id", params):
-        b = _verified(str(doc))
+    for doc in store.baseline_document_list(cohort):
+        b = _verified(doc)
         out.append(BaselineListing(b, b.baseline_id in active))
     return out
 
@@ -788,13 +759,16 @@ def list_baselines(store: Store, cohort: Cohort | None = None) -> list[BaselineL
 
 
 def _record(
-    con: Any, cohort: Cohort, action: str, baseline_id: str | None, at: datetime, author: str, note: str
+    store: Store,
+    con: Any,
+    cohort: Cohort,
+    action: str,
+    baseline_id: str | None,
+    at: datetime,
+    author: str,
+    note: str,
 ) -> None:
-    con.execute(
-        """INSERT INTO baseline_activations (model, prompt_version, contract, action, baseline_id, activated_at,
-                                                      author, note) VALUES (?, ?, ?, ?, ?, ?, ?, ?)""",
-        [*cohort, action, baseline_id, at, author, note],
-    )
+    store.add_baseline_activation(con, [*cohort, action, baseline_id, at, author, note])
 
 
 def activate_baseline(
@@ -803,7 +777,7 @@ def activate_baseline(
     """Make a baseline the active one of its own cohort (the previous one stays in history)."""
     b = get_baseline(store, baseline_id)
     with store.transaction("activating a baseline") as con:
-        _record(con, b.cohort, "activate", b.baseline_id, now or datetime.now(UTC), author, note)
+        _record(store, con, b.cohort, "activate", b.baseline_id, now or datetime.now(UTC), author, note)
     return b
 
 
@@ -813,7 +787,7 @@ def inherit_baseline(
     """Compare ``cohort`` (a rollout with no history of its own) against another cohort's baseline."""
     b = get_baseline(store, parent_id)
     with store.transaction("naming a parent baseline") as con:
-        _record(con, cohort, "inherit", b.baseline_id, now or datetime.now(UTC), author, note)
+        _record(store, con, cohort, "inherit", b.baseline_id, now or datetime.now(UTC), author, note)
     return b
 
 
@@ -822,7 +796,7 @@ def retire_baseline(store: Store, cohort: Cohort, *, author: str, note: str = ""
     if cohort not in _current(store):
         raise BaselineNotFound(f"active for cohort {cohort}")
     with store.transaction("retiring a baseline") as con:
-        _record(con, cohort, "retire", None, now or datetime.now(UTC), author, note)
+        _record(store, con, cohort, "retire", None, now or datetime.now(UTC), author, note)
 
 
 # --- export and import ----------------------------------------------------------------------
@@ -990,5 +964,5 @@ def import_document(
     """
     b = baseline_from_document(doc, where=where, max_tag_length=max_tag_length)
     with store.transaction("importing a baseline") as con:
-        new = _insert(con, b)
+        new = _insert(store, con, b)
     return b, new

@@ -90,19 +90,8 @@ def test_layer_checker_catches_an_upward_import(tmp_path: Path) -> None:
 STORE_PACKAGE = ROOT / "collector" / "store"
 # Uppercase keywords only: prose in docstrings says "from events", SQL here is written in capitals.
 _SQL_TABLE = re.compile(r"\b(?:FROM|JOIN|INTO|UPDATE|TABLE)\s+(\w+)")
-# Modules that still run SQL over tables the store keeps for them, each naming which and why.
-# These tables belong to the packages above the collector (registered through ``Schema``):
-# the package that owns a table keeps its SQL until it moves into the store package too.
+# Modules that still run SQL over the store's tables, each naming which and why.
 SQL_ALLOWED: dict[str, set[str]] = {
-    # BASELINES_SCHEMA: frozen baselines and their activations
-    "baselines/baseline.py": {"baselines", "baseline_activations"},
-    # ALERTS_SCHEMA: the alert book, silences, analyzer runs, served-model changes
-    "analysis/alerts.py": {"alerts", "alert_history", "silences", "analyzer_runs", "served_model_changes"},
-    "analysis/analyzer.py": {"alerts", "analyzer_runs", "served_model_changes"},
-    "analysis/admin.py": {"alerts", "served_model_changes"},
-    "analysis/review.py": {"alerts"},
-    # NOTIFY_SCHEMA: the notification outbox
-    "analysis/notify.py": {"notifications"},
     # GET /v1/analyzer/runs: Store.analyzer_runs reads it; the route moves to it with the API work
     "analysis/api.py": {"analyzer_runs"},
 }

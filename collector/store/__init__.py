@@ -23,7 +23,9 @@ Modules, by concern:
 - ``deferred.py``, ``merge.py``: merging counts into the rollup tables, now or later
 - ``maintenance.py``: compaction, checkpoints, purges
 - ``registry.py``: registered contract versions
-- ``reads.py``: the read API (cohorts, window rollups, series, samples, run records)
+- ``reads.py``: the read API (cohorts, window rollups, series, samples)
+- ``alerts.py``, ``baselines.py``, ``outbox.py``: the tables of the packages above the collector
+  (alerts and analyzer runs, baselines, the notification outbox), their DDL and their SQL
 - ``backend.py``: ``StoreBackend``, the boundary; ``store.py``: ``Store``, the DuckDB backend
 
 What a backend must provide (``StoreBackend``; a second one, such as DuckLake on PostgreSQL,
@@ -43,8 +45,10 @@ implements the same and nothing above the store changes):
 - Maintenance: ``compact`` keeps sums and shrinks rows, ``purge`` removes raw events and keys
   past retention in short steps, ``checkpoint`` makes the log durable in the file.
 - Reads (``reads.py``) returning plain values, and contract versions (``registry.py``).
-- The tables of higher packages (baselines, alerts, notifications) registered as ``Schema``
-  and reached through ``transaction`` and ``query``, migrated with the store's own.
+- The records of the packages above (alerts, baselines, the notification outbox), as rows;
+  their tables are registered as ``Schema`` (``ALERTS_SCHEMA``, ...) and migrated with the
+  store's own. Writes that must commit together (an evaluation's alerts, history, notifications
+  and run record) take ``con``, the handle ``transaction`` yields.
 
 >>> store = Store.open(Path("var/demo.duckdb"))          # doctest: +SKIP
 >>> results = store.write_batch([envelope])               # doctest: +SKIP
@@ -55,14 +59,21 @@ implements the same and nothing above the store changes):
 from __future__ import annotations
 
 from ..contracts import ContractRow
+from .alerts import ALERT_COLUMNS, ALERTS_SCHEMA, AnalyzerRun
 from .backend import StoreBackend
+from .baselines import BASELINES_SCHEMA
 from .batch import BatchBuilder, PreparedBatch, Purged, WriteResult, WriteStatus
-from .reads import AnalyzerRun, CohortRow, StoredEvent, WindowRollups
+from .outbox import NOTIFY_SCHEMA
+from .reads import CohortRow, StoredEvent, WindowRollups
 from .schema import MIGRATIONS, SCHEMA_VERSION, Schema, tables_of
 from .store import Store
 
 __all__ = [
+    "ALERTS_SCHEMA",
+    "ALERT_COLUMNS",
+    "BASELINES_SCHEMA",
     "MIGRATIONS",
+    "NOTIFY_SCHEMA",
     "SCHEMA_VERSION",
     "AnalyzerRun",
     "BatchBuilder",

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 from .deferred import DeferredRollups
 
-__all__ = ["AnalyzerRun", "CohortRow", "Reads", "StoredEvent", "WindowRollups"]
+__all__ = ["CohortRow", "Reads", "StoredEvent", "WindowRollups"]
 
 
 class CohortRow(NamedTuple):
@@ -40,20 +40,6 @@ class StoredEvent(NamedTuple):
     contract_version: str | None
     source: str | None
     output: str
-
-
-class AnalyzerRun(NamedTuple):
-    """A row of ``analyzer_runs`` (the analysis package's table), newest first when listed."""
-
-    run_id: int
-    started_at: datetime
-    evaluated_at: datetime
-    ok: bool
-    error: str | None
-    duration_seconds: float
-    cohorts: int
-    checks: int
-    breaches: int
 
 
 @dataclass
@@ -320,17 +306,3 @@ class Reads(DeferredRollups):
                 [cohort_id, since, until],
             )
         }
-
-    # --- records of the analysis package --------------------------------------------------------
-
-    def analyzer_runs(self, limit: int) -> list[AnalyzerRun]:
-        """The latest ``limit`` analyzer runs (``analyzer_runs``, created by the analysis package's
-        schema), newest first."""
-        return [
-            AnalyzerRun(*r)
-            for r in self.query(
-                """SELECT run_id, started_at, evaluated_at, ok, error, duration_seconds, cohorts, checks, breaches
-                   FROM analyzer_runs ORDER BY run_id DESC LIMIT ?""",
-                [limit],
-            )
-        ]

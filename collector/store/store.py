@@ -12,8 +12,11 @@ import duckdb
 from ..errors import StoreError, StoreLocked
 from ..rollup import RollupConfig
 from ..settings import size_bytes
+from .alerts import AlertRecords
 from .backend import StoreBackend
+from .baselines import BaselineRecords
 from .connection import _copy_wal, _is_lock_error, _is_wal_error, _wal_refusal
+from .outbox import OutboxRecords
 from .reads import Reads
 from .registry import ContractVersions
 from .schema import Schema
@@ -23,7 +26,7 @@ __all__ = ["Store"]
 log = logging.getLogger(__name__)
 
 
-class Store(Reads, ContractVersions):
+class Store(Reads, ContractVersions, AlertRecords, BaselineRecords, OutboxRecords):
     """The DuckDB file: opened once per process, written by one thread at a time.
 
     >>> with Store.open(tmp_path / "x.duckdb") as store:   # doctest: +SKIP
