@@ -19,7 +19,7 @@ Modules, by concern:
 - ``connection.py``: the write-ahead log of a crash, the file lock, memory, DuckDB's errors
 - ``core.py``: migrating, transactions, contract checks of counted outputs
 - ``batch.py``: batches prepared without the database, and write results
-- ``writes.py``: idempotent batch writes and provider outcomes
+- ``writes.py``, ``outcomes.py``: idempotent batch writes, provider outcomes
 - ``deferred.py``, ``merge.py``: merging counts into the rollup tables, now or later
 - ``maintenance.py``: compaction, checkpoints, purges
 - ``registry.py``: registered contract versions
@@ -49,6 +49,10 @@ implements the same and nothing above the store changes):
   their tables are registered as ``Schema`` (``ALERTS_SCHEMA``, ...) and migrated with the
   store's own. Writes that must commit together (an evaluation's alerts, history, notifications
   and run record) take ``con``, the handle ``transaction`` yields.
+
+``Store.query`` (SQL on this thread's connection) is not part of the boundary: tests and the
+benchmarks read tables with it; no module of shapewatch outside this package runs SQL (the
+layering test checks).
 
 >>> store = Store.open(Path("var/demo.duckdb"))          # doctest: +SKIP
 >>> results = store.write_batch([envelope])               # doctest: +SKIP

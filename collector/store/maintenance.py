@@ -11,7 +11,7 @@ import duckdb
 from ..errors import StoreError
 from . import merge
 from .batch import Purged
-from .writes import Writes
+from .outcomes import Outcomes
 
 __all__ = ["Maintenance"]
 
@@ -23,7 +23,7 @@ _PURGE_CHUNK = 20_000
 _PURGE_PAUSE_S = 0.005
 
 
-class Maintenance(Writes):
+class Maintenance(Outcomes):
     """Compaction, checkpoints and purges."""
 
     def compact(self, since: datetime | None = None, until: datetime | None = None) -> int:

@@ -1,5 +1,5 @@
-"""Every write of events and provider outcomes: one transaction per batch (or per group of
-batches), idempotent by event id.
+"""Every write of events: one transaction per batch (or per group of batches), idempotent by
+event id.
 
 The conflict rule: an event id seen before (in an earlier batch, kept for ``dedup_ttl_days``,
 or earlier in the same batch) with the same payload identity (``envelope.payload_hash``) is a
@@ -13,7 +13,6 @@ import logging
 import time
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import duckdb
 import pyarrow as pa
@@ -35,29 +34,14 @@ class _StoredBefore(Exception):
     """A batch's plain INSERT met a key already stored (see ``Store._insert``)."""
 
 
-# Keys per lookup statement of _look_up.
+# Keys per lookup statement (_stored_hashes, and outcomes.py's lookups).
 _PROBE_KEYS = 2000
 # An id looked up in an IN list costs about what scanning 300 stored keys does (_stored_hashes).
 _KEYS_SCANNED_PER_ID = 300
 
 
-def _look_up(con: duckdb.DuckDBPyConnection, select: str, mark: str, keys: list[str]) -> list[tuple[Any, ...]]:
-    """The rows of ``select`` (ending in ``... IN``) for ``keys``, given as ``mark`` each.
-
-    The keys go in as parameters of an IN list, which DuckDB pushes into its scan of the
-    key column: the same cost in 200,000 rows as in 4,000,000 (measured, 500 to 40,000
-    keys). A join against a subquery of keys, or ``INSERT ... ON CONFLICT``, reads the
-    whole key column instead, and grows with the table (see ``Store._stored_hashes``).
-    """
-    rows: list[tuple[Any, ...]] = []
-    for i in range(0, len(keys), _PROBE_KEYS):
-        chunk = keys[i : i + _PROBE_KEYS]
-        rows += con.execute(f"{select} ({', '.join([mark] * len(chunk))})", chunk).fetchall()
-    return rows
-
-
 class Writes(DeferredRollups):
-    """Batches of events and provider outcomes, written."""
+    """Batches of events, written."""
 
     # --- writing ----------------------------------------------------------------------------
 
@@ -223,7 +207,7 @@ class Writes(DeferredRollups):
         INSERT into ``event_keys`` checks the keys in the index and costs the same at any
         size. When a key is already kept it fails (``_StoredBefore``, the transaction rolls back) and the
         batch is written again with ``probe``: the stored keys are looked up first
-        (``_look_up``), and only the rest is inserted. Only this thread writes events (the
+        (``_stored_hashes``), and only the rest is inserted. Only this thread writes events (the
         write lock), so nothing is stored between the lookup and the insert.
         """
         by_key = self._cohort_ids(con, {**batch.served_cohorts, **batch.cohorts})
@@ -351,65 +335,3 @@ class Writes(DeferredRollups):
             cohort = (str(model), str(prompt_version), str(contract))
             ids[cohort] = self._pending_cohorts[cohort] = int(cid)
         return ids
-
-    def record_outcomes(
-        self,
-        outcomes: Sequence[tuple[str, str, str, datetime, str]],
-        *,
-        keys: Sequence[str | None] | None = None,
-        served: Sequence[str | None] | None = None,
-    ) -> list[bool]:
-        """Count provider outcomes, (model, prompt_version, contract, ts, kind) each; returns,
-        in order, whether each was counted.
-
-        An outcome with a key (``keys``, parallel to ``outcomes``) already recorded is
-        not counted again: a re-posted response counts once, and a response posted again
-        with more outcomes counts only the new ones (the caller's metrics need to know which).
-        An outcome whose response was answered by another model than the one requested
-        (``served``, parallel too) also counts in that model's cohort, as its outputs do.
-        """
-        if not outcomes:
-            return []
-        keys = list(keys) if keys is not None else [None] * len(outcomes)
-        answered = list(served) if served is not None else [None] * len(outcomes)
-        if len(keys) != len(outcomes) or len(answered) != len(outcomes):
-            raise ValueError("keys and served must be parallel to outcomes")
-        step = self.bucket_seconds
-        with self._write_lock:
-            self._pending_cohorts = {}
-            with self._transaction("recording provider outcomes") as con:
-                wanted = list(dict.fromkeys(k for k in keys if k is not None))
-                new: set[str] = set()
-                if wanted:  # looked up, then inserted: see _look_up for why not ON CONFLICT
-                    seen = {r[0] for r in _look_up(con, "SELECT key FROM outcome_keys WHERE key IN", "?", wanted)}
-                    fresh_keys = [k for k in wanted if k not in seen]
-                    if fresh_keys:
-                        con.execute("INSERT INTO outcome_keys SELECT unnest($keys), now()", {"keys": fresh_keys})
-                    new = set(fresh_keys)
-                counts: dict[tuple[tuple[str, str, str], int, str], int] = {}
-                first_ts: dict[tuple[str, str, str], datetime] = {}
-                counted = [False] * len(outcomes)
-                for i, ((model, prompt_version, contract, ts, kind), okey, other) in enumerate(
-                    zip(outcomes, keys, answered, strict=True)
-                ):
-                    if okey is not None:
-                        if okey not in new:
-                            continue
-                        new.discard(okey)  # a key repeated within one call counts once too
-                    counted[i] = True
-                    epoch = int(ts.timestamp())
-                    for m in (model,) if other is None or other == model else (model, other):
-                        cohort = (m, prompt_version, contract)
-                        first_ts.setdefault(cohort, ts)
-                        bucket_key = (cohort, epoch - epoch % step, kind)
-                        counts[bucket_key] = counts.get(bucket_key, 0) + 1
-                if not counts:
-                    return counted
-                ids = self._cohort_ids(con, first_ts)
-                con.executemany(
-                    """INSERT INTO outcomes VALUES (?, to_timestamp(?), ?, ?)
-                       ON CONFLICT DO UPDATE SET n = n + excluded.n""",
-                    [[ids[c], epoch, kind, n] for (c, epoch, kind), n in counts.items()],
-                )
-            self._cohorts.update(self._pending_cohorts)
-        return counted
