@@ -165,12 +165,29 @@ static PyObject *py_item_spans(PyObject *self, PyObject *arg) {
 
 #include <datetime.h>
 
+/* The envelope rules the C paths apply, each stated here once. Their definitions are the Python
+ * ones (envelope.py, ingest.py, rollup.py): tests/collector/test_speedups_rules.py reads these
+ * lines and holds them to those, so that a rule changed in Python and not here fails a test
+ * instead of letting the fast path accept what the reference refuses. */
 enum { K_EVENT_ID, K_TS, K_MODEL, K_PROMPT_VERSION, K_CONTRACT, K_SERVED_MODEL, K_CONTRACT_VERSION,
        K_SOURCE, K_RUN_ID, K_AGENT_RELEASE, K_FINISH_REASON, K_OUTPUT, K_ATTRIBUTES, NKEYS };
+/* the known fields (envelope._KNOWN), in the order of the K_ names */
 static const char *key_names[NKEYS] = {"event_id", "ts", "model", "prompt_version", "contract", "served_model",
     "contract_version", "source", "run_id", "agent_release", "finish_reason", "output", "attributes"};
 static PyObject *key_objs[NKEYS];
-static const char *sources[] = {"production", "probe", "shadow"};
+static const char *sources[] = {"production", "probe", "shadow"}; /* envelope.SOURCES */
+#define EVENT_ID_MAX 128            /* characters of a client's event_id */
+#define DEFAULT_CONTRACT "default"  /* the contract of an envelope that names none */
+#define PAYLOAD_DIGEST_SIZE 16      /* envelope.payload_hash: blake2b(digest_size=16) */
+#define LINE_ID_DIGEST_SIZE 8       /* ingest._line_id: blake2b(line, digest_size=8) */
+#define LINE_ID_FORMAT "%U:%zd:%U"  /* ingest._line_id: f"{prefix}:{n}:{hexdigest}" */
+#define ENVELOPE_ITEMS 16           /* the fields of envelope.Envelope, built by scan_lines */
+/* Numbers orjson writes back exactly as they were read (its float format is repr's shortest
+ * round trip): the scanner takes only these and declines any other literal. */
+#define FLOAT_MAX_DIGITS 15         /* significant digits: sys.float_info.dig, all a double keeps */
+#define FLOAT_MAX_LEADING_ZEROS 3   /* 0.0001 comes back as such (orjson turns to an exponent
+                                     * below 1e-5; taking fewer than it could is only slower) */
+#define INT_MAX_DIGITS 18           /* any such integer is an int64, written as it is */
 
 /* A tag the Python rule (envelope._tag) accepts: str, 1..max characters, no NUL, not only
  * white space (str.isspace is Py_UNICODE_ISSPACE over every character). */
@@ -284,7 +301,7 @@ static PyObject *parse_ts(PyObject *v, int64_t *epoch_us) {
 /* The fields of an envelope other than output, ts and attributes (val[k]: the value of key k,
  * NULL when absent or null) as the Python rules accept them plainly: model and prompt_version
  * present, every tag good, source one of the known ones, event_id a non-blank str of at most
- * 128 characters. Shared by check_envelope and scan_envelope. */
+ * EVENT_ID_MAX characters. Shared by check_envelope and scan_envelope. */
 static int plain_fields(PyObject **val, Py_ssize_t max_tag) {
     if (val[K_MODEL] == NULL || !good_tag(val[K_MODEL], max_tag)) return 0;
     if (val[K_PROMPT_VERSION] == NULL || !good_tag(val[K_PROMPT_VERSION], max_tag)) return 0;
@@ -302,7 +319,7 @@ static int plain_fields(PyObject **val, Py_ssize_t max_tag) {
     }
     PyObject *id = val[K_EVENT_ID];
     if (id != NULL) {
-        if (!PyUnicode_CheckExact(id) || PyUnicode_GET_LENGTH(id) > 128) return 0;
+        if (!PyUnicode_CheckExact(id) || PyUnicode_GET_LENGTH(id) > EVENT_ID_MAX) return 0;
         int kind = PyUnicode_KIND(id), blank = 1;
         const void *data = PyUnicode_DATA(id);
         for (Py_ssize_t i = 0; i < PyUnicode_GET_LENGTH(id) && blank; i++)
@@ -1700,22 +1717,22 @@ static int sc_number(scan_t *s) {
         Py_ssize_t fdig = p - fp;
         if (fdig == 0 || (p < end && (*p == 'e' || *p == 'E'))) return SC_NO;
         if (fdig == 1 && fp[0] == '0') {          /* X.0: a whole float, written as such */
-            if (idig > 15) return SC_NO;
+            if (idig > FLOAT_MAX_DIGITS) return SC_NO;
         } else {
             if (fp[fdig - 1] == '0') return SC_NO; /* 1.50 comes back as 1.5 */
             Py_ssize_t sig;
             if (idig == 1 && ip[0] == '0') {
                 Py_ssize_t lead = 0;
                 while (lead < fdig && fp[lead] == '0') lead++;
-                if (lead > 3) return SC_NO;          /* under 1e-4: repr turns to an exponent */
+                if (lead > FLOAT_MAX_LEADING_ZEROS) return SC_NO;         /* under 1e-4: declined (see the rule) */
                 sig = fdig - lead;
             } else {
                 sig = idig + fdig;
             }
-            if (sig > 15) return SC_NO;              /* more digits than a double keeps */
+            if (sig > FLOAT_MAX_DIGITS) return SC_NO;            /* more digits than a double keeps */
         }
     } else {
-        if (idig > 18) return SC_NO;                 /* beyond any doubt of int64 */
+        if (idig > INT_MAX_DIGITS) return SC_NO;               /* beyond any doubt of int64 */
         if (neg && idig == 1 && ip[0] == '0') return SC_NO; /* -0 comes back as 0 */
     }
     if (p < end && !(*p == ',' || *p == '}' || *p == ']' || *p == ' ' || *p == '\t' || *p == '\n' || *p == '\r'))
@@ -2000,7 +2017,7 @@ static int scan_core(const unsigned char *buf, Py_ssize_t len, const scan_limits
     }
     {
         /* the payload hash: the output's text with its keys in order, then the tags as
-         * orjson.dumps writes the list [model, prompt_version, contract or "default", ts in
+         * orjson.dumps writes the list [model, prompt_version, contract or DEFAULT_CONTRACT, ts in
          * microseconds since the epoch or null, source, attributes, served_model,
          * contract_version, run_id, agent_release, finish_reason] (envelope._finish) */
         static const int order[] = {K_MODEL, K_PROMPT_VERSION, K_CONTRACT, K_TS, K_SOURCE, K_ATTRIBUTES,
@@ -2029,7 +2046,7 @@ static int scan_core(const unsigned char *buf, Py_ssize_t len, const scan_limits
             hn += 1;
             if (k == K_TS && span[k][0] != NULL) hn += 24 - nn;
             else if (span[k][0] != NULL) hn += span[k][1] - span[k][0] + 2;
-            else if (k == K_CONTRACT) hn += 9;
+            else if (k == K_CONTRACT) hn += sizeof DEFAULT_CONTRACT + 1;
             else hn += 4;
         }
         PyObject *hashed = PyBytes_FromStringAndSize(NULL, hn);
@@ -2047,14 +2064,14 @@ static int scan_core(const unsigned char *buf, Py_ssize_t len, const scan_limits
                 PUT(span[k][0], span[k][1] - span[k][0]);
                 *o++ = '"';
             } else if (k == K_CONTRACT) {
-                PUT("\"default\"", 9);
+                PUT("\"" DEFAULT_CONTRACT "\"", sizeof DEFAULT_CONTRACT + 1);
             } else {
                 PUT("null", 4);
             }
         }
         *o++ = ']';
 #undef PUT
-        PyObject *digest = b2_hex(hashed, 16);
+        PyObject *digest = b2_hex(hashed, PAYLOAD_DIGEST_SIZE);
         Py_DECREF(hashed);
         if (digest == NULL) { r = SC_ERR; goto done; }
         PyObject *text = PyUnicode_DecodeUTF8(text_at, text_len, "strict");
@@ -2177,20 +2194,20 @@ static PyObject *py_scan_lines(PyObject *self, PyObject *args) {
         PyObject *env = NULL, *where = NULL;
         int generated = f[F_EVENT_ID] == NULL;
         if (generated) {
-            PyObject *hex = b2_hex_of(p + a, b - a, 8);
+            PyObject *hex = b2_hex_of(p + a, b - a, LINE_ID_DIGEST_SIZE);
             if (hex != NULL) {
-                f[F_EVENT_ID] = PyUnicode_FromFormat("%U:%zd:%U", prefix, line_no, hex);
+                f[F_EVENT_ID] = PyUnicode_FromFormat(LINE_ID_FORMAT, prefix, line_no, hex);
                 Py_DECREF(hex);
             }
         }
-        if (f[F_EVENT_ID] != NULL) env = tp->tp_alloc(tp, 16);
+        if (f[F_EVENT_ID] != NULL) env = tp->tp_alloc(tp, ENVELOPE_ITEMS);
         if (env != NULL) {
-            PyObject *items[16] = {
+            PyObject *items[ENVELOPE_ITEMS] = {
                 f[F_EVENT_ID], generated ? Py_True : Py_False, f[F_TS] ? f[F_TS] : now, f[F_MODEL],
                 f[F_PROMPT_VERSION], f[F_CONTRACT] ? f[F_CONTRACT] : str_default, f[F_TEXT], f[F_HASH],
                 f[F_SERVED_MODEL], f[F_CONTRACT_VERSION], f[F_SOURCE], f[F_RUN_ID], f[F_AGENT_RELEASE],
                 f[F_FINISH_REASON], NULL, NULL};
-            for (int j = 0; j < 16; j++) {
+            for (int j = 0; j < ENVELOPE_ITEMS; j++) {
                 PyObject *v = items[j] ? items[j] : Py_None;
                 Py_INCREF(v);
                 PyTuple_SET_ITEM(env, j, v);
@@ -2379,7 +2396,7 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     if (PyDateTimeAPI == NULL) return NULL;
     for (int k = 0; k < NKEYS; k++)
         if ((key_objs[k] = PyUnicode_InternFromString(key_names[k])) == NULL) return NULL;
-    if ((str_default = PyUnicode_InternFromString("default")) == NULL) return NULL;
+    if ((str_default = PyUnicode_InternFromString(DEFAULT_CONTRACT)) == NULL) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
     Py_INCREF(&AccType);
