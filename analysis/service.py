@@ -6,9 +6,9 @@ writer, the metrics registry, the analyzer: ``app.state``, reached by the routes
 ``Depends``), where the one error map is installed, and where the scheduler runs the
 store's upkeep (``maintenance.py``; the analyzer's evaluations join it).
 
-The API description (``/openapi.json``) is browsable at ``/docs`` (Swagger UI) and ``/redoc``,
-both served from files of the ``fastapi-offline`` package: no page loads anything from
-another host, so they work without network access.
+The API description (``/openapi.json``) is browsable at ``/docs`` (Swagger UI), served from
+files of the ``fastapi-offline`` package: the page loads nothing from another host, so it
+works without network access.
 
 >>> app = create_app(settings)          # doctest: +SKIP
 >>> run(settings)                       # doctest: +SKIP  (uvicorn, blocks)
@@ -27,7 +27,7 @@ from typing import Any
 
 import uvicorn
 from fastapi import APIRouter, FastAPI, Request, Security
-from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
+from fastapi.openapi.docs import get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
 from fastapi.responses import HTMLResponse, PlainTextResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CollectorRegistry, generate_latest
@@ -104,7 +104,7 @@ async def get_metrics(request: Request) -> Response:
 
 
 def _docs_assets() -> Path:
-    """Swagger UI's and Redoc's files, shipped by the ``fastapi-offline`` package."""
+    """Swagger UI's files, shipped by the ``fastapi-offline`` package."""
     import fastapi_offline
 
     return Path(fastapi_offline.__file__).parent / "static"
@@ -113,40 +113,36 @@ def _docs_assets() -> Path:
 _ASSETS = "/docs/assets"
 
 
+#: ``/docs`` (Swagger UI) from local files (``install_docs`` mounts them): FastAPI's own page loads
+#: its scripts from a CDN, and is blank without network access. The page names no other host: no
+#: favicon or validator badge from outside (``validatorUrl`` off). There is no ``/redoc``: Redoc's
+#: bundle draws its logo from its vendor's CDN whatever it is told.
+docs_router = APIRouter(include_in_schema=False)
+
+
+@docs_router.get("/docs")
+async def swagger_ui(request: Request) -> HTMLResponse:
+    root = request.scope.get("root_path", "")
+    return get_swagger_ui_html(
+        openapi_url=root + (request.app.openapi_url or "/openapi.json"),
+        title=f"{request.app.title} - API",
+        oauth2_redirect_url=root + "/docs/oauth2-redirect",
+        swagger_js_url=f"{root}{_ASSETS}/swagger-ui-bundle.js",
+        swagger_css_url=f"{root}{_ASSETS}/swagger-ui.css",
+        swagger_favicon_url=f"{root}{_ASSETS}/favicon.png",
+        swagger_ui_parameters={"validatorUrl": None, "persistAuthorization": False},
+    )
+
+
+@docs_router.get("/docs/oauth2-redirect")
+async def swagger_ui_redirect() -> HTMLResponse:
+    return get_swagger_ui_oauth2_redirect_html()
+
+
 def install_docs(app: FastAPI) -> None:
-    """``/docs`` (Swagger UI) and ``/redoc`` from local files: FastAPI's own pages load their
-    scripts from a CDN, and are blank without network access. No page names another host:
-    no favicon, fonts or validator badge from outside (``validatorUrl`` off)."""
+    """The API description's browser and the files it loads (``docs_router``)."""
     app.mount(_ASSETS, StaticFiles(directory=_docs_assets()), name="docs-assets")
-    openapi_url = app.openapi_url or "/openapi.json"
-
-    @app.get("/docs", include_in_schema=False)
-    async def swagger_ui(request: Request) -> HTMLResponse:
-        root = request.scope.get("root_path", "")
-        return get_swagger_ui_html(
-            openapi_url=root + openapi_url,
-            title=f"{app.title} - API",
-            oauth2_redirect_url=root + "/docs/oauth2-redirect",
-            swagger_js_url=f"{root}{_ASSETS}/swagger-ui-bundle.js",
-            swagger_css_url=f"{root}{_ASSETS}/swagger-ui.css",
-            swagger_favicon_url=f"{root}{_ASSETS}/favicon.png",
-            swagger_ui_parameters={"validatorUrl": None, "persistAuthorization": False},
-        )
-
-    @app.get("/docs/oauth2-redirect", include_in_schema=False)
-    async def swagger_ui_redirect() -> HTMLResponse:
-        return get_swagger_ui_oauth2_redirect_html()
-
-    @app.get("/redoc", include_in_schema=False)
-    async def redoc(request: Request) -> HTMLResponse:
-        root = request.scope.get("root_path", "")
-        return get_redoc_html(
-            openapi_url=root + openapi_url,
-            title=f"{app.title} - API",
-            redoc_js_url=f"{root}{_ASSETS}/redoc.standalone.js",
-            redoc_favicon_url=f"{root}{_ASSETS}/favicon.png",
-            with_google_fonts=False,
-        )
+    app.include_router(docs_router)
 
 
 def pager_enqueue(store: Store, targets: list[Target]) -> Callable[[Any, Sequence[Transition], datetime], None]:
@@ -272,7 +268,7 @@ def create_app(
         openapi_tags=_TAGS,
         generate_unique_id_function=operation_id,
         docs_url=None,  # install_docs: served from local files
-        redoc_url=None,
+        redoc_url=None,  # Redoc's bundle loads its logo from a CDN
     )
     app.add_middleware(BodyPolicy, limits=BodyLimits.from_settings(settings))  # every route's body
     install_error_handlers(app)  # the one error map, for every router
