@@ -329,10 +329,25 @@ def _plain_number(literal: bytes) -> bool:
     return len(whole) + len(frac) <= 15  # more digits than a double keeps
 
 
-def _plain_text(raw: bytes) -> bool:
+# A string, or a number literal (group 1): the numbers of a text without escapes.
+_STRING_OR_NUMBER = re.compile(rb'"[^"]*+"|(-?[0-9][0-9.eE+\-]*+)')
+
+
+def _plain_text(raw: bytes, keys: int) -> bool:
     """What the parsed envelope cannot tell: no escape at all in the envelope's own keys and tags,
     only the escapes orjson writes back inside the output, every number literal in the form orjson
-    writes, and at most 64 keys per object."""
+    writes, and at most 64 keys per object (``keys``: how many the text has in all)."""
+    if b"\\" in raw or keys > _MAX_KEYS:
+        return _plain_tokens(raw)
+    # the usual text: no escape, few keys; only its numbers need a look (each distinct one once)
+    literals = set(_STRING_OR_NUMBER.findall(raw))
+    literals.discard(b"")
+    return all(_plain_number(literal) for literal in literals)
+
+
+def _plain_tokens(raw: bytes) -> bool:
+    """``_plain_text`` token by token, following the nesting: where escapes are, and each
+    object's keys."""
     depth = 0
     keys: list[int] = []
     for tok in _SCAN_TOKENS.finditer(raw):
@@ -374,7 +389,7 @@ def scan_envelope(
     if type(obj) is not dict or "attributes" in obj or "output" not in obj:
         return None
     fields = check_envelope(obj, max_tag, max_depth, max_array, max_key, max_leaves)
-    if fields is None or count_keys(raw) != fields[12] or not _plain_text(raw):
+    if fields is None or count_keys(raw) != fields[12] or not _plain_text(raw, fields[12]):
         return None
     from .envelope import _epoch_us, payload_hash
 
@@ -586,7 +601,6 @@ def group_ids(
 
 # counts() columns after (group, path): present, then one per JSON type, then long strings
 _PRESENT, _LONG = 2, 10
-_JSON_TYPES = frozenset({type(None), bool, int, float, str, list, dict})
 
 
 class Acc:
@@ -605,6 +619,7 @@ class Acc:
         "_bin",
         "_bins",
         "_column",
+        "_float_column",
         "_lengths",
         "_max_value_length",
         "_namer",
@@ -623,7 +638,11 @@ class Acc:
         self._namer = namer
         self._max_value_length = operator.index(max_value_length)
         self._bin = number_bin
-        self._column = {t: 3 + i for i, t in enumerate(JsonType)}  # null, boolean, ..., object
+        # the column of each JSON type (null, boolean, ..., object), and of each Python type whose
+        # values all have one; a float's depends on the value (json_type_of says)
+        self._float_column = {t: 3 + i for i, t in enumerate(JsonType)}
+        samples: tuple[Any, ...] = (None, True, 0, "", [], {})
+        self._column = {type(x): self._float_column[json_type_of(x)] for x in samples}
         self._paths: dict[tuple[int, str | None], int] = {}  # (parent id, key) -> path id
         self._slots: dict[tuple[int, int], int] = {}  # (group, path) -> slot
         self._rows: list[list[int]] = []  # slot -> [group, path, present, types..., long]
@@ -644,23 +663,27 @@ class Acc:
         return new
 
     def _slot(self, group: int, path: int) -> int:
-        slot = self._slots.get((group, path))
-        if slot is None:
-            slot = self._slots[(group, path)] = len(self._rows)
-            self._rows.append([group, path] + [0] * 9)
-            self._values.append({})
-            self._lengths.append({})
-            self._bins.append({})
+        """A new slot for (group, path)."""
+        slot = self._slots[(group, path)] = len(self._rows)
+        self._rows.append([group, path] + [0] * 9)
+        self._values.append({})
+        self._lengths.append({})
+        self._bins.append({})
         return slot
 
     def _value(self, v: Any, group: int, path: int) -> None:
-        slot = self._slot(group, path)
+        slot = self._slots.get((group, path))
+        if slot is None:
+            slot = self._slot(group, path)
         row = self._rows[slot]
         row[_PRESENT] += 1  # before the kind is known, as the C counts
         t = type(v)
-        if t not in _JSON_TYPES:
-            raise TypeError(f"unexpected {_type_name(v)} in an output")
-        row[self._column[json_type_of(v)]] += 1
+        column = self._column.get(t)
+        if column is None:
+            if t is not float:
+                raise TypeError(f"unexpected {_type_name(v)} in an output")
+            column = self._float_column[json_type_of(v)]
+        row[column] += 1
         if t is int or t is float:
             if v == v:  # NaN has no bin
                 bins = self._bins[slot]

@@ -150,7 +150,7 @@ def test_auto_falls_back_to_the_twin_with_one_warning_when_the_c_module_cannot_b
     assert done.stdout.split() == ["python", "shapewatch.collector._pyspeedups", '{"a":[1,"x"]}', "2"]
     assert done.stderr.splitlines() == [
         f"shapewatch: the C accelerator is not built ({_BLOCKED}); running the pure-Python twin, "
-        "which gives the same results several times slower (reinstall with a C compiler to fix)"
+        "which gives the same results about ten times slower (reinstall with a C compiler to fix)"
     ]
 
 

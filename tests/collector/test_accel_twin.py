@@ -85,6 +85,16 @@ def test_plain_envelopes_are_recognised_by_both() -> None:
         assert _both(lambda impl, env=env: impl.check_envelope(env, *_args(LIMITS)))[1] is not None
 
 
+def test_objects_of_up_to_64_keys_are_taken_by_both_and_larger_ones_declined() -> None:
+    """The C holds 64 keys of an object to find a repeated one, and declines a larger object."""
+    for sizes, taken in (((64,), True), ((40, 40), True), ((65,), False), ((3, 65), False)):
+        output = {f"o{j}": {f"k{i}": i for i in range(n)} for j, n in enumerate(sizes)}
+        raw = orjson.dumps({"model": "m", "prompt_version": "p", "output": output})
+        for text in (raw, raw.replace(b'"k1"', b'"k\\t1"')):  # an escape: read token by token
+            kind, fast = _both(lambda impl, text=text: impl.scan_envelope(text, *_args(LIMITS)))
+            assert (kind, fast is not None) == ("ok", taken), (sizes, text)
+
+
 _JSONISH = st.binary(max_size=40) | st.lists(
     st.sampled_from([b'"', b"\\", b":", b" ", b"\n", b"[", b"]", b"{", b"}", b",", b"a", b"1"]), max_size=30
 ).map(b"".join)
