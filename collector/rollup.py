@@ -74,7 +74,7 @@ class ContractStatus(str, Enum):
 
 
 # (cohort, contract version, bucket epoch, output parsed or as JSON text) -> status and violations (path, JSON Schema
-# keyword): store.py's check.
+# keyword): the store's check (store/core.py).
 ContractCheck = Callable[
     [tuple[str, str, str], str, int, dict[str, Any] | str], tuple[ContractStatus, Sequence[tuple[str | None, str]]]
 ]
