@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: up test test-slow reliability bench bench-analyze bench-commits venv clean
 
-$(STAMP): pyproject.toml setup.py collector/_speedups.c
+$(STAMP): pyproject.toml setup.py $(wildcard collector/_speedups_src/*.c collector/_speedups_src/*.h)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[all,test]'
@@ -44,6 +44,11 @@ test-slow: $(STAMP)
 reliability: $(STAMP)
 	SHAPEWATCH_RELIABILITY_REPORT=reliability/REPORT.md $(BIN)/python -m pytest -q \
 		-m 'reliability or not reliability' reliability
+
+# The C accelerator built with ASan and UBSan into a temporary copy of the tree, and the
+# scanner, envelope and fuzz tests run against it (.ci/sanitize; .venv is left as it is).
+sanitize: $(STAMP)
+	PY=$(abspath $(BIN))/python .ci/sanitize
 
 bench: $(STAMP)
 	$(BIN)/python bench/ingest.py

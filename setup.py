@@ -1,4 +1,4 @@
-"""Builds the optional C accelerator (collector/_speedups.c); everything else is in pyproject.toml.
+"""Builds the optional C accelerator (collector/_speedups_src/); everything else is in pyproject.toml.
 
 The accelerator is optional: when it cannot be built (no C compiler, no Python headers), the
 install goes on without it and says so, and shapewatch runs its pure-Python twin
@@ -15,7 +15,7 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 WARNING = """
-*** shapewatch: the C accelerator (collector/_speedups.c) could not be built: {error}
+*** shapewatch: the C accelerator (collector/_speedups_src/) could not be built: {error}
 *** shapewatch is installed with its pure-Python twin: the same results, bulk import and
 *** ingest several times slower. Install a C compiler and the Python headers
 *** (Debian: apt-get install gcc python3-dev) and reinstall to get the accelerator.
@@ -47,8 +47,15 @@ setup(
     ext_modules=[
         Extension(
             "shapewatch.collector._speedups",
-            ["collector/_speedups.c"],
-            extra_compile_args=["-O2"],
+            # one extension from the files of collector/_speedups_src/ (not a folder named
+            # _speedups: without the built module, Python would import it as an empty namespace
+            # package instead of failing over to the pure-Python twin)
+            [f"collector/_speedups_src/{name}.c" for name in ("module", "json", "envelope", "time", "rollup", "arrow")],
+            depends=["collector/_speedups_src/speedups.h", "collector/_speedups_src/rules.h"],
+            # SHAPEWATCH_SPEEDUPS_CFLAGS replaces the optimisation flags: .ci/sanitize builds with the
+            # address and undefined-behaviour sanitizers at -O1 (a later -O2 would override it)
+            extra_compile_args=["-fvisibility=hidden", *os.environ.get("SHAPEWATCH_SPEEDUPS_CFLAGS", "-O2").split()],
+            extra_link_args=os.environ.get("SHAPEWATCH_SPEEDUPS_LDFLAGS", "").split(),
             optional=True,
         )
     ],

@@ -25,9 +25,8 @@ from shapewatch.collector.errors import EnvelopeInvalid, FieldError
 
 
 def _source() -> str:
-    """The accelerator's C source: one file, or the files of its folder."""
-    single = ROOT / "collector" / "_speedups.c"
-    files = [single] if single.exists() else sorted((ROOT / "collector" / "_speedups").glob("*.[ch]"))
+    """The accelerator's C source: the files of its folder."""
+    files = sorted((ROOT / "collector" / "_speedups_src").glob("*.[ch]"))
     assert files, "the accelerator's C source is missing"
     return "\n".join(f.read_text() for f in files)
 

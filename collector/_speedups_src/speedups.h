@@ -1,0 +1,72 @@
+/* What the files of the C accelerator (collector/_speedups_src/) share: see module.c for which
+ * file holds what. Only PyInit__speedups is exported from the built module (setup.py builds with
+ * -fvisibility=hidden), so these names stay inside it. */
+#ifndef SHAPEWATCH_SPEEDUPS_H
+#define SHAPEWATCH_SPEEDUPS_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <string.h>
+#include <math.h>
+#include <float.h>
+#include <stdint.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
+
+#include "rules.h"
+
+/* json.c: the envelope scanner's tokenizer */
+typedef struct {
+    const unsigned char *p, *end;
+    int ws;  /* white space was skipped inside the output: its canonical text must be compacted */
+    int unsorted;  /* an object's keys were not in order: w differs from the canonical text */
+    /* The output's text as written with the keys of every object in order (what orjson.dumps
+     * makes of it with OPT_SORT_KEYS: the payload hash covers that, so that a retry whose keys
+     * come in another order is the same payload), at w[0..wo), written as it is read: the
+     * members of an object whose keys are out of order are moved into order through tmp. Both
+     * have room for the output's text. */
+    char *w, *tmp;
+    Py_ssize_t wo;
+    Py_ssize_t max_depth, max_array, max_key, max_leaves, leaves;
+} scan_t;
+
+#define SC_NO (-1)   /* not the plain case: the reference path decides */
+#define SC_ERR (-2)  /* an exception is set */
+
+static inline int sc_ws(scan_t *s) {
+    const unsigned char *p0 = s->p;
+    while (s->p < s->end && (*s->p == ' ' || *s->p == '\t' || *s->p == '\n' || *s->p == '\r')) s->p++;
+    return s->p != p0;
+}
+void sc_init_classes(void);
+int sc_string(scan_t *s, const unsigned char **start, const unsigned char **stop, Py_ssize_t *chars,
+              int allow_escapes);
+int sc_container(scan_t *s, Py_ssize_t depth);
+Py_ssize_t sc_compact(const unsigned char *p, Py_ssize_t n, char *out);
+PyObject *py_count_keys(PyObject *self, PyObject *arg);
+PyObject *py_item_spans(PyObject *self, PyObject *arg);
+
+/* time.c */
+int time_setup(void);
+PyObject *parse_ts(PyObject *v, int64_t *epoch_us);
+PyObject *py_set_ts_range(PyObject *self, PyObject *args);
+PyObject *py_epoch_micros(PyObject *self, PyObject *args);
+PyObject *py_bucket_starts(PyObject *self, PyObject *args);
+
+/* envelope.c */
+int envelope_setup(void);
+PyObject *py_walk(PyObject *self, PyObject *args);
+PyObject *py_check_envelope(PyObject *self, PyObject *args);
+PyObject *py_scan_envelope(PyObject *self, PyObject *args);
+PyObject *py_scan_lines(PyObject *self, PyObject *args);
+
+/* rollup.c */
+extern PyTypeObject AccType;
+int rollup_setup(void);
+PyObject *py_group_ids(PyObject *self, PyObject *args);
+
+/* arrow.c */
+PyObject *py_string_column(PyObject *self, PyObject *args);
+
+#endif
