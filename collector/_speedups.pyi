@@ -1,4 +1,4 @@
-"""Types of the C fast paths in _speedups.c."""
+"""Types of the C fast paths (collector/_speedups_src/, built as the module _speedups)."""
 
 from collections.abc import Sequence
 from datetime import datetime
