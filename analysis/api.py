@@ -822,11 +822,7 @@ def register_contract(api: Analysis, body: ContractRequest) -> Response:
 
 @router.get("/v1/analyzer/runs", summary="The latest analyzer runs", tags=["admin"], response_model=list[AnalyzerRun])
 def list_analyzer_runs(api: Analysis, limit: int = Query(20, ge=1, le=1000)) -> Response:
-    rows = api.store.query(
-        """SELECT run_id, started_at, evaluated_at, ok, error, duration_seconds, cohorts, checks, breaches
-                   FROM analyzer_runs ORDER BY run_id DESC LIMIT ?""",
-        [limit],
-    )
+    rows = api.store.analyzer_runs(limit)
     return json_response(
         [
             {

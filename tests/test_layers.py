@@ -91,10 +91,7 @@ STORE_PACKAGE = ROOT / "collector" / "store"
 # Uppercase keywords only: prose in docstrings says "from events", SQL here is written in capitals.
 _SQL_TABLE = re.compile(r"\b(?:FROM|JOIN|INTO|UPDATE|TABLE)\s+(\w+)")
 # Modules that still run SQL over the store's tables, each naming which and why.
-SQL_ALLOWED: dict[str, set[str]] = {
-    # GET /v1/analyzer/runs: Store.analyzer_runs reads it; the route moves to it with the API work
-    "analysis/api.py": {"analyzer_runs"},
-}
+SQL_ALLOWED: dict[str, set[str]] = {}
 
 
 def store_tables() -> set[str]:
