@@ -117,9 +117,28 @@ _WALK = st.recursive(
 
 
 @PROPERTY
-@given(output=_WALK, lim=_LIMITS)
+@given(output=st.dictionaries(_TEXT, _WALK, max_size=5) | _WALK, lim=st.just(LIMITS) | _LIMITS)
 def test_the_walks_agree_on_anything(output: Any, lim: Limits) -> None:
     _both(lambda impl: impl.walk(output, lim.max_depth, lim.max_array_length, lim.max_key_length, lim.max_leaves))
+
+
+@pytest.mark.parametrize(
+    "output",
+    [
+        {"a": float("nan")},
+        {"a": [float("inf")]},
+        {"a": {"b": -float("inf")}},
+        {"a": (1,)},
+        {1: 2},
+        {"a": 9.2e18, "b": [-9.2e18]},
+        {"a": 9.19e18},
+        {"a": True, "b": None, "c": "x", "d": 2**70},
+        [1],
+        "x",
+    ],
+)
+def test_the_walks_answer_alike_for_each_odd_value(output: Any) -> None:
+    _both(lambda impl: impl.walk(output, 32, 10, 10, 10))
 
 
 def _acc_state(impl: Any, adds: list[tuple[Any, int, bool]]) -> tuple[Any, ...]:
