@@ -14,21 +14,14 @@ PyObject *py_count_keys(PyObject *self, PyObject *arg) {
     char *buf;
     Py_ssize_t len;
     if (PyBytes_AsStringAndSize(arg, &buf, &len) < 0) return NULL;
-    const char *p = buf, *end = buf + len;
+    const unsigned char *p = (const unsigned char *)buf, *end = p + len;
     long count = 0;
     while (p < end) {
-        const char *q = memchr(p, '"', (size_t)(end - p));
+        const unsigned char *q = memchr(p, '"', (size_t)(end - p));
         if (q == NULL) break;
-        /* inside a string: find its closing quote, stepping over escapes */
-        const char *r = q + 1;
-        for (;;) {
-            const char *e = r;
-            while (e < end && *e != '"' && *e != '\\') e++;
-            if (e >= end) { r = end; break; }
-            if (*e == '"') { r = e + 1; break; }
-            r = (end - e > 2) ? e + 2 : end; /* a backslash escapes the next character */
-        }
-        while (r < end && (*r == ' ' || *r == '\t' || *r == '\n' || *r == '\r')) r++;
+        const unsigned char *r = json_string_end(q + 1, end);
+        if (r == NULL) break; /* a string that does not close: no colon after it */
+        r = json_skip_ws(r, end);
         if (r < end && *r == ':') count++;
         p = r;
     }
@@ -45,7 +38,7 @@ PyObject *py_item_spans(PyObject *self, PyObject *arg) {
     Py_ssize_t len;
     if (PyBytes_AsStringAndSize(arg, &buf, &len) < 0) return NULL;
     Py_ssize_t i = 0, depth = 0, start = -1, last = -1;
-    while (i < len && (buf[i] == ' ' || buf[i] == '\t' || buf[i] == '\n' || buf[i] == '\r')) i++;
+    i = json_skip_ws((const unsigned char *)buf, (const unsigned char *)buf + len) - (const unsigned char *)buf;
     if (i >= len || buf[i] != '[') Py_RETURN_NONE;
     PyObject *spans = PyList_New(0);
     if (spans == NULL) return NULL;
@@ -65,9 +58,10 @@ PyObject *py_item_spans(PyObject *self, PyObject *arg) {
         }
         if (start < 0) start = i;
         if (c == '"') {
-            for (i++; i < len && buf[i] != '"'; i++)
-                if (buf[i] == '\\') i++;
-            if (i >= len) break;
+            const unsigned char *text = (const unsigned char *)buf;
+            const unsigned char *after = json_string_end(text + i + 1, text + len);
+            if (after == NULL) break; /* it does not close */
+            i = after - text - 1;     /* its closing quote */
         } else if (c == '[' || c == '{') {
             depth++;
         } else if (c == ']' || c == '}') {

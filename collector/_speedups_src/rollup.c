@@ -551,7 +551,7 @@ static int jt_room(jtext *t, Py_ssize_t n) {
 }
 
 static inline void jt_ws(jtext *t) {
-    while (t->p < t->end && (*t->p == ' ' || *t->p == '\t' || *t->p == '\n' || *t->p == '\r')) t->p++;
+    t->p = json_skip_ws(t->p, t->end);
 }
 
 static int jt_bad(const char *what) {
@@ -720,21 +720,6 @@ static int jt_number(jtext *t, int32_t *code, int *integer) {
 
 static int jt_members(Acc *self, jtext *t, Py_ssize_t group, Py_ssize_t path);
 
-/* The first '"' or '\\' at or after p (end if none). */
-static inline const unsigned char *jt_quote_or_backslash(const unsigned char *p, const unsigned char *end) {
-#ifdef __SSE2__
-    const __m128i quote = _mm_set1_epi8('"'), backslash = _mm_set1_epi8('\\');
-    while (end - p >= 16) {
-        __m128i v = _mm_loadu_si128((const __m128i *)p);
-        int mask = _mm_movemask_epi8(_mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, backslash)));
-        if (mask) return p + __builtin_ctz((unsigned)mask);
-        p += 16;
-    }
-#endif
-    while (p < end && *p != '"' && *p != '\\') p++;
-    return p;
-}
-
 /* The code points of n bytes of valid UTF-8: the bytes that are not continuation bytes. */
 static inline Py_ssize_t utf8_chars(const unsigned char *p, Py_ssize_t n) {
     Py_ssize_t cont = 0, i = 0;
@@ -763,7 +748,7 @@ static int jt_value(Acc *self, jtext *t, Py_ssize_t group, Py_ssize_t path) {
         c[C_STRING]++;
         /* without escapes (the usual case), the string is its bytes: a short one is counted
          * from them, a long one only counted */
-        const unsigned char *a = t->p + 1, *q = jt_quote_or_backslash(a, t->end);
+        const unsigned char *a = t->p + 1, *q = json_quote_or_backslash(a, t->end);
         if (q < t->end && *q == '"') {
             Py_ssize_t len = q - a;
             t->p = q + 1;
