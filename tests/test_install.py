@@ -12,6 +12,7 @@ The install tests are slow (a virtual environment and a package install): ``make
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -40,21 +41,32 @@ def _copy_checkout(dest: Path) -> Path:
     return dest
 
 
-@pytest.fixture(scope="module")
-def sdk_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    base = tmp_path_factory.mktemp("sdk-install")
+def _install(base: Path, env: dict[str, str] | None = None) -> tuple[Path, str]:
+    """A fresh venv with a copy of the checkout installed, no extras; its python and pip's output."""
     checkout = _copy_checkout(base / "checkout")
     env_dir = base / "venv"
     venv.create(env_dir, with_pip=True)
     python = env_dir / "bin" / "python"
     out = subprocess.run(
-        [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", str(checkout)],
+        [str(python), "-m", "pip", "install", "-v", "--disable-pip-version-check", str(checkout)],
         capture_output=True,
         text=True,
         timeout=600,
+        env={**os.environ, **(env or {})},
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    return python
+    return python, out.stdout + out.stderr
+
+
+@pytest.fixture(scope="module")
+def sdk_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _install(tmp_path_factory.mktemp("sdk-install"))[0]
+
+
+@pytest.fixture(scope="module")
+def sdk_without_compiler(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """The same install where no C compiler works: the accelerator cannot be built."""
+    return _install(tmp_path_factory.mktemp("sdk-no-cc"), {"CC": "false", "CXX": "false", "LDSHARED": "false"})
 
 
 def _run(python: Path, code: str, **kw: object) -> subprocess.CompletedProcess[str]:
@@ -106,7 +118,25 @@ print(json.dumps({"ids": ids, "delivered": delivered, "stats": client.stats}))
 
 
 @pytest.mark.slow
-def test_the_sdk_records_into_a_running_service(sdk_python: Path, tmp_path: Path) -> None:
+def test_without_a_compiler_the_install_warns_and_the_twin_runs(sdk_without_compiler: tuple[Path, str]) -> None:
+    python, log = sdk_without_compiler
+    assert "*** shapewatch: the C accelerator (" in log
+    assert ") could not be built: " in log
+    assert "installed with its pure-Python twin" in log
+    out = _run(python, "from shapewatch.collector.accel import IMPLEMENTATION; print(IMPLEMENTATION)")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "python\n"
+    assert "the C accelerator is not built" in out.stderr
+    built = _run(python, "import shapewatch.collector._speedups")
+    assert "No module named 'shapewatch.collector._speedups'" in built.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("with_c", [True, False], ids=["accelerated", "pure-python"])
+def test_the_sdk_records_into_a_running_service(with_c: bool, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    sdk_python: Path = (
+        request.getfixturevalue("sdk_python") if with_c else request.getfixturevalue("sdk_without_compiler")[0]
+    )
     svc = start_service(tmp_path / "sdk.duckdb")
     try:
         out = subprocess.run(
