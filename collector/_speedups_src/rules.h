@@ -1,11 +1,12 @@
-/* The envelope rules the C accelerator copies from Python, in one place (see the comment below). */
+/* The envelope rules the C accelerator applies, copied from their definitions in Python
+ * (envelope.py, ingest.py, rollup.py), each once: here, and the two name lists (key_names,
+ * sources) in envelope.c and the number bins (NB_*) in rollup.c, beside the code that uses them.
+ * tests/collector/test_speedups_rules.py reads them from the source and holds each to its Python
+ * definition, so that a rule changed in Python and not here fails a test instead of letting the
+ * fast path accept what the reference refuses. */
 #ifndef SHAPEWATCH_SPEEDUPS_RULES_H
 #define SHAPEWATCH_SPEEDUPS_RULES_H
 
-/* The envelope rules the C paths apply, each stated here once. Their definitions are the Python
- * ones (envelope.py, ingest.py, rollup.py): tests/collector/test_speedups_rules.py reads these
- * lines and holds them to those, so that a rule changed in Python and not here fails a test
- * instead of letting the fast path accept what the reference refuses. */
 /* the known fields (envelope._KNOWN): their names are key_names in envelope.c, in this order */
 enum { K_EVENT_ID, K_TS, K_MODEL, K_PROMPT_VERSION, K_CONTRACT, K_SERVED_MODEL, K_CONTRACT_VERSION,
        K_SOURCE, K_RUN_ID, K_AGENT_RELEASE, K_FINISH_REASON, K_OUTPUT, K_ATTRIBUTES, NKEYS };
