@@ -3,10 +3,11 @@
 Both are stored (``payload_hash`` tells a retry from a reused ``event_id``; a made-up id is the
 event's key), so a change of how the accelerator computes them (its own BLAKE2b, then hashlib's)
 must give the very same hex digests, byte for byte, for what earlier releases stored. The
-expected values were taken from the build that still carried its own copy of BLAKE2b; the
-Python reference (``envelope.payload_hash``, ``ingest._line_id``) is held to the same literals,
-so neither side can drift alone. The inputs cross BLAKE2b's 128-byte block edges (the hashed
-text is the output's sorted text followed by the tags).
+expected values were taken from the C build that still carried its own copy of BLAKE2b; the
+accelerator in use is held to them (the C by default, the pure-Python twin with
+SHAPEWATCH_ACCEL=python), and so is the Python reference (``envelope.payload_hash``,
+``ingest._line_id``), so that no side can drift alone. The inputs cross BLAKE2b's 128-byte block
+edges (the hashed text is the output's sorted text followed by the tags).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from datetime import UTC, datetime
 import orjson
 import pytest
 
-from shapewatch.collector import _speedups
+from shapewatch.collector.accel import speedups
 from shapewatch.collector.envelope import LIMITS, Envelope, _epoch_us, payload_hash
 from shapewatch.collector.ingest import _line_id
 
@@ -73,7 +74,7 @@ LINES = [
 
 @pytest.mark.parametrize(("raw", "expected"), PAYLOAD_HASHES)
 def test_the_scanner_gives_the_stored_payload_hash(raw: bytes, expected: str) -> None:
-    fields = _speedups.scan_envelope(
+    fields = speedups.scan_envelope(
         raw, LIMITS.max_tag_length, LIMITS.max_depth, LIMITS.max_array_length, LIMITS.max_key_length, LIMITS.max_leaves
     )
     assert fields is not None, "the scanner must take these plain envelopes"
@@ -102,7 +103,7 @@ def test_scan_lines_makes_up_the_stored_ids_and_hashes() -> None:
     text = b"\n".join(line for line, _, _ in LINES)
     out: list[Envelope] = []
     origin: list[int] = []
-    answer = _speedups.scan_lines(
+    answer = speedups.scan_lines(
         text,
         0,
         0,
