@@ -8,7 +8,6 @@
 /* the known fields (envelope._KNOWN), in the order of the K_ names */
 static const char *key_names[NKEYS] = {"event_id", "ts", "model", "prompt_version", "contract", "served_model",
     "contract_version", "source", "run_id", "agent_release", "finish_reason", "output", "attributes"};
-static PyObject *key_objs[NKEYS];
 static const char *sources[] = {"production", "probe", "shadow"}; /* envelope.SOURCES */
 
 /* walk(obj, max_depth, max_array, max_key, max_leaves) -> (keys, leaves, huge) | None
@@ -136,10 +135,11 @@ PyObject *py_check_envelope(PyObject *self, PyObject *args) {
                           &st.max_leaves))
         return NULL;
     if (!PyDict_CheckExact(obj)) Py_RETURN_NONE;
+    const speedups_state *ms = get_state(self);
     PyObject *val[NKEYS];
     Py_ssize_t found = 0;
     for (int k = 0; k < NKEYS; k++) {
-        val[k] = PyDict_GetItemWithError(obj, key_objs[k]); /* borrowed */
+        val[k] = PyDict_GetItemWithError(obj, ms->key_objs[k]); /* borrowed */
         if (val[k] == NULL && PyErr_Occurred()) return NULL;
         if (val[k] != NULL) found++;
         if (val[k] == Py_None && k != K_MODEL && k != K_PROMPT_VERSION && k != K_OUTPUT) val[k] = NULL;
@@ -153,7 +153,7 @@ PyObject *py_check_envelope(PyObject *self, PyObject *args) {
     if (walk_value(output, 1, &st) < 0) Py_RETURN_NONE;
     PyObject *ts = NULL;
     if (val[K_TS] != NULL) {
-        ts = parse_ts(val[K_TS], NULL);
+        ts = parse_ts(ms, val[K_TS], NULL);
         if (ts == NULL) {
             if (PyErr_Occurred()) return NULL;
             Py_RETURN_NONE;
@@ -193,39 +193,34 @@ PyObject *py_check_envelope(PyObject *self, PyObject *args) {
 /* BLAKE2b is hashlib's (hashlib.blake2b, set at import), called through the C API: the
  * stored hashes (payload hash, made-up event ids) are hex digests of it, so one implementation
  * of the hash, the standard library's, serves both the C and the Python paths. */
-static PyObject *b2_new;          /* hashlib.blake2b */
-static PyObject *b2_kwnames;      /* ("digest_size",) */
-static PyObject *b2_sizes[2];     /* 8 and 16 */
-static PyObject *str_hexdigest;
-
 /* The hex digest (a str) of BLAKE2b with digest_size 8 or 16 over `data` (a bytes object, not
  * stolen), or NULL with an exception set. */
-static PyObject *b2_hex(PyObject *data, int size) {
-    PyObject *args[3] = {NULL, data, b2_sizes[size == 16]};
-    PyObject *h = PyObject_Vectorcall(b2_new, args + 1, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, b2_kwnames);
+static PyObject *b2_hex(const speedups_state *ms, PyObject *data, int size) {
+    PyObject *args[3] = {NULL, data, ms->b2_sizes[size == 16]};
+    PyObject *h = PyObject_Vectorcall(ms->b2_new, args + 1, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, ms->b2_kwnames);
     if (h == NULL) return NULL;
-    PyObject *hex = PyObject_CallMethodNoArgs(h, str_hexdigest);
+    PyObject *hex = PyObject_CallMethodNoArgs(h, ms->str_hexdigest);
     Py_DECREF(h);
     return hex;
 }
 
-static PyObject *b2_hex_of(const void *p, Py_ssize_t n, int size) {
+static PyObject *b2_hex_of(const speedups_state *ms, const void *p, Py_ssize_t n, int size) {
     PyObject *data = PyBytes_FromStringAndSize(p, n);
     if (data == NULL) return NULL;
-    PyObject *hex = b2_hex(data, size);
+    PyObject *hex = b2_hex(ms, data, size);
     Py_DECREF(data);
     return hex;
 }
 
-static int b2_setup(void) {
+static int b2_setup(speedups_state *ms) {
     PyObject *hashlib = PyImport_ImportModule("hashlib");
     if (hashlib == NULL) return -1;
-    b2_new = PyObject_GetAttrString(hashlib, "blake2b");
+    ms->b2_new = PyObject_GetAttrString(hashlib, "blake2b");
     Py_DECREF(hashlib);
-    if (b2_new == NULL) return -1;
-    if ((b2_kwnames = Py_BuildValue("(s)", "digest_size")) == NULL) return -1;
-    if ((b2_sizes[0] = PyLong_FromLong(8)) == NULL || (b2_sizes[1] = PyLong_FromLong(16)) == NULL) return -1;
-    if ((str_hexdigest = PyUnicode_InternFromString("hexdigest")) == NULL) return -1;
+    if (ms->b2_new == NULL) return -1;
+    if ((ms->b2_kwnames = Py_BuildValue("(s)", "digest_size")) == NULL) return -1;
+    if ((ms->b2_sizes[0] = PyLong_FromLong(8)) == NULL || (ms->b2_sizes[1] = PyLong_FromLong(16)) == NULL) return -1;
+    if ((ms->str_hexdigest = PyUnicode_InternFromString("hexdigest")) == NULL) return -1;
     return 0;
 }
 
@@ -261,7 +256,8 @@ static PyObject *tag_value(PyObject **cache, int k, const unsigned char *a, cons
 /* One envelope's text, read in one pass: 1 with f[0..NFIELDS) set (new references, NULL for
  * None) in scan_envelope's order; 0 when it is not the plain case (nothing set); -1 with an
  * exception set. cache: see tag_value. */
-static int scan_core(const unsigned char *buf, Py_ssize_t len, const scan_limits *lim, PyObject **cache,
+static int scan_core(const speedups_state *ms, const unsigned char *buf, Py_ssize_t len, const scan_limits *lim,
+                     PyObject **cache,
                      PyObject **f) {
     scan_t s = {0};
     const unsigned char *out_start = NULL, *out_end = NULL;
@@ -340,7 +336,7 @@ static int scan_core(const unsigned char *buf, Py_ssize_t len, const scan_limits
     }
     if (!plain_fields(val, lim->max_tag)) goto done;
     int64_t ts_us = 0;
-    if (val[K_TS] != NULL && (ts = parse_ts(val[K_TS], &ts_us)) == NULL) {
+    if (val[K_TS] != NULL && (ts = parse_ts(ms, val[K_TS], &ts_us)) == NULL) {
         if (PyErr_Occurred()) r = SC_ERR;
         goto done;
     }
@@ -400,7 +396,7 @@ static int scan_core(const unsigned char *buf, Py_ssize_t len, const scan_limits
         }
         *o++ = ']';
 #undef PUT
-        PyObject *digest = b2_hex(hashed, PAYLOAD_DIGEST_SIZE);
+        PyObject *digest = b2_hex(ms, hashed, PAYLOAD_DIGEST_SIZE);
         Py_DECREF(hashed);
         if (digest == NULL) { r = SC_ERR; goto done; }
         PyObject *text = PyUnicode_DecodeUTF8(text_at, text_len, "strict");
@@ -441,7 +437,7 @@ PyObject *py_scan_envelope(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "y*nnnnn", &raw, &lim.max_tag, &lim.max_depth, &lim.max_array, &lim.max_key,
                           &lim.max_leaves))
         return NULL;
-    int r = scan_core(raw.buf, raw.len, &lim, NULL, f);
+    int r = scan_core(get_state(self), raw.buf, raw.len, &lim, NULL, f);
     PyBuffer_Release(&raw);
     if (r < 0) return NULL;
     if (r == 0) Py_RETURN_NONE;
@@ -464,7 +460,6 @@ static inline int ascii_space(unsigned char c) {  /* what bytes.strip() strips *
     return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\x0b' || c == '\x0c';
 }
 
-static PyObject *str_default;
 
 /* scan_lines(text, pos, line_no, id_prefix, envelope_type, now, room, out, origin, max_event_bytes,
  *            max_tag, max_depth, max_array, max_key, max_leaves) -> (next, line_no, start, end)
@@ -498,6 +493,7 @@ PyObject *py_scan_lines(PyObject *self, PyObject *args) {
         return NULL;
     }
     PyTypeObject *tp = (PyTypeObject *)type;
+    const speedups_state *ms = get_state(self);
     PyObject *cache[NKEYS] = {0};
     PyObject *f[NFIELDS] = {0};
     const unsigned char *base = text.buf, *end = base + text.len;
@@ -513,7 +509,7 @@ PyObject *py_scan_lines(PyObject *self, PyObject *args) {
         while (a < b && ascii_space(p[a])) a++;
         while (b > a && ascii_space(p[b - 1])) b--;
         if (a == b) continue;
-        int r = b - a > max_bytes ? 0 : scan_core(p + a, b - a, &lim, cache, f);
+        int r = b - a > max_bytes ? 0 : scan_core(ms, p + a, b - a, &lim, cache, f);
         if (r < 0) { failed = 1; break; }
         if (r == 0) {
             dstart = line_at;
@@ -523,7 +519,7 @@ PyObject *py_scan_lines(PyObject *self, PyObject *args) {
         PyObject *env = NULL, *where = NULL;
         int generated = f[F_EVENT_ID] == NULL;
         if (generated) {
-            PyObject *hex = b2_hex_of(p + a, b - a, LINE_ID_DIGEST_SIZE);
+            PyObject *hex = b2_hex_of(ms, p + a, b - a, LINE_ID_DIGEST_SIZE);
             if (hex != NULL) {
                 f[F_EVENT_ID] = PyUnicode_FromFormat(LINE_ID_FORMAT, prefix, line_no, hex);
                 Py_DECREF(hex);
@@ -533,7 +529,7 @@ PyObject *py_scan_lines(PyObject *self, PyObject *args) {
         if (env != NULL) {
             PyObject *items[ENVELOPE_ITEMS] = {
                 f[F_EVENT_ID], generated ? Py_True : Py_False, f[F_TS] ? f[F_TS] : now, f[F_MODEL],
-                f[F_PROMPT_VERSION], f[F_CONTRACT] ? f[F_CONTRACT] : str_default, f[F_TEXT], f[F_HASH],
+                f[F_PROMPT_VERSION], f[F_CONTRACT] ? f[F_CONTRACT] : ms->str_default, f[F_TEXT], f[F_HASH],
                 f[F_SERVED_MODEL], f[F_CONTRACT_VERSION], f[F_SOURCE], f[F_RUN_ID], f[F_AGENT_RELEASE],
                 f[F_FINISH_REASON], NULL, NULL};
             for (int j = 0; j < ENVELOPE_ITEMS; j++) {
@@ -556,10 +552,10 @@ PyObject *py_scan_lines(PyObject *self, PyObject *args) {
     return Py_BuildValue("(nnnn)", pos, line_no, dstart, dend);
 }
 
-int envelope_setup(void) {
-    if (b2_setup() < 0) return -1;
+int envelope_setup(speedups_state *ms) {
+    if (b2_setup(ms) < 0) return -1;
     for (int k = 0; k < NKEYS; k++)
-        if ((key_objs[k] = PyUnicode_InternFromString(key_names[k])) == NULL) return -1;
-    if ((str_default = PyUnicode_InternFromString(DEFAULT_CONTRACT)) == NULL) return -1;
+        if ((ms->key_objs[k] = PyUnicode_InternFromString(key_names[k])) == NULL) return -1;
+    if ((ms->str_default = PyUnicode_InternFromString(DEFAULT_CONTRACT)) == NULL) return -1;
     return 0;
 }

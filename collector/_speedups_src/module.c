@@ -36,14 +36,50 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "collector._speedups", NULL, -1, methods};
+/* The state's objects, for the garbage collector and for the module's end. */
+#define STATE_OBJECTS(ms, VISIT)                                                                        \
+    do {                                                                                                \
+        for (int k = 0; k < NKEYS; k++) VISIT((ms)->key_objs[k]);                                       \
+        VISIT((ms)->str_default);                                                                       \
+        VISIT((ms)->b2_new);                                                                            \
+        VISIT((ms)->b2_kwnames);                                                                        \
+        VISIT((ms)->b2_sizes[0]);                                                                       \
+        VISIT((ms)->b2_sizes[1]);                                                                       \
+        VISIT((ms)->str_hexdigest);                                                                     \
+    } while (0)
 
-PyMODINIT_FUNC PyInit__speedups(void) {
-    sc_init_classes();
-    if (rollup_setup() < 0 || time_setup() < 0 || envelope_setup() < 0) return NULL;
-    PyObject *m = PyModule_Create(&module);
-    if (!m) return NULL;
-    Py_INCREF(&AccType);
-    if (PyModule_AddObject(m, "Acc", (PyObject *)&AccType) < 0) { Py_DECREF(&AccType); Py_DECREF(m); return NULL; }
-    return m;
+static int module_traverse(PyObject *m, visitproc visit, void *arg) {
+    speedups_state *ms = get_state(m);
+    if (ms != NULL) STATE_OBJECTS(ms, Py_VISIT);
+    return 0;
 }
+
+static int module_clear(PyObject *m) {
+    speedups_state *ms = get_state(m);
+    if (ms != NULL) STATE_OBJECTS(ms, Py_CLEAR);
+    return 0;
+}
+
+static void module_free(void *m) { module_clear((PyObject *)m); }
+
+/* Runs on the module object the import machinery made, its state zeroed. */
+static int module_exec(PyObject *m) {
+    sc_init_classes();
+    if (rollup_setup() < 0 || time_setup() < 0 || envelope_setup(get_state(m)) < 0) return -1;
+    return PyModule_AddType(m, &AccType);
+}
+
+static PyModuleDef_Slot slots[] = {{Py_mod_exec, module_exec}, {0, NULL}};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "collector._speedups",
+    .m_size = sizeof(speedups_state),
+    .m_methods = methods,
+    .m_slots = slots,
+    .m_traverse = module_traverse,
+    .m_clear = module_clear,
+    .m_free = module_free,
+};
+
+PyMODINIT_FUNC PyInit__speedups(void) { return PyModuleDef_Init(&module); }

@@ -16,6 +16,27 @@
 
 #include "rules.h"
 
+/* The module's state (multi-phase init: each module object has its own, freed with it): the
+ * accepted range of ts, set by set_ts_range, and the Python objects the functions use, made
+ * once when the module starts. What stays static is constant for the process: byte-class
+ * tables, log(gamma), the datetime C API, the Acc type. */
+typedef struct {
+    /* [ts_min_us, ts_end_us) in microseconds since the epoch: set by set_ts_range from
+     * envelope.py, which defines it. Until then it is empty, so every ts is declined (the
+     * reference then decides): forgetting to set it costs speed, never a wrong answer. */
+    int64_t ts_min_us, ts_end_us;
+    PyObject *key_objs[NKEYS];  /* the known fields' names, interned */
+    PyObject *str_default;      /* DEFAULT_CONTRACT */
+    PyObject *b2_new;           /* hashlib.blake2b */
+    PyObject *b2_kwnames;       /* ("digest_size",) */
+    PyObject *b2_sizes[2];      /* 8 and 16 */
+    PyObject *str_hexdigest;
+} speedups_state;
+
+static inline speedups_state *get_state(PyObject *module) {
+    return (speedups_state *)PyModule_GetState(module);
+}
+
 /* Reading JSON text, the steps every reader here shares (the scanner, Acc.add_json's reader,
  * count_keys, item_spans): JSON's white space skipped, and a string's next quote or backslash
  * found, 16 bytes at a time where SSE2 is there. */
@@ -82,13 +103,13 @@ PyObject *py_item_spans(PyObject *self, PyObject *arg);
 
 /* time.c */
 int time_setup(void);
-PyObject *parse_ts(PyObject *v, int64_t *epoch_us);
+PyObject *parse_ts(const speedups_state *ms, PyObject *v, int64_t *epoch_us);
 PyObject *py_set_ts_range(PyObject *self, PyObject *args);
 PyObject *py_epoch_micros(PyObject *self, PyObject *args);
 PyObject *py_bucket_starts(PyObject *self, PyObject *args);
 
 /* envelope.c */
-int envelope_setup(void);
+int envelope_setup(speedups_state *ms);
 PyObject *py_walk(PyObject *self, PyObject *args);
 PyObject *py_check_envelope(PyObject *self, PyObject *args);
 PyObject *py_scan_envelope(PyObject *self, PyObject *args);

@@ -35,11 +35,6 @@ static void civil_from_days(int64_t z, int *y, int *m, int *d) {
     *y = (int)(yoe + era * 400 + (*m <= 2));
 }
 
-/* The accepted range of ts, [ts_min_us, ts_end_us) in microseconds since the epoch: set by
- * set_ts_range from envelope.py, which defines it. Until then it is empty, so every ts is
- * declined (the reference then decides): forgetting to set it costs speed, never a wrong answer. */
-static int64_t ts_min_us = 0, ts_end_us = 0;
-
 PyObject *py_set_ts_range(PyObject *self, PyObject *args) {
     long long lo, hi;
     if (!PyArg_ParseTuple(args, "LL", &lo, &hi)) return NULL;
@@ -47,15 +42,16 @@ PyObject *py_set_ts_range(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "the range of ts must start at or after the epoch");
         return NULL;
     }
-    ts_min_us = lo;
-    ts_end_us = hi;
+    speedups_state *ms = get_state(self);
+    ms->ts_min_us = lo;
+    ms->ts_end_us = hi;
     Py_RETURN_NONE;
 }
 
 /* The UTC datetime of an RFC 3339 timestamp, and its microseconds since the epoch in *epoch_us
  * (when not NULL), or NULL without an exception when the text is in any other form or names a
  * time outside the accepted range (datetime.fromisoformat, the reference, then decides). */
-PyObject *parse_ts(PyObject *v, int64_t *epoch_us) {
+PyObject *parse_ts(const speedups_state *ms, PyObject *v, int64_t *epoch_us) {
     static const int dim[] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
     if (!PyUnicode_CheckExact(v) || !PyUnicode_IS_ASCII(v)) return NULL;
     Py_ssize_t n = PyUnicode_GET_LENGTH(v);
@@ -89,7 +85,7 @@ PyObject *parse_ts(PyObject *v, int64_t *epoch_us) {
     }
     int64_t secs = days_from_civil(y, mo, d) * 86400 + h * 3600 + mi * 60 + se - (int64_t)off * 60;
     int64_t at_us = secs * 1000000 + us;
-    if (at_us < ts_min_us || at_us >= ts_end_us) return NULL;
+    if (at_us < ms->ts_min_us || at_us >= ms->ts_end_us) return NULL;
     if (epoch_us != NULL) *epoch_us = at_us;
     int64_t days = secs >= 0 ? secs / 86400 : -((-secs + 86399) / 86400);
     int64_t rest = secs - days * 86400;

@@ -12,11 +12,14 @@ needs no copy: envelope.py hands it to the C at import.)
 from __future__ import annotations
 
 import hashlib
+import importlib.machinery
+import importlib.util
 import re
 import sys
 from datetime import UTC, datetime
 
 import orjson
+import pytest
 from harness import ROOT
 
 from shapewatch.collector import envelope, ingest, rollup
@@ -172,3 +175,23 @@ def test_the_source_has_no_second_copy_of_a_rule() -> None:
     for literal in ('"production"', '"default"', '"event_id"'):
         assert SOURCE.count(literal) == 1, literal
     assert re.search(r"\b128\)", SOURCE) is None  # the event_id limit only through EVENT_ID_MAX
+
+
+def test_a_module_not_told_the_ts_range_declines_every_ts_and_keeps_its_own() -> None:
+    """The ts range is the module's own state, empty until envelope.py sets it: a second instance
+    of the C module (multi-phase init) declines every ts, and the imported one is not changed."""
+    compiled = pytest.importorskip("shapewatch.collector._speedups")
+    loader = importlib.machinery.ExtensionFileLoader(compiled.__name__, compiled.__file__)
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    assert spec is not None
+    second = importlib.util.module_from_spec(spec)
+    loader.exec_module(second)
+    raw = b'{"ts":"2026-11-29T12:00:00Z","model":"m","prompt_version":"p","output":{"a":1}}'
+    limits = (LIMITS.max_tag_length, LIMITS.max_depth, LIMITS.max_array_length, LIMITS.max_key_length)
+    assert second is not compiled
+    assert second.scan_envelope(raw, *limits, LIMITS.max_leaves) is None
+    fields = compiled.scan_envelope(raw, *limits, LIMITS.max_leaves)
+    assert fields is not None
+    assert fields[1] == datetime(2026, 11, 29, 12, tzinfo=UTC)
+    second.set_ts_range(0, 1)  # its own range: the imported module's is the same as before
+    assert compiled.scan_envelope(raw, *limits, LIMITS.max_leaves) == fields
