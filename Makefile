@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: up test test-slow reliability bench bench-analyze bench-commits venv clean
+.PHONY: up test test-slow sanitize reliability bench bench-analyze bench-commits venv clean
 
 $(STAMP): pyproject.toml setup.py $(wildcard collector/_speedups_src/*.c collector/_speedups_src/*.h)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)

@@ -1,4 +1,4 @@
-"""The pure-Python twin of the C accelerator (``_speedups.c``): the interface of ``_speedups.pyi``,
+"""The pure-Python twin of the C accelerator (``_speedups_src/``): the interface of ``_speedups.pyi``,
 the same answers, about ten times slower.
 
 It runs when the C extension could not be built (``accel.py`` makes the choice once per process),

@@ -113,7 +113,7 @@ _FIELD_COLS = [
 ]
 
 
-# Number bins: the C accumulator implements the same (see _speedups.c, NB_*).
+# Number bins: the C accumulator implements the same (see _speedups_src/rollup.c, NB_*).
 _EXACT_INT = 100  # integers up to this magnitude are their own bin: counts, ratings, small enums
 _TINY = 1e-9  # below this magnitude, 0: a log bin per decade of tiny values would be noise
 _GAMMA = 1.02  # bin k holds (gamma**(k-1), gamma**k]; its representative is within 1% of each
