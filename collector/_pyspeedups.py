@@ -4,17 +4,14 @@ the same answers, about ten times slower.
 It runs when the C extension could not be built (``accel.py`` makes the choice once per process),
 and ``make test`` runs the accelerator-dependent suites against it as well as against the C.
 
-Where a rule already has a statement in Python, it is called here rather than written again: the
-tag rule (``envelope._tag``), the ts range (``envelope`` sets it through ``set_ts_range``), the
-canonical output text and the payload hash (``envelope._finish`` and ``payload_hash``), the id made
-up for an imported line (``ingest._line_id``), JSON types (``flatten.json_type_of``) and number
-bins (``rollup.number_bin``); JSON itself is orjson's, as on the reference path. Written out here
-is only what belongs to the fast paths themselves: which envelopes count as the plain case they
-recognise (anything else is answered None, and the reference path decides), and the packed buffers
-the store wraps as Arrow columns.
-
-Those modules import ``accel``, and so this module, while they load: they are imported where they
-are first needed, not at the top.
+Where a rule already has a statement in Python, it is called here rather than written again:
+``rules.py`` holds the tag rule, the known fields and sources, the payload hash, the id made up
+for an imported line and the number bins (and imports no accelerator, so this module depends on
+nothing that loads it); the ts range comes through ``set_ts_range`` as for the C, JSON types from
+``flatten.json_type_of``, JSON itself from orjson, as on the reference path. Written out here is
+only what belongs to the fast paths themselves: which envelopes count as the plain case they
+recognise (anything else is answered None, and the reference path decides), and the packed
+buffers the store wraps as Arrow columns.
 """
 
 from __future__ import annotations
@@ -26,14 +23,15 @@ from array import array
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from functools import cache
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import Any, Literal, overload
 
 import orjson
 
 from .flatten import json_type_of
-
-if TYPE_CHECKING:
-    from .envelope import Limits
+from .rules import KNOWN_FIELDS as _KNOWN
+from .rules import SOURCES, Limits, line_id, number_bin, payload_hash
+from .rules import check_tag as _tag
+from .rules import epoch_us as _epoch_us
 
 __all__ = [
     "Acc",
@@ -237,16 +235,12 @@ def _plain_ts(v: Any) -> datetime | None:
 
 @cache
 def _tag_limits(max_tag: int) -> Limits:
-    from .envelope import Limits
-
     return Limits(max_tag_length=max_tag)
 
 
 def _plain_fields(obj: dict[str, Any], max_tag: int) -> tuple[Any, ...] | None:
     """The tags and the event_id of an envelope (absent or null: None) when each is plainly valid,
     by the rules of ``validate_envelope``; None otherwise."""
-    from .envelope import SOURCES, _tag
-
     lim = _tag_limits(max_tag)
     errors: list[Any] = []
     model = _tag(obj, "model", errors, lim, True)
@@ -267,8 +261,6 @@ def check_envelope(
     tags, ts absent or in RFC 3339's form, an output within the limits): (event_id, ts, model,
     prompt_version, contract, served_model, contract_version, source, run_id, agent_release,
     finish_reason, output, keys, huge), or None for anything else."""
-    from .envelope import _KNOWN
-
     if type(obj) is not dict or not _KNOWN.issuperset(obj) or obj.get("attributes") is not None:
         return None
     fields = _plain_fields(obj, max_tag)
@@ -377,8 +369,6 @@ def scan_envelope(
     fields = check_envelope(obj, max_tag, max_depth, max_array, max_key, max_leaves)
     if fields is None or count_keys(raw) != fields[12] or not _plain_text(raw, fields[12]):
         return None
-    from .envelope import _epoch_us, payload_hash
-
     event_id, ts, model, prompt_version, contract, served, version, source, run_id, release, finish, output = fields[
         :12
     ]
@@ -436,8 +426,6 @@ def scan_lines(
     envelope goes to ``out`` and its number to ``origin``, until ``room`` were added, the text
     ends or a line is declined. Returns (offset of the next line, number of the last line read,
     start, end): ``text[start:end]`` is the declined line, the caller's to read (-1, -1: none)."""
-    from .ingest import _line_id
-
     view = _buffer(text)
     if not isinstance(id_prefix, str):
         raise TypeError(f"argument 4 must be str, not {_type_name(id_prefix)}")
@@ -465,7 +453,7 @@ def scan_lines(
         event_id = fast[0]
         generated = event_id is None
         if generated:
-            event_id = _line_id(id_prefix, line_no, line)
+            event_id = line_id(id_prefix, line_no, line)
         items = (event_id, generated, fast[1] or now, fast[2], fast[3], fast[4] or "default", fast[11], fast[12])
         out.append(tuple.__new__(envelope_type, (*items, *fast[5:11], None, None)))
         origin.append(line_no)
@@ -594,7 +582,7 @@ class Acc:
 
     ``add(output, group)`` walks one output and counts, per (group, path) slot: presence, each JSON
     type (``flatten.json_type_of``), long strings; per slot and short string, array length and
-    number bin (``rollup.number_bin``): occurrences. Paths are named on first sight by
+    number bin (``rules.number_bin``): occurrences. Paths are named on first sight by
     ``namer(parent id, key)`` (key None for an array's items, parent -1 for the output itself),
     which owns the path syntax. Slots, and each slot's values, are in order of first appearance;
     a slot's lengths and number bins too (the C lists those in its table order: callers read them
@@ -619,7 +607,6 @@ class Acc:
         if hasattr(self, "_namer"):
             raise RuntimeError("Acc is initialised once")
         from .flatten import JsonType
-        from .rollup import number_bin  # rollup imports accel, and so this module: imported here
 
         self._namer = namer
         self._max_value_length = operator.index(max_value_length)

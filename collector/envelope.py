@@ -29,22 +29,26 @@ above. tests/collector/test_scanner.py holds it to that way's envelopes.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import math
 import re
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any, NamedTuple, NoReturn
 
 import orjson
 
 from .accel import speedups as _speedups
 from .errors import BatchTooLarge, EnvelopeInvalid, FieldError
-from .flatten import json_type_of
+from .rules import KNOWN_FIELDS as _KNOWN
+from .rules import LIMITS, SOURCES, TS_END, TS_MIN, Limits, payload_hash
+from .rules import TAGS as _TAGS
+from .rules import BigInt as _BigInt
+from .rules import check_tag as _tag
+from .rules import epoch_us as _epoch_us
+from .rules import json_type_name as _jtype
 from .settings import Settings
 
 __all__ = [
@@ -64,40 +68,9 @@ __all__ = [
     "validate_envelope",
 ]
 
-SOURCES = frozenset({"production", "probe", "shadow"})
-_TAGS = ("served_model", "contract_version", "run_id", "agent_release", "finish_reason")
-_KNOWN = frozenset({"event_id", "ts", "model", "prompt_version", "contract", "output", "source", "attributes", *_TAGS})
 _MAX_SAFE_INT = 2**64  # orjson parses up to u64; beyond that it silently yields a float
-#: The times ``ts`` may name, from TS_MIN up to, not including, TS_END: a ts in year 1 or 9999
-#: was stored and then could not be read back.
-TS_MIN = datetime(1971, 1, 1, tzinfo=UTC)
-TS_END = datetime(2200, 1, 1, tzinfo=UTC)
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MICROSECOND = timedelta(microseconds=1)
-
-
-def _epoch_us(t: datetime) -> int:
-    return (t - _EPOCH) // _MICROSECOND
-
-
 # The C paths accept the same range (one definition: this one); until told, they accept none.
 _speedups.set_ts_range(_epoch_us(TS_MIN), _epoch_us(TS_END))
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Bounds an envelope must respect; built from Settings (see ``limits_from_settings``)."""
-
-    max_event_bytes: int = 1024 * 1024
-    max_depth: int = 32
-    max_array_length: int = 10_000
-    max_key_length: int = 256
-    max_leaves: int = 10_000
-    max_attributes: int = 32
-    max_tag_length: int = 256
-
-
-LIMITS = Limits()
 
 
 def limits_from_settings(s: Settings) -> Limits:
@@ -196,13 +169,6 @@ class _DupKeys(dict[str, Any]):
     """A JSON object that had a key twice (only built by the exact re-parse)."""
 
     dup: str = ""
-
-
-class _BigInt:
-    """An integer literal too large to keep exactly (only built by the exact re-parse)."""
-
-    def __init__(self, text: str) -> None:
-        self.digits = len(text.lstrip("-"))
 
 
 def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -347,27 +313,6 @@ def _field_path(base: str, parts: list[str]) -> str:
 # --- envelope validation --------------------------------------------------------------------
 
 
-def _tag(obj: dict[str, Any], name: str, errors: list[FieldError], lim: Limits, required: bool) -> str | None:
-    v = obj.get(name)
-    if type(v) is str and 0 < len(v) <= lim.max_tag_length and "\x00" not in v and not v.isspace():
-        return v  # the common case, checked in one line
-    if v is None:
-        if required:
-            errors.append(FieldError(name, "is required" if name not in obj else "must not be null", code="missing"))
-        return None
-    if type(v) is not str:
-        errors.append(FieldError(name, f"must be a string, got {_jtype(v)}", code="wrong_type"))
-    elif not v.strip():
-        errors.append(FieldError(name, "must not be empty", code="invalid_value"))
-    elif len(v) > lim.max_tag_length:
-        errors.append(
-            FieldError(name, f"is {len(v)} characters long; the limit is {lim.max_tag_length}", code="too_large")
-        )
-    else:
-        errors.append(FieldError(name, "must not contain NUL characters", code="invalid_value"))
-    return None
-
-
 def tag_problem(value: object, *, path: str, max_length: int | None = None) -> FieldError | None:
     """Why ``value`` is not a valid tag (a ``FieldError`` at ``path``), or None when it is one: the
     rule above, for a tag that reaches the store by another door (an imported baseline document).
@@ -381,10 +326,6 @@ def tag_problem(value: object, *, path: str, max_length: int | None = None) -> F
     errors: list[FieldError] = []
     _tag({"tag": value}, "tag", errors, LIMITS if max_length is None else Limits(max_tag_length=max_length), True)
     return FieldError(path, errors[0].reason, errors[0].code) if errors else None
-
-
-def _jtype(v: Any) -> str:
-    return "integer" if type(v) is _BigInt else json_type_of(v).value
 
 
 def _parse_ts(v: Any, errors: list[FieldError], now: datetime) -> datetime:
@@ -667,32 +608,6 @@ def _finish(
         attributes_json,
         output,
     )
-
-
-def payload_hash(
-    sorted_output: bytes,
-    model: str,
-    prompt_version: str,
-    contract: str,
-    ts_us: int | None,
-    source: str | None,
-    attributes_json: str | None,
-    tags: tuple[str | None, str | None, str | None, str | None, str | None],
-) -> str:
-    """The payload identity: what tells a retry (same payload) from a reused ``event_id``.
-
-    It covers what the client sent, formatting aside: the output as canonical JSON with the keys
-    of every object in order (``sorted_output``, what ``orjson.dumps(output,
-    option=OPT_SORT_KEYS)`` writes: a client or proxy that re-serializes a retry must not turn
-    it into a conflict), then the tags, ``ts`` as the instant it names (microseconds since the
-    epoch; None when it was left out, so a defaulted ts is not part of it) and the attributes
-    as sorted JSON text. Only what the store keeps, so stored identities can be computed again
-    (``store`` migrates them with this). ``tags``: served_model, contract_version, run_id,
-    agent_release, finish_reason. The C scanner computes the same (tests hold the two together).
-    """
-    h = hashlib.blake2b(sorted_output, digest_size=16)
-    h.update(orjson.dumps([model, prompt_version, contract, ts_us, source, attributes_json, *tags]))
-    return h.hexdigest()
 
 
 def _refuse(error: FieldError, event_id: str | None) -> NoReturn:

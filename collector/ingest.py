@@ -46,6 +46,7 @@ import orjson
 from .accel import speedups
 from .envelope import Envelope, Limits, parse_envelope
 from .errors import EnvelopeInvalid, FieldError, ImportInputError, QuarantineUnwritable, StoreError
+from .rules import line_id as _line_id
 from .store import PreparedBatch, Store, WriteStatus
 
 __all__ = ["ImportSummary", "import_files", "quarantine_path"]
@@ -196,10 +197,6 @@ class _Lines:
                     yield b"".join(unfinished)
         except (OSError, EOFError, zlib.error) as exc:
             self.error = exc
-
-
-def _line_id(prefix: str, n: int, line: bytes) -> str:
-    return f"{prefix}:{n}:{hashlib.blake2b(line, digest_size=8).hexdigest()}"
 
 
 def _file_key(path: Path) -> str:

@@ -45,7 +45,7 @@ class FieldProfile:
     values: dict[str, int]  # short string -> count (bounded per bucket; the rest is overflow)
     values_overflow: int
     array_lengths: dict[int, int] = field(default_factory=dict)  # exact histogram
-    # Number histogram: bin representative -> count (rollup.number_bin: exact for integers up
+    # Number histogram: bin representative -> count (rules.number_bin: exact for integers up
     # to 100, within 1% otherwise). Integers and fractions together; booleans are not numbers.
     numbers: dict[float, int] = field(default_factory=dict)
 
@@ -73,7 +73,7 @@ class FieldProfile:
     def number_percentile(self, q: float) -> float | None:
         """The q-quantile (0..1) of numbers (nearest rank over the bins); None without numbers.
 
-        Exact for integers up to 100 in magnitude, within 1% otherwise (``rollup.number_bin``).
+        Exact for integers up to 100 in magnitude, within 1% otherwise (``rules.number_bin``).
         """
         return _nearest_rank(self.numbers, q)
 

@@ -37,8 +37,6 @@ every other count, and a percentile read from them is within 1% of the exact one
 
 from __future__ import annotations
 
-import math
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -52,6 +50,7 @@ import pyarrow.compute
 
 from .accel import speedups
 from .flatten import items_path, join_key
+from .rules import number_bin
 
 __all__ = [
     "ROLLUP_TABLES",
@@ -111,57 +110,6 @@ _FIELD_COLS = [
     "n_object",
     "long_strings",
 ]
-
-
-# Number bins: the C accumulator implements the same (see _speedups_src/rollup.c, NB_*).
-_EXACT_INT = 100  # integers up to this magnitude are their own bin: counts, ratings, small enums
-_TINY = 1e-9  # below this magnitude, 0: a log bin per decade of tiny values would be noise
-_GAMMA = 1.02  # bin k holds (gamma**(k-1), gamma**k]; its representative is within 1% of each
-_LOG_GAMMA = math.log(_GAMMA)
-_TOP_SCALE = 2.0 * _GAMMA / (_GAMMA + 1.0)
-
-
-def number_bin(x: float | int) -> float:
-    """The representative value of the histogram bin of a JSON number.
-
-    An integer (``int``, not ``bool``) with ``|x| <= 100`` is kept exactly; ``|x| < 1e-9`` is
-    0.0; any other number falls in the logarithmic bin ``k = ceil(log|x| / log(1.02))``,
-    represented by ``sign(x) * 2 * 1.02**k / 2.02``, within 1% of every number in it. (In the
-    top bin ``1.02**k`` overflows a double; the same value is computed from ``1.02**(k-1)``.)
-    A whole float is binned like any float: ``3`` and ``3.0`` may land 1% apart. Infinities
-    (an integer too large for a double) are their own bins; NaN has none and is returned as
-    is (JSON has neither, and the accumulator skips NaN).
-
-    >>> number_bin(7), number_bin(0.5), number_bin(-1000)
-    (7.0, 0.49507684491019494, -993.4329743148143)
-    """
-    if isinstance(x, bool):
-        raise TypeError("a boolean is not a number")
-    if isinstance(x, int):
-        if -_EXACT_INT <= x <= _EXACT_INT:
-            return float(x)
-        try:
-            x = float(x)
-        except OverflowError:
-            return math.inf if x > 0 else -math.inf
-    a = abs(x)
-    if a < _TINY:
-        return 0.0
-    if math.isinf(a) or math.isnan(a):
-        return x
-    k = math.ceil(math.log(a) / _LOG_GAMMA)
-    try:
-        rep = 2.0 * _GAMMA**k / (_GAMMA + 1.0)
-    except OverflowError:
-        rep = math.inf
-    if math.isinf(rep):  # the top bin: gamma**(k-1) does not overflow
-        try:
-            rep = _GAMMA ** (k - 1) * _TOP_SCALE
-        except OverflowError:  # not for a finite double; kept finite in any case
-            rep = math.inf
-        if math.isinf(rep):
-            rep = sys.float_info.max
-    return -rep if x < 0 else rep
 
 
 class _PathNames(list[tuple[str, str | None]]):

@@ -224,12 +224,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 # Modules whose imports inside functions the cycle check leaves out, each with why.
-LAZY_IMPORTS_ALLOWED: dict[str, str] = {
-    "shapewatch.collector._pyspeedups": (
-        "the pure-Python twin of the C accelerator (new, in progress) imports, inside its functions, "
-        "modules that load the accelerator (envelope, ingest, rollup); to be untangled with the twin"
-    ),
-}
+LAZY_IMPORTS_ALLOWED: dict[str, str] = {}
 
 
 def test_no_import_cycle() -> None:

@@ -5,7 +5,7 @@
  * copies here are in rules.h and the arrays below, checked against it by a test). */
 #include "speedups.h"
 
-/* the known fields (envelope._KNOWN), in the order of the K_ names */
+/* the known fields (rules.KNOWN_FIELDS), in the order of the K_ names */
 static const char *key_names[NKEYS] = {"event_id", "ts", "model", "prompt_version", "contract", "served_model",
     "contract_version", "source", "run_id", "agent_release", "finish_reason", "output", "attributes"};
 static const char *sources[] = {"production", "probe", "shadow"}; /* envelope.SOURCES */
@@ -82,7 +82,7 @@ PyObject *py_walk(PyObject *self, PyObject *args) {
  * to the same answers.
  * ------------------------------------------------------------------------------------- */
 
-/* A tag the Python rule (envelope._tag) accepts: str, 1..max characters, no NUL, not only
+/* A tag the Python rule (rules.check_tag) accepts: str, 1..max characters, no NUL, not only
  * white space (str.isspace is Py_UNICODE_ISSPACE over every character). */
 static int good_tag(PyObject *v, Py_ssize_t max_tag) {
     if (!PyUnicode_CheckExact(v)) return 0;
@@ -468,7 +468,7 @@ static inline int ascii_space(unsigned char c) {  /* what bytes.strip() strips *
  * have no newline), from offset pos on (the line before it numbered line_no): each line,
  * stripped as bytes.strip() does and skipped when blank, is read by scan_core, and its Envelope
  * (envelope_type; ts now when it has none; an event_id made from id_prefix, its number and its
- * bytes when it has none, as ingest._line_id does) appended to out and its number to origin,
+ * bytes when it has none, as rules.line_id does) appended to out and its number to origin,
  * until room envelopes were added, the text ends, or a line is not the plain case (or is over
  * max_event_bytes). Returns the offset of the next line, the number of the last line read, and
  * [start, end) of that last line when it was declined (-1, -1 otherwise): the caller's to read

@@ -14,7 +14,7 @@
  * array items; parent -1 is the output itself. On a miss `namer(parent_id, key)`
  * (Python, which owns the path syntax and escaping; key None for items) returns
  * the new id. The reference definition of all of this is flatten.flatten_output
- * (and rollup.number_bin for numbers); tests hold the two to each other.
+ * (and rules.number_bin for numbers); tests hold the two to each other.
  * ------------------------------------------------------------------------------------- */
 
 enum { C_PRESENT, C_NULL, C_BOOLEAN, C_INTEGER, C_NUMBER, C_STRING, C_ARRAY, C_OBJECT, C_LONG, NCOUNT };
@@ -24,7 +24,7 @@ typedef struct {
     Py_ssize_t cap;
 } group_map;
 
-/* Number bins, the same as rollup.number_bin (the reference; a property test holds the
+/* Number bins, the same as rules.number_bin (the reference; a property test holds the
  * two together): an int with |x| <= NB_EXACT is its own bin, |x| < NB_TINY is 0, every
  * other number falls in the logarithmic bin k = ceil(log|x| / log(gamma)), whose
  * representative is sign(x) * 2 * gamma**k / (gamma + 1).
@@ -355,7 +355,7 @@ static inline int nb_code_of_long(PyObject *v, int32_t *code) {
     return 0;
 }
 
-/* The representative value of a bin code: what rollup.number_bin returns. */
+/* The representative value of a bin code: what rules.number_bin returns. */
 static double nb_value(int32_t code) {
     if (code >= -NB_EXACT && code <= NB_EXACT) return (double)code;
     int32_t m = code < 0 ? -code : code;

@@ -22,7 +22,7 @@ import orjson
 import pytest
 from harness import ROOT
 
-from shapewatch.collector import envelope, ingest, rollup
+from shapewatch.collector import envelope, ingest, rules
 from shapewatch.collector.envelope import LIMITS, Envelope, payload_hash
 from shapewatch.collector.errors import EnvelopeInvalid, FieldError
 
@@ -164,10 +164,10 @@ def test_the_number_literals_the_scanner_takes_are_ones_orjson_writes_back() -> 
     assert int("9" * int_digits) < 2**63
 
 
-def test_the_number_bins_are_rollup_number_bin() -> None:
-    assert int(_define("NB_EXACT")) == rollup._EXACT_INT
-    assert float(_define("NB_TINY")) == rollup._TINY
-    assert float(_define("NB_GAMMA")) == rollup._GAMMA
+def test_the_number_bins_are_rules_number_bin() -> None:
+    assert int(_define("NB_EXACT")) == rules._EXACT_INT
+    assert float(_define("NB_TINY")) == rules._TINY
+    assert float(_define("NB_GAMMA")) == rules._GAMMA
 
 
 def test_the_source_has_no_second_copy_of_a_rule() -> None:
