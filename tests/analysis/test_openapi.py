@@ -350,3 +350,23 @@ def test_every_2xx_body_keeps_to_its_schema(sample: Service) -> None:
         assert len(call("GET", "/v1/analyzer/runs")) >= 2
         assert c.get("/metrics").headers["content-type"].startswith("text/plain")
     assert call.seen == set(OPERATIONS) - {("GET", "/metrics")}
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/docs/assets/../../../../etc/passwd",
+        "/docs/assets/%2e%2e/%2e%2e/%2e%2e/etc/passwd",
+        "/docs/assets/..%2f..%2fservice.py",
+        "/docs/assets/" + "a" * 5000,
+        "/docs/assets/",
+    ],
+)
+def test_the_docs_assets_serve_nothing_outside_their_folder(
+    app_and_spec: tuple[TestClient, dict[str, Any]], path: str
+) -> None:
+    client, _ = app_and_spec
+    assert client.get("/docs/assets/swagger-ui.css").status_code == 200  # the folder is served
+    r = client.get(path)
+    assert r.status_code == 404
+    assert b"root:" not in r.content and b"import" not in r.content
