@@ -22,9 +22,11 @@ def open_store(settings: Settings, *, read_only: bool = False, bulk: bool = Fals
         bucket_seconds=settings.bucket_seconds,
         read_only=read_only,
         schemas=SCHEMAS,
+        tiers=settings.tiers,
         rollup=RollupConfig(
             enum_value_max_length=settings.enum_value_max_length,
             enum_values_per_path=settings.enum_values_per_path,
+            free_text_min_distinct=settings.free_text_min_distinct,
             max_depth=settings.max_depth,
             contract_checks_per_bucket=settings.contract_checks_per_bucket,
             contract_check_ms=settings.contract_check_ms,

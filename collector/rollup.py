@@ -51,6 +51,7 @@ import pyarrow.compute
 from .accel import speedups
 from .flatten import items_path, join_key
 from .rules import number_bin
+from .tiers import Horizons
 
 __all__ = [
     "ROLLUP_TABLES",
@@ -83,6 +84,9 @@ ContractCheck = Callable[
 class RollupConfig:
     enum_value_max_length: int = 64
     enum_values_per_path: int = 200
+    # A merge keeps no values of a path that holds more distinct short strings than this for a
+    # cohort, each repeated fewer than ten times on average (free text: store/merge.py); 0 keeps all.
+    free_text_min_distinct: int = 200
     max_depth: int = 32
     # Outputs checked against their registered contract per cohort, contract version and bucket
     # (0: every output). A check costs about 0.1-1 ms in jsonschema (measured: 0.8 ms for a
@@ -141,8 +145,13 @@ class RollupBatch:
         check: ContractCheck | None = None,
         registered: Callable[[str, str], bool] | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        horizons: Horizons | None = None,
     ) -> None:
         self.cfg = cfg
+        # Tiers: each output is counted in the bucket its cohort's age calls for (tiers.py);
+        # None: every output in its bucket_seconds bucket.
+        self._horizons = horizons
+        self._coarse: set[int] = set()  # groups counted in an hour or day bucket
         self._clock = clock  # times the contract checks (run_checks)
         self.bucket_seconds = bucket_seconds
         self._check = check
@@ -203,7 +212,10 @@ class RollupBatch:
         # that model or None, bucket start), carries it, and the merge adds the group's counts
         # to both cohorts (the output is walked once).
         starts = speedups.bucket_starts(tss, self.bucket_seconds)
-        gids = speedups.group_ids(self._groups, cohorts, served_models, starts)
+        if self._horizons is None:
+            gids = speedups.group_ids(self._groups, cohorts, served_models, starts)
+        else:
+            gids = self._tiered_group_ids(cohorts, served_models, starts)
         self._events.extend([0] * (len(self._groups) - len(self._events)))
         for g, n in Counter(gids).items():
             self._events[g] += n
@@ -213,6 +225,31 @@ class RollupBatch:
             if model is not None:
                 served[(g, model)] = served.get((g, model), 0) + n
         self._count_contracts(outputs, cohorts, contract_versions, starts, gids)
+
+    def _tiered_group_ids(
+        self, cohorts: Sequence[tuple[str, str, str]], served_models: Sequence[str | None], starts: list[int]
+    ) -> list[int]:
+        """Group ids as ``speedups.group_ids`` gives them, each group's bucket start moved to its tier.
+
+        The outputs are grouped by minute first (in C), then each minute group, far fewer than the
+        outputs, is given its tier's bucket: an output is looked at once either way.
+        """
+        assert self._horizons is not None
+        minute: dict[tuple[str, str, str, str | None, int], int] = {}
+        ids = speedups.group_ids(minute, cohorts, served_models, starts)
+        keys = list(minute)  # ids are given in order of first appearance: keys[i] has id i
+        groups = self._groups
+        remap = []
+        for (model, prompt_version, contract, served, _), (start, coarse) in zip(
+            keys, self._horizons.coarsen(keys), strict=True
+        ):
+            g = groups.setdefault((model, prompt_version, contract, served, start), len(groups))
+            remap.append(g)
+            if coarse:
+                self._coarse.add(g)
+        if remap == list(range(len(remap))):
+            return ids
+        return list(map(remap.__getitem__, ids))
 
     def _count_contracts(
         self,
@@ -365,6 +402,7 @@ class RollupBatch:
                 "served": pa.array([k[3] for k, _ in groups], pa.string()),
                 "epoch": pa.array([k[4] for k, _ in groups], pa.int64()),
                 "events": pa.array([self._events[i] for _, i in groups], pa.int64()),
+                "coarse": pa.array([i in self._coarse for _, i in groups], pa.bool_()),
             }
         )
         counts = acc.counts()

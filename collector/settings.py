@@ -20,6 +20,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from .tiers import DAY, HOUR, TierPolicy
+
 from .errors import SettingsInvalid
 
 __all__ = ["Scope", "Settings", "TokenEntry", "load_settings", "parse_token", "settings_help", "size_bytes"]
@@ -204,6 +206,13 @@ class Settings:
     enum_values_per_path: int = _s(
         200, "Most distinct values kept per cohort, time bucket and path; more go to an overflow count.", min=1
     )
+    free_text_min_distinct: int = _s(
+        200,
+        "A rollup merge keeps no values of a path that holds more distinct short strings than this for a "
+        "cohort, repeated fewer than ten times each on average (free text: ids, names, addresses); they "
+        "count as overflow (0: keep the values of every path).",
+        min=0,
+    )
     contract_checks_per_bucket: int = _s(
         500,
         "Outputs checked against their registered contract version per cohort, version and time bucket; "
@@ -225,6 +234,20 @@ class Settings:
         max=600_000.0,
     )
     bucket_seconds: int = _s(60, "Width of a rollup time bucket in seconds.", min=1, max=86_400)
+    minute_buckets_hours: int = _s(
+        24,
+        "Rollup tiers: how far back from each cohort's newest data rollups keep minute buckets; older "
+        "ones are hour buckets (0: minute buckets for good, no tiers).",
+        min=0,
+        max=24 * 366,
+    )
+    hour_buckets_days: int = _s(
+        7,
+        "Rollup tiers: how far back from each cohort's newest data rollups keep hour buckets; older ones "
+        "are day buckets. At least one day more than minute_buckets_hours.",
+        min=1,
+        max=3660,
+    )
     dedup_ttl_days: float = _s(
         7.0,
         "How long an event_id is remembered for deduplication: a copy sent later is stored again. "
@@ -276,11 +299,31 @@ class Settings:
                 raise SettingsInvalid(f.name, f"{v!r} is below the minimum {lo}; set it to {lo} or more")
             if hi is not None and v > hi:
                 raise SettingsInvalid(f.name, f"{v!r} is above the maximum {hi}; set it to {hi} or less")
+        if self.minute_buckets_hours:
+            if self.hour_buckets_days * 24 < self.minute_buckets_hours + 24:
+                raise SettingsInvalid(
+                    "hour_buckets_days",
+                    f"{self.hour_buckets_days} days does not reach one day beyond minute_buckets_hours "
+                    f"({self.minute_buckets_hours} hours); set it to {-(-self.minute_buckets_hours // 24) + 1} or more",
+                )
+            if 3600 % self.bucket_seconds:
+                raise SettingsInvalid(
+                    "bucket_seconds",
+                    f"{self.bucket_seconds} does not divide an hour, which rollup tiers need; choose a divisor "
+                    "of 3600 or set minute_buckets_hours to 0",
+                )
         if self.host not in ("127.0.0.1", "localhost", "::1") and not self.tokens:
             # Not an error (a reverse proxy may authenticate), but never silent.
             import logging
 
             logging.getLogger(__name__).warning("binding %s without tokens: anyone who reaches it can write", self.host)
+
+    @property
+    def tiers(self) -> TierPolicy | None:
+        """The rollup tiers these settings ask for (None: minute buckets only)."""
+        if not self.minute_buckets_hours:
+            return None
+        return TierPolicy(self.minute_buckets_hours * HOUR, self.hour_buckets_days * DAY)
 
 
 def settings_help() -> dict[str, str]:

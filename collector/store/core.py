@@ -21,6 +21,7 @@ import orjson
 from ..contracts import ContractStore, ValidatorCache
 from ..errors import StoreError, StoreInvalidated, StoreVersionTooNew
 from ..rollup import ContractStatus, RollupBatch, RollupConfig
+from ..tiers import Horizons
 from .connection import _INDEX_BYTES_PER_EVENT, _INDEX_STEP_EVENTS, _store_error
 from .schema import MIGRATIONS, SCHEMA_VERSION, Schema
 
@@ -77,6 +78,9 @@ class StoreCore:
         # in memory: a restart checks a little more, never less.
         self._checks_done: dict[tuple[tuple[str, str, str], str, int], int] = {}
         self._checks_lock = threading.Lock()
+        # Each cohort's newest data, for counting outputs into their tier (set by open when the
+        # store keeps tiers; tiers.py)
+        self.horizons: Horizons | None = None
         #: outputs of registered contract versions counted unchecked since start, by reason
         #: (RollupBatch.unchecked); guarded by _checks_lock
         self.contract_unchecked: Counter[str] = Counter()
@@ -259,6 +263,7 @@ class StoreCore:
             bucket_seconds=self.bucket_seconds,
             check=self._check_contract,
             registered=self._contract_registered,
+            horizons=self.horizons,
         )
 
     def unchecked_counts(self) -> dict[str, int]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute
 
@@ -40,6 +41,56 @@ def _combined(batches: list[RollupBatch]) -> tuple[pa.Table, ...]:
     return tuple(pa.concat_tables(p) for p in parts)
 
 
+def _drop_free_text(g: pa.Table, f: pa.Table, v: pa.Table, cfg: RollupConfig) -> tuple[pa.Table, pa.Table]:
+    """Leave out the values of the paths that hold free text in the coarse buckets (hours and days,
+    tiers.py) of this merge; count them as overflow.
+
+    A path holds free text for a cohort when, over the coarse buckets this merge adds for that
+    cohort, it has more than ``cfg.free_text_min_distinct`` distinct short strings that repeat
+    fewer than ten times each on average (ids, names, addresses, sentences): in an hour or a day
+    they would otherwise add a row per value, for values no enum rule can use (the analyzer calls
+    more than 50 distinct values free text). Their outputs still count in ``field_rollups``
+    (present, strings), and the values in ``values_overflow``, as values beyond the per-bucket cap
+    do. Minute buckets keep every value the cap admits. The choice is made anew by every merge
+    (and every fold: store/tiers.py), so a field that turns from an enum into free text and back
+    keeps its values again once it is an enum. Returns ``f`` with a ``dropped`` column (values
+    left out per slot) and the values kept.
+    """
+    zeros = pa.array(np.zeros(f.num_rows, dtype=np.int64))
+    coarse_groups = g["coarse"].combine_chunks()
+    if (
+        cfg.free_text_min_distinct <= 0
+        or v.num_rows <= cfg.free_text_min_distinct
+        or not pa.compute.any(coarse_groups).as_py()
+    ):
+        return f.append_column("dropped", zeros), v
+    # Groups are numbered by row (_combined): a value's group is f.g[slot], its cohort that group's names.
+    group_of = f["g"].take(v["slot"])
+    coarse = coarse_groups.take(group_of)
+    names = pa.compute.binary_join_element_wise(g["model"], g["prompt_version"], g["contract"], "\x1f")
+    cohort = pa.compute.dictionary_encode(names.combine_chunks()).indices.cast(pa.int64())
+    path = pa.compute.dictionary_encode(f["path"].take(v["slot"]).combine_chunks())
+    width = max(len(path.dictionary), 1)
+    key = pa.compute.add(pa.compute.multiply(cohort.take(group_of), width), path.indices.cast(pa.int64()))
+    kv = pa.table({"key": key, "value": v["value"], "n": v["n"]}).filter(coarse)
+    per = kv.group_by("key").aggregate([("value", "count_distinct"), ("n", "sum")])
+    distinct = per["value_count_distinct"]
+    free = per.filter(
+        pa.compute.and_(
+            pa.compute.greater(distinct, cfg.free_text_min_distinct),
+            pa.compute.less(per["n_sum"], pa.compute.multiply(distinct, 10)),
+        )
+    )["key"]
+    if not len(free):
+        return f.append_column("dropped", zeros), v
+    out = pa.compute.and_(coarse, pa.compute.is_in(key, value_set=free))
+    gone = v.filter(out)
+    dropped = np.bincount(
+        gone["slot"].to_numpy(), weights=gone["n"].to_numpy().astype(np.float64), minlength=f.num_rows
+    ).astype(np.int64)
+    return f.append_column("dropped", pa.array(dropped)), v.filter(pa.compute.invert(out))
+
+
 def merge_rollups(con: duckdb.DuckDBPyConnection, batches: list[RollupBatch], cfg: RollupConfig) -> None:
     """Add the counts of several batches into the rollup tables in one set of statements.
 
@@ -51,6 +102,7 @@ def merge_rollups(con: duckdb.DuckDBPyConnection, batches: list[RollupBatch], cf
     if not batches:
         return
     g, f, v, a, served, nums, checks, violations = _combined(batches)
+    f, v = _drop_free_text(g, f, v, cfg)
     con.register("_rg", g)
     con.register("_rf", f)
     con.register("_rv", v)
@@ -138,11 +190,11 @@ def _merge(con: duckdb.DuckDBPyConnection, cfg: RollupConfig, f: pa.Table, nums:
            SELECT cohort_id, bucket, path, value, n, kept OR used + rn <= $cap AS admitted FROM ranked""",
         {"cap": cfg.enum_values_per_path},
     )
-    sums = ", ".join(f"sum({c})" for c in _FIELD_COLS)
+    sums = ", ".join(f"sum({c}) AS {c}" for c in _FIELD_COLS)
     con.execute(
         f"""INSERT INTO field_rollups
-            SELECT f.*, coalesce(o.n, 0) FROM (
-                SELECT cohort_id, bucket, path, scope, {sums}
+            SELECT f.* EXCLUDE (dropped), coalesce(o.n, 0) + f.dropped FROM (
+                SELECT cohort_id, bucket, path, scope, {sums}, sum(dropped) AS dropped
                 FROM _rf JOIN _groups USING (g) GROUP BY cohort_id, bucket, path, scope) f
             LEFT JOIN (SELECT cohort_id, bucket, path, sum(n) AS n FROM _vr WHERE NOT admitted
                        GROUP BY ALL) o USING (cohort_id, bucket, path)"""

@@ -157,6 +157,15 @@ ALTER TABLE events_unkeyed RENAME TO events;
     + _COHORT_EVENTS
 )  # the view again, as _V5 made it
 
+# Version 9: rollup tiers (collector/tiers.py). Per cohort, the tier boundaries its rollups were
+# last folded to (buckets before minute_from are hours, before hour_from days) and its newest
+# data then; a cohort without a row was never folded.
+_V9 = """
+CREATE TABLE tier_marks (
+    cohort_id INTEGER NOT NULL, newest TIMESTAMPTZ NOT NULL, minute_from TIMESTAMPTZ NOT NULL,
+    hour_from TIMESTAMPTZ NOT NULL);
+"""
+
 _REHASH_ROWS = 50_000  # events read and updated at a time by _v8_rehash_payloads
 
 
@@ -225,6 +234,7 @@ MIGRATIONS: list[str | Callable[[duckdb.DuckDBPyConnection], None]] = [
     _V6,
     _V7,
     _v8_rehash_payloads,
+    _V9,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

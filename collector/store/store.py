@@ -12,6 +12,7 @@ import duckdb
 from ..errors import StoreError, StoreLocked
 from ..rollup import RollupConfig
 from ..settings import size_bytes
+from ..tiers import HOUR, Horizons, TierPolicy
 from .alerts import AlertRecords
 from .backend import StoreBackend
 from .baselines import BaselineRecords
@@ -20,13 +21,14 @@ from .outbox import OutboxRecords
 from .reads import Reads
 from .registry import ContractVersions
 from .schema import Schema
+from .tiers import TieredRollups
 
 __all__ = ["Store"]
 
 log = logging.getLogger(__name__)
 
 
-class Store(Reads, ContractVersions, AlertRecords, BaselineRecords, OutboxRecords):
+class Store(Reads, ContractVersions, TieredRollups, AlertRecords, BaselineRecords, OutboxRecords):
     """The DuckDB file: opened once per process, written by one thread at a time.
 
     >>> with Store.open(tmp_path / "x.duckdb") as store:   # doctest: +SKIP
@@ -45,8 +47,17 @@ class Store(Reads, ContractVersions, AlertRecords, BaselineRecords, OutboxRecord
         rollup: RollupConfig | None = None,
         read_only: bool = False,
         schemas: Sequence[Schema] = (),
+        tiers: TierPolicy | None = None,
     ) -> Store:
-        """Open (creating or migrating) the database at ``path``, with the tables of ``schemas``."""
+        """Open (creating or migrating) the database at ``path``, with the tables of ``schemas``.
+
+        ``tiers``: count and fold rollups into minute, hour and day buckets by age (``tiers.py``);
+        None keeps every bucket ``bucket_seconds`` wide.
+        """
+        if tiers is not None and HOUR % bucket_seconds:
+            raise StoreError(
+                f"opening {path}", f"rollup tiers need a bucket width that divides an hour, not {bucket_seconds} s"
+            )
         path = Path(path)
         if not read_only:
             try:
@@ -91,6 +102,9 @@ class Store(Reads, ContractVersions, AlertRecords, BaselineRecords, OutboxRecord
             for schema in schemas:
                 store._migrate_schema(schema)
             store._check_bucket_width()
+            if tiers is not None:
+                store.horizons = Horizons(tiers)
+                store._load_horizons()
             store._memory_base = size_bytes(memory_limit)
             row = store._con.execute("SELECT count(*) FROM event_keys").fetchone()
             store._indexed_keys = int(row[0]) if row else 0

@@ -347,7 +347,8 @@ def test_a_session_sees_the_rows_it_inserts_after_a_large_import(tmp_path: Path)
     src.write_bytes(
         b"".join(orjson.dumps(e, option=orjson.OPT_APPEND_NEWLINE) for e in make_envelopes(10_000, seed=1001))
     )
-    settings = load_settings({"db_path": str(tmp_path / "r.duckdb")}, env={})
+    # every value kept (free text too), so that the merge inserts more than a row group of them
+    settings = load_settings({"db_path": str(tmp_path / "r.duckdb"), "free_text_min_distinct": 0}, env={})
     count = "SELECT count(*), sum(n) FROM value_rollups"
     with open_store(settings, bulk=True) as store:
         import_files([src], store, Limits())
