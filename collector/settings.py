@@ -20,9 +20,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from .tiers import DAY, HOUR, TierPolicy
-
 from .errors import SettingsInvalid
+from .tiers import DAY, HOUR, TierPolicy
 
 __all__ = ["Scope", "Settings", "TokenEntry", "load_settings", "parse_token", "settings_help", "size_bytes"]
 

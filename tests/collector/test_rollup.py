@@ -707,4 +707,3 @@ def test_compaction_by_day_covers_every_day_and_keeps_the_sums(store: Store, env
     assert rollup_sums(store) == before
     assert rows_per_key(store) == dict.fromkeys(ROLLUP_TABLES, 1)
     assert store.compact_by_day() == 0
-

@@ -244,7 +244,6 @@ def test_window_reads_across_tiers_equal_the_minute_only_reads_on_aligned_window
     cohort = tiered.cohort_id("m-a", "intake-v3", "intake")
     mcohort = minute.cohort_id("m-a", "intake-v3", "intake")
     assert cohort is not None and mcohort is not None
-    newest = max(buckets_of(tiered, cohort))
     windows = [
         (END - timedelta(hours=1), END),  # minute tier
         (END - timedelta(minutes=17), END - timedelta(minutes=3)),  # minute tier, unaligned
