@@ -66,6 +66,10 @@ class MaintenanceJobs:
         since = datetime.now(UTC) - timedelta(days=2)
         self._guarded("compact", lambda: f"{self.store.compact(since)} rows folded")
 
+    def fold(self) -> None:
+        # Buckets that aged past a tier boundary move into hours and days (collector/tiers.py).
+        self._guarded("fold", lambda: f"{self.store.fold_tiers()} rollup rows folded into their tiers")
+
     def compact_all(self) -> None:
         self._guarded("compact_all", lambda: f"{self.store.compact_by_day()} rows folded")
 
@@ -86,6 +90,7 @@ def start_maintenance(store: Store, settings: Settings, registry: CollectorRegis
         timezone="UTC", job_defaults={"max_instances": 1, "coalesce": True, "misfire_grace_time": 300}
     )
     scheduler.add_job(jobs.compact, "interval", minutes=5, id="compact")
+    scheduler.add_job(jobs.fold, "interval", minutes=10, id="fold")
     scheduler.add_job(jobs.compact_all, "interval", hours=24, id="compact_all")
     scheduler.add_job(jobs.purge, "interval", hours=1, id="purge", next_run_time=datetime.now(UTC))
     scheduler.start()

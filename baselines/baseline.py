@@ -531,10 +531,9 @@ def freeze_baseline(
         )
     if found and not (force and force.strip()):
         raise BaselineRefused(found)
-    # The profile holds the buckets that start in the window, i.e. events in [ceil(since), ceil(until))
-    # on the bucket grid; count contract versions over exactly those events.
-    lo, hi = _bucket_ceil(since, store.bucket_seconds), _bucket_ceil(until, store.bucket_seconds)
-    versions = store.contract_versions_of_events(cid, lo, hi)
+    # The profile holds the buckets that start in the window (minutes, or hours and days where the
+    # cohort's rollups are in those tiers); the contract versions are counted over the same buckets.
+    versions = store.contract_versions_by_cohort(since, until).get(cid, {})
     draft = Baseline(
         "",
         "",
@@ -559,11 +558,6 @@ def freeze_baseline(
         if activate:
             _record(store, con, cohort, "activate", baseline.baseline_id, baseline.created_at, author, note)
     return get_baseline(store, baseline.baseline_id)
-
-
-def _bucket_ceil(t: datetime, width: int) -> datetime:
-    epoch = t.timestamp()
-    return datetime.fromtimestamp(-(-epoch // width) * width, UTC)
 
 
 def _insert(store: Store, con: Any, b: Baseline) -> bool:

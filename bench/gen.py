@@ -24,6 +24,7 @@ weight tables, and from writing orjson bytes in large chunks.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gzip
 import random
 import sys
@@ -354,23 +355,43 @@ class _Pools:
         )
 
 
-def make_envelopes(n: int, seed: int = 1, start: datetime | None = None) -> Iterator[dict[str, Any]]:
-    """Yield ``n`` envelopes with timestamps spread evenly over ``[start, start + 24 h)``.
+def cohorts_of(k: int | None) -> tuple[Cohort, ...]:
+    """The five cohorts above, or ``k`` cohorts of equal share: the five again and again, each
+    repeat under prompt versions of its own (``intake-v3.1``, ...)."""
+    if k is None:
+        return COHORTS
+    if k < 1:
+        raise ValueError("cohorts must be at least 1")
+    return tuple(
+        dataclasses.replace(
+            COHORTS[i % len(COHORTS)],
+            prompt_version=COHORTS[i % len(COHORTS)].prompt_version + (f".{i // len(COHORTS)}" if i >= len(COHORTS) else ""),
+            share=1 / k,
+        )
+        for i in range(k)
+    )
 
-    ``start`` defaults to 2026-11-28T00:00:00Z, so the last event falls just before
-    2026-11-29T00:00:00Z. Timestamps increase with the index (strictly, while ``n``
-    stays under 86.4 million, since they carry milliseconds).
+
+def make_envelopes(
+    n: int, seed: int = 1, start: datetime | None = None, span: timedelta = SPAN, cohorts: int | None = None
+) -> Iterator[dict[str, Any]]:
+    """Yield ``n`` envelopes with timestamps spread evenly over ``[start, start + span)`` (24 h).
+
+    ``start`` defaults to ``span`` before 2026-11-29T00:00:00Z, so the last event falls just
+    before it. Timestamps increase with the index (strictly, while ``n`` stays under the span's
+    milliseconds, since they carry milliseconds). ``cohorts``: how many (``cohorts_of``).
     """
     if start is None:
-        start = END - SPAN
+        start = END - span
     if start.tzinfo is None:
         raise ValueError("start must carry a time zone")
     rng = random.Random(seed)
     r = rng.random
     pools = _Pools(rng, start)
 
-    cohort_table = _weight_table([(c, _weight_table(INTENTS, c.intent_weights, 200)) for c in COHORTS],
-                                 [c.share for c in COHORTS])
+    chosen = cohorts_of(cohorts)
+    cohort_table = _weight_table([(c, _weight_table(INTENTS, c.intent_weights, 200)) for c in chosen],
+                                 [c.share for c in chosen])
     priority_tables = {i: _weight_table(PRIORITIES, PRIORITY_WEIGHTS[i], 100) for i in INTENTS}
     language_table = _weight_table(LANGUAGES, (62, 10, 8, 7, 5, 4, 2, 2), 100)
     entity_count_table = _weight_table(range(7), (50, 30, 10, 5, 3, 1, 1), 100)
@@ -383,7 +404,7 @@ def make_envelopes(n: int, seed: int = 1, start: datetime | None = None) -> Iter
     n_mains, n_bodies = len(mains[INTENTS[0]]), len(bodies[INTENTS[0]])
 
     start_ms = int(start.timestamp() * 1000)
-    span_ms = int(SPAN.total_seconds() * 1000)
+    span_ms = int(span.total_seconds() * 1000)
     key = _mix64(seed & _M64)
     last_second = -1
     second_prefix = ""
@@ -487,14 +508,14 @@ def make_envelopes(n: int, seed: int = 1, start: datetime | None = None) -> Iter
 
 
 def write_jsonl(path: Path, n: int, seed: int = 1, gz: bool = False,
-                start: datetime | None = None) -> int:
+                start: datetime | None = None, span: timedelta = SPAN, cohorts: int | None = None) -> int:
     """Write ``n`` envelopes to ``path``, one per line; return the uncompressed byte count."""
     dumps, newline = orjson.dumps, orjson.OPT_APPEND_NEWLINE
     written = 0
     chunk: list[bytes] = []
     # gzip level 1: the file is an input, not an archive, and level 9 would triple the time.
     with gzip.open(path, "wb", compresslevel=1) if gz else open(path, "wb") as out:
-        for envelope in make_envelopes(n, seed=seed, start=start):
+        for envelope in make_envelopes(n, seed=seed, start=start, span=span, cohorts=cohorts):
             chunk.append(dumps(envelope, option=newline))
             if len(chunk) == 10_000:
                 data = b"".join(chunk)
@@ -514,11 +535,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="output file (JSONL, or .jsonl.gz with --gz)")
     parser.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
     parser.add_argument("--gz", action="store_true", help="gzip the output (level 1)")
+    parser.add_argument("--days", type=float, default=1.0, help="span of the timestamps in days (default 1)")
+    parser.add_argument("--cohorts", type=int, default=None, help="number of cohorts of equal share (default: the five)")
     args = parser.parse_args(argv)
     if args.n < 0:
         parser.error("--n must be >= 0")
     began = time.perf_counter()
-    written = write_jsonl(args.out, args.n, seed=args.seed, gz=args.gz)
+    if args.days <= 0 or (args.cohorts is not None and args.cohorts < 1):
+        parser.error("--days must be > 0 and --cohorts >= 1")
+    written = write_jsonl(
+        args.out, args.n, seed=args.seed, gz=args.gz, span=timedelta(days=args.days), cohorts=args.cohorts
+    )
     elapsed = time.perf_counter() - began
     print(
         f"{args.n:,} envelopes, {written / 1e6:,.1f} MB uncompressed "

@@ -241,7 +241,7 @@ class Settings:
         max=24 * 366,
     )
     hour_buckets_days: int = _s(
-        7,
+        3,
         "Rollup tiers: how far back from each cohort's newest data rollups keep hour buckets; older ones "
         "are day buckets. At least one day more than minute_buckets_hours.",
         min=1,

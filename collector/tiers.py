@@ -35,7 +35,7 @@ class TierPolicy:
     """How long, back from a cohort's newest data, each tier reaches (seconds)."""
 
     minute_seconds: int = 24 * HOUR  # minute buckets for this long
-    hour_seconds: int = 7 * DAY  # hour buckets up to this age; day buckets beyond
+    hour_seconds: int = 3 * DAY  # hour buckets up to this age; day buckets beyond
 
     def __post_init__(self) -> None:
         if self.minute_seconds < HOUR:

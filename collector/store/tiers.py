@@ -1,9 +1,9 @@
 """Rollup tiers in the store: where each cohort's tiers begin, and the fold that moves aged
 minute buckets into hours and hours into days (``collector/tiers.py`` has the policy).
 
-A fold takes one cohort at a time, each in one transaction with its marks (``tier_marks``:
-the tier boundaries its rollups were last folded to, and its newest data), so a crash during a
-fold leaves each cohort either folded or as it was: sums never change, only rows.
+A fold is one transaction, the marks (``tier_marks``: per cohort, the tier boundaries its rollups
+were last folded to, and its newest data) with the rows, so a crash during a fold leaves the
+store either folded or as it was: sums never change, only rows.
 
 What a fold reads is bounded by the marks: rows between the last fold's boundary and the new
 one, for each of the two tiers. Rows older than the last boundary were either folded then or
@@ -15,12 +15,13 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import duckdb
+import pyarrow as pa
 
 from ..rollup import ROLLUP_TABLES
 from ..tiers import DAY, HOUR, Horizons, TierPolicy
 from .maintenance import Maintenance
 
-__all__ = ["TieredRollups", "fold_cohort"]
+__all__ = ["TieredRollups", "fold_cohorts"]
 
 # served_models is keyed like the rollups and folded with them (its primary key holds one row per key).
 _FOLDED = {**ROLLUP_TABLES, "served_models": (["cohort_id", "bucket", "served_model"], ["n"])}
@@ -37,43 +38,62 @@ def _coarse(col: str = "bucket") -> str:
 _IN_RANGE = "((t.bucket >= h.lo_m AND t.bucket < h.minute_from) OR (t.bucket >= h.lo_h AND t.bucket < h.hour_from))"
 
 
-def fold_cohort(
-    con: duckdb.DuckDBPyConnection, cohort_id: int, newest: int, policy: TierPolicy, cap: int, free_text: int
+def fold_cohorts(
+    con: duckdb.DuckDBPyConnection, newest: dict[int, int], policy: TierPolicy, cap: int, free_text: int
 ) -> int:
-    """Fold one cohort's rollups to the tiers of ``newest`` (epoch seconds); returns rows removed.
+    """Fold cohorts' rollups to the tiers of their newest data (cohort id -> epoch seconds);
+    returns the rows removed.
 
     The caller holds the transaction. ``cap``: the most values kept per (cohort, bucket, path);
     values beyond it after folding go to the field's overflow count, as at merge; so do all the
-    values of a folded (bucket, path) holding free text (more than ``free_text`` distinct values,
-    repeated fewer than ten times each on average; 0: never), as a merge does for coarse buckets.
+    values of a folded (cohort, bucket, path) holding free text (more than ``free_text`` distinct
+    values, repeated fewer than ten times each on average; 0: never), as a merge does for coarse
+    buckets.
     """
-    minute_from, hour_from = policy.bounds(newest)
-    row = con.execute(
-        "SELECT epoch(minute_from)::BIGINT, epoch(hour_from)::BIGINT FROM tier_marks WHERE cohort_id = ?",
-        [cohort_id],
-    ).fetchone()
-    lo_m, lo_h = (int(row[0]), int(row[1])) if row else (0, 0)
-    minute_from, hour_from = max(minute_from, lo_m), max(hour_from, lo_h)  # boundaries only move forward
-    con.execute(
-        """CREATE OR REPLACE TEMP TABLE _h AS SELECT ?::INTEGER AS cohort_id, to_timestamp(?) AS lo_m,
-                  to_timestamp(?) AS minute_from, to_timestamp(?) AS lo_h, to_timestamp(?) AS hour_from""",
-        [cohort_id, lo_m, minute_from, lo_h, hour_from],
+    if not newest:
+        return 0
+    marks = {
+        int(i): (int(m), int(h))
+        for i, m, h in con.execute(
+            "SELECT cohort_id, epoch(minute_from)::BIGINT, epoch(hour_from)::BIGINT FROM tier_marks"
+        ).fetchall()
+    }
+    rows = []
+    for cohort_id, n in newest.items():
+        minute_from, hour_from = policy.bounds(n)
+        lo_m, lo_h = marks.get(cohort_id, (0, 0))
+        # boundaries only move forward
+        rows.append((cohort_id, n, lo_m, max(minute_from, lo_m), lo_h, max(hour_from, lo_h)))
+    con.register(
+        "_marks",
+        pa.table({k: pa.array(col, pa.int64()) for k, col in zip(_MARK_COLUMNS, zip(*rows, strict=True), strict=True)}),
     )
+    try:
+        con.execute(
+            """CREATE OR REPLACE TEMP TABLE _h AS
+               SELECT cohort_id::INTEGER AS cohort_id, to_timestamp(newest) AS newest, to_timestamp(lo_m) AS lo_m,
+                      to_timestamp(minute_from) AS minute_from, to_timestamp(lo_h) AS lo_h,
+                      to_timestamp(hour_from) AS hour_from
+               FROM _marks"""
+        )
+    finally:
+        con.unregister("_marks")
+    con.execute("DELETE FROM tier_marks WHERE cohort_id IN (SELECT cohort_id FROM _h)")
+    con.execute("INSERT INTO tier_marks SELECT cohort_id, newest, minute_from, hour_from FROM _h")
+    # only the cohorts whose boundaries moved have anything to fold
+    con.execute("DELETE FROM _h WHERE minute_from = lo_m AND hour_from = lo_h")
     removed = 0
-    if minute_from > lo_m or hour_from > lo_h:
+    if con.execute("SELECT count(*) FROM _h").fetchone() != (0,):
         removed += _fold_values(con, cap, free_text)
         for table, (keys, sums) in _FOLDED.items():
             if table != "value_rollups":
                 removed += _fold_table(con, table, keys, sums)
-    con.execute("DELETE FROM tier_marks WHERE cohort_id = ?", [cohort_id])
-    con.execute(
-        "INSERT INTO tier_marks VALUES (?, to_timestamp(?), to_timestamp(?), to_timestamp(?))",
-        [cohort_id, newest, minute_from, hour_from],
-    )
-    con.execute("DROP TABLE _h")
-    for t in ("_fv", "_excess"):
+    for t in ("_h", "_fv", "_excess"):
         con.execute(f"DROP TABLE IF EXISTS {t}")
     return removed
+
+
+_MARK_COLUMNS = ("cohort_id", "newest", "lo_m", "minute_from", "lo_h", "hour_from")
 
 
 def _fold_table(con: duckdb.DuckDBPyConnection, table: str, keys: list[str], sums: list[str]) -> int:
@@ -85,45 +105,52 @@ def _fold_table(con: duckdb.DuckDBPyConnection, table: str, keys: list[str], sum
             "sum(t.values_overflow)::BIGINT AS values_overflow",
             "(sum(t.values_overflow) + coalesce(any_value(x.n), 0))::BIGINT AS values_overflow",
         )
-        join = " LEFT JOIN _excess x ON x.bucket = " + _coarse("t.bucket") + " AND x.path = t.path"
+        join = (
+            " LEFT JOIN _excess x ON x.cohort_id = t.cohort_id AND x.bucket = "
+            + _coarse("t.bucket")
+            + " AND x.path = t.path"
+        )
     else:
         join = ""
-    before = _count(con, table)
     con.execute(
         f"""CREATE OR REPLACE TEMP TABLE _fold AS
             SELECT t.cohort_id, {_coarse("t.bucket")} AS bucket, {sel}{agg}
             FROM {table} t JOIN _h h USING (cohort_id){join} WHERE {_IN_RANGE} GROUP BY ALL"""
     )
-    con.execute(f"DELETE FROM {table} t USING _h h WHERE t.cohort_id = h.cohort_id AND {_IN_RANGE}")
-    con.execute(f"INSERT INTO {table} ({', '.join(keys)}, {', '.join(sums)}) SELECT * FROM _fold")
+    deleted = _changed(con.execute(f"DELETE FROM {table} t USING _h h WHERE t.cohort_id = h.cohort_id AND {_IN_RANGE}"))
+    inserted = _changed(con.execute(f"INSERT INTO {table} ({', '.join(keys)}, {', '.join(sums)}) SELECT * FROM _fold"))
     con.execute("DROP TABLE _fold")
-    return before - _count(con, table)
+    return deleted - inserted
 
 
 def _fold_values(con: duckdb.DuckDBPyConnection, cap: int, free_text: int) -> int:
-    """Fold value rows; a folded (bucket, path) keeps its ``cap`` most frequent values (then by
-    value), none if it holds free text, and the rest is left in ``_excess`` for the field rows'
+    """Fold value rows; a folded (cohort, bucket, path) keeps its ``cap`` most frequent values (then
+    by value), none if it holds free text, and the rest is left in ``_excess`` for the field rows'
     overflow."""
-    before = _count(con, "value_rollups")
     con.execute(
         f"""CREATE OR REPLACE TEMP TABLE _fv AS
             WITH f AS (SELECT t.cohort_id, {_coarse("t.bucket")} AS bucket, t.path, t.value, sum(t.n)::BIGINT AS n
                        FROM value_rollups t JOIN _h h USING (cohort_id) WHERE {_IN_RANGE} GROUP BY ALL)
-            SELECT *, row_number() OVER (PARTITION BY bucket, path ORDER BY n DESC, value) <= $cap
+            SELECT *, row_number() OVER (PARTITION BY cohort_id, bucket, path ORDER BY n DESC, value) <= $cap
                       AND NOT ($free > 0 AND count(*) OVER w > $free AND sum(n) OVER w < 10 * count(*) OVER w) AS kept
-            FROM f WINDOW w AS (PARTITION BY bucket, path)""",
+            FROM f WINDOW w AS (PARTITION BY cohort_id, bucket, path)""",
         {"cap": cap, "free": free_text},
     )
     con.execute(
-        "CREATE OR REPLACE TEMP TABLE _excess AS SELECT bucket, path, sum(n) AS n FROM _fv WHERE NOT kept GROUP BY ALL"
+        "CREATE OR REPLACE TEMP TABLE _excess AS SELECT cohort_id, bucket, path, sum(n) AS n FROM _fv "
+        "WHERE NOT kept GROUP BY ALL"
     )
-    con.execute(f"DELETE FROM value_rollups t USING _h h WHERE t.cohort_id = h.cohort_id AND {_IN_RANGE}")
-    con.execute("INSERT INTO value_rollups SELECT cohort_id, bucket, path, value, n FROM _fv WHERE kept")
-    return before - _count(con, "value_rollups")
+    deleted = _changed(
+        con.execute(f"DELETE FROM value_rollups t USING _h h WHERE t.cohort_id = h.cohort_id AND {_IN_RANGE}")
+    )
+    inserted = _changed(
+        con.execute("INSERT INTO value_rollups SELECT cohort_id, bucket, path, value, n FROM _fv WHERE kept")
+    )
+    return deleted - inserted
 
 
-def _count(con: duckdb.DuckDBPyConnection, table: str) -> int:
-    row = con.execute(f"SELECT count(*) FROM {table} t JOIN _h USING (cohort_id)").fetchone()
+def _changed(cur: duckdb.DuckDBPyConnection) -> int:
+    row = cur.fetchone()
     return int(row[0]) if row else 0
 
 
@@ -156,21 +183,11 @@ class TieredRollups(Maintenance):
         ids = {
             (m, p, c): i for i, m, p, c in self.query("SELECT cohort_id, model, prompt_version, contract FROM cohorts")
         }
-        removed = 0
-        for cohort, n in sorted(newest.items()):
-            cohort_id = ids.get(cohort)
-            if cohort_id is None:
-                continue
-            with self._write_lock, self._merge_lock, self._transaction("folding rollups into their tiers") as con:
-                removed += fold_cohort(
-                    con,
-                    cohort_id,
-                    n,
-                    self.horizons.policy,
-                    self.rollup.enum_values_per_path,
-                    self.rollup.free_text_min_distinct,
-                )
-        return removed
+        by_id = {ids[c]: n for c, n in newest.items() if c in ids}
+        with self._write_lock, self._merge_lock, self._transaction("folding rollups into their tiers") as con:
+            return fold_cohorts(
+                con, by_id, self.horizons.policy, self.rollup.enum_values_per_path, self.rollup.free_text_min_distinct
+            )
 
     def tier_bounds(self) -> dict[int, tuple[datetime, datetime]]:
         """Cohort id -> (minute_from, hour_from) as last folded: buckets before the first are hours,
