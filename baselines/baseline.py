@@ -521,6 +521,11 @@ def freeze_baseline(
     cid = _cohort_id(store, cohort)
     if cid is None:
         raise BaselineError(f"no events were ever stored for cohort {cohort}")
+    # Where the window's edges fall in hour or day buckets (rollup tiers), the profile holds the
+    # buckets that start in the window: the window is aligned to them, and the baseline says so.
+    if not store.read_only:
+        store.fold_tiers()
+    since, until = store.covered_window(cid, since, until)
     profile = read_profile(store, cid, since, until)
     found = list(objections)
     if profile.events < min_samples:

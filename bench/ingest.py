@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/ingest.py [--n 1000000] [--file FILE] [--http-n 200000]
                                      [--skip-bulk] [--skip-contracts] [--skip-http] [--keep] [--json OUT]
+                                     [--shapes dense,fortnight,sparse] [--repeat 3]
 
 Steps, each measured as a whole, fresh process (interpreter start included):
 
@@ -35,12 +36,12 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
-
 from gen import write_jsonl  # bench/ is sys.path[0] when this file runs as a script
 
 GIB = 1 << 30
@@ -154,6 +155,8 @@ class Report:
     generate: dict[str, Any] | None = None
     floor: dict[str, Any] | None = None
     bulk: dict[str, Any] | None = None
+    shapes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """--shapes: per shape, each run's floor and import, and the rollup rows per event."""
     bulk_contracts: dict[str, Any] | None = None
     """The bulk import again, with the bench contracts registered (outputs checked as stored)."""
     http: dict[str, Any] | None = None
@@ -211,13 +214,14 @@ def register_contracts(shapewatch: Path, db: Path, workdir: Path) -> None:
             raise RuntimeError(f"registering {contract} {version} failed:\n{_tail(run.stderr)}")
 
 
-def measure_bulk(shapewatch: Path, path: Path, workdir: Path, *, contracts: bool = False) -> dict[str, Any]:
+def measure_bulk(shapewatch: Path, path: Path, workdir: Path, *, contracts: bool = False,
+                 name: str | None = None) -> dict[str, Any]:
     """``shapewatch ingest`` into a fresh database; returns the figures and its summary.
 
     With ``contracts``, the database first gets the bench contracts registered, so every output
     is checked against its contract version as it is stored (up to the checks' per-bucket quota).
     """
-    name = "bulk-contracts" if contracts else "bulk"
+    name = name or ("bulk-contracts" if contracts else "bulk")
     db = workdir / f"{name}.duckdb"
     if contracts:
         register_contracts(shapewatch, db, workdir)
@@ -237,6 +241,62 @@ def measure_bulk(shapewatch: Path, path: Path, workdir: Path, *, contracts: bool
     return {"seconds": run.seconds, "events_per_s": accepted / run.seconds,
             "peak_rss": run.peak_rss, "cpu_seconds": run.cpu_seconds, "returncode": run.returncode,
             "summary": summary}
+
+
+# The shapes of traffic the import is measured on (--shapes): (days, cohorts, envelopes). dense is
+# bench/gen.py's default file (about 139 outputs per cohort-minute); fortnight holds about 20 per
+# cohort-minute over two weeks, sparse about 2 over four weeks across 16 cohorts: a backfill, or
+# the quiet cohorts most teams have most of.
+SHAPES: dict[str, tuple[float, int | None, int]] = {
+    "dense": (1.0, None, 1_000_000),
+    "fortnight": (14.0, 3, 20 * 3 * 14 * 1440),
+    "sparse": (28.0, 16, 2 * 16 * 28 * 1440),
+}
+SPARSE_SHAPES = ("fortnight", "sparse")
+MAX_SPARSE_ROWS_PER_EVENT = 3.0
+# Every table that holds rollup rows (the store's, and the served models beside them).
+ROLLUP_ROW_TABLES = ("cohort_buckets", "field_rollups", "value_rollups", "array_rollups", "number_rollups",
+                     "served_models", "contract_rollups", "violation_rollups")
+
+
+def rollup_rows(db: Path) -> dict[str, int]:
+    """Rows of each rollup table, and of ``events``, in a database no process holds open."""
+    import duckdb  # the service's dependency: only this step needs it
+
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return {t: int(con.execute(f"SELECT count(*) FROM {t}").fetchone()[0])  # type: ignore[index]
+                for t in (*ROLLUP_ROW_TABLES, "events")}
+    finally:
+        con.close()
+
+
+def measure_shape(shapewatch: Path, shape: str, workdir: Path, repeat: int, seed: int) -> dict[str, Any]:
+    """Generate the shape's file, then ``repeat`` times: the floor and the import, one after the
+    other (a pair: their ratio is taken run by run). Returns every run and the rows per event."""
+    days, cohorts, n = SHAPES[shape]
+    path = workdir / f"{shape}.jsonl"
+    _log(f"  generating {shape}: {n:,} envelopes over {days:g} days, {cohorts or 5} cohorts...")
+    write_jsonl(path, n, seed=seed, span=timedelta(days=days), cohorts=cohorts)
+    with open(path, "rb") as f:  # into the page cache before anything is measured
+        while f.read(1 << 24):
+            pass
+    runs = []
+    for r in range(repeat):
+        floor = measure_floor(path, workdir)
+        bulk = measure_bulk(shapewatch, path, workdir, name=f"bulk-{shape}-{r}")
+        runs.append({"floor_seconds": floor["seconds"], "bulk_seconds": bulk["seconds"],
+                     "ratio": bulk["seconds"] / floor["seconds"], "peak_rss": bulk["peak_rss"],
+                     "cpu_seconds": bulk["cpu_seconds"], "accepted": int(bulk["summary"].get("accepted", -1))})
+        _log(f"    run {r + 1}: floor {floor['seconds']:.2f} s, import {bulk['seconds']:.2f} s, "
+             f"{runs[-1]['ratio']:.2f}x, peak RSS {_mib(bulk['peak_rss'])}")
+        rows = rollup_rows(workdir / f"bulk-{shape}-{r}.duckdb")
+        for leftover in workdir.glob(f"bulk-{shape}-{r}.duckdb*"):
+            leftover.unlink()
+    path.unlink()
+    events = rows.pop("events")
+    return {"days": days, "cohorts": cohorts or 5, "n": n, "runs": runs, "rows": rows,
+            "rows_per_event": sum(rows.values()) / max(events, 1)}
 
 
 def _free_port() -> int:
@@ -413,6 +473,18 @@ def evaluate(report: Report) -> None:
     if report.bulk_contracts is not None:
         accepted = int(report.bulk_contracts["summary"].get("accepted", -1))
         add(Check("bulk (contracts) accepted", f"{accepted:,}", f"== {report.n:,}", accepted == report.n))
+    for shape, s in report.shapes.items():
+        ratios = sorted(run["ratio"] for run in s["runs"])
+        median = ratios[len(ratios) // 2]
+        add(Check(f"{shape}: accepted", f"{min(r['accepted'] for r in s['runs']):,}", f"== {s['n']:,}",
+                  all(r["accepted"] == s["n"] for r in s["runs"])))
+        add(Check(f"{shape}: import / floor (median of {len(ratios)})", f"{median:.2f}x",
+                  f"<= {MAX_BULK_TO_FLOOR:g}x", median <= MAX_BULK_TO_FLOOR))
+        peak = max(r["peak_rss"] for r in s["runs"])
+        add(Check(f"{shape}: peak RSS", _mib(peak), f"< {_mib(MAX_BULK_RSS)}", peak < MAX_BULK_RSS))
+        if shape in SPARSE_SHAPES:
+            add(Check(f"{shape}: rollup rows per event", f"{s['rows_per_event']:.2f}",
+                      f"< {MAX_SPARSE_ROWS_PER_EVENT:g}", s["rows_per_event"] < MAX_SPARSE_ROWS_PER_EVENT))
     if http is not None:
         add(Check("http accepted", f"{http['accepted']:,}", f"== {http['events']:,}",
                   http["accepted"] == http["events"]))
@@ -449,6 +521,20 @@ def render(report: Report) -> str:
                      f"posting, peak RSS {_mib(h['server_peak_rss'])}, {_exit(h['server_exit_code'])}"))
     out = [f"{report.n:,} envelopes from {report.file}", ""]
     out += _table(("step", "time", "events/s", "notes"), rows)
+    if report.shapes:
+        srows = []
+        for shape, s in report.shapes.items():
+            ratios = sorted(r["ratio"] for r in s["runs"])
+            floors = sorted(r["floor_seconds"] for r in s["runs"])
+            bulks = sorted(r["bulk_seconds"] for r in s["runs"])
+            mid = len(ratios) // 2
+            srows.append((shape, f"{s['n']:,} over {s['days']:g} d, {s['cohorts']} cohorts",
+                          f"{floors[0]:.2f} / {floors[mid]:.2f} s", f"{bulks[0]:.2f} / {bulks[mid]:.2f} s",
+                          f"{ratios[0]:.2f}x / {ratios[mid]:.2f}x",
+                          _mib(max(r["peak_rss"] for r in s["runs"])), f"{s['rows_per_event']:.2f}"))
+        out += ["", "shapes (best / median of the runs; ratio taken run by run):"]
+        out += _table(("shape", "envelopes", "floor", "import", "import / floor", "peak RSS", "rollup rows/event"),
+                      srows)
     if report.http is not None and report.http["errors"]:
         out += ["", "first HTTP errors:", *("  " + e for e in report.http["errors"])]
     for name, error in report.errors.items():
@@ -487,11 +573,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--keep", action="store_true",
                         help="keep the temporary directory (data, databases, child logs)")
     parser.add_argument("--json", type=Path, metavar="OUT", help="also write every figure to OUT as JSON")
+    parser.add_argument("--shapes", type=lambda s: [x for x in s.split(",") if x], default=[],
+                        help=f"also import these generated shapes, each --repeat times beside its floor: "
+                             f"{', '.join(SHAPES)} (comma-separated; with --skip-bulk --skip-http, only them)")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per shape (default 3)")
     parser.add_argument("--shapewatch", type=Path, default=Path(sys.executable).parent / "shapewatch",
                         help="the shapewatch executable (default: next to this Python)")
     args = parser.parse_args(argv)
-    if args.n < 1 or args.http_n < 1 or args.http_batch < 1 or args.http_clients < 1:
-        parser.error("--n, --http-n, --http-batch and --http-clients must be >= 1")
+    if args.n < 1 or args.http_n < 1 or args.http_batch < 1 or args.http_clients < 1 or args.repeat < 1:
+        parser.error("--n, --http-n, --http-batch, --http-clients and --repeat must be >= 1")
+    unknown = sorted(set(args.shapes) - set(SHAPES))
+    if unknown:
+        parser.error(f"--shapes: unknown {', '.join(unknown)}; choose from {', '.join(SHAPES)}")
     if args.file is not None and not args.file.is_file():
         parser.error(f"--file {args.file}: no such file")
     if not (args.skip_bulk and args.skip_http) and not os.access(args.shapewatch, os.X_OK):
@@ -519,6 +612,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace, workdir: Path) -> Report:
+    if args.shapes and args.skip_bulk and args.skip_http:  # the shapes alone
+        report = Report(file="(shapes)", n=0)
+        _run_shapes(args, workdir, report)
+        evaluate(report)
+        return report
     if args.file is not None:
         report = Report(file=str(args.file.resolve()), n=0)  # counted by the floor
     else:
@@ -544,8 +642,20 @@ def _run(args: argparse.Namespace, workdir: Path) -> Report:
     if not args.skip_http:
         _run_step(report, "http", lambda: measure_http(args.shapewatch, path, workdir, args.http_n,
                                                       args.http_batch, args.http_clients))
+    _run_shapes(args, workdir, report)
     evaluate(report)
     return report
+
+
+def _run_shapes(args: argparse.Namespace, workdir: Path, report: Report) -> None:
+    for shape in args.shapes:
+        _log(f"shape {shape}...")
+        try:
+            report.shapes[shape] = measure_shape(args.shapewatch, shape, workdir, args.repeat, args.seed)
+        except (OSError, RuntimeError, ValueError) as exc:
+            report.checks.append(Check(f"{shape} ran", "error", "completes", False))
+            report.errors[shape] = str(exc)
+            _log(f"  {shape} failed: {exc}")
 
 
 if __name__ == "__main__":

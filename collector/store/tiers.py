@@ -189,6 +189,23 @@ class TieredRollups(Maintenance):
                 con, by_id, self.horizons.policy, self.rollup.enum_values_per_path, self.rollup.free_text_min_distinct
             )
 
+    def covered_window(self, cohort_id: int, since: datetime, until: datetime) -> tuple[datetime, datetime]:
+        """The window a read of ``[since, until)`` covers for one cohort: an edge that falls in the
+        cohort's hour or day tier (as last folded) moves up to the start of the next hour or day,
+        since a bucket counts in a window when its start does; an edge in the minute tier stays."""
+        bounds = self.tier_bounds().get(cohort_id)
+        if bounds is None:
+            return since, until
+
+        def edge(t: datetime) -> datetime:
+            minute_from, hour_from = bounds
+            if t >= minute_from:
+                return t
+            width = HOUR if t >= hour_from else DAY
+            return datetime.fromtimestamp(-(-t.timestamp() // width) * width, UTC)
+
+        return edge(since), edge(until)
+
     def tier_bounds(self) -> dict[int, tuple[datetime, datetime]]:
         """Cohort id -> (minute_from, hour_from) as last folded: buckets before the first are hours,
         before the second days."""
