@@ -11,7 +11,7 @@ so that a configured pager is never called for them.
 
 The story, relative to the current minute:
 
-- three days ago, a four-hour baseline period of every cohort (frozen);
+- three days ago, a four-hour baseline period of every cohort (frozen), on whole hours;
 - two days ago, another normal period (a candidate window for the review);
 - the last five hours: ``sample-intake`` stops filling ``customer.tier`` in half
   of its outputs (page) and starts answering priority ``URGENT`` (warn);
@@ -123,7 +123,10 @@ def _iso(t: datetime) -> str:
 
 
 def _periods(now: datetime) -> dict[str, datetime]:
-    return {"baseline": now - timedelta(days=3), "normal": now - timedelta(days=2), "recent": now - _RECENT}
+    # The older periods start on the hour: days back, rollups are hour buckets (collector/tiers.py),
+    # and a baseline window on whole hours holds exactly its events.
+    hour = now.replace(minute=0)
+    return {"baseline": hour - timedelta(days=3), "normal": hour - timedelta(days=2), "recent": now - _RECENT}
 
 
 def sample_envelopes(now: datetime) -> Iterator[dict[str, Any]]:

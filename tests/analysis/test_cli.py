@@ -263,10 +263,12 @@ def test_freeze_with_too_few_samples_exits_2_with_a_message_and_no_traceback(db:
     )
     assert proc.returncode == 2
     assert proc.stdout == ""
+    # Two days before the newest data, rollups are hour buckets: the window 00:00 .. 02:30 holds
+    # the buckets that start in it, so it is aligned to 00:00 .. 03:00, and the message says so.
     assert proc.stderr == (
-        f"error: baseline not frozen: cohort {MODEL} / {PROMPT} / {CONTRACT} has 150 samples "
-        f"in {short[1]} .. {short[3]}, fewer than the minimum of 200 (freeze another window, "
-        "or pass --force with a reason)\n"
+        f"error: baseline not frozen: cohort {MODEL} / {PROMPT} / {CONTRACT} has 180 samples "
+        f"in {short[1]} .. {iso(BASE_DAY + timedelta(hours=3))}, fewer than the minimum of 200 (freeze "
+        "another window, or pass --force with a reason)\n"
     )
     assert json.loads(ok("baseline", "list", "--db", str(db), "--format", "json")) == []
 

@@ -317,6 +317,7 @@ def accumulated_counts(
                 "served": None,
                 "epoch": epoch,
                 "events": len(outputs),
+                "coarse": False,  # a minute bucket (no tiers: every bucket is)
             }
         ]
         if outputs
