@@ -360,3 +360,34 @@ def test_a_session_sees_the_rows_it_inserts_after_a_large_import(tmp_path: Path)
     assert seen[0] == rows + 10
     with open_store(settings) as store:
         assert store.query(count)[0] == seen
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "message"),
+    [
+        ({"minute_buckets_hours": -1}, "minute_buckets_hours", "-1 is below the minimum 0"),
+        ({"minute_buckets_hours": 10**9}, "minute_buckets_hours", "above the maximum 8784"),
+        ({"hour_buckets_days": 0}, "hour_buckets_days", "0 is below the minimum 1"),
+        ({"minute_buckets_hours": 48, "hour_buckets_days": 2}, "hour_buckets_days", "set it to 3 or more"),
+        ({"minute_buckets_hours": 25, "hour_buckets_days": 2}, "hour_buckets_days", "set it to 3 or more"),
+        ({"bucket_seconds": 7}, "bucket_seconds", "does not divide an hour"),
+        ({"free_text_min_distinct": -5}, "free_text_min_distinct", "below the minimum 0"),
+    ],
+)
+def test_rollup_tier_settings_out_of_range_are_refused_by_name(
+    overrides: dict[str, object], key: str, message: str
+) -> None:
+    exc = invalid(overrides, env={})
+    assert exc.key == key and message in str(exc)
+
+
+def test_rollup_tiers_follow_the_settings_and_zero_turns_them_off() -> None:
+    from shapewatch.collector.tiers import DAY, HOUR, TierPolicy
+
+    assert load_settings(env={}).tiers == TierPolicy(24 * HOUR, 3 * DAY)
+    assert load_settings({"minute_buckets_hours": 48, "hour_buckets_days": 10}, env={}).tiers == TierPolicy(
+        48 * HOUR, 10 * DAY
+    )
+    off = load_settings({"minute_buckets_hours": 0, "bucket_seconds": 7}, env={})
+    assert off.tiers is None  # without tiers, any bucket width is allowed
+    assert load_settings(env={"SHAPEWATCH_HOUR_BUCKETS_DAYS": "5"}).tiers == TierPolicy(24 * HOUR, 5 * DAY)

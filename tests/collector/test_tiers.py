@@ -350,3 +350,51 @@ def test_tiers_need_a_bucket_width_that_divides_an_hour(tmp_path: Path) -> None:
 
     with pytest.raises(StoreError, match="divides an hour"):
         Store.open(tmp_path / "w.duckdb", bucket_seconds=7, tiers=POLICY)
+
+
+# --- bulk import ----------------------------------------------------------------------------------
+
+
+def test_an_import_tiers_history_as_it_reads_it_whatever_the_end_of_the_file_holds(
+    tmp_path: Path, envelope: MakeEnvelope
+) -> None:
+    """History written oldest first goes into hours and days as it is read (the import looked at
+    the file's end first); junk at the end (not JSON, binary, a line cut by the look) costs only
+    its own lines; a compressed copy of the file ends with the same rollups after the fold at the
+    end of its import."""
+    import gzip
+
+    from shapewatch.collector import Limits, import_files
+
+    raws = sorted(history(envelope, 1500, 9), key=lambda r: r["ts"])
+    body = b"".join(orjson.dumps(r) + b"\n" for r in raws)
+    junk = b"not json\n\xff\xfe\x00binary\n{" + b'"a":' * 10 + b"\n"
+    plain = tmp_path / "history.jsonl"
+    plain.write_bytes(body + junk)
+    packed = tmp_path / "history.jsonl.gz"
+    packed.write_bytes(gzip.compress(body + junk))
+    from shapewatch.collector.ingest import _newest_at_the_end
+
+    looked = _newest_at_the_end(plain, 60, LIMITS)  # what the import learns before reading
+    last = {}
+    for r in raws:
+        start = int(datetime.fromisoformat(r["ts"]).timestamp()) // 60 * 60
+        for model in {r["model"], r["served_model"]}:
+            last[(model, "intake-v3", "intake")] = max(last.get((model, "intake-v3", "intake"), 0), start)
+    assert looked == last
+    assert _newest_at_the_end(packed, 60, LIMITS) == {}  # not seekable: folded at the end instead
+    sums = {}
+    for name, path in (("plain", plain), ("packed", packed)):
+        store = Store.open(tmp_path / f"{name}.duckdb", tiers=POLICY)
+        summary = import_files([path], store, Limits())
+        assert (summary.accepted, summary.rejected) == (1500, 3)
+        newest = {m: max(buckets_of(store, i)) for i, m in store.query("SELECT cohort_id, model FROM cohorts")}
+        # no minute bucket before a cohort's minute tier: it was counted coarse, or folded at the end
+        for cohort_id, model in store.query("SELECT cohort_id, model FROM cohorts"):
+            minute_from, hour_from = POLICY.bounds(newest[model])
+            starts = buckets_of(store, cohort_id)
+            assert all(b % HOUR == 0 for b in starts if b < minute_from), model
+            assert all(b % DAY == 0 for b in starts if b < hour_from), model
+        sums[name] = {t: table_sums(store, t) for t in FOLDED}
+        store.close()
+    assert sums["plain"] == sums["packed"]
