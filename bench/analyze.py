@@ -112,8 +112,10 @@ def open_store(path: Path, args: argparse.Namespace) -> Any:
     from shapewatch.analysis.alerts import ALERTS_SCHEMA
     from shapewatch.baselines import BASELINES_SCHEMA
     from shapewatch.collector import Store
+    from shapewatch.collector.tiers import TierPolicy
+    # Rollup tiers as the service keeps them by default (the baseline day, a day back, in hours).
     return Store.open(path, memory_limit=args.memory_limit, threads=args.threads,
-                      schemas=[BASELINES_SCHEMA, ALERTS_SCHEMA])
+                      schemas=[BASELINES_SCHEMA, ALERTS_SCHEMA], tiers=TierPolicy())
 
 
 def import_all(store: Any, paths: list[Path]) -> tuple[dict[str, Any], float]:
