@@ -59,7 +59,9 @@ __all__ = [
     "ConfigInvalid",
     "EnumMode",
     "FieldRules",
+    "NumberKind",
     "Severity",
+    "ShortWindow",
     "check_window",
     "load_config",
     "parse_config",
@@ -103,6 +105,12 @@ class AlertKind(str, Enum):
     array_size_shift = "array_size_shift"
     new_field = "new_field"
     schema_violation = "schema_violation"  # outputs breaking their registered contract at a path
+    value_shift = "value_shift"  # the distribution of a number field moved (median, p10, p90)
+    truncation_rate = "truncation_rate"  # share of responses cut off at the token limit
+    refusal_rate = "refusal_rate"  # share of responses refused or withheld by a content filter
+    invalid_output_rate = "invalid_output_rate"  # share of responses whose output is no JSON object
+    served_model_change = "served_model_change"  # a new model answers a share of an alias's traffic
+    unknown_contract_version = "unknown_contract_version"  # outputs tagged with an unregistered version
 
 
 class Severity(str, Enum):
@@ -122,7 +130,21 @@ DEFAULT_SEVERITY: dict[AlertKind, Severity] = {
     AlertKind.array_size_shift: Severity.warn,
     AlertKind.new_field: Severity.warn,
     AlertKind.schema_violation: Severity.page,  # callers that parse by the contract break now
+    AlertKind.value_shift: Severity.warn,
+    AlertKind.truncation_rate: Severity.page,  # outputs lost: the caller gets nothing usable
+    AlertKind.refusal_rate: Severity.page,
+    AlertKind.invalid_output_rate: Severity.page,
+    AlertKind.served_model_change: Severity.warn,
+    AlertKind.unknown_contract_version: Severity.warn,
 }
+
+
+class NumberKind(str, Enum):
+    """Whether a number field is a quantity (its distribution is judged: value_shift) or a code."""
+
+    auto = "auto"  # a quantity, unless whole numbers with many distinct values (ids, codes)
+    quantity = "quantity"
+    code = "code"  # ids and codes: no order meaning, never judged as quantities
 
 
 class EnumMode(str, Enum):
@@ -148,6 +170,19 @@ class FieldRules:
     new_field_min_share: float = 0.01  # a new key must be filled in this share of its units
     enum_max_distinct: int = 50  # auto mode: more distinct values than this is free text
     violation_tolerance: float = 0.02  # rise of the share of outputs breaking the contract at a path
+    # value_shift: the largest move of a number field's p10, median or p90 allowed, as a share of
+    # the baseline's p10..p90 spread, or in the field's own units when value_tolerance_units is set.
+    value_tolerance: float = 0.5
+    value_tolerance_units: float | None = None
+    numbers: NumberKind = NumberKind.auto
+    # Provider outcome rates (truncation, refusal, invalid output) as shares of responses: the rise
+    # over the baseline's share that breaches, and optional absolute ceilings.
+    outcome_tolerance: float = 0.02
+    max_truncation_rate: float | None = None
+    max_refusal_rate: float | None = None
+    max_invalid_output_rate: float | None = None
+    # served_model_change: a model new behind an alias answers at least this share of its outputs.
+    served_model_share: float = 0.10
     ignore: bool = False
     mode: EnumMode = EnumMode.auto
     allowed: tuple[str, ...] | None = None  # declared enum values: the known set
@@ -155,6 +190,37 @@ class FieldRules:
 
     def severity_of(self, kind: AlertKind) -> Severity:
         return self.severity.get(kind, DEFAULT_SEVERITY[kind])
+
+
+@dataclass(frozen=True)
+class ShortWindow:
+    """A window judged beside the main one: its length, and how much larger an effect it needs.
+
+    Every effect threshold of a check on it is multiplied by ``scale`` (a ratio threshold,
+    ``cardinality_factor``, has its excess over 1 multiplied), so a short window only sees large
+    changes, and sees them within minutes instead of once a day's window has diluted them.
+    """
+
+    span: timedelta
+    scale: float
+
+    @property
+    def label(self) -> str:
+        """``15m``, ``6h``, ``24h`` (hours up to two days, as windows are usually spoken of)."""
+        seconds = self.span.total_seconds()
+        if seconds % 3600 == 0 and seconds <= 48 * 3600:
+            return f"{int(seconds // 3600)}h"
+        return _duration_text(self.span)
+
+
+#: 15 minutes at 3x the effect, 1 hour at 2x, 6 hours at 1.5x (the README's *Time to page*).
+DEFAULT_SHORT_WINDOWS = (
+    ShortWindow(timedelta(minutes=15), 3.0),
+    ShortWindow(timedelta(hours=1), 2.0),
+    ShortWindow(timedelta(hours=6), 1.5),
+)
+#: At most this many short windows: each is one more read of the rollups per evaluation.
+MAX_SHORT_WINDOWS = 6
 
 
 @dataclass(frozen=True)
@@ -172,12 +238,26 @@ class AnalyzerConfig:
     samples_per_alert: int = 3
     max_baseline_age: timedelta = timedelta(days=30)  # the weekly review flags older baselines
     notify: dict[str, Any] = field(default_factory=dict)  # the [notify] table, read by notify.py
+    # Shorter windows judged beside ``window``, each with its effects scaled up (analysis/short_windows.py).
+    short_windows: tuple[ShortWindow, ...] = field(default_factory=lambda: DEFAULT_SHORT_WINDOWS)
 
     def rules_for(self, contract: str, path: str) -> FieldRules:
         return self.fields.get((contract, path)) or self.contracts.get(contract) or self.defaults
 
 
 _RULE_KEYS = {f.name: f for f in fields(FieldRules)}
+# Keys that are shares of something (0..1).
+_SHARES = {
+    "alpha",
+    "tolerance",
+    "violation_tolerance",
+    "hysteresis",
+    "outcome_tolerance",
+    "max_truncation_rate",
+    "max_refusal_rate",
+    "max_invalid_output_rate",
+    "served_model_share",
+}
 _TOP = {"defaults", "contracts", "analyzer", "notify"}
 _ANALYZER_KEYS = {
     "window",
@@ -187,6 +267,7 @@ _ANALYZER_KEYS = {
     "resolve_evaluations",
     "hysteresis",
     "samples_per_alert",
+    "short_windows",
 }
 
 
@@ -301,6 +382,11 @@ def _rules(base: FieldRules, table: Any, where: str, *, allow_fields: bool = Fal
                 changes[key] = EnumMode(value)
             except ValueError:
                 raise ConfigInvalid(k, f"{value!r} is not one of auto, enum, free_text") from None
+        elif key == "numbers":
+            try:
+                changes[key] = NumberKind(value)
+            except ValueError:
+                raise ConfigInvalid(k, f"{value!r} is not one of auto, quantity, code") from None
         elif key == "allowed":
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                 raise ConfigInvalid(k, "must be a list of strings")
@@ -335,7 +421,7 @@ def _rules(base: FieldRules, table: Any, where: str, *, allow_fields: bool = Fal
             if (
                 not math.isfinite(value)
                 or value < 0
-                or (key in ("alpha", "tolerance", "violation_tolerance", "hysteresis") and value > 1)
+                or (key in _SHARES and value > 1)
             ):
                 raise ConfigInvalid(k, f"{value!r} is out of range")
             changes[key] = want(value)
@@ -372,7 +458,9 @@ def parse_config(data: dict[str, Any], *, source: str = "config") -> AnalyzerCon
     for key, value in analyzer.items():
         if key not in _ANALYZER_KEYS:
             raise ConfigInvalid(f"analyzer.{key}", f"unknown key; known keys are {', '.join(sorted(_ANALYZER_KEYS))}")
-        if key in ("window", "interval", "max_baseline_age"):
+        if key == "short_windows":
+            extra[key] = _short_windows(value)
+        elif key in ("window", "interval", "max_baseline_age"):
             if not isinstance(value, str):
                 raise ConfigInvalid(f"analyzer.{key}", 'must be a duration string such as "24h"')
             # An interval may be under a second (the scheduler's own tests run evaluations back to back).
@@ -393,7 +481,39 @@ def parse_config(data: dict[str, Any], *, source: str = "config") -> AnalyzerCon
     notify = data.get("notify", {})
     if not isinstance(notify, dict):
         raise ConfigInvalid("notify", "must be a table")
+    main = extra.get("window", AnalyzerConfig.window)
+    for w in extra.get("short_windows", ()):
+        if w.span >= main:
+            raise ConfigInvalid(
+                "analyzer.short_windows", f"{w.label} is not shorter than the window ({_duration_text(main)})"
+            )
     return AnalyzerConfig(defaults=defaults, contracts=contracts, fields=per_field, notify=notify, **extra)
+
+
+def _short_windows(value: Any) -> tuple[ShortWindow, ...]:
+    """``[{window = "15m", scale = 3}, ...]`` -> short windows, shortest first; [] turns them off."""
+    key = "analyzer.short_windows"
+    if not isinstance(value, list):
+        raise ConfigInvalid(key, 'must be a list of tables such as { window = "1h", scale = 2 }')
+    if len(value) > MAX_SHORT_WINDOWS:
+        raise ConfigInvalid(key, f"{len(value)} windows; at most {MAX_SHORT_WINDOWS}")
+    out: list[ShortWindow] = []
+    for i, item in enumerate(value):
+        k = f"{key}[{i}]"
+        if not isinstance(item, dict) or set(item) != {"window", "scale"}:
+            raise ConfigInvalid(k, 'must be a table of exactly window and scale, such as { window = "1h", scale = 2 }')
+        if not isinstance(item["window"], str):
+            raise ConfigInvalid(f"{k}.window", 'must be a duration string such as "1h"')
+        span = parse_duration(item["window"], key=f"{k}.window", minimum=timedelta(minutes=1))
+        scale = item["scale"]
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+            raise ConfigInvalid(f"{k}.scale", f"must be a number, not {scale!r}")
+        if not 1 <= scale <= 100:
+            raise ConfigInvalid(f"{k}.scale", f"{scale!r} is out of range: 1 (the window's own thresholds) to 100")
+        if any(w.span == span for w in out):
+            raise ConfigInvalid(f"{k}.window", f"{_duration_text(span)} is given twice")
+        out.append(ShortWindow(span, float(scale)))
+    return tuple(sorted(out, key=lambda w: w.span))
 
 
 def load_config(path: Path | None) -> AnalyzerConfig:

@@ -365,6 +365,17 @@ def _no_alerts_for_seeds(store: Store, seeds: list[int]) -> None:
         assert len(report.checks) >= 35, seed  # every rule that applies ran
         breaches = [(c.field, c.kind.value, c.value, c.effect, c.q_value) for c in report.checks if c.breach]
         assert (seed, breaches, [brief(a) for a in alerts]) == (seed, [], [])
+        # Right after the window's 20 minutes every short window holds it too (15m: 7,500 outputs).
+        evaluation, alerts = analyze_once(store, AnalyzerConfig(), day(k) + 6 * HOUR + SPAN)
+        (report,) = evaluation.cohorts
+        assert [(w["window"], w["events"]) for w in report.windows] == [
+            ("24h", 10_000),
+            ("15m", 7_500),
+            ("1h", 10_000),
+            ("6h", 10_000),
+        ], seed
+        breaches = [(c.field, c.kind.value, c.window, c.effect, c.q_value) for c in report.checks if c.breach]
+        assert (seed, breaches, [brief(a) for a in alerts]) == (seed, [], [])
 
 
 def test_a_window_of_the_baseline_distribution_fires_nothing(store: Store) -> None:
