@@ -52,6 +52,8 @@ from .alerts import Alert, AlertBook, AlertState, Judged, Transition, step
 from .config import AlertKind, AnalyzerConfig, FieldRules, ShortWindow
 from .rules import Check, Insufficient, adjust_p_values, compare_profiles, compare_violations
 from .short_windows import merge_windows, scaled
+from .outcome_rates import FIELD as RESPONSES
+from .outcome_rates import compare_outcomes
 from .value_shift import compare_numbers
 
 __all__ = ["Analyzer", "CohortReport", "Evaluation", "RunResult", "analyze_once", "evaluate", "sample_event_ids"]
@@ -195,6 +197,7 @@ def evaluate(store: Store, config: AnalyzerConfig, at: datetime, *, window: time
         for w in config.short_windows
         if w.span < main.span
     ]
+    outcomes = _Outcomes(store, since, at)
     current: dict[Cohort, Activation] = {a.cohort: a for a in activation_history(store)}
     first_seen = {Cohort(r.model, r.prompt_version, r.contract): r.first_seen for r in store.cohorts()}
     aliases = served_aliases(store)
@@ -207,7 +210,7 @@ def evaluate(store: Store, config: AnalyzerConfig, at: datetime, *, window: time
         mirror = _mirrored(profile, aliases.get(cohort, []), in_window)
         try:
             resolved, checks, short, windows = _judge_cohort(
-                store, config, profile, cohort, mirror, current, first_seen, aliases, main, shorts
+                store, config, profile, cohort, mirror, current, first_seen, aliases, main, shorts, outcomes
             )
         except Exception as exc:
             # One cohort's broken baseline (or a rule raising on it) must not blind the others:
@@ -264,6 +267,7 @@ def _judge_cohort(
     aliases: dict[tuple[str, str, str], list[tuple[str, str, str]]],
     main: ShortWindow,
     shorts: Sequence[tuple[ShortWindow, dict[int, Profile]]] = (),
+    outcomes: _Outcomes | None = None,
 ) -> tuple[Resolved | None, list[Check], list[Insufficient], list[dict[str, Any]]]:
     """The baseline one cohort is compared against, the checks of the comparison over every
     window (short windows' thresholds scaled), the fields too thin for the analyzer's window,
@@ -281,6 +285,15 @@ def _judge_cohort(
         return checks + v_checks + n_checks, short + v_short + n_short
 
     checks, short = judge(profile)
+    if outcomes is not None:
+        o_checks, o_short = compare_outcomes(
+            outcomes.baseline(b.cohort, b.since, b.until),
+            b.samples,
+            outcomes.window.get(profile.cohort_id, {}),
+            profile.events,
+            rules_for(RESPONSES),
+        )
+        checks, short = checks + o_checks, short + o_short
     checks = [replace(c, window=main.label) for c in checks]
     windows = [{"window": main.label, "scale": 1.0, "events": profile.events, "insufficient": len(short)}]
     for w, by_cohort in shorts:
@@ -292,6 +305,24 @@ def _judge_cohort(
         checks += [scaled(c, w) for c in w_checks]
         windows.append({"window": w.label, "scale": w.scale, "events": p.events, "insufficient": len(w_short)})
     return resolved, checks, short, windows
+
+
+class _Outcomes:
+    """Provider outcome counts of an evaluation's window (every cohort at once) and of each baseline's
+    window, read once per evaluation."""
+
+    def __init__(self, store: Store, since: datetime, until: datetime) -> None:
+        self.store = store
+        self.window = store.outcomes_by_cohort(since, until)
+        self._windows: dict[tuple[datetime, datetime], dict[int, dict[str, int]]] = {}
+
+    def baseline(self, cohort: Cohort, since: datetime, until: datetime) -> dict[str, int]:
+        cohort_id = self.store.cohort_id(*cohort)
+        if cohort_id is None:
+            return {}
+        if (since, until) not in self._windows:
+            self._windows[(since, until)] = self.store.outcomes_by_cohort(since, until)
+        return self._windows[(since, until)].get(cohort_id, {})
 
 
 def _mirrored(profile: Profile, aliases: list[tuple[str, str, str]], in_window: dict[Cohort, Profile]) -> Cohort | None:
