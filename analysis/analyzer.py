@@ -52,6 +52,7 @@ from .alerts import Alert, AlertBook, AlertState, Judged, Transition, step
 from .config import AlertKind, AnalyzerConfig, FieldRules, ShortWindow
 from .rules import Check, Insufficient, adjust_p_values, compare_profiles, compare_violations
 from .short_windows import merge_windows, scaled
+from .changes import compare_served_models, unknown_contract_versions, with_moved_fields
 from .outcome_rates import FIELD as RESPONSES
 from .outcome_rates import compare_outcomes
 from .value_shift import compare_numbers
@@ -197,7 +198,7 @@ def evaluate(store: Store, config: AnalyzerConfig, at: datetime, *, window: time
         for w in config.short_windows
         if w.span < main.span
     ]
-    outcomes = _Outcomes(store, since, at)
+    shared = _Shared(store, since, at)
     current: dict[Cohort, Activation] = {a.cohort: a for a in activation_history(store)}
     first_seen = {Cohort(r.model, r.prompt_version, r.contract): r.first_seen for r in store.cohorts()}
     aliases = served_aliases(store)
@@ -210,7 +211,7 @@ def evaluate(store: Store, config: AnalyzerConfig, at: datetime, *, window: time
         mirror = _mirrored(profile, aliases.get(cohort, []), in_window)
         try:
             resolved, checks, short, windows = _judge_cohort(
-                store, config, profile, cohort, mirror, current, first_seen, aliases, main, shorts, outcomes
+                store, config, profile, cohort, mirror, current, first_seen, aliases, main, shorts, shared
             )
         except Exception as exc:
             # One cohort's broken baseline (or a rule raising on it) must not blind the others:
@@ -223,9 +224,16 @@ def evaluate(store: Store, config: AnalyzerConfig, at: datetime, *, window: time
     adjusted = iter(adjust_p_values([c for *_, checks, _, _, _, _ in pending for c in checks]))
     reports = []
     changes = contract_changes(store, None, since, at)
-    for profile, cohort, resolved, checks, short, mirror, error, windows in pending:
-        # One check per alert: the window that breached, or that holds a firing alert.
-        mine = merge_windows([next(adjusted) for _ in checks], hysteresis=config.hysteresis)
+    # One check per alert: the window that breached, or that holds a firing alert.
+    merged = [merge_windows([next(adjusted) for _ in p[3]], hysteresis=config.hysteresis) for p in pending]
+    moved = {p[1]: {c.field for c in checks if c.breach} for p, checks in zip(pending, merged, strict=True)}
+    for (profile, cohort, resolved, _, short, mirror, error, windows), mine in zip(pending, merged, strict=True):
+        mine = [
+            with_moved_fields(c, moved[cohort] | moved.get(Cohort(str(c.value), *cohort[1:]), set()))
+            if c.kind is AlertKind.served_model_change
+            else c
+            for c in mine
+        ]
         contracts = {
             "window": {v: sum(by.values()) for v, by in sorted(profile.contract_checks.items()) if v},
             "live": profile.live_contract_version,
@@ -267,7 +275,7 @@ def _judge_cohort(
     aliases: dict[tuple[str, str, str], list[tuple[str, str, str]]],
     main: ShortWindow,
     shorts: Sequence[tuple[ShortWindow, dict[int, Profile]]] = (),
-    outcomes: _Outcomes | None = None,
+    shared: _Shared | None = None,
 ) -> tuple[Resolved | None, list[Check], list[Insufficient], list[dict[str, Any]]]:
     """The baseline one cohort is compared against, the checks of the comparison over every
     window (short windows' thresholds scaled), the fields too thin for the analyzer's window,
@@ -285,15 +293,23 @@ def _judge_cohort(
         return checks + v_checks + n_checks, short + v_short + n_short
 
     checks, short = judge(profile)
-    if outcomes is not None:
+    if shared is not None:
+        whole = rules_for(RESPONSES)  # the rules of the output as a whole ('$')
         o_checks, o_short = compare_outcomes(
-            outcomes.baseline(b.cohort, b.since, b.until),
+            shared.baseline_outcomes(b.cohort, b.since, b.until),
             b.samples,
-            outcomes.window.get(profile.cohort_id, {}),
+            shared.outcomes.get(profile.cohort_id, {}),
             profile.events,
-            rules_for(RESPONSES),
+            whole,
         )
         checks, short = checks + o_checks, short + o_short
+        # Served models are compared with the cohort's own model's baseline (its own or its previous
+        # prompt version's); a served cohort's change is its alias cohort's alert.
+        if b.cohort.model == cohort.model:
+            checks += compare_served_models(b.served_models, profile.served_models, whole)
+        checks += unknown_contract_versions(
+            profile.contract_checks, profile.events, shared.registered(cohort.contract), whole
+        )
     checks = [replace(c, window=main.label) for c in checks]
     windows = [{"window": main.label, "scale": 1.0, "events": profile.events, "insufficient": len(short)}]
     for w, by_cohort in shorts:
@@ -307,16 +323,22 @@ def _judge_cohort(
     return resolved, checks, short, windows
 
 
-class _Outcomes:
-    """Provider outcome counts of an evaluation's window (every cohort at once) and of each baseline's
-    window, read once per evaluation."""
+class _Shared:
+    """What every cohort of an evaluation reads alike, read once: provider outcome counts of the
+    window (every cohort at once) and of each baseline's window, and registered contract versions."""
 
     def __init__(self, store: Store, since: datetime, until: datetime) -> None:
         self.store = store
-        self.window = store.outcomes_by_cohort(since, until)
+        self.outcomes = store.outcomes_by_cohort(since, until)
         self._windows: dict[tuple[datetime, datetime], dict[int, dict[str, int]]] = {}
+        self._registered: dict[str, frozenset[str]] = {}
 
-    def baseline(self, cohort: Cohort, since: datetime, until: datetime) -> dict[str, int]:
+    def registered(self, contract: str) -> frozenset[str]:
+        if contract not in self._registered:
+            self._registered[contract] = frozenset(r.version for r in self.store.contract_versions(contract))
+        return self._registered[contract]
+
+    def baseline_outcomes(self, cohort: Cohort, since: datetime, until: datetime) -> dict[str, int]:
         cohort_id = self.store.cohort_id(*cohort)
         if cohort_id is None:
             return {}

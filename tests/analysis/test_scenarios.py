@@ -466,9 +466,10 @@ def test_whole_numbers_on_a_number_field_are_no_new_type(store: Store) -> None:
     cur = path_stats(write_window(store, Drift(confidence_whole_share=0.3)), "confidence")
     evaluation, alerts = analyze_once(store, AnalyzerConfig(), at(7))
     assert set(cur.raw_shares()) == {"integer", "number"}  # whole numbers did arrive
-    assert alerts == []
+    # No type alert; the values moved (30% are now 0 or 1, p10 0.55 -> 0): value_shift warns.
+    assert [(a.field, a.kind.value, a.severity.value) for a in alerts] == [("confidence", "value_shift", "warn")]
     confidence = [c.kind for c in evaluation.cohorts[0].checks if c.field == "confidence"]
-    assert confidence == [AlertKind.presence_drop]  # numbers only, one type: no type rule applies
+    assert confidence == [AlertKind.presence_drop, AlertKind.value_shift]  # numbers only: no type rule applies
 
 
 def test_fractions_on_a_field_of_whole_numbers_are_a_new_type(store: Store) -> None:
