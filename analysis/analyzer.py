@@ -49,12 +49,12 @@ from shapewatch.collector import (
 )
 
 from .alerts import Alert, AlertBook, AlertState, Judged, Transition, step
-from .config import AlertKind, AnalyzerConfig, FieldRules, ShortWindow
-from .rules import Check, Insufficient, adjust_p_values, compare_profiles, compare_violations
-from .short_windows import merge_windows, scaled
 from .changes import compare_served_models, unknown_contract_versions, with_moved_fields
+from .config import AlertKind, AnalyzerConfig, FieldRules, ShortWindow
 from .outcome_rates import FIELD as RESPONSES
 from .outcome_rates import compare_outcomes
+from .rules import Check, Insufficient, adjust_p_values, compare_profiles, compare_violations
+from .short_windows import merge_windows, scaled
 from .value_shift import compare_numbers
 
 __all__ = ["Analyzer", "CohortReport", "Evaluation", "RunResult", "analyze_once", "evaluate", "sample_event_ids"]

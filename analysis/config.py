@@ -418,11 +418,7 @@ def _rules(base: FieldRules, table: Any, where: str, *, allow_fields: bool = Fal
             ):
                 raise ConfigInvalid(k, f"must be a{'n integer' if want is int else ' number'}, not {value!r}")
             # TOML has nan and inf: neither is a threshold (every comparison with nan is false).
-            if (
-                not math.isfinite(value)
-                or value < 0
-                or (key in _SHARES and value > 1)
-            ):
+            if not math.isfinite(value) or value < 0 or (key in _SHARES and value > 1):
                 raise ConfigInvalid(k, f"{value!r} is out of range")
             changes[key] = want(value)
     rules = replace(base, **changes)

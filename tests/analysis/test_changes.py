@@ -10,12 +10,12 @@ from pathlib import Path
 import orjson
 import pytest
 from harness import make_envelope
-from synth import CONTRACT, PROMPT, Drift, synth_outputs, write_outputs
+from synth import CONTRACT, NO_DRIFT, PROMPT, Drift, synth_outputs, write_outputs
 
 from shapewatch.analysis.alerts import ALERTS_SCHEMA
 from shapewatch.analysis.analyzer import analyze_once
-from shapewatch.analysis.config import AlertKind, AnalyzerConfig, FieldRules, parse_config
 from shapewatch.analysis.changes import compare_served_models, unknown_contract_versions
+from shapewatch.analysis.config import AlertKind, AnalyzerConfig, FieldRules, parse_config
 from shapewatch.baselines import BASELINES_SCHEMA, Cohort, freeze_baseline
 from shapewatch.collector import Store, register_contract
 from shapewatch.collector.envelope import LIMITS, parse_envelope
@@ -36,10 +36,15 @@ def store(tmp_path: Path) -> Iterator[Store]:
     s.close()
 
 
-def served(store: Store, day: int, n: int, model: str, seed: int, drift: Drift = Drift()) -> None:
+def served(store: Store, day: int, n: int, model: str, seed: int, drift: Drift = NO_DRIFT) -> None:
     start = T0 + day * DAY + timedelta(hours=6)
     write_outputs(
-        store, synth_outputs(seed, n, drift), start, timedelta(hours=1), model=ALIAS, served_model=model,
+        store,
+        synth_outputs(seed, n, drift),
+        start,
+        timedelta(hours=1),
+        model=ALIAS,
+        served_model=model,
         id_prefix=f"{day}/{model}",
     )
 
@@ -53,7 +58,7 @@ def test_a_new_model_on_30_percent_of_an_alias_warns_naming_both(store: Store) -
     alias_day0(store)
     served(store, 7, 2_100, OLD, seed=2)
     served(store, 7, 900, NEW, seed=3, drift=Drift(email_presence=0.20))  # and it fills email far less
-    evaluation, alerts = analyze_once(store, AnalyzerConfig(), T0 + 8 * DAY)
+    _evaluation, alerts = analyze_once(store, AnalyzerConfig(), T0 + 8 * DAY)
     (alert,) = [a for a in alerts if a.kind is AlertKind.served_model_change]
     j = alert.to_json()
     assert (j["cohort"]["model"], j["field"], j["value"], j["severity"], j["state"]) == (

@@ -40,9 +40,7 @@ def responses(store: Store, day: int, n: int, outcomes: dict[str, int], seed: in
     bad = sum(outcomes.values())
     write_outputs(store, synth_outputs(seed, n - bad), start, timedelta(hours=1), id_prefix=f"d{day}")
     rows = [
-        (MODEL, PROMPT, CONTRACT, start + timedelta(seconds=i), kind)
-        for kind, k in outcomes.items()
-        for i in range(k)
+        (MODEL, PROMPT, CONTRACT, start + timedelta(seconds=i), kind) for kind, k in outcomes.items() for i in range(k)
     ]
     assert all(store.record_outcomes(rows))
 
@@ -57,7 +55,7 @@ def judge(store: Store, baseline: dict[str, int], window: dict[str, int], config
 
 
 def test_truncation_rising_from_1_to_8_percent_pages(store: Store) -> None:
-    report, alerts = judge(store, {"truncated": 20}, {"truncated": 160}, AnalyzerConfig())
+    _report, alerts = judge(store, {"truncated": 20}, {"truncated": 160}, AnalyzerConfig())
     (alert,) = alerts
     j = alert.to_json()
     assert (j["field"], j["kind"], j["severity"], j["state"], j["window"]) == (
@@ -96,7 +94,7 @@ def test_refusals_and_content_filters_count_together(store: Store) -> None:
 
 def test_an_absolute_ceiling_breaches_without_a_rise(store: Store) -> None:
     config = parse_config({"contracts": {CONTRACT: {"max_truncation_rate": 0.05}}})
-    report, alerts = judge(store, {"truncated": 160}, {"truncated": 170}, config)
+    _report, alerts = judge(store, {"truncated": 160}, {"truncated": 170}, config)
     assert [(a.kind.value, a.diff["baseline"].get("ceiling"), a.diff["effect"]) for a in alerts] == [
         ("truncation_rate", 0.05, 0.085)
     ]
@@ -110,7 +108,9 @@ def test_under_the_sample_minimum_it_says_insufficient(store: Store) -> None:
     evaluation, alerts = analyze_once(store, AnalyzerConfig(), T0 + 8 * DAY)
     (report,) = evaluation.cohorts
     assert [c for c in report.checks if c.kind is AlertKind.truncation_rate] == []
-    assert ("$", 2_000, 150, 200) in {(i.field, i.baseline_samples, i.current_samples, i.needed) for i in report.insufficient}
+    assert ("$", 2_000, 150, 200) in {
+        (i.field, i.baseline_samples, i.current_samples, i.needed) for i in report.insufficient
+    }
     assert alerts == []
 
 

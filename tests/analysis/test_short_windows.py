@@ -79,9 +79,7 @@ def run_until(store: Store, config: AnalyzerConfig, field: str, kinds: set[Alert
     for minutes in range(5, limit + 1, 5):
         result = analyzer.run(T0 + minutes * MIN)
         assert result.ok, result.error
-        firing = [
-            a for a in book.alerts(state=AlertState.firing) if a.field == field and a.kind in kinds
-        ]
+        firing = [a for a in book.alerts(state=AlertState.firing) if a.field == field and a.kind in kinds]
         if firing:
             (alert,) = firing
             return {"minutes": minutes, **alert.to_json()}
@@ -105,9 +103,7 @@ def test_a_vanishing_field_pages_within_15_minutes_on_the_15_minute_window(store
 
 def test_without_short_windows_the_same_field_pages_hours_later(store: Store) -> None:
     changed(store, Drift(language_presence=0.0))
-    got = run_until(
-        store, replace(AnalyzerConfig(), short_windows=()), "language", {AlertKind.presence_drop}, 60
-    )
+    got = run_until(store, replace(AnalyzerConfig(), short_windows=()), "language", {AlertKind.presence_drop}, 60)
     assert got == {"minutes": None}  # the day's window has diluted it under 10 points for an hour
 
 
@@ -181,7 +177,9 @@ def test_stable_traffic_raises_nothing_on_any_window_for_20_seeds(store: Store) 
 # --- scaling and merging ----------------------------------------------------------------------------
 
 
-def chk(effect: float, threshold: float, q: float, window: str | None, kind: AlertKind = AlertKind.presence_drop) -> Check:
+def chk(
+    effect: float, threshold: float, q: float, window: str | None, kind: AlertKind = AlertKind.presence_drop
+) -> Check:
     return Check("f", kind, None, Severity.page, effect, threshold, q, 0.01, {}, {}, "d", None, q, window)
 
 
