@@ -153,7 +153,7 @@ class Judged:
     cohort: Cohort
     checks: Sequence[Check]
     insufficient: frozenset[str]  # field paths with too few samples
-    baseline_id: str
+    baseline_id: str | None  # None: judged by declared assertions only
     compared_with: str  # words for the alert: which baseline, own or inherited
     contracts: dict[str, Any] = dc_field(default_factory=dict)  # the contract versions live (analyzer.CohortReport)
 

@@ -49,6 +49,7 @@ from shapewatch.collector import (
 )
 
 from .alerts import Alert, AlertBook, AlertState, Judged, Transition, step
+from .assertions import check_assertions
 from .changes import compare_served_models, unknown_contract_versions, with_moved_fields
 from .config import AlertKind, AnalyzerConfig, FieldRules, ShortWindow
 from .outcome_rates import FIELD as RESPONSES
@@ -112,8 +113,8 @@ class CohortReport:
         )
 
     def judged(self) -> Judged | None:
-        if self.baseline_id is None or self.error is not None:
-            return None
+        if self.error is not None or (self.baseline_id is None and not self.checks):
+            return None  # nothing judged: alerts keep their state
         return Judged(
             self.cohort,
             self.checks,
@@ -281,10 +282,20 @@ def _judge_cohort(
     window (short windows' thresholds scaled), the fields too thin for the analyzer's window,
     and what each window held."""
     resolved = resolve_baseline(store, cohort, current=current, first_seen=first_seen, aliases=aliases)
-    if resolved is None or mirror is not None:
+    if mirror is not None:
         return resolved, [], [], []
-    b = resolved.baseline
     rules_for = _rules_for(config, cohort.contract, _declared_enums(store, profile))
+    # Declared assertions hold with or without a baseline, over the analyzer's window.
+    a_checks, a_short = check_assertions(
+        config.assertions.get(cohort.contract, ()),
+        profile,
+        rules_for,
+        resolved.baseline.fields if resolved is not None else None,
+    )
+    if resolved is None:
+        windows = [{"window": main.label, "scale": 1.0, "events": profile.events, "insufficient": len(a_short)}]
+        return resolved, [replace(c, window=main.label) for c in a_checks], a_short, windows
+    b = resolved.baseline
 
     def judge(p: Profile) -> tuple[list[Check], list[Insufficient]]:
         checks, short = compare_profiles(b.fields, b.samples, p.fields, p.events, rules_for)
@@ -293,6 +304,7 @@ def _judge_cohort(
         return checks + v_checks + n_checks, short + v_short + n_short
 
     checks, short = judge(profile)
+    checks, short = checks + a_checks, short + a_short
     if shared is not None:
         whole = rules_for(RESPONSES)  # the rules of the output as a whole ('$')
         o_checks, o_short = compare_outcomes(

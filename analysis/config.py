@@ -56,6 +56,7 @@ __all__ = [
     "MIN_DURATION",
     "AlertKind",
     "AnalyzerConfig",
+    "Assertion",
     "ConfigInvalid",
     "EnumMode",
     "FieldRules",
@@ -111,6 +112,7 @@ class AlertKind(str, Enum):
     invalid_output_rate = "invalid_output_rate"  # share of responses whose output is no JSON object
     served_model_change = "served_model_change"  # a new model answers a share of an alias's traffic
     unknown_contract_version = "unknown_contract_version"  # outputs tagged with an unregistered version
+    assertion = "assertion"  # a declared absolute expectation does not hold (its text is the value)
 
 
 class Severity(str, Enum):
@@ -136,6 +138,7 @@ DEFAULT_SEVERITY: dict[AlertKind, Severity] = {
     AlertKind.invalid_output_rate: Severity.page,
     AlertKind.served_model_change: Severity.warn,
     AlertKind.unknown_contract_version: Severity.warn,
+    AlertKind.assertion: Severity.warn,  # each assertion says its own severity
 }
 
 
@@ -192,6 +195,33 @@ class FieldRules:
         return self.severity.get(kind, DEFAULT_SEVERITY[kind])
 
 
+#: The assertion kinds, each a key of an ``[[contracts.NAME.assertions]]`` table.
+ASSERTION_KINDS = ("range", "min_presence", "max_null_share", "max_unknown_share", "max_array_length")
+#: Kinds that need a count the rollups do not keep (true and false apart): refused with the reason.
+_UNAVAILABLE = {"max_true_share", "min_true_share"}
+MAX_ASSERTIONS = 200  # per contract
+MAX_PATH_LENGTH = 1000
+
+
+@dataclass(frozen=True)
+class Assertion:
+    """A declared absolute expectation of one field of a contract's outputs (analysis/assertions.py).
+
+    ``limit`` is the share (or, for ``max_array_length``, the p99 length) that must hold; ``low``
+    and ``high`` bound a ``range``, whose ``limit`` is the share allowed outside it. ``text`` is the
+    assertion as written, which names its alerts.
+    """
+
+    path: str
+    kind: str
+    limit: float
+    text: str
+    severity: Severity = Severity.warn
+    low: float | None = None
+    high: float | None = None
+    allowed: tuple[str, ...] | None = None
+
+
 @dataclass(frozen=True)
 class ShortWindow:
     """A window judged beside the main one: its length, and how much larger an effect it needs.
@@ -240,6 +270,8 @@ class AnalyzerConfig:
     notify: dict[str, Any] = field(default_factory=dict)  # the [notify] table, read by notify.py
     # Shorter windows judged beside ``window``, each with its effects scaled up (analysis/short_windows.py).
     short_windows: tuple[ShortWindow, ...] = field(default_factory=lambda: DEFAULT_SHORT_WINDOWS)
+    # Declared assertions per contract ([[contracts.NAME.assertions]], analysis/assertions.py).
+    assertions: dict[str, tuple[Assertion, ...]] = field(default_factory=dict)
 
     def rules_for(self, contract: str, path: str) -> FieldRules:
         return self.fields.get((contract, path)) or self.contracts.get(contract) or self.defaults
@@ -371,7 +403,7 @@ def _rules(base: FieldRules, table: Any, where: str, *, allow_fields: bool = Fal
         raise ConfigInvalid(where, "must be a table")
     changes: dict[str, Any] = {}
     for key, value in table.items():
-        if allow_fields and key == "fields":
+        if allow_fields and key in ("fields", "assertions"):
             continue
         spec = _RULE_KEYS.get(key)
         if spec is None:
@@ -439,9 +471,12 @@ def parse_config(data: dict[str, Any], *, source: str = "config") -> AnalyzerCon
     raw_contracts = data.get("contracts", {})
     if not isinstance(raw_contracts, dict):
         raise ConfigInvalid("contracts", "must be a table of contract name -> rules")
+    assertions: dict[str, tuple[Assertion, ...]] = {}
     for name, table in raw_contracts.items():
         crules = _rules(defaults, table, f"contracts.{name}", allow_fields=True)
         contracts[name] = crules
+        if "assertions" in table:
+            assertions[name] = _assertions(table["assertions"], f"contracts.{name}.assertions")
         fields_table = table.get("fields", {})
         if not isinstance(fields_table, dict):
             raise ConfigInvalid(f"contracts.{name}.fields", 'must be a table of "field path" -> rules')
@@ -483,7 +518,99 @@ def parse_config(data: dict[str, Any], *, source: str = "config") -> AnalyzerCon
             raise ConfigInvalid(
                 "analyzer.short_windows", f"{w.label} is not shorter than the window ({_duration_text(main)})"
             )
-    return AnalyzerConfig(defaults=defaults, contracts=contracts, fields=per_field, notify=notify, **extra)
+    return AnalyzerConfig(
+        defaults=defaults, contracts=contracts, fields=per_field, notify=notify, assertions=assertions, **extra
+    )
+
+
+def _share(value: Any, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigInvalid(key, f"must be a number from 0 to 1, not {_shown(repr(value))}")
+    if not 0 <= value <= 1:
+        raise ConfigInvalid(key, f"{value!r} is out of range: a share from 0 to 1")
+    return float(value)
+
+
+def _number(value: Any, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigInvalid(key, f"must be a finite number, not {_shown(repr(value))}")
+    return float(value)
+
+
+def _written(table: dict[str, Any]) -> str:
+    """An assertion as written, without its severity: ``range = [0, 1], max_outside = 0.01``."""
+
+    def show(v: Any) -> str:
+        if isinstance(v, list):
+            return "[" + ", ".join(show(x) for x in v) + "]"
+        if isinstance(v, str):
+            return repr(v)
+        return f"{v:g}" if isinstance(v, float) else str(v)
+
+    return ", ".join(f"{k} = {show(v)}" for k, v in table.items() if k not in ("path", "severity"))
+
+
+def _assertions(value: Any, where: str) -> tuple[Assertion, ...]:
+    """``[[contracts.NAME.assertions]]`` tables -> assertions; errors name the table and key."""
+    if not isinstance(value, list):
+        raise ConfigInvalid(where, "must be an array of tables ([[contracts.NAME.assertions]])")
+    if len(value) > MAX_ASSERTIONS:
+        raise ConfigInvalid(where, f"{len(value)} assertions; at most {MAX_ASSERTIONS} per contract")
+    out: list[Assertion] = []
+    for i, table in enumerate(value):
+        k = f"{where}[{i}]"
+        if not isinstance(table, dict):
+            raise ConfigInvalid(k, "must be a table with path and one of " + ", ".join(ASSERTION_KINDS))
+        path = table.get("path")
+        if not isinstance(path, str) or not path or len(path) > MAX_PATH_LENGTH:
+            raise ConfigInvalid(f"{k}.path", f"must be a field path of 1 to {MAX_PATH_LENGTH} characters")
+        if _UNAVAILABLE & set(table):
+            raise ConfigInvalid(
+                f"{k}.{sorted(_UNAVAILABLE & set(table))[0]}",
+                "not available yet: the rollups count booleans without telling true from false",
+            )
+        kinds = [key for key in table if key in ASSERTION_KINDS]
+        if len(kinds) != 1:
+            raise ConfigInvalid(k, f"must hold exactly one of {', '.join(ASSERTION_KINDS)} (found {len(kinds)})")
+        kind = kinds[0]
+        extra = {"path", "severity", kind} | ({"max_outside"} if kind == "range" else set())
+        extra |= {"allowed"} if kind == "max_unknown_share" else set()
+        unknown = sorted(set(table) - extra)
+        if unknown:
+            raise ConfigInvalid(
+                f"{k}.{unknown[0]}", f"unknown key for a {kind} assertion; known: {', '.join(sorted(extra))}"
+            )
+        severity = Severity.warn
+        if "severity" in table:
+            try:
+                severity = Severity(table["severity"])
+            except ValueError:
+                raise ConfigInvalid(f"{k}.severity", f"{_shown(repr(table['severity']))} is not page or warn") from None
+        spec: dict[str, Any] = {}
+        if kind == "range":
+            bounds = table["range"]
+            if not isinstance(bounds, list) or len(bounds) != 2:
+                raise ConfigInvalid(f"{k}.range", "must be [low, high]")
+            low, high = _number(bounds[0], f"{k}.range"), _number(bounds[1], f"{k}.range")
+            if low > high:
+                raise ConfigInvalid(f"{k}.range", f"low {low:g} is above high {high:g}")
+            spec = {"low": low, "high": high, "limit": _share(table.get("max_outside", 0), f"{k}.max_outside")}
+        elif kind == "max_array_length":
+            n = table[kind]
+            if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 10**9:
+                raise ConfigInvalid(
+                    f"{k}.{kind}", f"must be a whole number of items from 0 to 10^9, not {_shown(repr(n))}"
+                )
+            spec = {"limit": float(n)}
+        else:
+            spec = {"limit": _share(table[kind], f"{k}.{kind}")}
+        if "allowed" in table:
+            allowed = table["allowed"]
+            if not isinstance(allowed, list) or not all(isinstance(v, str) for v in allowed) or len(allowed) > 10_000:
+                raise ConfigInvalid(f"{k}.allowed", "must be a list of at most 10,000 strings")
+            spec["allowed"] = tuple(allowed)
+        out.append(Assertion(path, kind, text=_written(table)[:500], severity=severity, **spec))
+    return tuple(out)
 
 
 def _short_windows(value: Any) -> tuple[ShortWindow, ...]:
