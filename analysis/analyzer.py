@@ -55,7 +55,7 @@ from .config import AlertKind, AnalyzerConfig, FieldRules, ShortWindow
 from .outcome_rates import FIELD as RESPONSES
 from .outcome_rates import compare_outcomes
 from .rules import Check, Insufficient, adjust_p_values, compare_profiles, compare_violations
-from .short_windows import merge_windows, scaled
+from .short_windows import as_presence_drop, merge_windows, scaled
 from .value_shift import compare_numbers
 
 __all__ = ["Analyzer", "CohortReport", "Evaluation", "RunResult", "analyze_once", "evaluate", "sample_event_ids"]
@@ -330,7 +330,7 @@ def _judge_cohort(
             windows.append({"window": w.label, "scale": w.scale, "events": 0, "insufficient": None})
             continue
         w_checks, w_short = judge(p)
-        checks += [scaled(c, w) for c in w_checks]
+        checks += [scaled(as_presence_drop(c, rules_for(c.field)), w) for c in w_checks]
         windows.append({"window": w.label, "scale": w.scale, "events": p.events, "insufficient": len(w_short)})
     return resolved, checks, short, windows
 

@@ -8,7 +8,8 @@ a large threshold for fast, large changes and a long one with a small threshold 
 Each ``ShortWindow`` of the configuration (by default 15 minutes at 3x every effect threshold,
 1 hour at 2x and 6 hours at 1.5x) is compared with the same baseline by the same rules
 (``rules.compare_profiles``, ``rules.compare_violations``) and the same sample minimum, and its
-checks get their thresholds scaled (``scaled``). All the checks of every window go through the
+checks get their thresholds scaled (``scaled``); a field absent from a short window is judged
+as a presence drop to 0% there (``as_presence_drop``), not as ``field_missing``. All the checks of every window go through the
 one Benjamini-Hochberg adjustment of the evaluation, then ``merge_windows`` keeps one check per
 alert fingerprint (field, kind, value): the window that breaches with the largest effect over
 its threshold, so an alert names the window it breached on, and a firing alert stays firing
@@ -23,10 +24,28 @@ import math
 from collections.abc import Sequence
 from dataclasses import replace
 
-from .config import AlertKind, ShortWindow
+from .config import AlertKind, FieldRules, ShortWindow
 from .rules import Check
 
-__all__ = ["merge_windows", "scaled"]
+__all__ = ["as_presence_drop", "merge_windows", "scaled"]
+
+
+def as_presence_drop(check: Check, rules: FieldRules) -> Check:
+    """A short window's ``field_missing`` judged as the presence drop it is (to 0%).
+
+    A field absent from the last 15 minutes is not gone the way one absent from the whole day
+    is; judged as ``field_missing`` it would open a second alert minutes after the presence drop
+    that paged for the same change. The day's window still says ``field_missing``.
+    """
+    if check.kind is not AlertKind.field_missing:
+        return check
+    return replace(
+        check,
+        kind=AlertKind.presence_drop,
+        severity=rules.severity_of(AlertKind.presence_drop),
+        threshold=rules.tolerance,
+        detail=f"presence {100 * check.effect:.1f}% -> 0.0% (absent from the window)",
+    )
 
 
 def scaled(check: Check, window: ShortWindow) -> Check:

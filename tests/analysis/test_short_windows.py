@@ -101,6 +101,17 @@ def test_a_vanishing_field_pages_within_15_minutes_on_the_15_minute_window(store
     assert "over the last 15m" in got["detail"]
 
 
+def test_a_vanished_field_stays_one_alert_as_the_short_window_empties(store: Store) -> None:
+    changed(store, Drift(language_presence=0.0))
+    analyzer = Analyzer(store, AnalyzerConfig(), registry=CollectorRegistry())
+    for minutes in range(5, 65, 5):  # from T0+15 the 15-minute window has no language at all
+        assert analyzer.run(T0 + minutes * MIN).ok
+    alerts = [a for a in AlertBook(store).alerts() if a.field == "language"]
+    assert [(a.kind.value, a.state.value, a.episode) for a in alerts] == [("presence_drop", "firing", 1)]
+    assert alerts[0].diff["current"]["presence_rate"] == 0.0
+    assert alerts[0].diff["detail"].startswith("presence 100.0% -> 0.0% (absent from the window) over the last")
+
+
 def test_without_short_windows_the_same_field_pages_hours_later(store: Store) -> None:
     changed(store, Drift(language_presence=0.0))
     got = run_until(store, replace(AnalyzerConfig(), short_windows=()), "language", {AlertKind.presence_drop}, 60)
