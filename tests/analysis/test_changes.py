@@ -166,3 +166,9 @@ def test_parts() -> None:
     assert unknown_contract_versions({"": {"untagged": 50}, "3": {"valid": 50}}, 100, {"3"}, rules) == []
     (u,) = unknown_contract_versions({"9": {"unregistered": 5}, "3": {"valid": 95}}, 100, {"3"}, rules)
     assert (u.value, u.effect, u.threshold) == ("9", 0.05, 0.01)
+
+
+def test_the_dashboard_filters_by_every_alert_kind() -> None:
+    from shapewatch.dashboard.views.alerts import ALERT_KINDS
+
+    assert sorted(ALERT_KINDS) == sorted(k.value for k in AlertKind)
