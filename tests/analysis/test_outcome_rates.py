@@ -131,3 +131,18 @@ def test_outcome_keys_refuse_bad_values(table: dict[str, Any], key: str) -> None
     with pytest.raises(ConfigInvalid) as e:
         parse_config({"defaults": table})
     assert e.value.key == key
+
+
+def test_the_review_shows_outcome_shares(store: Store) -> None:
+    from shapewatch.analysis.review import build_review
+
+    responses(store, 0, 2_000, {"truncated": 20}, seed=1)
+    freeze_baseline(store, COHORT, T0, T0 + DAY, author="ana", note="reference", now=T0 + DAY)
+    responses(store, 7, 2_000, {"truncated": 160, "refusal": 40}, seed=2)
+    review = build_review(store, AnalyzerConfig(), now=T0 + 8 * DAY, period=timedelta(days=2))
+    (entry,) = review["cohorts"]
+    assert entry["outcomes"] == {
+        "responses": 2_000,
+        "counts": {"refusal": 40, "truncated": 160},
+        "shares": {"refusal": 0.02, "truncated": 0.08},
+    }

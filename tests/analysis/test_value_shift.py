@@ -222,3 +222,17 @@ def test_number_keys_refuse_bad_values(table: dict[str, Any], key: str, says: st
     with pytest.raises(ConfigInvalid) as e:
         parse_config({"defaults": table})
     assert (e.value.key, says in e.value.problem) == (key, True)
+
+
+def test_the_review_shows_number_percentiles(store: Store, template: Any) -> None:
+    from shapewatch.analysis.review import build_review
+
+    cur = window(store, lambda c: c * 0.16)
+    review = build_review(store, AnalyzerConfig(), now=at(), period=timedelta(days=2))
+    (entry,) = review["cohorts"]
+    (row,) = [r for r in entry["fields"] if r["field"] == "confidence"]
+    base = percentiles([o["confidence"] for o in template[1]])
+    now = percentiles([o["confidence"] for o in cur])
+    assert row["numbers"] == [[base[q] for q in ("p10", "p50", "p90")], [now[q] for q in ("p10", "p50", "p90")]]
+    (summary,) = [r for r in entry["fields"] if r["field"] == "summary"]
+    assert summary["numbers"] == [None, None]
