@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -15,7 +17,7 @@ from synth import CONTRACT, NO_DRIFT, PROMPT, Drift, synth_outputs, write_output
 from shapewatch.analysis.alerts import ALERTS_SCHEMA
 from shapewatch.analysis.analyzer import analyze_once
 from shapewatch.analysis.changes import compare_served_models, unknown_contract_versions
-from shapewatch.analysis.config import AlertKind, AnalyzerConfig, FieldRules, parse_config
+from shapewatch.analysis.config import AlertKind, AnalyzerConfig, ConfigInvalid, FieldRules, parse_config
 from shapewatch.baselines import BASELINES_SCHEMA, Cohort, freeze_baseline
 from shapewatch.collector import Store, register_contract
 from shapewatch.collector.envelope import LIMITS, parse_envelope
@@ -169,6 +171,18 @@ def test_parts() -> None:
 
 
 def test_the_dashboard_filters_by_every_alert_kind() -> None:
-    from shapewatch.dashboard.views.alerts import ALERT_KINDS
+    # Read from the page's source: importing a Streamlit page renders it.
+    source = (Path(__file__).resolve().parents[2] / "dashboard" / "views" / "alerts.py").read_text()
+    (kinds,) = [
+        node.value
+        for node in ast.parse(source).body
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["ALERT_KINDS"]
+    ]
+    assert sorted(ast.literal_eval(kinds)) == sorted(k.value for k in AlertKind)
 
-    assert sorted(ALERT_KINDS) == sorted(k.value for k in AlertKind)
+
+@pytest.mark.parametrize("value", [1.5, -0.1, float("nan"), "10%", True])
+def test_served_model_share_refuses_bad_values(value: Any) -> None:
+    with pytest.raises(ConfigInvalid) as e:
+        parse_config({"contracts": {CONTRACT: {"served_model_share": value}}})
+    assert e.value.key == f"contracts.{CONTRACT}.served_model_share"
