@@ -120,6 +120,8 @@ class Alert:
             "compared_with": d.get("compared_with"),
             # contract versions live in the window and the baseline, and those first seen in the window
             "contracts": d.get("contracts", {}),
+            # the window the change was judged on ("15m", "24h"): short windows page large changes fast
+            "window": d.get("window"),
             "first_seen": _iso(self.first_seen),
             "last_seen": _iso(self.last_seen),
             "fired_at": _iso(self.fired_at),
@@ -151,7 +153,7 @@ class Judged:
     cohort: Cohort
     checks: Sequence[Check]
     insufficient: frozenset[str]  # field paths with too few samples
-    baseline_id: str
+    baseline_id: str | None  # None: judged by declared assertions only
     compared_with: str  # words for the alert: which baseline, own or inherited
     contracts: dict[str, Any] = dc_field(default_factory=dict)  # the contract versions live (analyzer.CohortReport)
 
@@ -172,6 +174,7 @@ def _diff(check: Check, judged: Judged) -> dict[str, Any]:
         "baseline_id": judged.baseline_id,
         "compared_with": judged.compared_with,
         "contracts": judged.contracts,
+        "window": check.window,
     }
 
 

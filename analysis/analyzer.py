@@ -49,8 +49,14 @@ from shapewatch.collector import (
 )
 
 from .alerts import Alert, AlertBook, AlertState, Judged, Transition, step
-from .config import AlertKind, AnalyzerConfig, FieldRules
+from .assertions import check_assertions
+from .changes import compare_served_models, unknown_contract_versions, with_moved_fields
+from .config import AlertKind, AnalyzerConfig, FieldRules, ShortWindow
+from .outcome_rates import FIELD as RESPONSES
+from .outcome_rates import compare_outcomes
 from .rules import Check, Insufficient, adjust_p_values, compare_profiles, compare_violations
+from .short_windows import as_presence_drop, merge_windows, scaled
+from .value_shift import compare_numbers
 
 __all__ = ["Analyzer", "CohortReport", "Evaluation", "RunResult", "analyze_once", "evaluate", "sample_event_ids"]
 
@@ -80,6 +86,9 @@ class CohortReport:
     # Why this cohort could not be judged (its baseline unreadable, a rule raising): it is left
     # out of this evaluation, its alerts keep their state, and every other cohort is judged.
     error: str | None = None
+    # Each window judged (the analyzer's own first, then the short ones): its length, outputs and
+    # fields too thin to judge there.
+    windows: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def unpinned(self) -> bool:
@@ -104,8 +113,8 @@ class CohortReport:
         )
 
     def judged(self) -> Judged | None:
-        if self.baseline_id is None or self.error is not None:
-            return None
+        if self.error is not None or (self.baseline_id is None and not self.checks):
+            return None  # nothing judged: alerts keep their state
         return Judged(
             self.cohort,
             self.checks,
@@ -126,6 +135,7 @@ class CohortReport:
             "mirror_of": self.mirror_of._asdict() if self.mirror_of is not None else None,
             "contracts": self.contracts,
             "error": self.error,
+            "windows": self.windows,
             "insufficient": [
                 {
                     "field": i.field,
@@ -179,34 +189,52 @@ _FAILURES_SHOWN = 20  # failed cohorts named in a run's error; the rest are coun
 
 
 def evaluate(store: Store, config: AnalyzerConfig, at: datetime, *, window: timedelta | None = None) -> Evaluation:
-    """Judge every cohort with traffic in ``[at - window, at)`` against its baseline (reads only)."""
-    since = at - (window or config.window)
-    profiles = read_profiles(store, since, at, numbers=False)  # no rule reads number histograms
+    """Judge every cohort with traffic in ``[at - window, at)`` against its baseline (reads only),
+    and over each shorter window of ``config.short_windows`` with its thresholds scaled."""
+    main = ShortWindow(window or config.window, 1.0)
+    since = at - main.span
+    profiles = read_profiles(store, since, at)  # with number histograms: value_shift reads them
+    shorts = [  # without: value_shift judges the analyzer's window only
+        (w, {p.cohort_id: p for p in read_profiles(store, at - w.span, at, numbers=False)})
+        for w in config.short_windows
+        if w.span < main.span
+    ]
+    shared = _Shared(store, since, at)
     current: dict[Cohort, Activation] = {a.cohort: a for a in activation_history(store)}
     first_seen = {Cohort(r.model, r.prompt_version, r.contract): r.first_seen for r in store.cohorts()}
     aliases = served_aliases(store)
     in_window = {Cohort(p.model, p.prompt_version, p.contract): p for p in profiles}
-    pending: list[tuple[Profile, Cohort, Any, list[Check], list[Insufficient], Cohort | None, str | None]] = []
+    pending: list[
+        tuple[Profile, Cohort, Any, list[Check], list[Insufficient], Cohort | None, str | None, list[dict[str, Any]]]
+    ] = []
     for profile in profiles:
         cohort = Cohort(profile.model, profile.prompt_version, profile.contract)
         mirror = _mirrored(profile, aliases.get(cohort, []), in_window)
         try:
-            resolved, checks, short = _judge_cohort(
-                store, config, profile, cohort, mirror, current, first_seen, aliases
+            resolved, checks, short, windows = _judge_cohort(
+                store, config, profile, cohort, mirror, current, first_seen, aliases, main, shorts, shared
             )
         except Exception as exc:
             # One cohort's broken baseline (or a rule raising on it) must not blind the others:
             # logged with its cause, recorded in the run, counted by the analyzer.
             log.exception("evaluating cohort %s failed", cohort)
-            pending.append((profile, cohort, None, [], [], mirror, f"{type(exc).__name__}: {exc}"[:500]))
+            pending.append((profile, cohort, None, [], [], mirror, f"{type(exc).__name__}: {exc}"[:500], []))
             continue
-        pending.append((profile, cohort, resolved, checks, short, mirror, None))
-    # Significance is judged over every test of the evaluation at once.
-    adjusted = iter(adjust_p_values([c for *_, checks, _, _, _ in pending for c in checks]))
+        pending.append((profile, cohort, resolved, checks, short, mirror, None, windows))
+    # Significance is judged over every test of the evaluation at once, every window's.
+    adjusted = iter(adjust_p_values([c for *_, checks, _, _, _, _ in pending for c in checks]))
     reports = []
     changes = contract_changes(store, None, since, at)
-    for profile, cohort, resolved, checks, short, mirror, error in pending:
-        mine = [next(adjusted) for _ in checks]
+    # One check per alert: the window that breached, or that holds a firing alert.
+    merged = [merge_windows([next(adjusted) for _ in p[3]], hysteresis=config.hysteresis) for p in pending]
+    moved = {p[1]: {c.field for c in checks if c.breach} for p, checks in zip(pending, merged, strict=True)}
+    for (profile, cohort, resolved, _, short, mirror, error, windows), mine in zip(pending, merged, strict=True):
+        mine = [
+            with_moved_fields(c, moved[cohort] | moved.get(Cohort(str(c.value), *cohort[1:]), set()))
+            if c.kind is AlertKind.served_model_change
+            else c
+            for c in mine
+        ]
         contracts = {
             "window": {v: sum(by.values()) for v, by in sorted(profile.contract_checks.items()) if v},
             "live": profile.live_contract_version,
@@ -231,6 +259,7 @@ def evaluate(store: Store, config: AnalyzerConfig, at: datetime, *, window: time
                 mirror,
                 contracts,
                 error,
+                windows,
             )
         )
     return Evaluation(at, since, reports)
@@ -245,16 +274,89 @@ def _judge_cohort(
     current: dict[Cohort, Activation],
     first_seen: dict[Cohort, datetime],
     aliases: dict[tuple[str, str, str], list[tuple[str, str, str]]],
-) -> tuple[Resolved | None, list[Check], list[Insufficient]]:
-    """The baseline one cohort is compared against, and the checks of the comparison."""
+    main: ShortWindow,
+    shorts: Sequence[tuple[ShortWindow, dict[int, Profile]]] = (),
+    shared: _Shared | None = None,
+) -> tuple[Resolved | None, list[Check], list[Insufficient], list[dict[str, Any]]]:
+    """The baseline one cohort is compared against, the checks of the comparison over every
+    window (short windows' thresholds scaled), the fields too thin for the analyzer's window,
+    and what each window held."""
     resolved = resolve_baseline(store, cohort, current=current, first_seen=first_seen, aliases=aliases)
-    if resolved is None or mirror is not None:
-        return resolved, [], []
-    b = resolved.baseline
+    if mirror is not None:
+        return resolved, [], [], []
     rules_for = _rules_for(config, cohort.contract, _declared_enums(store, profile))
-    checks, short = compare_profiles(b.fields, b.samples, profile.fields, profile.events, rules_for)
-    v_checks, v_short = compare_violations(b.violations, b.checked, profile.violations, profile.checked, rules_for)
-    return resolved, checks + v_checks, short + v_short
+    # Declared assertions hold with or without a baseline, over the analyzer's window.
+    a_checks, a_short = check_assertions(
+        config.assertions.get(cohort.contract, ()),
+        profile,
+        rules_for,
+        resolved.baseline.fields if resolved is not None else None,
+    )
+    if resolved is None:
+        windows = [{"window": main.label, "scale": 1.0, "events": profile.events, "insufficient": len(a_short)}]
+        return resolved, [replace(c, window=main.label) for c in a_checks], a_short, windows
+    b = resolved.baseline
+
+    def judge(p: Profile) -> tuple[list[Check], list[Insufficient]]:
+        checks, short = compare_profiles(b.fields, b.samples, p.fields, p.events, rules_for)
+        v_checks, v_short = compare_violations(b.violations, b.checked, p.violations, p.checked, rules_for)
+        n_checks, n_short = compare_numbers(b.fields, p.fields, rules_for)
+        return checks + v_checks + n_checks, short + v_short + n_short
+
+    checks, short = judge(profile)
+    checks, short = checks + a_checks, short + a_short
+    if shared is not None:
+        whole = rules_for(RESPONSES)  # the rules of the output as a whole ('$')
+        o_checks, o_short = compare_outcomes(
+            shared.baseline_outcomes(b.cohort, b.since, b.until),
+            b.samples,
+            shared.outcomes.get(profile.cohort_id, {}),
+            profile.events,
+            whole,
+        )
+        checks, short = checks + o_checks, short + o_short
+        # Served models are compared with the cohort's own model's baseline (its own or its previous
+        # prompt version's); a served cohort's change is its alias cohort's alert.
+        if b.cohort.model == cohort.model:
+            checks += compare_served_models(b.served_models, profile.served_models, whole)
+        checks += unknown_contract_versions(
+            profile.contract_checks, profile.events, shared.registered(cohort.contract), whole
+        )
+    checks = [replace(c, window=main.label) for c in checks]
+    windows = [{"window": main.label, "scale": 1.0, "events": profile.events, "insufficient": len(short)}]
+    for w, by_cohort in shorts:
+        p = by_cohort.get(profile.cohort_id)
+        if p is None:
+            windows.append({"window": w.label, "scale": w.scale, "events": 0, "insufficient": None})
+            continue
+        w_checks, w_short = judge(p)
+        checks += [scaled(as_presence_drop(c, rules_for(c.field)), w) for c in w_checks]
+        windows.append({"window": w.label, "scale": w.scale, "events": p.events, "insufficient": len(w_short)})
+    return resolved, checks, short, windows
+
+
+class _Shared:
+    """What every cohort of an evaluation reads alike, read once: provider outcome counts of the
+    window (every cohort at once) and of each baseline's window, and registered contract versions."""
+
+    def __init__(self, store: Store, since: datetime, until: datetime) -> None:
+        self.store = store
+        self.outcomes = store.outcomes_by_cohort(since, until)
+        self._windows: dict[tuple[datetime, datetime], dict[int, dict[str, int]]] = {}
+        self._registered: dict[str, frozenset[str]] = {}
+
+    def registered(self, contract: str) -> frozenset[str]:
+        if contract not in self._registered:
+            self._registered[contract] = frozenset(r.version for r in self.store.contract_versions(contract))
+        return self._registered[contract]
+
+    def baseline_outcomes(self, cohort: Cohort, since: datetime, until: datetime) -> dict[str, int]:
+        cohort_id = self.store.cohort_id(*cohort)
+        if cohort_id is None:
+            return {}
+        if (since, until) not in self._windows:
+            self._windows[(since, until)] = self.store.outcomes_by_cohort(since, until)
+        return self._windows[(since, until)].get(cohort_id, {})
 
 
 def _mirrored(profile: Profile, aliases: list[tuple[str, str, str]], in_window: dict[Cohort, Profile]) -> Cohort | None:

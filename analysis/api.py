@@ -207,6 +207,7 @@ class Alert(_Open):
     baseline_id: str | None
     compared_with: str | None
     contracts: dict[str, Any]
+    window: str | None = None
     first_seen: str | None
     last_seen: str | None
     fired_at: str | None

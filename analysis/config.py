@@ -56,10 +56,13 @@ __all__ = [
     "MIN_DURATION",
     "AlertKind",
     "AnalyzerConfig",
+    "Assertion",
     "ConfigInvalid",
     "EnumMode",
     "FieldRules",
+    "NumberKind",
     "Severity",
+    "ShortWindow",
     "check_window",
     "load_config",
     "parse_config",
@@ -103,6 +106,13 @@ class AlertKind(str, Enum):
     array_size_shift = "array_size_shift"
     new_field = "new_field"
     schema_violation = "schema_violation"  # outputs breaking their registered contract at a path
+    value_shift = "value_shift"  # the distribution of a number field moved (median, p10, p90)
+    truncation_rate = "truncation_rate"  # share of responses cut off at the token limit
+    refusal_rate = "refusal_rate"  # share of responses refused or withheld by a content filter
+    invalid_output_rate = "invalid_output_rate"  # share of responses whose output is no JSON object
+    served_model_change = "served_model_change"  # a new model answers a share of an alias's traffic
+    unknown_contract_version = "unknown_contract_version"  # outputs tagged with an unregistered version
+    assertion = "assertion"  # a declared absolute expectation does not hold (its text is the value)
 
 
 class Severity(str, Enum):
@@ -122,7 +132,22 @@ DEFAULT_SEVERITY: dict[AlertKind, Severity] = {
     AlertKind.array_size_shift: Severity.warn,
     AlertKind.new_field: Severity.warn,
     AlertKind.schema_violation: Severity.page,  # callers that parse by the contract break now
+    AlertKind.value_shift: Severity.warn,
+    AlertKind.truncation_rate: Severity.page,  # outputs lost: the caller gets nothing usable
+    AlertKind.refusal_rate: Severity.page,
+    AlertKind.invalid_output_rate: Severity.page,
+    AlertKind.served_model_change: Severity.warn,
+    AlertKind.unknown_contract_version: Severity.warn,
+    AlertKind.assertion: Severity.warn,  # each assertion says its own severity
 }
+
+
+class NumberKind(str, Enum):
+    """Whether a number field is a quantity (its distribution is judged: value_shift) or a code."""
+
+    auto = "auto"  # a quantity, unless whole numbers with many distinct values (ids, codes)
+    quantity = "quantity"
+    code = "code"  # ids and codes: no order meaning, never judged as quantities
 
 
 class EnumMode(str, Enum):
@@ -148,6 +173,19 @@ class FieldRules:
     new_field_min_share: float = 0.01  # a new key must be filled in this share of its units
     enum_max_distinct: int = 50  # auto mode: more distinct values than this is free text
     violation_tolerance: float = 0.02  # rise of the share of outputs breaking the contract at a path
+    # value_shift: the largest move of a number field's p10, median or p90 allowed, as a share of
+    # the baseline's p10..p90 spread, or in the field's own units when value_tolerance_units is set.
+    value_tolerance: float = 0.5
+    value_tolerance_units: float | None = None
+    numbers: NumberKind = NumberKind.auto
+    # Provider outcome rates (truncation, refusal, invalid output) as shares of responses: the rise
+    # over the baseline's share that breaches, and optional absolute ceilings.
+    outcome_tolerance: float = 0.02
+    max_truncation_rate: float | None = None
+    max_refusal_rate: float | None = None
+    max_invalid_output_rate: float | None = None
+    # served_model_change: a model new behind an alias answers at least this share of its outputs.
+    served_model_share: float = 0.10
     ignore: bool = False
     mode: EnumMode = EnumMode.auto
     allowed: tuple[str, ...] | None = None  # declared enum values: the known set
@@ -155,6 +193,64 @@ class FieldRules:
 
     def severity_of(self, kind: AlertKind) -> Severity:
         return self.severity.get(kind, DEFAULT_SEVERITY[kind])
+
+
+#: The assertion kinds, each a key of an ``[[contracts.NAME.assertions]]`` table.
+ASSERTION_KINDS = ("range", "min_presence", "max_null_share", "max_unknown_share", "max_array_length")
+#: Kinds that need a count the rollups do not keep (true and false apart): refused with the reason.
+_UNAVAILABLE = {"max_true_share", "min_true_share"}
+MAX_ASSERTIONS = 200  # per contract
+MAX_PATH_LENGTH = 1000
+
+
+@dataclass(frozen=True)
+class Assertion:
+    """A declared absolute expectation of one field of a contract's outputs (analysis/assertions.py).
+
+    ``limit`` is the share (or, for ``max_array_length``, the p99 length) that must hold; ``low``
+    and ``high`` bound a ``range``, whose ``limit`` is the share allowed outside it. ``text`` is the
+    assertion as written, which names its alerts.
+    """
+
+    path: str
+    kind: str
+    limit: float
+    text: str
+    severity: Severity = Severity.warn
+    low: float | None = None
+    high: float | None = None
+    allowed: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class ShortWindow:
+    """A window judged beside the main one: its length, and how much larger an effect it needs.
+
+    Every effect threshold of a check on it is multiplied by ``scale`` (a ratio threshold,
+    ``cardinality_factor``, has its excess over 1 multiplied), so a short window only sees large
+    changes, and sees them within minutes instead of once a day's window has diluted them.
+    """
+
+    span: timedelta
+    scale: float
+
+    @property
+    def label(self) -> str:
+        """``15m``, ``6h``, ``24h`` (hours up to two days, as windows are usually spoken of)."""
+        seconds = self.span.total_seconds()
+        if seconds % 3600 == 0 and seconds <= 48 * 3600:
+            return f"{int(seconds // 3600)}h"
+        return _duration_text(self.span)
+
+
+#: 15 minutes at 3x the effect, 1 hour at 2x, 6 hours at 1.5x (the README's *Time to page*).
+DEFAULT_SHORT_WINDOWS = (
+    ShortWindow(timedelta(minutes=15), 3.0),
+    ShortWindow(timedelta(hours=1), 2.0),
+    ShortWindow(timedelta(hours=6), 1.5),
+)
+#: At most this many short windows: each is one more read of the rollups per evaluation.
+MAX_SHORT_WINDOWS = 6
 
 
 @dataclass(frozen=True)
@@ -172,12 +268,28 @@ class AnalyzerConfig:
     samples_per_alert: int = 3
     max_baseline_age: timedelta = timedelta(days=30)  # the weekly review flags older baselines
     notify: dict[str, Any] = field(default_factory=dict)  # the [notify] table, read by notify.py
+    # Shorter windows judged beside ``window``, each with its effects scaled up (analysis/short_windows.py).
+    short_windows: tuple[ShortWindow, ...] = field(default_factory=lambda: DEFAULT_SHORT_WINDOWS)
+    # Declared assertions per contract ([[contracts.NAME.assertions]], analysis/assertions.py).
+    assertions: dict[str, tuple[Assertion, ...]] = field(default_factory=dict)
 
     def rules_for(self, contract: str, path: str) -> FieldRules:
         return self.fields.get((contract, path)) or self.contracts.get(contract) or self.defaults
 
 
 _RULE_KEYS = {f.name: f for f in fields(FieldRules)}
+# Keys that are shares of something (0..1).
+_SHARES = {
+    "alpha",
+    "tolerance",
+    "violation_tolerance",
+    "hysteresis",
+    "outcome_tolerance",
+    "max_truncation_rate",
+    "max_refusal_rate",
+    "max_invalid_output_rate",
+    "served_model_share",
+}
 _TOP = {"defaults", "contracts", "analyzer", "notify"}
 _ANALYZER_KEYS = {
     "window",
@@ -187,6 +299,7 @@ _ANALYZER_KEYS = {
     "resolve_evaluations",
     "hysteresis",
     "samples_per_alert",
+    "short_windows",
 }
 
 
@@ -290,7 +403,7 @@ def _rules(base: FieldRules, table: Any, where: str, *, allow_fields: bool = Fal
         raise ConfigInvalid(where, "must be a table")
     changes: dict[str, Any] = {}
     for key, value in table.items():
-        if allow_fields and key == "fields":
+        if allow_fields and key in ("fields", "assertions"):
             continue
         spec = _RULE_KEYS.get(key)
         if spec is None:
@@ -301,6 +414,11 @@ def _rules(base: FieldRules, table: Any, where: str, *, allow_fields: bool = Fal
                 changes[key] = EnumMode(value)
             except ValueError:
                 raise ConfigInvalid(k, f"{value!r} is not one of auto, enum, free_text") from None
+        elif key == "numbers":
+            try:
+                changes[key] = NumberKind(value)
+            except ValueError:
+                raise ConfigInvalid(k, f"{value!r} is not one of auto, quantity, code") from None
         elif key == "allowed":
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                 raise ConfigInvalid(k, "must be a list of strings")
@@ -332,11 +450,7 @@ def _rules(base: FieldRules, table: Any, where: str, *, allow_fields: bool = Fal
             ):
                 raise ConfigInvalid(k, f"must be a{'n integer' if want is int else ' number'}, not {value!r}")
             # TOML has nan and inf: neither is a threshold (every comparison with nan is false).
-            if (
-                not math.isfinite(value)
-                or value < 0
-                or (key in ("alpha", "tolerance", "violation_tolerance", "hysteresis") and value > 1)
-            ):
+            if not math.isfinite(value) or value < 0 or (key in _SHARES and value > 1):
                 raise ConfigInvalid(k, f"{value!r} is out of range")
             changes[key] = want(value)
     rules = replace(base, **changes)
@@ -357,9 +471,12 @@ def parse_config(data: dict[str, Any], *, source: str = "config") -> AnalyzerCon
     raw_contracts = data.get("contracts", {})
     if not isinstance(raw_contracts, dict):
         raise ConfigInvalid("contracts", "must be a table of contract name -> rules")
+    assertions: dict[str, tuple[Assertion, ...]] = {}
     for name, table in raw_contracts.items():
         crules = _rules(defaults, table, f"contracts.{name}", allow_fields=True)
         contracts[name] = crules
+        if "assertions" in table:
+            assertions[name] = _assertions(table["assertions"], f"contracts.{name}.assertions")
         fields_table = table.get("fields", {})
         if not isinstance(fields_table, dict):
             raise ConfigInvalid(f"contracts.{name}.fields", 'must be a table of "field path" -> rules')
@@ -372,7 +489,9 @@ def parse_config(data: dict[str, Any], *, source: str = "config") -> AnalyzerCon
     for key, value in analyzer.items():
         if key not in _ANALYZER_KEYS:
             raise ConfigInvalid(f"analyzer.{key}", f"unknown key; known keys are {', '.join(sorted(_ANALYZER_KEYS))}")
-        if key in ("window", "interval", "max_baseline_age"):
+        if key == "short_windows":
+            extra[key] = _short_windows(value)
+        elif key in ("window", "interval", "max_baseline_age"):
             if not isinstance(value, str):
                 raise ConfigInvalid(f"analyzer.{key}", 'must be a duration string such as "24h"')
             # An interval may be under a second (the scheduler's own tests run evaluations back to back).
@@ -393,7 +512,131 @@ def parse_config(data: dict[str, Any], *, source: str = "config") -> AnalyzerCon
     notify = data.get("notify", {})
     if not isinstance(notify, dict):
         raise ConfigInvalid("notify", "must be a table")
-    return AnalyzerConfig(defaults=defaults, contracts=contracts, fields=per_field, notify=notify, **extra)
+    main = extra.get("window", AnalyzerConfig.window)
+    for w in extra.get("short_windows", ()):
+        if w.span >= main:
+            raise ConfigInvalid(
+                "analyzer.short_windows", f"{w.label} is not shorter than the window ({_duration_text(main)})"
+            )
+    return AnalyzerConfig(
+        defaults=defaults, contracts=contracts, fields=per_field, notify=notify, assertions=assertions, **extra
+    )
+
+
+def _share(value: Any, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigInvalid(key, f"must be a number from 0 to 1, not {_shown(repr(value))}")
+    if not 0 <= value <= 1:
+        raise ConfigInvalid(key, f"{value!r} is out of range: a share from 0 to 1")
+    return float(value)
+
+
+def _number(value: Any, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigInvalid(key, f"must be a finite number, not {_shown(repr(value))}")
+    return float(value)
+
+
+def _written(table: dict[str, Any]) -> str:
+    """An assertion as written, without its severity: ``range = [0, 1], max_outside = 0.01``."""
+
+    def show(v: Any) -> str:
+        if isinstance(v, list):
+            return "[" + ", ".join(show(x) for x in v) + "]"
+        if isinstance(v, str):
+            return repr(v)
+        return f"{v:g}" if isinstance(v, float) else str(v)
+
+    return ", ".join(f"{k} = {show(v)}" for k, v in table.items() if k not in ("path", "severity"))
+
+
+def _assertions(value: Any, where: str) -> tuple[Assertion, ...]:
+    """``[[contracts.NAME.assertions]]`` tables -> assertions; errors name the table and key."""
+    if not isinstance(value, list):
+        raise ConfigInvalid(where, "must be an array of tables ([[contracts.NAME.assertions]])")
+    if len(value) > MAX_ASSERTIONS:
+        raise ConfigInvalid(where, f"{len(value)} assertions; at most {MAX_ASSERTIONS} per contract")
+    out: list[Assertion] = []
+    for i, table in enumerate(value):
+        k = f"{where}[{i}]"
+        if not isinstance(table, dict):
+            raise ConfigInvalid(k, "must be a table with path and one of " + ", ".join(ASSERTION_KINDS))
+        path = table.get("path")
+        if not isinstance(path, str) or not path or len(path) > MAX_PATH_LENGTH:
+            raise ConfigInvalid(f"{k}.path", f"must be a field path of 1 to {MAX_PATH_LENGTH} characters")
+        if _UNAVAILABLE & set(table):
+            raise ConfigInvalid(
+                f"{k}.{sorted(_UNAVAILABLE & set(table))[0]}",
+                "not available yet: the rollups count booleans without telling true from false",
+            )
+        kinds = [key for key in table if key in ASSERTION_KINDS]
+        if len(kinds) != 1:
+            raise ConfigInvalid(k, f"must hold exactly one of {', '.join(ASSERTION_KINDS)} (found {len(kinds)})")
+        kind = kinds[0]
+        extra = {"path", "severity", kind} | ({"max_outside"} if kind == "range" else set())
+        extra |= {"allowed"} if kind == "max_unknown_share" else set()
+        unknown = sorted(set(table) - extra)
+        if unknown:
+            raise ConfigInvalid(
+                f"{k}.{unknown[0]}", f"unknown key for a {kind} assertion; known: {', '.join(sorted(extra))}"
+            )
+        severity = Severity.warn
+        if "severity" in table:
+            try:
+                severity = Severity(table["severity"])
+            except ValueError:
+                raise ConfigInvalid(f"{k}.severity", f"{_shown(repr(table['severity']))} is not page or warn") from None
+        spec: dict[str, Any] = {}
+        if kind == "range":
+            bounds = table["range"]
+            if not isinstance(bounds, list) or len(bounds) != 2:
+                raise ConfigInvalid(f"{k}.range", "must be [low, high]")
+            low, high = _number(bounds[0], f"{k}.range"), _number(bounds[1], f"{k}.range")
+            if low > high:
+                raise ConfigInvalid(f"{k}.range", f"low {low:g} is above high {high:g}")
+            spec = {"low": low, "high": high, "limit": _share(table.get("max_outside", 0), f"{k}.max_outside")}
+        elif kind == "max_array_length":
+            n = table[kind]
+            if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 10**9:
+                raise ConfigInvalid(
+                    f"{k}.{kind}", f"must be a whole number of items from 0 to 10^9, not {_shown(repr(n))}"
+                )
+            spec = {"limit": float(n)}
+        else:
+            spec = {"limit": _share(table[kind], f"{k}.{kind}")}
+        if "allowed" in table:
+            allowed = table["allowed"]
+            if not isinstance(allowed, list) or not all(isinstance(v, str) for v in allowed) or len(allowed) > 10_000:
+                raise ConfigInvalid(f"{k}.allowed", "must be a list of at most 10,000 strings")
+            spec["allowed"] = tuple(allowed)
+        out.append(Assertion(path, kind, text=_written(table)[:500], severity=severity, **spec))
+    return tuple(out)
+
+
+def _short_windows(value: Any) -> tuple[ShortWindow, ...]:
+    """``[{window = "15m", scale = 3}, ...]`` -> short windows, shortest first; [] turns them off."""
+    key = "analyzer.short_windows"
+    if not isinstance(value, list):
+        raise ConfigInvalid(key, 'must be a list of tables such as { window = "1h", scale = 2 }')
+    if len(value) > MAX_SHORT_WINDOWS:
+        raise ConfigInvalid(key, f"{len(value)} windows; at most {MAX_SHORT_WINDOWS}")
+    out: list[ShortWindow] = []
+    for i, item in enumerate(value):
+        k = f"{key}[{i}]"
+        if not isinstance(item, dict) or set(item) != {"window", "scale"}:
+            raise ConfigInvalid(k, 'must be a table of exactly window and scale, such as { window = "1h", scale = 2 }')
+        if not isinstance(item["window"], str):
+            raise ConfigInvalid(f"{k}.window", 'must be a duration string such as "1h"')
+        span = parse_duration(item["window"], key=f"{k}.window", minimum=timedelta(minutes=1))
+        scale = item["scale"]
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+            raise ConfigInvalid(f"{k}.scale", f"must be a number, not {scale!r}")
+        if not 1 <= scale <= 100:
+            raise ConfigInvalid(f"{k}.scale", f"{scale!r} is out of range: 1 (the window's own thresholds) to 100")
+        if any(w.span == span for w in out):
+            raise ConfigInvalid(f"{k}.window", f"{_duration_text(span)} is given twice")
+        out.append(ShortWindow(span, float(scale)))
+    return tuple(sorted(out, key=lambda w: w.span))
 
 
 def load_config(path: Path | None) -> AnalyzerConfig:

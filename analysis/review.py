@@ -107,6 +107,11 @@ def _field_row(
             return None
         return [f.array_percentile(0.5), f.array_percentile(0.9), f.array_percentile(0.99)]
 
+    def numbers(f: FieldProfile | None) -> list[float | None] | None:
+        if f is None or not f.numbers:
+            return None
+        return [f.number_percentile(0.1), f.number_percentile(0.5), f.number_percentile(0.9)]
+
     return {
         "field": path,
         "presence": [round(base.presence_rate, 4) if base else None, round(cur.presence_rate, 4) if cur else None],
@@ -114,6 +119,7 @@ def _field_row(
         "types": [_types(base), _types(cur)],
         "new_values": new_values,
         "arrays": [arrays(base), arrays(cur)],
+        "numbers": [numbers(base), numbers(cur)],  # p10, median, p90 (value_shift)
         "status": "new" if base is None else "missing" if cur is None else "",
         # what the live registered contract expects: required fields always present, optional
         # ones at the baseline's rate
@@ -124,6 +130,17 @@ def _field_row(
             if declared and path in declared["optional"]
             else None
         ),
+    }
+
+
+def _outcome_shares(store: Store, cohort_id: int, outputs: int, since: datetime, until: datetime) -> dict[str, Any]:
+    """Provider outcomes of the period per kind, with their shares of responses (outputs + outcomes)."""
+    counts = store.outcomes_by_cohort(since, until).get(cohort_id, {})
+    total = outputs + sum(counts.values())
+    return {
+        "responses": total,
+        "counts": counts,
+        "shares": {k: round(n / total, 6) for k, n in counts.items()} if total else {},
     }
 
 
@@ -208,6 +225,7 @@ def _review_cohort(
         "baseline": None,
         "fields": [],
         "contracts": _contracts(store, cid, cohort.contract, profile, since, until),
+        "outcomes": _outcome_shares(store, cid, profile.events, since, until),
     }
     if entry["candidate"] is not None and resolved is not None:
         entry["candidate"]["differs"] = _differences(

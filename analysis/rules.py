@@ -67,6 +67,7 @@ class Check:
     detail: str  # what changed, in words; the p-value is appended when judged
     escalate_at: float | None = None  # effect from which the severity is page (unknown_enum_growth)
     q_value: float = 1.0  # p adjusted for every test of the evaluation
+    window: str | None = None  # the window judged ("24h", "15m"); None: the analyzer's window
 
     @property
     def breach(self) -> bool:

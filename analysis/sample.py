@@ -16,8 +16,8 @@ The story, relative to the current minute:
 - the last five hours: ``sample-intake`` stops filling ``customer.tier`` in half
   of its outputs (page) and starts answering priority ``URGENT`` (warn);
   ``sample-triage``, on the unpinned alias ``gpt-4o``, is served by a new
-  snapshot that sends ``score`` as a string (page), returns longer ``labels``
-  arrays and fills a new ``rationale`` key (warn); ``sample-invoice`` stays stable;
+  snapshot (warn: ``served_model_change``) that sends ``score`` as a string (page), returns
+  longer ``labels`` arrays and fills a new ``rationale`` key (warn); ``sample-invoice`` stays stable;
   an ``intake-v4`` rollout with a little traffic is compared against the
   previous prompt version's baseline.
 

@@ -27,6 +27,14 @@ ALERT_KINDS = (
     "cardinality_jump",
     "array_size_shift",
     "new_field",
+    "schema_violation",
+    "value_shift",
+    "truncation_rate",
+    "refusal_rate",
+    "invalid_output_rate",
+    "served_model_change",
+    "unknown_contract_version",
+    "assertion",
 )
 STATES = {
     "open (pending and firing)": "open",

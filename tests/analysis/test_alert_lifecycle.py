@@ -140,6 +140,7 @@ def test_one_alert_per_fingerprint_across_many_evaluations() -> None:
         "baseline_id": "b" * 16,
         "compared_with": "baseline " + "b" * 16,
         "contracts": {},
+        "window": None,
     }
 
 

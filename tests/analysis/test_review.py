@@ -123,7 +123,11 @@ def test_the_review_lists_each_fact_of_the_seeded_database(seeded: Path) -> None
     stable = by[STABLE]
     assert stable["unpinned"] is True
     assert stable["served_models"] == {"gpt-4o-2024-11-20": 2400}
-    assert stable["alerts"] == {"fired": [], "acknowledged": [], "resolved": []}
+    # The alias is answered by another snapshot than its baseline's: a warn, and nothing else moved.
+    assert [(a["field"], a["kind"], a["value"], a["severity"]) for a in stable["alerts"]["fired"]] == [
+        ("$", "served_model_change", "gpt-4o-2024-11-20", "warn")
+    ]
+    assert (stable["alerts"]["acknowledged"], stable["alerts"]["resolved"]) == ([], [])
     assert stable["baseline"]["stale"] is True
     assert review["stale_baselines"] == [
         {"cohort": STABLE._asdict(), "baseline_id": stable["baseline"]["baseline_id"], "age_days": 39.0}

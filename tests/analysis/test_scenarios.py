@@ -365,6 +365,17 @@ def _no_alerts_for_seeds(store: Store, seeds: list[int]) -> None:
         assert len(report.checks) >= 35, seed  # every rule that applies ran
         breaches = [(c.field, c.kind.value, c.value, c.effect, c.q_value) for c in report.checks if c.breach]
         assert (seed, breaches, [brief(a) for a in alerts]) == (seed, [], [])
+        # Right after the window's 20 minutes every short window holds it too (15m: 7,500 outputs).
+        evaluation, alerts = analyze_once(store, AnalyzerConfig(), day(k) + 6 * HOUR + SPAN)
+        (report,) = evaluation.cohorts
+        assert [(w["window"], w["events"]) for w in report.windows] == [
+            ("24h", 10_000),
+            ("15m", 7_500),
+            ("1h", 10_000),
+            ("6h", 10_000),
+        ], seed
+        breaches = [(c.field, c.kind.value, c.window, c.effect, c.q_value) for c in report.checks if c.breach]
+        assert (seed, breaches, [brief(a) for a in alerts]) == (seed, [], [])
 
 
 def test_a_window_of_the_baseline_distribution_fires_nothing(store: Store) -> None:
@@ -455,9 +466,10 @@ def test_whole_numbers_on_a_number_field_are_no_new_type(store: Store) -> None:
     cur = path_stats(write_window(store, Drift(confidence_whole_share=0.3)), "confidence")
     evaluation, alerts = analyze_once(store, AnalyzerConfig(), at(7))
     assert set(cur.raw_shares()) == {"integer", "number"}  # whole numbers did arrive
-    assert alerts == []
+    # No type alert; the values moved (30% are now 0 or 1, p10 0.55 -> 0): value_shift warns.
+    assert [(a.field, a.kind.value, a.severity.value) for a in alerts] == [("confidence", "value_shift", "warn")]
     confidence = [c.kind for c in evaluation.cohorts[0].checks if c.field == "confidence"]
-    assert confidence == [AlertKind.presence_drop]  # numbers only, one type: no type rule applies
+    assert confidence == [AlertKind.presence_drop, AlertKind.value_shift]  # numbers only: no type rule applies
 
 
 def test_fractions_on_a_field_of_whole_numbers_are_a_new_type(store: Store) -> None:

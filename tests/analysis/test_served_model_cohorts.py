@@ -67,9 +67,11 @@ def test_a_new_snapshot_on_a_tenth_of_the_alias_pages_in_its_served_cohort(store
     }
     # every cohort is judged against the alias's frozen baseline
     assert len({r.baseline_id for r in reports.values()}) == 1
-    # the alias moves by a tenth of the change: under the tolerance; the new snapshot pages
-    assert [(a.cohort, a.field, a.kind.value, a.severity.value, a.state.value) for a in alerts] == [
-        (S_NEW, "customer.email", "presence_drop", "page", "firing")
+    # the alias moves by a tenth of the change: under the tolerance; the new snapshot pages, and the
+    # alias warns that a model it never had answers a tenth of it (served_model_share, 10%)
+    assert [(a.cohort, a.field, a.kind.value, a.value, a.severity.value, a.state.value) for a in alerts] == [
+        (S_NEW, "customer.email", "presence_drop", None, "page", "firing"),
+        (A, "$", "served_model_change", NEW, "warn", "firing"),
     ]
     alert = alerts[0]
     assert alert.diff["compared_with"] == (
@@ -97,8 +99,11 @@ def test_one_snapshot_answering_all_of_the_alias_is_judged_once(store: Store) ->
     assert (reports[S_NEW].mirror_of, reports[S_NEW].checks, reports[S_NEW].events) == (A, [], 3_000)
     assert reports[S_NEW].to_json()["mirror_of"] == A._asdict()
     assert reports[S_NEW].compared_with == (f"the same outputs as {A} (the only model behind that alias): judged there")
-    # the change is judged (and breaches) in the alias's cohort
-    assert [(c.field, c.kind.value) for c in reports[A].checks if c.breach] == [("customer.email", "presence_drop")]
+    # the change is judged (and breaches) in the alias's cohort, as is the snapshot answering all of it
+    assert [(c.field, c.kind.value, c.value) for c in reports[A].checks if c.breach] == [
+        ("customer.email", "presence_drop", None),
+        ("$", "served_model_change", NEW),
+    ]
 
 
 def test_a_served_cohort_with_its_own_baseline_uses_it(store: Store) -> None:

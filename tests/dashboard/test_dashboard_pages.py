@@ -102,9 +102,9 @@ def by_field_kind(url: str) -> dict[tuple[str, str], dict[str, Any]]:
 
 def test_alerts_page_shows_page_alerts_first_with_their_diff(sample_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     at = open_page(sample_url, monkeypatch=monkeypatch)
-    assert [h.value for h in at.subheader] == ["Page (2)", "Warn (4)", "Resolved (0)"]
+    assert [h.value for h in at.subheader] == ["Page (2)", "Warn (5)", "Resolved (0)"]
     heads = [m for m in markdown(at) if m.startswith("**:")]
-    assert [h.split("]**")[0] for h in heads] == ["**:red[PAGE"] * 2 + ["**:orange[WARN"] * 4
+    assert [h.split("]**")[0] for h in heads] == ["**:red[PAGE"] * 2 + ["**:orange[WARN"] * 5
     page_fields = {h.split("`")[1] for h in heads[:2]}
     assert page_fields == {"customer.tier", "score"}
     assert "presence 100.0% -> 50.0% (p < 1e-6)" in markdown(at)
@@ -122,7 +122,7 @@ def test_alerts_page_shows_page_alerts_first_with_their_diff(sample_url: str, mo
     links = {visible(ln.proto.label): ln.proto.query_string for ln in at.get("page_link")}
     cohort_id = next(c["cohort_id"] for c in api(sample_url).get("/v1/cohorts").json() if c["cohort"] == INTAKE)
     assert links["Charts of customer.tier"] == f"cohort={cohort_id}&field=customer.tier"
-    assert len(at.json) == 6 * 3  # three sample outputs per alert
+    assert len(at.json) == 6 * 3  # three sample outputs per alert (served_model_change has none: it is no field)
     outputs = [json.loads(j.proto.body) for j in at.json]
     assert sum(1 for o in outputs if "customer" in o and "tier" not in o["customer"]) >= 3
     # The sample workspace is silenced (never paged), and says so.
