@@ -57,6 +57,8 @@ from shapewatch.collector.api import (
     operation_id,
     publish_limits,
 )
+from shapewatch.collector.otlp import OtlpMapping
+from shapewatch.collector.traces import runs_router, traces_router
 
 from .alerts import AlertBook, AlertState, Transition
 from .analyzer import Analyzer
@@ -273,6 +275,8 @@ def create_app(
     app.add_middleware(BodyPolicy, limits=BodyLimits.from_settings(settings))  # every route's body
     install_error_handlers(app)  # the one error map, for every router
     app.include_router(ingest_router)
+    app.include_router(traces_router)
+    app.include_router(runs_router)
     app.include_router(health_router)
     app.include_router(analysis_router)
     app.include_router(metrics_router)
@@ -290,6 +294,12 @@ def create_app(
     # What the routers serve, reached through their dependencies.
     app.state.token_guard = require_token(settings.tokens, "read")
     app.state.collector = api
+    app.state.otlp_mapping = OtlpMapping(
+        prompt_version_attribute=settings.otlp_prompt_version_attribute,
+        default_prompt_version=settings.otlp_default_prompt_version,
+        contract_attribute=settings.otlp_contract_attribute,
+        agent_release_attribute=settings.otlp_agent_release_attribute,
+    )
     app.state.analysis = AnalysisApi(store, config, analyzer)
     app.state.registry = registry
     app.state.store = store
@@ -301,6 +311,7 @@ def create_app(
 
 _TAGS = [
     {"name": "ingest", "description": "Structured outputs and raw provider responses in (token scope ingest)"},
+    {"name": "runs", "description": "Agent runs: their steps in order, and the mined cases to review"},
     {"name": "alerts", "description": "Alerts and silences"},
     {"name": "cohorts", "description": "Cohorts, their window profiles, series and stored outputs"},
     {"name": "baselines", "description": "Frozen baselines: list, freeze, import, activate, inherit, retire"},

@@ -19,6 +19,7 @@ from .connection import _copy_wal, _is_lock_error, _is_wal_error, _wal_refusal
 from .outbox import OutboxRecords
 from .reads import Reads
 from .registry import ContractVersions
+from .runs import RUNS_SCHEMA, RunRecords
 from .schema import Schema
 
 __all__ = ["Store"]
@@ -26,7 +27,7 @@ __all__ = ["Store"]
 log = logging.getLogger(__name__)
 
 
-class Store(Reads, ContractVersions, AlertRecords, BaselineRecords, OutboxRecords):
+class Store(Reads, ContractVersions, AlertRecords, BaselineRecords, OutboxRecords, RunRecords):
     """The DuckDB file: opened once per process, written by one thread at a time.
 
     >>> with Store.open(tmp_path / "x.duckdb") as store:   # doctest: +SKIP
@@ -88,7 +89,9 @@ class Store(Reads, ContractVersions, AlertRecords, BaselineRecords, OutboxRecord
         store = cls(con, path, bucket_seconds=bucket_seconds, rollup=rollup or RollupConfig(), read_only=read_only)
         try:
             store._migrate()
-            for schema in schemas:
+            # The runs' tables are the collector's own (POST /v1/traces writes them), kept as a
+            # schema of their own so their versions never interleave with the events' migrations.
+            for schema in dict.fromkeys((RUNS_SCHEMA, *schemas)):
                 store._migrate_schema(schema)
             store._check_bucket_width()
             store._memory_base = size_bytes(memory_limit)
