@@ -368,7 +368,7 @@ def _json_span(sp: dict[str, Any], where: str, resource: dict[str, Any], index: 
     times: list[int] = []
     for name in ("startTimeUnixNano", "endTimeUnixNano"):
         raw = _get(sp, name)
-        value = _nanos(raw)
+        value = 0 if raw is None else _nanos(raw)  # proto3 JSON leaves out fields at their default
         if value is None:
             problem = problem or FieldError(
                 name, f"must be an unsigned 64-bit integer, got {str(raw)[:40]!r}", "invalid_time"

@@ -47,6 +47,9 @@ TOKEN = "openapi-token"
 OPERATIONS = {
     ("POST", "/v1/outputs"): ("ingest_events", "ingest"),
     ("POST", "/v1/provider/{provider}"): ("ingest_provider_response", "ingest"),
+    ("POST", "/v1/traces"): ("ingest_traces", "ingest"),
+    ("GET", "/v1/runs"): ("list_runs", "runs"),
+    ("GET", "/v1/runs/{run_id}"): ("get_run", "runs"),
     ("GET", "/healthz"): ("get_health", "health"),
     ("GET", "/metrics"): ("get_metrics", "health"),
     ("GET", "/v1/alerts"): ("list_alerts", "alerts"),
@@ -348,6 +351,25 @@ def test_every_2xx_body_keeps_to_its_schema(sample: Service) -> None:
         assert [x["version"] for x in call("GET", "/v1/contracts", params={"contract": "openapi-c"})] == ["1"]
         assert call("GET", "/v1/contracts/item", params=contract)["document"] == schema
         assert len(call("GET", "/v1/analyzer/runs")) >= 2
+        span = {
+            "traceId": "ab" * 16,
+            "spanId": "cd" * 8,
+            "endTimeUnixNano": "1764590401000000000",
+            "attributes": [
+                {"key": "gen_ai.operation.name", "value": {"stringValue": "chat"}},
+                {"key": "gen_ai.request.model", "value": {"stringValue": "m"}},
+                {
+                    "key": "gen_ai.output.messages",
+                    "value": {
+                        "stringValue": '[{"parts": [{"type": "tool_call", "name": "t", "arguments": {"a": 1}}]}]'
+                    },
+                },
+            ],
+        }
+        traces = {"resourceSpans": [{"scopeSpans": [{"spans": [span, {**span, "spanId": "00" * 8}]}]}]}
+        assert call("POST", "/v1/traces", json=traces)["partialSuccess"]["rejectedSpans"] == 1
+        assert call("GET", "/v1/runs")[0]["run_id"] == "ab" * 16
+        assert call("GET", "/v1/runs/{run_id}", path={"run_id": "ab" * 16})["tool_calls"] == 1
         assert c.get("/metrics").headers["content-type"].startswith("text/plain")
     assert call.seen == set(OPERATIONS) - {("GET", "/metrics")}
 
