@@ -44,12 +44,12 @@ from .api import (
     operation_id,
 )
 from .envelope import Envelope, validate_envelope
-from .errors import BatchTooLarge, EnvelopeInvalid, FieldError
+from .errors import BatchTooLarge, EnvelopeInvalid, FieldError, ShapewatchError
 from .otlp import OtlpMapping, SpanError, SpansMapped, decode_json, decode_protobuf, map_spans
 from .settings import Scope
-from .store import WriteResult, WriteStatus
+from .store import StoreBackend, WriteResult, WriteStatus
 
-__all__ = ["RunReply", "TracesReply", "decompress", "runs_router", "traces_router"]
+__all__ = ["RunNotFound", "RunReply", "TracesReply", "decompress", "run_view", "runs_router", "traces_router"]
 
 _PROTOBUF = "application/x-protobuf"
 _JSON = "application/json"
@@ -57,6 +57,8 @@ _JSON = "application/json"
 _ERRORS_LISTED = 20
 #: the longest run id the run routes take (the envelope's tag limit)
 MAX_RUN_ID = 256
+#: most steps one run answer lists
+MAX_RUN_STEPS = 5000
 
 
 def decompress(body: bytes, limit: int) -> bytes:
@@ -399,10 +401,6 @@ async def list_runs(api: Collector, limit: Annotated[int, Query(ge=1, le=1000)] 
     return json_response([r._asdict() for r in rows])
 
 
-#: most steps one run answer lists
-MAX_RUN_STEPS = 5000
-
-
 @runs_router.get(
     "/v1/runs/{run_id}",
     summary="One agent run, its steps in order",
@@ -410,40 +408,56 @@ MAX_RUN_STEPS = 5000
     responses=error_responses(404),
 )
 async def get_run(api: Collector, run_id: RunId) -> Response:
-    run = await asyncio.to_thread(api.store.run, run_id)
+    view = await asyncio.to_thread(run_view, api.store, run_id)
+    if view is None:
+        raise RunNotFound(run_id)
+    return json_response(view)
+
+
+class RunNotFound(ShapewatchError, LookupError):
+    """No run of that id is stored (404)."""
+
+    status = 404
+
+    def __init__(self, run_id: str) -> None:
+        self.fields = [FieldError("run_id", "unknown run", "not_found")]
+        super().__init__(f"no run {run_id[:300]!r} is stored")
+
+
+def run_view(store: StoreBackend, run_id: str, limit: int = MAX_RUN_STEPS) -> dict[str, Any] | None:
+    """One run as ``GET /v1/runs/{run_id}`` and ``shapewatch run show`` give it (``RunReply``), or None."""
+    run = store.run(run_id)
     if run is None:
-        raise ApiError(404, f"no run {run_id!r} is stored", [FieldError("run_id", "unknown run", "not_found")])
-    steps = await asyncio.to_thread(api.store.run_steps, run_id, MAX_RUN_STEPS)
+        return None
+    steps = store.run_steps(run_id, limit)
     versions: dict[str, set[str]] = {}
     for s in steps:
         if s.contract_version is not None:
             versions.setdefault(s.contract, set()).add(s.contract_version)
-    return json_response(
-        {
-            **run._asdict(),
-            "tool_calls": sum(1 for s in steps if s.kind == "tool_call"),
-            "agent_releases": sorted({s.agent_release for s in steps if s.agent_release is not None}),
-            "contract_versions": {c: sorted(v) for c, v in sorted(versions.items())},
-            "events": [
-                {
-                    "position": i,
-                    "ts": s.ts,
-                    "kind": s.kind,
-                    "tool": s.tool,
-                    "args_hash": s.args_hash,
-                    "contract": s.contract,
-                    "contract_version": s.contract_version,
-                    "model": s.model,
-                    "served_model": s.served_model,
-                    "finish_reason": s.finish_reason,
-                    "agent_release": s.agent_release,
-                    "source": s.source,
-                    "event_id": s.event_id,
-                    "trace_id": s.trace_id,
-                    "span_id": s.span_id,
-                }
-                for i, s in enumerate(steps)
-            ],
-            "events_omitted": max(run.steps - len(steps), 0),
-        }
-    )
+    return {
+        **run._asdict(),
+        "tool_calls": sum(1 for s in steps if s.kind == "tool_call"),
+        "agent_releases": sorted({s.agent_release for s in steps if s.agent_release is not None}),
+        "contract_versions": {c: sorted(v) for c, v in sorted(versions.items())},
+        "events": [
+            {
+                "position": i,
+                "ts": s.ts,
+                "kind": s.kind,
+                "tool": s.tool,
+                "args_hash": s.args_hash,
+                "contract": s.contract,
+                "contract_version": s.contract_version,
+                "model": s.model,
+                "served_model": s.served_model,
+                "finish_reason": s.finish_reason,
+                "agent_release": s.agent_release,
+                "source": s.source,
+                "event_id": s.event_id,
+                "trace_id": s.trace_id,
+                "span_id": s.span_id,
+            }
+            for i, s in enumerate(steps)
+        ],
+        "events_omitted": max(run.steps - len(steps), 0),
+    }

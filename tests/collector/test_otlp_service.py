@@ -326,3 +326,65 @@ def test_events_keep_run_id_agent_release_served_model_and_finish_reason(tmp_pat
         ("get_reservation", trace_id, "2.0.0", SERVED, "tool_calls", "4"),
         ("booking", trace_id, "2.0.0", SERVED, "stop", "4"),
     ]
+
+
+def test_run_show_prints_the_steps_in_order_from_the_service_and_from_the_file(tmp_path: Any) -> None:
+    import subprocess
+
+    from harness import ROOT, SHAPEWATCH
+
+    svc = start_service(tmp_path / "show.duckdb")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    try:
+        provider, memory = tracer_provider("5.1.0", OTLPSpanExporter(endpoint=f"{svc.url}/v1/traces", timeout=30))
+        run_agent(provider.get_tracer("agent"), ["K1", "K1"])
+        provider.force_flush()
+        trace_id = format(memory.get_finished_spans()[0].context.trace_id, "032x")
+        provider.shutdown()
+        remote = subprocess.run(
+            [*SHAPEWATCH, "run", "show", trace_id, "--url", svc.url, "--format", "json"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+        assert remote.returncode == 0, remote.stderr
+        table = subprocess.run(
+            [*SHAPEWATCH, "run", "show", trace_id, "--url", svc.url],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+        missing = subprocess.run(
+            [*SHAPEWATCH, "run", "show", "nope", "--url", svc.url], capture_output=True, text=True, env=env, timeout=60
+        )
+    finally:
+        svc.stop()
+    view = json.loads(remote.stdout)
+    assert [(e["kind"], e["tool"] or e["contract"]) for e in view["events"]] == [
+        ("tool_call", "get_reservation"),
+        ("tool_execution", "get_reservation"),
+        ("tool_call", "get_reservation"),
+        ("tool_execution", "get_reservation"),
+        ("output", "booking"),
+    ]
+    lines = table.stdout.splitlines()
+    assert lines[0] == f"run {trace_id}"
+    assert lines[2] == "  agent releases: 5.1.0"
+    assert lines[3] == "  contract versions: booking@4, get_reservation@4"
+    steps_printed = [line.split()[2] for line in lines[6:]]
+    assert steps_printed == ["tool_call", "tool_execution", "tool_call", "tool_execution", "output"]
+    assert (missing.returncode, missing.stderr.strip()) == (
+        2,
+        "error: the service answered 404: no run 'nope' is stored",
+    )
+    local = subprocess.run(
+        [*SHAPEWATCH, "run", "show", trace_id, "--db", str(svc.db_path), "--format", "json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert local.returncode == 0, local.stderr
+    assert json.loads(local.stdout) == view
