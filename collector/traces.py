@@ -21,6 +21,7 @@ failure stores what was missing and nothing twice).
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 import zlib
 from collections import Counter
@@ -45,7 +46,7 @@ from .api import (
 )
 from .envelope import Envelope, validate_envelope
 from .errors import BatchTooLarge, EnvelopeInvalid, FieldError, ShapewatchError
-from .otlp import OtlpMapping, SpanError, SpansMapped, decode_json, decode_protobuf, map_spans
+from .otlp import OtlpMapping, RunStep, SpanError, SpansMapped, decode_json, decode_protobuf, map_spans
 from .settings import Scope
 from .store import StoreBackend, WriteResult, WriteStatus
 
@@ -132,6 +133,7 @@ class TracesSummary(BaseModel):
     rejected: int
     rejected_spans: int
     skipped_by_reason: dict[str, int]
+    #: the run steps of this request now stored (a retry's steps are stored once)
     run_steps: int
     errors: list[TracesSpanError]
     errors_omitted: int
@@ -230,6 +232,60 @@ def _traces_kind(request: Request) -> tuple[bool, bool]:
             [FieldError("content-type", "unsupported media type")],
         )
     return ctype == _PROTOBUF, encoding == "gzip"
+
+
+class RunStepWriter:
+    """Group commit for run steps: the steps of requests that arrive while a commit is under way
+    are written together in the next one (one transaction each, not one per request: a commit
+    per 512-span request held OTLP ingest to a seventh of /v1/outputs' events/s).
+
+    >>> writer = RunStepWriter(store)                           # doctest: +SKIP
+    >>> new = await asyncio.wrap_future(writer.submit(steps))   # doctest: +SKIP
+    """
+
+    def __init__(self, store: StoreBackend) -> None:
+        self.store = store
+        self._lock = threading.Lock()
+        self._queued: list[tuple[list[RunStep], Future[int]]] = []
+        self._busy = False
+
+    def submit(self, steps: list[RunStep]) -> Future[int]:
+        """The steps queued; the future gives their number once their transaction committed."""
+        done: Future[int] = Future()
+        with self._lock:
+            self._queued.append((steps, done))
+            if self._busy:
+                return done
+            self._busy = True
+        threading.Thread(target=self._drain, name="run-steps", daemon=True).start()
+        return done
+
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                batch, self._queued = self._queued, []
+                if not batch:
+                    self._busy = False
+                    return
+            try:
+                self._write(batch)
+            except BaseException as exc:  # every waiting request hears of it; the thread goes on
+                for _, done in batch:
+                    done.set_exception(exc)
+
+    def _write(self, batch: list[tuple[list[RunStep], Future[int]]]) -> None:
+        everything = [s for steps, _ in batch for s in steps]
+        self.store.record_run_steps(everything)
+        for steps, done in batch:
+            done.set_result(len(steps))
+
+
+def _step_writer(request: Request, store: StoreBackend) -> RunStepWriter:
+    writer = getattr(request.app.state, "run_step_writer", None)
+    if not isinstance(writer, RunStepWriter) or writer.store is not store:
+        writer = RunStepWriter(store)
+        request.app.state.run_step_writer = writer
+    return writer
 
 
 def _mapping(request: Request) -> OtlpMapping:
@@ -345,7 +401,7 @@ async def ingest_traces(request: Request, api: Collector) -> Response:
             )
     for (outcome, model, prompt_version), n in stored.items():
         api.metrics.count_events(outcome, model, prompt_version, n)
-    new_steps = await asyncio.to_thread(api.store.record_run_steps, steps, now=now) if steps else 0
+    new_steps = await asyncio.wrap_future(_step_writer(request, api.store).submit(steps)) if steps else 0
     span_errors = sorted(errors.values(), key=lambda e: e.index)
     mapped_spans = mapped.spans - len(span_errors) - sum(mapped.skipped.values())
     api.metrics.otlp_spans.labels("mapped").inc(max(mapped_spans, 0))
