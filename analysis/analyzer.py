@@ -51,6 +51,7 @@ from shapewatch.collector import (
 from .alerts import Alert, AlertBook, AlertState, Judged, Transition, step
 from .config import AlertKind, AnalyzerConfig, FieldRules
 from .rules import Check, Insufficient, adjust_p_values, compare_profiles, compare_violations
+from .runs import run_checks
 
 __all__ = ["Analyzer", "CohortReport", "Evaluation", "RunResult", "analyze_once", "evaluate", "sample_event_ids"]
 
@@ -187,6 +188,7 @@ def evaluate(store: Store, config: AnalyzerConfig, at: datetime, *, window: time
     aliases = served_aliases(store)
     in_window = {Cohort(p.model, p.prompt_version, p.contract): p for p in profiles}
     pending: list[tuple[Profile, Cohort, Any, list[Check], list[Insufficient], Cohort | None, str | None]] = []
+    run_rows = store.run_rollups(since, at)  # agent runs judged in the window, every cohort's (runs.py)
     for profile in profiles:
         cohort = Cohort(profile.model, profile.prompt_version, profile.contract)
         mirror = _mirrored(profile, aliases.get(cohort, []), in_window)
@@ -194,6 +196,8 @@ def evaluate(store: Store, config: AnalyzerConfig, at: datetime, *, window: time
             resolved, checks, short = _judge_cohort(
                 store, config, profile, cohort, mirror, current, first_seen, aliases
             )
+            if resolved is not None and mirror is None and run_rows:
+                checks = checks + run_checks(store, cohort, resolved.baseline, since, at, rows=run_rows)
         except Exception as exc:
             # One cohort's broken baseline (or a rule raising on it) must not blind the others:
             # logged with its cause, recorded in the run, counted by the analyzer.

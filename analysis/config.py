@@ -103,6 +103,11 @@ class AlertKind(str, Enum):
     array_size_shift = "array_size_shift"
     new_field = "new_field"
     schema_violation = "schema_violation"  # outputs breaking their registered contract at a path
+    # agent runs (analysis/runs.py), per agent release, judged once each run is complete
+    retry_loop_rate = "retry_loop_rate"  # share of runs calling one tool 3 or more times
+    repeated_call_rate = "repeated_call_rate"  # share of runs repeating an identical call back to back
+    run_length_shift = "run_length_shift"  # tool calls per run (p90)
+    undeclared_call_rate = "undeclared_call_rate"  # share of runs calling a tool their contract does not declare
 
 
 class Severity(str, Enum):
@@ -122,6 +127,10 @@ DEFAULT_SEVERITY: dict[AlertKind, Severity] = {
     AlertKind.array_size_shift: Severity.warn,
     AlertKind.new_field: Severity.warn,
     AlertKind.schema_violation: Severity.page,  # callers that parse by the contract break now
+    AlertKind.retry_loop_rate: Severity.page,  # the costliest agent incident
+    AlertKind.repeated_call_rate: Severity.warn,
+    AlertKind.run_length_shift: Severity.warn,
+    AlertKind.undeclared_call_rate: Severity.warn,
 }
 
 

@@ -76,6 +76,7 @@ from .notify import (
     send_digest,
     targets_from_config,
 )
+from .runs import judge_complete_runs
 from .store_access import open_store
 
 __all__ = ["create_app", "open_store", "run"]
@@ -225,6 +226,15 @@ def create_app(
                 next_run_time=datetime.now(UTC) + timedelta(seconds=min(30.0, seconds)),
             )
             scheduler.add_job(
+                _runs_job(store, settings),
+                "interval",
+                seconds=max(5.0, min(60.0, settings.run_idle_seconds / 2)),
+                id="judge-runs",
+                max_instances=1,
+                coalesce=True,
+                misfire_grace_time=60,
+            )
+            scheduler.add_job(
                 _guarded_deliver(notifier),
                 "interval",
                 seconds=10,
@@ -336,6 +346,25 @@ def _digest_job(store: Store, url: str) -> Callable[[], None]:
             log.exception("daily digest failed")
 
     return digest
+
+
+def _runs_job(store: Store, settings: Settings) -> Callable[[], None]:
+    """Judge the agent runs that are complete (no step for run_idle_seconds) and mine their cases."""
+
+    def judge() -> None:
+        try:
+            judged, queued = judge_complete_runs(
+                store,
+                idle=timedelta(seconds=settings.run_idle_seconds),
+                cases_per_rule_day=settings.cases_per_rule_day,
+                handoff_tools=settings.handoff_tools,
+            )
+            if judged:
+                log.info("judged %d complete agent runs, queued %d cases", judged, queued)
+        except Exception:  # a scheduled job never raises into the scheduler
+            log.exception("judging complete agent runs failed")
+
+    return judge
 
 
 def _guarded_deliver(notifier: Notifier) -> Callable[[], None]:
