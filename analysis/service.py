@@ -64,6 +64,7 @@ from .alerts import AlertBook, AlertState, Transition
 from .analyzer import Analyzer
 from .api import AnalysisApi
 from .api import router as analysis_router
+from .cases_api import cases_router
 from .config import AnalyzerConfig
 from .maintenance import start_maintenance
 from .notify import (
@@ -287,6 +288,7 @@ def create_app(
     app.include_router(ingest_router)
     app.include_router(traces_router)
     app.include_router(runs_router)
+    app.include_router(cases_router)
     app.include_router(health_router)
     app.include_router(analysis_router)
     app.include_router(metrics_router)

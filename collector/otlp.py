@@ -51,6 +51,7 @@ from .errors import FieldError, ShapewatchError
 
 __all__ = [
     "INFERENCE_OPERATIONS",
+    "MAX_INPUT_CHARS",
     "MAX_VALUE_DEPTH",
     "OtlpDecodeError",
     "OtlpMapping",
@@ -69,6 +70,8 @@ __all__ = [
 #: ``gen_ai.operation.name`` values whose spans carry a model's answer.
 INFERENCE_OPERATIONS = frozenset({"chat", "generate_content", "text_completion", "completion"})
 _TOOL_OPERATIONS = frozenset({"execute_tool"})
+#: The longest input a run step keeps (JSON text of the messages); longer inputs are not kept.
+MAX_INPUT_CHARS = 64_000
 #: How deep an attribute value (arrays and key-value lists inside each other) may nest. OTLP
 #: attributes are flat maps in practice; a deeper one is an error of its span, not a recursion.
 MAX_VALUE_DEPTH = 32
@@ -177,12 +180,15 @@ class RunStep:
     contract_version: str | None
     tool: str | None
     args_hash: str | None
-    #: the contract the span's structured outputs answer (its tools are the run's declared ones)
-    run_contract: str
     finish_reason: str | None
     agent_release: str | None
     source: str | None
     event_id: str | None
+    #: the contract the span's structured outputs answer (its tools are the run's declared ones)
+    run_contract: str
+    #: the messages the model was given (``gen_ai.input.messages`` as JSON text), on the first step
+    #: of each inference span when the instrumentation captured them and they fit MAX_INPUT_CHARS
+    input_messages: str | None = None
 
 
 @dataclass(frozen=True)
@@ -581,6 +587,7 @@ def _map_span(span: OtlpSpan, m: OtlpMapping, out: SpansMapped) -> None:
         out.skipped[SkipReason.content_not_captured.value] += 1
         return
     found = 0
+    inputs = _input_messages(span)
     for n, part in enumerate(parts):
         if part.tool is not None:
             value, kind, part_contract, tool = part.arguments, StepKind.tool_call, part.tool, part.tool
@@ -626,10 +633,30 @@ def _map_span(span: OtlpSpan, m: OtlpMapping, out: SpansMapped) -> None:
                 contract_version=contract_version,
                 agent_release=agent_release,
                 source=source,
+                input_messages=inputs if found == 1 else None,
             )
         )
     if not found:
         out.skipped[SkipReason.no_structured_output.value] += 1
+
+
+def _input_messages(span: OtlpSpan) -> str | None:
+    """The span's input messages as JSON text: ``gen_ai.input.messages``, or the older per-index
+    ``gen_ai.prompt.<i>.role`` / ``.content``; None when not captured or too long to keep."""
+    raw = span.attributes.get("gen_ai.input.messages")
+    if isinstance(raw, list):
+        raw = orjson.dumps(raw).decode()
+    if not isinstance(raw, str):
+        messages = []
+        for i in _indexed(span.attributes, "gen_ai.prompt."):
+            role, content = (
+                span.attributes.get(f"gen_ai.prompt.{i}.role"),
+                span.attributes.get(f"gen_ai.prompt.{i}.content"),
+            )
+            if isinstance(content, str):
+                messages.append({"role": role if isinstance(role, str) else "user", "content": content})
+        raw = orjson.dumps(messages).decode() if messages else None
+    return raw if raw is not None and len(raw) <= MAX_INPUT_CHARS else None
 
 
 def _finish_reasons(span: OtlpSpan) -> list[str]:

@@ -35,7 +35,7 @@ CREATE TABLE run_steps (
     kind VARCHAR NOT NULL, trace_id VARCHAR NOT NULL, span_id VARCHAR NOT NULL, model VARCHAR, served_model VARCHAR,
     prompt_version VARCHAR NOT NULL, contract VARCHAR NOT NULL, contract_version VARCHAR, tool VARCHAR,
     args_hash VARCHAR, finish_reason VARCHAR, agent_release VARCHAR, source VARCHAR, event_id VARCHAR,
-    run_contract VARCHAR NOT NULL, received_at TIMESTAMPTZ NOT NULL);
+    run_contract VARCHAR NOT NULL, input_messages VARCHAR, received_at TIMESTAMPTZ NOT NULL);
 CREATE TABLE runs (
     run_id VARCHAR PRIMARY KEY, first_ts TIMESTAMPTZ NOT NULL, last_ts TIMESTAMPTZ NOT NULL,
     last_received TIMESTAMPTZ NOT NULL, judged_at TIMESTAMPTZ);
@@ -52,6 +52,8 @@ CREATE TABLE cases (
     detail VARCHAR NOT NULL, source VARCHAR NOT NULL, model VARCHAR NOT NULL, prompt_version VARCHAR NOT NULL,
     contract VARCHAR NOT NULL, agent_release VARCHAR NOT NULL, created_at TIMESTAMPTZ NOT NULL,
     state VARCHAR NOT NULL, decided_at TIMESTAMPTZ, decided_by VARCHAR, note VARCHAR,
+    -- an accepted case as a probe-suite case (JSON), fixed when it was accepted
+    probe_case VARCHAR,
     UNIQUE (rule, run_id));
 -- Cases a rule found beyond its daily bound: counted, not queued.
 CREATE TABLE cases_over (day DATE NOT NULL, rule VARCHAR NOT NULL, n BIGINT NOT NULL, PRIMARY KEY (day, rule));
@@ -61,7 +63,7 @@ CREATE TABLE cases_over (day DATE NOT NULL, rule VARCHAR NOT NULL, n BIGINT NOT 
 
 _STEP_COLUMNS = (
     "step_key, run_id, ts, position, kind, trace_id, span_id, model, served_model, prompt_version, contract, "
-    "contract_version, tool, args_hash, finish_reason, agent_release, source, event_id, run_contract"
+    "contract_version, tool, args_hash, finish_reason, agent_release, source, event_id, run_contract, input_messages"
 )
 _STEP_NAMES = [*(c.strip() for c in _STEP_COLUMNS.split(",")), "received_at"]
 _PROBE = 2000  # run ids looked up per IN list
@@ -89,6 +91,7 @@ class RunStepRow(NamedTuple):
     source: str | None
     event_id: str | None
     run_contract: str
+    input_messages: str | None
 
 
 class RunRow(NamedTuple):
@@ -134,6 +137,7 @@ class CaseRow(NamedTuple):
     decided_at: datetime | None
     decided_by: str | None
     note: str | None
+    probe_case: str | None
 
 
 def _step_row(s: RunStep) -> tuple[Any, ...]:
@@ -157,6 +161,7 @@ def _step_row(s: RunStep) -> tuple[Any, ...]:
         s.source,
         s.event_id,
         s.run_contract,
+        s.input_messages,
     )
 
 
@@ -332,7 +337,7 @@ class RunRecords(StoreCore):
             CaseRow(*r)
             for r in self.query(
                 "SELECT case_id, rule, run_id, detail, source, model, prompt_version, contract, agent_release, "
-                f"created_at, state, decided_at, decided_by, note FROM cases {where} "
+                f"created_at, state, decided_at, decided_by, note, probe_case FROM cases {where} "
                 "ORDER BY created_at DESC, case_id DESC LIMIT ?",
                 [*params, limit],
             )
@@ -344,14 +349,30 @@ class RunRecords(StoreCore):
             str(r): int(n) for r, n in self.query("SELECT rule, sum(n) FROM cases_over GROUP BY rule ORDER BY rule")
         }
 
-    def decide_case(self, case_id: int, state: str, by: str, note: str | None, now: datetime | None = None) -> bool:
-        """Accept or dismiss an open case; False when no open case has that id."""
+    def case_row(self, case_id: int) -> CaseRow | None:
+        rows = self.query(
+            "SELECT case_id, rule, run_id, detail, source, model, prompt_version, contract, agent_release, "
+            "created_at, state, decided_at, decided_by, note, probe_case FROM cases WHERE case_id = ?",
+            [case_id],
+        )
+        return CaseRow(*rows[0]) if rows else None
+
+    def decide_case(
+        self,
+        case_id: int,
+        state: str,
+        by: str,
+        note: str | None,
+        probe_case: str | None = None,
+        now: datetime | None = None,
+    ) -> bool:
+        """Accept (with its probe case) or dismiss an open case; False when no open case has that id."""
         with self.transaction(f"deciding case {case_id}") as con:
             found = con.execute("SELECT state FROM cases WHERE case_id = ?", [case_id]).fetchall()
             if not found or found[0][0] != "open":
                 return False
             con.execute(
-                "UPDATE cases SET state = ?, decided_at = ?, decided_by = ?, note = ? WHERE case_id = ?",
-                [state, now or datetime.now(UTC), by, note, case_id],
+                "UPDATE cases SET state = ?, decided_at = ?, decided_by = ?, note = ?, probe_case = ? WHERE case_id = ?",
+                [state, now or datetime.now(UTC), by, note, probe_case, case_id],
             )
         return True

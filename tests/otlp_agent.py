@@ -22,6 +22,7 @@ from opentelemetry.trace import Tracer
 
 MODEL = "gpt-4o"
 SERVED = "gpt-4o-2024-08-06"
+QUESTION = [{"role": "user", "parts": [{"type": "text", "content": "Is my booking A1 confirmed?"}]}]
 
 
 def tracer_provider(release: str, *exporters: SpanExporter) -> tuple[TracerProvider, InMemorySpanExporter]:
@@ -46,6 +47,7 @@ def _chat(tracer: Tracer, messages: list[dict[str, Any]], finish: str, *, captur
         span.set_attribute("shapewatch.contract", "booking")
         span.set_attribute("shapewatch.contract_version", "4")
         if capture:
+            span.set_attribute("gen_ai.input.messages", json.dumps(QUESTION))
             span.set_attribute("gen_ai.output.messages", json.dumps(messages))
 
 
