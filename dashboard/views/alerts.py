@@ -27,6 +27,10 @@ ALERT_KINDS = (
     "cardinality_jump",
     "array_size_shift",
     "new_field",
+    "retry_loop_rate",
+    "repeated_call_rate",
+    "undeclared_call_rate",
+    "run_length_shift",
 )
 STATES = {
     "open (pending and firing)": "open",
