@@ -9,8 +9,9 @@ Two steps, as for fields:
    *repeated call*), a tool the run's contract version does not declare (a *spurious call*), and a
    configured handoff tool. They are counted into the store's run rollups per cohort (model,
    prompt version, the run's contract), agent release and bucket, with the run's number of tool
-   calls; runs that match a mining rule are queued as cases, at most ``cases_per_rule_day`` per
-   rule and day (the rest counted).
+   calls; runs that match a mining rule (the signals above, a structured output that breaks the
+   contract version it was tagged with, a handoff) are queued as cases, at most
+   ``cases_per_rule_day`` per rule and day (the rest counted).
 2. **Judging** (``run_checks``, called by each evaluation for a cohort with a baseline): the
    share of runs with each signal under each agent release in the window, against the share over
    the baseline's window, with the guards of every rule: a minimum of runs on both sides
@@ -37,6 +38,7 @@ from scipy.stats import fisher_exact, mannwhitneyu
 
 from shapewatch.baselines import Baseline, Cohort
 from shapewatch.collector import Store
+from shapewatch.collector.rollup import ContractStatus
 from shapewatch.collector.store import RunRollupRow, RunStepRow
 
 from .config import AlertKind, Severity
@@ -65,8 +67,9 @@ class CaseRule:
     retry_loop = "retry_loop"
     repeated_call = "repeated_call"
     spurious_call = "spurious_call"
+    invalid_output = "invalid_output"
     handoff = "handoff"
-    ALL = (retry_loop, repeated_call, spurious_call, handoff)
+    ALL = (retry_loop, repeated_call, spurious_call, invalid_output, handoff)
 
 
 @dataclass(frozen=True)
@@ -148,8 +151,32 @@ def _declared_tools(store: Store, contract: str, version: str | None) -> frozens
     return names or None
 
 
-def _cases(run_id: str, s: RunSignals) -> list[tuple[str, str, str, str, str, str, str, str]]:
+def _broken_outputs(store: Store, steps: Sequence[RunStepRow]) -> list[str]:
+    """The structured outputs of a run that break the contract version they were tagged with
+    (``contract@version`` each), checked with the store's compiled validators."""
+    tagged = {s.event_id: s for s in steps if s.kind == "output" and s.event_id and s.contract_version}
+    if not tagged:
+        return []
+    broken = []
+    for event in store.events_by_id(list(tagged)):
+        step = tagged[event.event_id]
+        assert step.contract_version is not None
+        try:
+            output = orjson.loads(event.output)
+        except orjson.JSONDecodeError:
+            continue
+        status, _ = store.contract_validators.check(step.contract, step.contract_version, output)
+        if status is ContractStatus.invalid:
+            broken.append(f"{step.contract}@{step.contract_version}")
+    return broken
+
+
+def _cases(
+    run_id: str, s: RunSignals, broken: Sequence[str] = ()
+) -> list[tuple[str, str, str, str, str, str, str, str]]:
     found: list[tuple[str, str]] = []
+    if broken:
+        found.append((CaseRule.invalid_output, "an output breaks its contract: " + ", ".join(sorted(set(broken)))))
     if s.retry_loop:
         found.append((CaseRule.retry_loop, f"tool {s.retry_loop!r} called 3 or more times"))
     if s.repeated_call:
@@ -212,7 +239,7 @@ def judge_complete_runs(
         f[0] += signals.retry_loop is not None
         f[1] += signals.repeated_call is not None
         f[2] += bool(signals.undeclared)
-        cases += _cases(run_id, signals)
+        cases += _cases(run_id, signals, _broken_outputs(store, steps))
     rollups = [(*k, n, flags[k][0], flags[k][1], flags[k][2]) for k, n in counted.items()]
     queued = store.judge_runs(list(runs), rollups, cases, max_cases_per_rule_day=cases_per_rule_day, now=now)
     return len(runs), queued

@@ -200,3 +200,40 @@ def test_signals_of_one_run() -> None:
     s = run_signals(loop)
     assert s is not None and (s.retry_loop, s.repeated_call) == ("search", None)
     assert run_signals([_step("r", 0, T0, StepKind.tool_execution, "1", "search", None)]) is not None
+
+
+def test_outputs_breaking_their_contract_and_handoffs_are_mined(store: Store) -> None:
+    from shapewatch.collector import register_contract
+
+    schema = {
+        "type": "object",
+        "properties": {"status": {"enum": ["confirmed", "pending"]}, "count": {"type": "integer"}},
+        "required": ["status", "count"],
+    }
+    register_contract(store, "booking", "1", schema, author="ana")
+    rng = random.Random(5)
+    add_runs(store, T0, "1.0", 4, rng, make=lambda r: [{"id": "x"}])
+    # one more run whose output breaks the contract (no count) and that hands off to a person
+    run_id = "broken-run"
+    t = T0 + timedelta(minutes=30)
+    steps = [
+        _step(run_id, 0, t, StepKind.tool_call, "1.0", "human_agent", {"why": "angry"}),
+        _step(run_id, 1, t + timedelta(milliseconds=5), StepKind.output, "1.0", None, None),
+    ]
+    store.record_run_steps(steps, now=T0 + HOUR)
+    env = {
+        "event_id": f"{run_id}:1",
+        "ts": (t + timedelta(milliseconds=5)).isoformat(),
+        "model": "gpt-4o",
+        "prompt_version": "booking-v2",
+        "contract": "booking",
+        "contract_version": "1",
+        "output": {"status": "lost"},
+    }
+    store.write_batch([validate_envelope(env, Limits())])
+    judged, queued = judge_complete_runs(store, idle=IDLE, handoff_tools=["human_agent"], now=T0 + 2 * HOUR)
+    assert (judged, queued) == (5, 2)
+    assert sorted((c.rule, c.run_id, c.detail) for c in store.case_rows()) == [
+        ("handoff", run_id, "handed off to a human: human_agent"),
+        ("invalid_output", run_id, "an output breaks its contract: booking@1"),
+    ]
