@@ -228,3 +228,23 @@ def test_decompress_reads_every_gzip_member_and_stops_at_the_limit() -> None:
     with pytest.raises(ApiError) as exc:
         decompress(gzip.compress(b"x" * 10_000)[:-20], 100_000)
     assert exc.value.status == 400
+
+
+def test_a_request_of_more_spans_than_the_limit_is_refused_before_they_are_built() -> None:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    from shapewatch.collector.otlp import MAX_SPANS, TooManySpans, decode_protobuf
+
+    req = ExportTraceServiceRequest()
+    scope = req.resource_spans.add().scope_spans.add()
+    for _ in range(MAX_SPANS + 1):
+        scope.spans.add()
+    with pytest.raises(TooManySpans) as exc:
+        decode_protobuf(req.SerializeToString())
+    assert (exc.value.status, exc.value.fields[0].path) == (413, "body")
+    doc = {"resourceSpans": [{"scopeSpans": [{"spans": [{}] * (MAX_SPANS // 2 + 1)}] * 2}]}
+    with pytest.raises(TooManySpans):
+        decode_json(json.dumps(doc).encode())
+    with pytest.raises(OtlpDecodeError) as bad:
+        decode_json(b'{"resourceSpans": [{"scopeSpans": 3}]}')
+    assert bad.value.fields[0].path == "resourceSpans[0].scopeSpans"
