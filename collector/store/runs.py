@@ -208,6 +208,19 @@ class RunRecords(StoreCore):
                 con.unregister("_new_steps")
                 con.unregister("_run_updates")
 
+    def purge_runs(self, before: datetime) -> int:
+        """Delete the runs whose last step arrived before ``before``, with their steps (the raw side
+        of runs, kept as long as raw events); their rollups and cases stay. Returns the runs deleted."""
+        with self.transaction("purging old runs") as con:
+            row = con.execute("SELECT count(*) FROM runs WHERE last_received < ?", [before]).fetchone()
+            n = int(row[0]) if row else 0
+            if n:
+                con.execute(
+                    "DELETE FROM run_steps WHERE run_id IN (SELECT run_id FROM runs WHERE last_received < ?)", [before]
+                )
+                con.execute("DELETE FROM runs WHERE last_received < ?", [before])
+        return n
+
     def run(self, run_id: str) -> RunRow | None:
         rows = self.query(
             "SELECT run_id, first_ts, last_ts, last_received, "

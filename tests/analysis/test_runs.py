@@ -237,3 +237,16 @@ def test_outputs_breaking_their_contract_and_handoffs_are_mined(store: Store) ->
         ("handoff", run_id, "handed off to a human: human_agent"),
         ("invalid_output", run_id, "an output breaks its contract: booking@1"),
     ]
+
+
+def test_old_runs_are_purged_with_their_steps_and_their_counts_stay(store: Store) -> None:
+    add_runs(store, T0, "1.0", 3, random.Random(9))
+    add_runs(store, T0 + 48 * HOUR, "1.0", 2, random.Random(10))
+    judge_complete_runs(store, idle=IDLE, now=T0 + 72 * HOUR)
+    old = [r.run_id for r in store.recent_runs() if r.last_received < T0 + 24 * HOUR]
+    assert len(old) == 3
+    assert store.purge_runs(T0 + 24 * HOUR) == 3
+    assert [store.run(r) for r in old] == [None, None, None]
+    assert all(store.run_steps(r) == [] for r in old)
+    assert len(store.recent_runs()) == 2
+    assert sum(r.runs for r in store.run_rollups(T0, T0 + 72 * HOUR)) == 5
