@@ -380,26 +380,3 @@ def _expand(hist: Counter[int], cap: int = 20_000) -> list[int]:
     total = sum(hist.values())
     scale = min(1.0, cap / total) if total else 1.0
     return [length for length, n in sorted(hist.items()) for _ in range(max(1, round(n * scale)))]
-
-
-def summary(rows: Sequence[RunRollupRow]) -> list[dict[str, Any]]:
-    """Run rollups summed per cohort and release, as plain values (for the API and pages)."""
-    out: dict[tuple[str, str, str, str], _Tally] = {}
-    for r in rows:
-        out.setdefault((r.model, r.prompt_version, r.contract, r.agent_release), _Tally()).add(r)
-    return [
-        {
-            "model": k[0],
-            "prompt_version": k[1],
-            "contract": k[2],
-            "agent_release": k[3],
-            "runs": t.runs,
-            "retry_loop_rate": t.retry_loops / t.runs if t.runs else 0.0,
-            "repeated_call_rate": t.repeated_calls / t.runs if t.runs else 0.0,
-            "undeclared_call_rate": t.undeclared_calls / t.runs if t.runs else 0.0,
-            "tool_calls_p50": _quantile(t.lengths, 0.5),
-            "tool_calls_p90": _quantile(t.lengths, 0.9),
-            "tool_calls_p99": _quantile(t.lengths, 0.99),
-        }
-        for k, t in sorted(out.items())
-    ]
