@@ -102,7 +102,7 @@ async def list_cases(
     "/v1/cases/{case_id}/accept",
     summary="Accept a case as a probe-suite case",
     response_model=CaseEntry,
-    responses=error_responses(404, 409),
+    responses=error_responses(400, 404, 409),
 )
 async def accept_case(request: Request, case_id: CaseId, body: DecideRequest) -> Response:
     return json_response(
@@ -118,7 +118,7 @@ async def accept_case(request: Request, case_id: CaseId, body: DecideRequest) ->
     "/v1/cases/{case_id}/dismiss",
     summary="Dismiss a case",
     response_model=CaseEntry,
-    responses=error_responses(404, 409),
+    responses=error_responses(400, 404, 409),
 )
 async def dismiss_case(request: Request, case_id: CaseId, body: DecideRequest) -> Response:
     return json_response(
