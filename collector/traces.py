@@ -9,8 +9,10 @@ content type: an ``ExportTraceServiceResponse``, with ``partial_success`` when s
 rejected (``rejected_spans`` and a message naming the first errors) or skipped (a warning with
 ``rejected_spans`` 0, as the specification allows). JSON answers also carry ``shapewatch``:
 the events accepted, duplicate and rejected, the spans skipped by reason, and each span error.
-Errors of the request as a whole (not OTLP, a gzip bomb, a wrong content type) answer with
-the service's one error shape, in JSON.
+A request refused as a whole (not OTLP, a gzip bomb, too many spans) answers, as OTLP asks, a
+``google.rpc.Status`` in protobuf when it was protobuf; JSON requests, and refusals made before
+the encoding is known (a token, a content type) or by the service itself (5xx), answer the
+service's one error shape in JSON.
 
 Spans become envelopes in ``collector/otlp.py``; envelopes go through the same validation and
 group commit as ``POST /v1/outputs``, and the steps of their runs into the store's run tables
@@ -38,6 +40,7 @@ from .api import (
     COMMON_ERRORS,
     ApiError,
     Collector,
+    CollectorApi,
     bearer,
     error_responses,
     guarded_route,
@@ -50,7 +53,16 @@ from .otlp import OtlpMapping, RunStep, SpanError, SpansMapped, decode_json, dec
 from .settings import Scope
 from .store import StoreBackend, WriteResult, WriteStatus
 
-__all__ = ["RunNotFound", "RunReply", "TracesReply", "decompress", "run_view", "runs_router", "traces_router"]
+__all__ = [
+    "RunNotFound",
+    "RunReply",
+    "TracesReply",
+    "decompress",
+    "run_view",
+    "runs_router",
+    "status_pb",
+    "traces_router",
+]
 
 _PROTOBUF = "application/x-protobuf"
 _JSON = "application/json"
@@ -325,7 +337,8 @@ def _message(errors: list[SpanError], skipped: Counter[str]) -> str:
     "events (one per output, event_id from trace, span and part, so an exporter's retry is stored "
     "once); execute_tool spans become run steps; spans without output content are counted by reason. "
     "Answers an ExportTraceServiceResponse in the request's encoding, with partial_success naming "
-    "rejected spans.",
+    "rejected spans. A protobuf request refused as a whole (400, 413) is answered with a "
+    "google.rpc.Status in protobuf; other refusals use the shared JSON error shape.",
     responses={
         200: {
             "model": TracesReply,
@@ -345,8 +358,52 @@ def _message(errors: list[SpanError], skipped: Counter[str]) -> str:
     },
 )
 async def ingest_traces(request: Request, api: Collector) -> Response:
-    t0 = time.perf_counter()
     protobuf, gzipped = _traces_kind(request)
+    if not protobuf:
+        return await _ingest(request, api, protobuf=False, gzipped=gzipped)
+    try:
+        return await _ingest(request, api, protobuf=True, gzipped=gzipped)
+    except ShapewatchError as exc:
+        # OTLP/HTTP answers a refused protobuf request with a google.rpc.Status in protobuf; the
+        # service's own failures (5xx, with Retry-After) keep the shared JSON shape.
+        status = int(getattr(exc, "status", 500))
+        if not 400 <= status < 500:
+            raise
+        fields = getattr(exc, "fields", None) or []
+        said = "; ".join(f"{f.path}: {f.reason}" for f in fields if isinstance(f, FieldError))
+        return Response(
+            status_pb(_GRPC_CODES.get(status, 3), f"{exc}" + (f" ({said})" if said else "")),
+            status_code=status,
+            media_type=_PROTOBUF,
+        )
+
+
+#: HTTP status -> google.rpc.Code of the Status a refused protobuf request gets
+_GRPC_CODES = {400: 3, 404: 5, 409: 6, 413: 8, 422: 3}
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def status_pb(code: int, message: str) -> bytes:
+    r"""A ``google.rpc.Status`` (code = field 1, message = field 2) in protobuf, encoded here: two
+    fields do not need the googleapis package in the service.
+
+    >>> status_pb(3, "no")
+    b'\x08\x03\x12\x02no'
+    """
+    text = message[:4000].encode()
+    return b"\x08" + _varint(code) + b"\x12" + _varint(len(text)) + text
+
+
+async def _ingest(request: Request, api: CollectorApi, *, protobuf: bool, gzipped: bool) -> Response:
+    t0 = time.perf_counter()
     mapping = _mapping(request)
     now = datetime.now(UTC)
     async with api._body(request) as raw:
