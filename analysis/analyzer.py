@@ -55,6 +55,7 @@ from .config import AlertKind, AnalyzerConfig, FieldRules, ShortWindow
 from .outcome_rates import FIELD as RESPONSES
 from .outcome_rates import compare_outcomes
 from .rules import Check, Insufficient, adjust_p_values, compare_profiles, compare_violations
+from .runs import run_checks
 from .short_windows import as_presence_drop, merge_windows, scaled
 from .value_shift import compare_numbers
 
@@ -207,6 +208,7 @@ def evaluate(store: Store, config: AnalyzerConfig, at: datetime, *, window: time
     pending: list[
         tuple[Profile, Cohort, Any, list[Check], list[Insufficient], Cohort | None, str | None, list[dict[str, Any]]]
     ] = []
+    run_rows = store.run_rollups(since, at)  # agent runs judged in the window, every cohort's (runs.py)
     for profile in profiles:
         cohort = Cohort(profile.model, profile.prompt_version, profile.contract)
         mirror = _mirrored(profile, aliases.get(cohort, []), in_window)
@@ -214,6 +216,8 @@ def evaluate(store: Store, config: AnalyzerConfig, at: datetime, *, window: time
             resolved, checks, short, windows = _judge_cohort(
                 store, config, profile, cohort, mirror, current, first_seen, aliases, main, shorts, shared
             )
+            if resolved is not None and mirror is None and run_rows:
+                checks = checks + run_checks(store, cohort, resolved.baseline, since, at, rows=run_rows)
         except Exception as exc:
             # One cohort's broken baseline (or a rule raising on it) must not blind the others:
             # logged with its cause, recorded in the run, counted by the analyzer.

@@ -41,6 +41,7 @@ from ._cli import (
     _token_option,
 )
 from .contract_cli import contract
+from .run_cli import run as run_group
 
 if TYPE_CHECKING:
     pass
@@ -822,6 +823,7 @@ def demo_traffic(url: str, token: str | None, rate: float, drift: bool, duration
 
 
 cli.add_command(contract)
+cli.add_command(run_group)
 
 
 def main() -> None:

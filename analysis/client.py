@@ -64,6 +64,7 @@ class Backend(Protocol):
     ) -> dict[str, Any]: ...
     def list_contracts(self, contract: str | None = None) -> list[dict[str, Any]]: ...
     def show_contract(self, contract: str, version: str) -> dict[str, Any]: ...
+    def run(self, run_id: str) -> dict[str, Any]: ...
 
 
 class LocalBackend:
@@ -126,6 +127,14 @@ class LocalBackend:
 
     def show_contract(self, contract: str, version: str) -> dict[str, Any]:
         return admin.show_contract(self.store, contract, version)
+
+    def run(self, run_id: str) -> dict[str, Any]:
+        from shapewatch.collector.traces import RunNotFound, run_view
+
+        view = run_view(self.store, run_id)
+        if view is None:
+            raise RunNotFound(run_id)
+        return view
 
     def alerts(self, **filters: str | None) -> list[dict[str, Any]]:
         f = filters.get
@@ -291,6 +300,12 @@ class RemoteBackend:
         result: dict[str, Any] = self._call(
             "GET", "/v1/contracts/item", params={"contract": contract, "version": version}
         )
+        return result
+
+    def run(self, run_id: str) -> dict[str, Any]:
+        from urllib.parse import quote
+
+        result: dict[str, Any] = self._call("GET", f"/v1/runs/{quote(run_id, safe='')}")
         return result
 
 

@@ -113,6 +113,11 @@ class AlertKind(str, Enum):
     served_model_change = "served_model_change"  # a new model answers a share of an alias's traffic
     unknown_contract_version = "unknown_contract_version"  # outputs tagged with an unregistered version
     assertion = "assertion"  # a declared absolute expectation does not hold (its text is the value)
+    # agent runs (analysis/runs.py), per agent release, judged once each run is complete
+    retry_loop_rate = "retry_loop_rate"  # share of runs calling one tool 3 or more times
+    repeated_call_rate = "repeated_call_rate"  # share of runs repeating an identical call back to back
+    run_length_shift = "run_length_shift"  # tool calls per run (p90)
+    undeclared_call_rate = "undeclared_call_rate"  # share of runs calling a tool their contract does not declare
 
 
 class Severity(str, Enum):
@@ -139,6 +144,10 @@ DEFAULT_SEVERITY: dict[AlertKind, Severity] = {
     AlertKind.served_model_change: Severity.warn,
     AlertKind.unknown_contract_version: Severity.warn,
     AlertKind.assertion: Severity.warn,  # each assertion says its own severity
+    AlertKind.retry_loop_rate: Severity.page,  # the costliest agent incident
+    AlertKind.repeated_call_rate: Severity.warn,
+    AlertKind.run_length_shift: Severity.warn,
+    AlertKind.undeclared_call_rate: Severity.warn,
 }
 
 

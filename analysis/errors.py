@@ -13,6 +13,8 @@ from shapewatch.collector import ShapewatchError
 __all__ = [
     "AlertError",
     "AlertNotFound",
+    "CaseDecided",
+    "CaseNotFound",
     "ConfigInvalid",
     "NotifyConfigInvalid",
     "ParameterInvalid",
@@ -97,3 +99,21 @@ class AlertNotFound(AlertError, LookupError):
 
     def __init__(self, fp: str) -> None:
         super().__init__(f"no alert with fingerprint {fp!r}")
+
+
+class CaseNotFound(ShapewatchError, LookupError):
+    """No case has that id (404)."""
+
+    status = 404
+
+    def __init__(self, case_id: int) -> None:
+        super().__init__(f"no case {case_id}")
+
+
+class CaseDecided(ShapewatchError):
+    """The case was accepted or dismissed before (409)."""
+
+    status = 409
+
+    def __init__(self, case_id: int, state: str) -> None:
+        super().__init__(f"case {case_id} is {state} already; a decision is not changed")

@@ -82,6 +82,9 @@ class MaintenanceJobs:
             return f"{purged.events} raw events and {purged.keys} idempotency keys deleted"
 
         self._guarded("purge", run)
+        # Agent runs' steps are raw data too (with the inputs of model calls): kept as long as events.
+        before = datetime.now(UTC) - timedelta(days=self.settings.raw_retention_days)
+        self._guarded("purge_runs", lambda: f"{self.store.purge_runs(before)} agent runs deleted")
 
 
 def start_maintenance(store: Store, settings: Settings, registry: CollectorRegistry) -> BackgroundScheduler:

@@ -57,11 +57,14 @@ from shapewatch.collector.api import (
     operation_id,
     publish_limits,
 )
+from shapewatch.collector.otlp import OtlpMapping
+from shapewatch.collector.traces import runs_router, traces_router
 
 from .alerts import AlertBook, AlertState, Transition
 from .analyzer import Analyzer
 from .api import AnalysisApi
 from .api import router as analysis_router
+from .cases_api import cases_router
 from .config import AnalyzerConfig
 from .maintenance import start_maintenance
 from .notify import (
@@ -74,6 +77,7 @@ from .notify import (
     send_digest,
     targets_from_config,
 )
+from .runs import judge_complete_runs
 from .store_access import open_store
 
 __all__ = ["create_app", "open_store", "run"]
@@ -223,6 +227,15 @@ def create_app(
                 next_run_time=datetime.now(UTC) + timedelta(seconds=min(30.0, seconds)),
             )
             scheduler.add_job(
+                _runs_job(store, settings),
+                "interval",
+                seconds=max(5.0, min(60.0, settings.run_idle_seconds / 2)),
+                id="judge-runs",
+                max_instances=1,
+                coalesce=True,
+                misfire_grace_time=60,
+            )
+            scheduler.add_job(
                 _guarded_deliver(notifier),
                 "interval",
                 seconds=10,
@@ -273,6 +286,9 @@ def create_app(
     app.add_middleware(BodyPolicy, limits=BodyLimits.from_settings(settings))  # every route's body
     install_error_handlers(app)  # the one error map, for every router
     app.include_router(ingest_router)
+    app.include_router(traces_router)
+    app.include_router(runs_router)
+    app.include_router(cases_router)
     app.include_router(health_router)
     app.include_router(analysis_router)
     app.include_router(metrics_router)
@@ -290,6 +306,12 @@ def create_app(
     # What the routers serve, reached through their dependencies.
     app.state.token_guard = require_token(settings.tokens, "read")
     app.state.collector = api
+    app.state.otlp_mapping = OtlpMapping(
+        prompt_version_attribute=settings.otlp_prompt_version_attribute,
+        default_prompt_version=settings.otlp_default_prompt_version,
+        contract_attribute=settings.otlp_contract_attribute,
+        agent_release_attribute=settings.otlp_agent_release_attribute,
+    )
     app.state.analysis = AnalysisApi(store, config, analyzer)
     app.state.registry = registry
     app.state.store = store
@@ -301,6 +323,7 @@ def create_app(
 
 _TAGS = [
     {"name": "ingest", "description": "Structured outputs and raw provider responses in (token scope ingest)"},
+    {"name": "runs", "description": "Agent runs: their steps in order, and the mined cases to review"},
     {"name": "alerts", "description": "Alerts and silences"},
     {"name": "cohorts", "description": "Cohorts, their window profiles, series and stored outputs"},
     {"name": "baselines", "description": "Frozen baselines: list, freeze, import, activate, inherit, retire"},
@@ -325,6 +348,25 @@ def _digest_job(store: Store, url: str) -> Callable[[], None]:
             log.exception("daily digest failed")
 
     return digest
+
+
+def _runs_job(store: Store, settings: Settings) -> Callable[[], None]:
+    """Judge the agent runs that are complete (no step for run_idle_seconds) and mine their cases."""
+
+    def judge() -> None:
+        try:
+            judged, queued = judge_complete_runs(
+                store,
+                idle=timedelta(seconds=settings.run_idle_seconds),
+                cases_per_rule_day=settings.cases_per_rule_day,
+                handoff_tools=settings.handoff_tools,
+            )
+            if judged:
+                log.info("judged %d complete agent runs, queued %d cases", judged, queued)
+        except Exception:  # a scheduled job never raises into the scheduler
+            log.exception("judging complete agent runs failed")
+
+    return judge
 
 
 def _guarded_deliver(notifier: Notifier) -> Callable[[], None]:

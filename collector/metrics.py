@@ -50,6 +50,13 @@ class CollectorMetrics:
             ["provider", "kind"],
             registry=registry,
         )
+        self.otlp_spans = Counter(
+            "shapewatch_otlp_spans_total",
+            "Spans received on POST /v1/traces, by outcome: mapped, error, or the reason a span was "
+            "skipped (content_not_captured, no_structured_output, operation_not_mapped, not_genai).",
+            ["outcome"],
+            registry=registry,
+        )
         self.request_seconds = Histogram(
             "shapewatch_request_seconds",
             "HTTP ingest request latency.",

@@ -277,6 +277,37 @@ class Settings:
         min=0.0,
     )
     writer_queue_events: int = _s(200_000, "Events waiting for the writer before new requests get 503.", min=1)
+    otlp_prompt_version_attribute: str = _s(
+        "shapewatch.prompt_version",
+        "POST /v1/traces: the span attribute (else resource attribute) naming an event's prompt_version.",
+    )
+    otlp_default_prompt_version: str = _s(
+        "unversioned", "POST /v1/traces: the prompt_version of spans that carry no otlp_prompt_version_attribute."
+    )
+    otlp_contract_attribute: str = _s(
+        "shapewatch.contract",
+        "POST /v1/traces: the span or resource attribute naming the contract of structured outputs "
+        "(tool calls take the tool's name); default contract 'default'.",
+    )
+    otlp_agent_release_attribute: str = _s(
+        "service.version",
+        "POST /v1/traces: the span or resource attribute naming an event's agent_release.",
+    )
+    run_idle_seconds: float = _s(
+        300.0,
+        "An agent run is complete, and judged (run-level signals, mined cases), once no step of it "
+        "arrived for this long; never half-way.",
+        min=1.0,
+        max=7 * 86_400.0,
+    )
+    cases_per_rule_day: int = _s(
+        50, "Most runs one mining rule queues as cases per day; the rest are counted, not queued.", min=0
+    )
+    handoff_tools: tuple[str, ...] = _s(
+        (),
+        "Tool names that mark a handoff to a human (comma-separated in the environment): a run "
+        "calling one is mined as a case.",
+    )
 
     def __post_init__(self) -> None:
         secrets = [parse_token(t).secret for t in self.tokens]

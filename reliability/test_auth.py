@@ -39,7 +39,7 @@ OPEN = {
     ("GET", "/docs/oauth2-redirect"),
     ("GET", "/redoc"),
 }
-INGEST = re.compile(r"^/v1/(outputs|provider/)")
+INGEST = re.compile(r"^/v1/(outputs|provider/|traces)")
 
 
 def app_routes(tmp_path: Path) -> list[tuple[str, str]]:

@@ -94,12 +94,16 @@ def _failure_text(st: dict[str, Any]) -> str:
 
 
 def test_schemathesis_finds_nothing_on_the_ingest_routes(tmp_path: Path, report: dict[str, object]) -> None:
-    """Schemathesis, smoke: the ingest routes and /healthz, every check, few examples"""
+    """Schemathesis, smoke: the ingest routes (OTLP's too) and /healthz, every check, few examples"""
     st = run_schemathesis(
-        tmp_path, examples=5, max_time=12, paths="^/(v1/outputs|v1/provider|healthz)", phases="coverage,fuzzing"
+        tmp_path,
+        examples=5,
+        max_time=12,
+        paths="^/(v1/outputs|v1/provider|v1/traces|healthz)",
+        phases="coverage,fuzzing",
     )
     failures = record(report, st)
-    assert st["operations"]["tested"] == 3
+    assert st["operations"]["tested"] == 4
     assert (failures, st["errors"]) == ({}, []), _failure_text(st)
 
 

@@ -69,6 +69,7 @@ from .baselines import BASELINES_SCHEMA
 from .batch import BatchBuilder, PreparedBatch, Purged, WriteResult, WriteStatus
 from .outbox import NOTIFY_SCHEMA
 from .reads import CohortRow, StoredEvent, WindowRollups
+from .runs import RUNS_SCHEMA, CaseRow, RunRollupRow, RunRow, RunStepRow
 from .schema import MIGRATIONS, SCHEMA_VERSION, Schema, tables_of
 from .store import Store
 
@@ -78,13 +79,18 @@ __all__ = [
     "BASELINES_SCHEMA",
     "MIGRATIONS",
     "NOTIFY_SCHEMA",
+    "RUNS_SCHEMA",
     "SCHEMA_VERSION",
     "AnalyzerRun",
     "BatchBuilder",
+    "CaseRow",
     "CohortRow",
     "ContractRow",
     "PreparedBatch",
     "Purged",
+    "RunRollupRow",
+    "RunRow",
+    "RunStepRow",
     "Schema",
     "Store",
     "StoreBackend",

@@ -20,6 +20,7 @@ from .connection import _copy_wal, _is_lock_error, _is_wal_error, _wal_refusal
 from .outbox import OutboxRecords
 from .reads import Reads
 from .registry import ContractVersions
+from .runs import RUNS_SCHEMA, RunRecords
 from .schema import Schema
 from .tiers import TieredRollups
 
@@ -28,7 +29,7 @@ __all__ = ["Store"]
 log = logging.getLogger(__name__)
 
 
-class Store(Reads, ContractVersions, TieredRollups, AlertRecords, BaselineRecords, OutboxRecords):
+class Store(Reads, ContractVersions, TieredRollups, AlertRecords, BaselineRecords, OutboxRecords, RunRecords):
     """The DuckDB file: opened once per process, written by one thread at a time.
 
     >>> with Store.open(tmp_path / "x.duckdb") as store:   # doctest: +SKIP
@@ -99,7 +100,9 @@ class Store(Reads, ContractVersions, TieredRollups, AlertRecords, BaselineRecord
         store = cls(con, path, bucket_seconds=bucket_seconds, rollup=rollup or RollupConfig(), read_only=read_only)
         try:
             store._migrate()
-            for schema in schemas:
+            # The runs' tables are the collector's own (POST /v1/traces writes them), kept as a
+            # schema of their own so their versions never interleave with the events' migrations.
+            for schema in dict.fromkeys((RUNS_SCHEMA, *schemas)):
                 store._migrate_schema(schema)
             store._check_bucket_width()
             if tiers is not None:

@@ -35,6 +35,10 @@ ALERT_KINDS = (
     "served_model_change",
     "unknown_contract_version",
     "assertion",
+    "retry_loop_rate",
+    "repeated_call_rate",
+    "undeclared_call_rate",
+    "run_length_shift",
 )
 STATES = {
     "open (pending and firing)": "open",

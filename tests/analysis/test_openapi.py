@@ -11,7 +11,9 @@ each operation, and every 2xx body is validated against the schema the descripti
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -47,6 +49,12 @@ TOKEN = "openapi-token"
 OPERATIONS = {
     ("POST", "/v1/outputs"): ("ingest_events", "ingest"),
     ("POST", "/v1/provider/{provider}"): ("ingest_provider_response", "ingest"),
+    ("POST", "/v1/traces"): ("ingest_traces", "ingest"),
+    ("GET", "/v1/runs"): ("list_runs", "runs"),
+    ("GET", "/v1/runs/{run_id}"): ("get_run", "runs"),
+    ("GET", "/v1/cases"): ("list_cases", "runs"),
+    ("POST", "/v1/cases/{case_id}/accept"): ("accept_case", "runs"),
+    ("POST", "/v1/cases/{case_id}/dismiss"): ("dismiss_case", "runs"),
     ("GET", "/healthz"): ("get_health", "health"),
     ("GET", "/metrics"): ("get_metrics", "health"),
     ("GET", "/v1/alerts"): ("list_alerts", "alerts"),
@@ -256,7 +264,7 @@ def test_every_path_is_in_the_readme_api_section(app_and_spec: tuple[TestClient,
 @pytest.fixture(scope="module")
 def sample(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     db = tmp_path_factory.mktemp("sample") / "sample.duckdb"
-    svc = start_service(db, env={"SHAPEWATCH_TOKENS": TOKEN})
+    svc = start_service(db, env={"SHAPEWATCH_TOKENS": TOKEN, "SHAPEWATCH_RUN_IDLE_SECONDS": "1"})
     try:
         assert seed_sample(svc.url, token=TOKEN).seeded
         yield svc
@@ -348,6 +356,33 @@ def test_every_2xx_body_keeps_to_its_schema(sample: Service) -> None:
         assert [x["version"] for x in call("GET", "/v1/contracts", params={"contract": "openapi-c"})] == ["1"]
         assert call("GET", "/v1/contracts/item", params=contract)["document"] == schema
         assert len(call("GET", "/v1/analyzer/runs")) >= 2
+        span = {
+            "traceId": "ab" * 16,
+            "spanId": "cd" * 8,
+            "endTimeUnixNano": "1764590401000000000",
+            "attributes": [
+                {"key": "gen_ai.operation.name", "value": {"stringValue": "chat"}},
+                {"key": "gen_ai.request.model", "value": {"stringValue": "m"}},
+                {
+                    "key": "gen_ai.output.messages",
+                    "value": {
+                        "stringValue": json.dumps(
+                            [{"parts": [{"type": "tool_call", "name": "t", "arguments": {"a": 1}}] * 3}]
+                        )
+                    },
+                },
+            ],
+        }
+        traces = {"resourceSpans": [{"scopeSpans": [{"spans": [span, {**span, "spanId": "00" * 8}]}]}]}
+        assert call("POST", "/v1/traces", json=traces)["partialSuccess"]["rejectedSpans"] == 1
+        assert call("GET", "/v1/runs")[0]["run_id"] == "ab" * 16
+        assert call("GET", "/v1/runs/{run_id}", path={"run_id": "ab" * 16})["tool_calls"] == 3
+        deadline = time.monotonic() + 60  # the run is judged once idle for a second (a scheduled job)
+        while not (mined := call("GET", "/v1/cases")["cases"]) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert sorted(x["rule"] for x in mined) == ["repeated_call", "retry_loop"]
+        call("POST", "/v1/cases/{case_id}/accept", path={"case_id": mined[0]["case_id"]}, json={"author": "ana"})
+        call("POST", "/v1/cases/{case_id}/dismiss", path={"case_id": mined[1]["case_id"]}, json={"author": "ana"})
         assert c.get("/metrics").headers["content-type"].startswith("text/plain")
     assert call.seen == set(OPERATIONS) - {("GET", "/metrics")}
 

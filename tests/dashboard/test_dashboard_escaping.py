@@ -25,7 +25,15 @@ from markdown_it import MarkdownIt
 from streamlit.testing.v1 import AppTest
 
 APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
-PAGES = ["views/alerts.py", "views/cohorts.py", "views/field.py", "views/baselines.py", "views/ingestion.py"]
+PAGES = [
+    "views/alerts.py",
+    "views/cohorts.py",
+    "views/field.py",
+    "views/baselines.py",
+    "views/ingestion.py",
+    "views/runs.py",
+    "views/cases.py",
+]
 
 IMAGE = "![x](http://127.0.0.1:9/x.png)"
 LINK = "[link](http://evil)"

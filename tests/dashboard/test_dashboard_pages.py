@@ -24,7 +24,15 @@ from streamlit.testing.v1 import AppTest
 from shapewatch.analysis.sample import SAMPLE_AUTHOR, seed_sample
 
 APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
-PAGES = ["views/alerts.py", "views/cohorts.py", "views/field.py", "views/baselines.py", "views/ingestion.py"]
+PAGES = [
+    "views/alerts.py",
+    "views/cohorts.py",
+    "views/field.py",
+    "views/baselines.py",
+    "views/ingestion.py",
+    "views/runs.py",
+    "views/cases.py",
+]
 INTAKE = {"model": "claude-sonnet-4-5-20250929", "prompt_version": "intake-v3", "contract": "sample-intake"}
 
 
