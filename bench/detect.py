@@ -1,6 +1,6 @@
 """Time to page: minutes from the onset of a change to the alert that says it, per case and rate.
 
-    .venv/bin/python bench/time_to_page.py [--rates 20,2] [--horizon 24h] [--cases vanish,drop30,...]
+    .venv/bin/python bench/detect.py [--rates 20,2] [--horizon 24h] [--cases vanish,drop30,...]
                                            [--workdir DIR] [--json OUT]
 
 For each traffic rate (outputs per minute), a real DuckDB file gets a baseline day of stable
