@@ -4,7 +4,7 @@ Each app runs its lifespan (``with TestClient(app)``), so the writer commits the
 events posted to ``/v1/outputs`` into a real DuckDB file under tmp_path.
 ``POST /v1/analyzer/run`` evaluates at the real current time, so event times are
 placed relative to now (aligned to the one-minute rollup buckets): a baseline
-period days ago, a drifted window in the last hours.
+period days ago (on whole hours, where rollups are hour buckets), a drifted window in the last hours.
 """
 
 from __future__ import annotations
@@ -104,7 +104,10 @@ class Times:
 
 def times() -> Times:
     now = datetime.now(UTC).replace(second=0, microsecond=0)
-    return Times(now, now - timedelta(days=3), now - timedelta(days=2), now - timedelta(hours=5))
+    # Periods days back start on the hour: their rollups are hour buckets by then (rollup tiers),
+    # and a baseline window on whole hours holds exactly its events.
+    hour = now.replace(minute=0)
+    return Times(now, hour - timedelta(days=3), hour - timedelta(days=2), now - timedelta(hours=5))
 
 
 def make_app(db: Path, tokens: tuple[str, ...] = ()) -> Any:
