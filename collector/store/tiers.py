@@ -12,7 +12,7 @@ counted into their coarse bucket when they arrived (the boundary only ever moves
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import duckdb
 import pyarrow as pa
@@ -21,7 +21,10 @@ from ..rollup import ROLLUP_TABLES
 from ..tiers import DAY, HOUR, Horizons, TierPolicy
 from .maintenance import Maintenance
 
-__all__ = ["TieredRollups", "fold_cohorts"]
+__all__ = ["FOLD_STEP", "TieredRollups", "fold_cohorts"]
+
+#: How far one fold transaction moves a cohort's tier boundaries (fold_tiers).
+FOLD_STEP = timedelta(days=2)
 
 # served_models is keyed like the rollups and folded with them (its primary key holds one row per key).
 _FOLDED = {**ROLLUP_TABLES, "served_models": (["cohort_id", "bucket", "served_model"], ["n"])}
@@ -39,10 +42,19 @@ _IN_RANGE = "((t.bucket >= h.lo_m AND t.bucket < h.minute_from) OR (t.bucket >= 
 
 
 def fold_cohorts(
-    con: duckdb.DuckDBPyConnection, newest: dict[int, int], policy: TierPolicy, cap: int, free_text: int
-) -> int:
-    """Fold cohorts' rollups to the tiers of their newest data (cohort id -> epoch seconds);
-    returns the rows removed.
+    con: duckdb.DuckDBPyConnection,
+    newest: dict[int, int],
+    policy: TierPolicy,
+    cap: int,
+    free_text: int,
+    step: int | None = None,
+) -> tuple[int, bool]:
+    """Fold cohorts' rollups toward the tiers of their newest data (cohort id -> epoch seconds);
+    returns the rows removed and whether every cohort reached its tiers.
+
+    With ``step`` (seconds), each boundary moves at most that far past the cohort's last fold
+    (the first fold of a cohort starts at its oldest bucket), so a long history is folded in
+    several short transactions rather than one long one (the caller loops).
 
     The caller holds the transaction. ``cap``: the most values kept per (cohort, bucket, path);
     values beyond it after folding go to the field's overflow count, as at merge; so do all the
@@ -51,19 +63,38 @@ def fold_cohorts(
     buckets.
     """
     if not newest:
-        return 0
+        return 0, True
     marks = {
         int(i): (int(m), int(h))
         for i, m, h in con.execute(
             "SELECT cohort_id, epoch(minute_from)::BIGINT, epoch(hour_from)::BIGINT FROM tier_marks"
         ).fetchall()
     }
+    first: dict[int, int] = {}
+    if step is not None:
+        first = {
+            int(c): int(b)
+            for c, b in con.execute(
+                "SELECT cohort_id, epoch(min(bucket))::BIGINT FROM cohort_buckets GROUP BY ALL"
+            ).fetchall()
+        }
     rows = []
+    done = True
     for cohort_id, n in newest.items():
         minute_from, hour_from = policy.bounds(n)
-        lo_m, lo_h = marks.get(cohort_id, (0, 0))
-        # boundaries only move forward
-        rows.append((cohort_id, n, lo_m, max(minute_from, lo_m), lo_h, max(hour_from, lo_h)))
+        if cohort_id in marks:
+            lo_m, lo_h = marks[cohort_id]
+        elif cohort_id in first:  # never folded: nothing lies before its oldest bucket
+            lo_m = lo_h = first[cohort_id] // DAY * DAY
+        else:  # no bucket at all: nothing to fold, the marks start at the tiers
+            lo_m, lo_h = minute_from, hour_from
+        # boundaries only move forward, and with a step, by at most the step
+        target_m, target_h = max(minute_from, lo_m), max(hour_from, lo_h)
+        minute_from, hour_from = target_m, target_h
+        if step is not None:
+            minute_from, hour_from = min(target_m, lo_m + step), min(target_h, lo_h + step)
+            done = done and (minute_from, hour_from) == (target_m, target_h)
+        rows.append((cohort_id, n, lo_m, minute_from, lo_h, hour_from))
     con.register(
         "_marks",
         pa.table({k: pa.array(col, pa.int64()) for k, col in zip(_MARK_COLUMNS, zip(*rows, strict=True), strict=True)}),
@@ -90,7 +121,7 @@ def fold_cohorts(
                 removed += _fold_table(con, table, keys, sums)
     for t in ("_h", "_fv", "_excess"):
         con.execute(f"DROP TABLE IF EXISTS {t}")
-    return removed
+    return removed, done
 
 
 _MARK_COLUMNS = ("cohort_id", "newest", "lo_m", "minute_from", "lo_h", "hour_from")
@@ -171,9 +202,13 @@ class TieredRollups(Maintenance):
         ).fetchall()
         self.horizons.raise_to({(str(m), str(p), str(c)): int(n) for m, p, c, n in rows})
 
-    def fold_tiers(self) -> int:
-        """Move every cohort's aged buckets into their tier (one transaction per cohort); returns rows removed.
+    def fold_tiers(self, *, step: timedelta = FOLD_STEP, max_steps: int | None = None) -> int:
+        """Move every cohort's aged buckets into their tier; returns the rows removed.
 
+        Each transaction moves the boundaries at most ``step`` further (every cohort at once),
+        letting writes in between: the first fold of a store with weeks of minute buckets (an
+        upgrade, an import of a .gz file) would otherwise hold the write lock for all of it.
+        ``max_steps`` stops after that many transactions (the next fold goes on from there).
         Does nothing when the store keeps minute buckets only (opened without a tier policy).
         """
         if self.horizons is None:
@@ -184,10 +219,20 @@ class TieredRollups(Maintenance):
             (m, p, c): i for i, m, p, c in self.query("SELECT cohort_id, model, prompt_version, contract FROM cohorts")
         }
         by_id = {ids[c]: n for c, n in newest.items() if c in ids}
-        with self._write_lock, self._merge_lock, self._transaction("folding rollups into their tiers") as con:
-            return fold_cohorts(
-                con, by_id, self.horizons.policy, self.rollup.enum_values_per_path, self.rollup.free_text_min_distinct
-            )
+        removed, steps, done = 0, 0, False
+        while not done and (max_steps is None or steps < max_steps):
+            with self._write_lock, self._merge_lock, self._transaction("folding rollups into their tiers") as con:
+                n, done = fold_cohorts(
+                    con,
+                    by_id,
+                    self.horizons.policy,
+                    self.rollup.enum_values_per_path,
+                    self.rollup.free_text_min_distinct,
+                    int(step.total_seconds()),
+                )
+            removed += n
+            steps += 1
+        return removed
 
     def covered_window(self, cohort_id: int, since: datetime, until: datetime) -> tuple[datetime, datetime]:
         """The window a read of ``[since, until)`` covers for one cohort: an edge that falls in the

@@ -169,6 +169,14 @@ def table_sums(store: Store, table: str, coarse: dict[int, tuple[int, int]] | No
     return +out
 
 
+def totals(sums: Counter[tuple[Any, ...]]) -> Counter[tuple[Any, ...]]:
+    """The sums with the bucket summed away (the second item of each key)."""
+    out: Counter[tuple[Any, ...]] = Counter()
+    for key, n in sums.items():
+        out[(key[0], *key[2:])] += n
+    return out
+
+
 def bounds_by_id(store: Store) -> dict[int, tuple[int, int]]:
     return {i: (int(m.timestamp()), int(h.timestamp())) for i, (m, h) in store.tier_bounds().items()}
 
@@ -398,3 +406,31 @@ def test_an_import_tiers_history_as_it_reads_it_whatever_the_end_of_the_file_hol
         sums[name] = {t: table_sums(store, t) for t in FOLDED}
         store.close()
     assert sums["plain"] == sums["packed"]
+
+
+def test_a_long_history_folds_in_steps_that_each_move_the_boundaries_a_bounded_way(
+    tmp_path: Path, envelope: MakeEnvelope
+) -> None:
+    """The first fold of three weeks of minute buckets runs as several transactions, the tier
+    boundaries moving at most a step each, so writes get in between; each step keeps every sum, and
+    stopping after one leaves a store the next fold finishes as one fold would."""
+    import shutil
+
+    raws = history(envelope, 1200, 4)
+    cfg = RollupConfig(enum_values_per_path=1000)
+    with Store.open(tmp_path / "stepped.duckdb", rollup=cfg) as minute:  # minute buckets only, so far
+        minute.write_batch([parse(r) for r in raws])
+    shutil.copy(tmp_path / "stepped.duckdb", tmp_path / "whole.duckdb")
+    with Store.open(tmp_path / "whole.duckdb", rollup=cfg, tiers=POLICY) as whole:
+        whole.fold_tiers(step=timedelta(days=100))  # in one step
+        folded = {t: table_sums(whole, t) for t in FOLDED}
+    with Store.open(tmp_path / "stepped.duckdb", rollup=cfg, tiers=POLICY) as store:  # tiers from now on
+        start = min(buckets(store)) // DAY * DAY
+        before = {t: totals(table_sums(store, t)) for t in FOLDED}
+        store.fold_tiers(step=timedelta(days=2), max_steps=1)
+        marks = bounds_by_id(store)
+        assert marks and all(m <= start + 2 * DAY and h <= start + 2 * DAY for m, h in marks.values())
+        assert {t: totals(table_sums(store, t)) for t in FOLDED} == before  # a step loses and doubles nothing
+        store.fold_tiers(step=timedelta(days=2))  # the rest, step by step
+        assert {t: table_sums(store, t) for t in FOLDED} == folded
+        assert store.fold_tiers() == 0
