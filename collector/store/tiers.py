@@ -1,9 +1,10 @@
 """Rollup tiers in the store: where each cohort's tiers begin, and the fold that moves aged
 minute buckets into hours and hours into days (``collector/tiers.py`` has the policy).
 
-A fold is one transaction, the marks (``tier_marks``: per cohort, the tier boundaries its rollups
-were last folded to, and its newest data) with the rows, so a crash during a fold leaves the
-store either folded or as it was: sums never change, only rows.
+A fold is a few transactions, each moving every cohort's tier boundaries at most ``FOLD_STEP``
+and writing the marks (``tier_marks``: per cohort, the boundaries its rollups were last folded
+to, and its newest data) with the rows, so a crash during a fold leaves the steps that
+committed, each whole: sums never change, only rows.
 
 What a fold reads is bounded by the marks: rows between the last fold's boundary and the new
 one, for each of the two tiers. Rows older than the last boundary were either folded then or
