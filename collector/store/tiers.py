@@ -71,29 +71,47 @@ def fold_cohorts(
             "SELECT cohort_id, epoch(minute_from)::BIGINT, epoch(hour_from)::BIGINT FROM tier_marks"
         ).fetchall()
     }
-    first: dict[int, int] = {}
+    lows = {c: marks.get(c, (0, 0)) for c in newest}
+    nxt: dict[int, tuple[int | None, int | None]] = {}
     if step is not None:
-        first = {
-            int(c): int(b)
-            for c, b in con.execute(
-                "SELECT cohort_id, epoch(min(bucket))::BIGINT FROM cohort_buckets GROUP BY ALL"
-            ).fetchall()
-        }
+        # Where each cohort's next rows lie, so that a step skips time that holds none: one output
+        # dated 1971 must not turn a fold into thousands of empty steps.
+        con.register(
+            "_lo",
+            pa.table(
+                {
+                    "cohort_id": pa.array(list(lows), pa.int64()),
+                    "lo_m": pa.array([lo[0] for lo in lows.values()], pa.int64()),
+                    "lo_h": pa.array([lo[1] for lo in lows.values()], pa.int64()),
+                }
+            ),
+        )
+        try:
+            nxt = {
+                int(c): (None if m is None else int(m), None if h is None else int(h))
+                for c, m, h in con.execute(
+                    """SELECT l.cohort_id,
+                              epoch(min(b.bucket) FILTER (WHERE b.bucket >= to_timestamp(l.lo_m)))::BIGINT,
+                              epoch(min(b.bucket) FILTER (WHERE b.bucket >= to_timestamp(l.lo_h)))::BIGINT
+                       FROM _lo l JOIN cohort_buckets b ON b.cohort_id = l.cohort_id GROUP BY 1"""
+                ).fetchall()
+            }
+        finally:
+            con.unregister("_lo")
     rows = []
     done = True
     for cohort_id, n in newest.items():
         minute_from, hour_from = policy.bounds(n)
-        if cohort_id in marks:
-            lo_m, lo_h = marks[cohort_id]
-        elif cohort_id in first:  # never folded: nothing lies before its oldest bucket
-            lo_m = lo_h = first[cohort_id] // DAY * DAY
-        else:  # no bucket at all: nothing to fold, the marks start at the tiers
-            lo_m, lo_h = minute_from, hour_from
-        # boundaries only move forward, and with a step, by at most the step
+        lo_m, lo_h = lows[cohort_id]
+        # boundaries only move forward, and with a step, by at most the step past the next rows
         target_m, target_h = max(minute_from, lo_m), max(hour_from, lo_h)
         minute_from, hour_from = target_m, target_h
         if step is not None:
-            minute_from, hour_from = min(target_m, lo_m + step), min(target_h, lo_h + step)
+            next_m, next_h = nxt.get(cohort_id, (None, None))
+            if next_m is not None:
+                minute_from = min(target_m, max(lo_m, next_m // DAY * DAY) + step)
+            if next_h is not None:
+                hour_from = min(target_h, max(lo_h, next_h // DAY * DAY) + step)
             done = done and (minute_from, hour_from) == (target_m, target_h)
         rows.append((cohort_id, n, lo_m, minute_from, lo_h, hour_from))
     con.register(

@@ -434,3 +434,17 @@ def test_a_long_history_folds_in_steps_that_each_move_the_boundaries_a_bounded_w
         store.fold_tiers(step=timedelta(days=2))  # the rest, step by step
         assert {t: table_sums(store, t) for t in FOLDED} == folded
         assert store.fold_tiers() == 0
+
+
+def test_an_output_dated_1971_does_not_make_the_fold_step_through_fifty_years(
+    tmp_path: Path, envelope: MakeEnvelope
+) -> None:
+    """Steps skip time that holds no rows: outputs in 1971 and last month fold in a handful of
+    steps, not one per two days since 1971."""
+    with Store.open(tmp_path / "plain.duckdb") as plain:  # the same outputs in minute buckets, then tiers
+        plain.write_batch([parse(envelope(ts=t)) for t in ("1971-01-01T00:00:30Z", at(20 * DAY), at(5 * DAY), at(30))])
+    with Store.open(tmp_path / "plain.duckdb", tiers=POLICY) as tiered:
+        tiered.fold_tiers(step=timedelta(days=2), max_steps=4)
+        ((minute_from, hour_from),) = bounds_by_id(tiered).values()
+        assert (minute_from, hour_from) == POLICY.bounds(E - 60)  # reached the tiers within four steps
+        assert sorted(buckets(tiered)) == [31_536_000, E - 20 * DAY, E - 5 * DAY, E - 60]
