@@ -55,6 +55,7 @@ def write_config(path: Path, pager_url: str) -> Path:
 window = "1h"
 interval = "1h"
 confirm_evaluations = 1
+short_windows = []
 
 [[notify.targets]]
 name = "pd"
