@@ -103,9 +103,9 @@ class Horizons:
         """
         latest: dict[Cohort, int] = {}
         for model, prompt_version, contract, served, start in keys:
-            for c in ((model, prompt_version, contract), (served, prompt_version, contract)):
-                if c[0] is not None and start > latest.get(c, start - 1):  # type: ignore[arg-type]
-                    latest[c] = start  # type: ignore[index]
+            for name in (model, served):
+                if name is not None and start > latest.get((name, prompt_version, contract), start - 1):
+                    latest[(name, prompt_version, contract)] = start
         self.raise_to(latest)
         known = self._newest
         policy = self.policy
