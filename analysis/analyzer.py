@@ -312,7 +312,7 @@ def _judge_cohort(
     if shared is not None:
         whole = rules_for(RESPONSES)  # the rules of the output as a whole ('$')
         o_checks, o_short = compare_outcomes(
-            shared.baseline_outcomes(b.cohort, b.since, b.until),
+            b.outcomes if b.outcomes is not None else shared.baseline_outcomes(b.cohort, b.since, b.until),
             b.samples,
             shared.outcomes.get(profile.cohort_id, {}),
             profile.events,

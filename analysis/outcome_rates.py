@@ -12,7 +12,9 @@ window) and, when configured, against an absolute ceiling:
 - ``invalid_output_rate``: ``invalid_json``, ``not_an_object`` and ``no_structured_output``.
 
 A rate is a share of responses: outputs stored plus outcomes counted (an outcome is a response
-that produced no output). Against the baseline it breaches when it rises by
+that produced no output). An output stored with a ``finish_reason`` that says its response was
+cut, filtered or refused (``collector.adapters.FINISH_OUTCOMES``) counts too, as ``output:<kind>``:
+in the rate's numerator, and once among the responses (as the output it is). Against the baseline it breaches when it rises by
 ``outcome_tolerance`` (2 points) with significance (two-proportion test); against a ceiling
 (``max_truncation_rate``, ...) when it exceeds the ceiling with significance (a one-sided
 binomial test against the ceiling). Both checks of a kind share the alert's fingerprint
@@ -26,10 +28,12 @@ from __future__ import annotations
 
 from scipy import stats
 
+from shapewatch.collector.adapters import WITH_OUTPUT
+
 from .config import AlertKind, FieldRules
 from .rules import Check, Insufficient, two_proportion_p
 
-__all__ = ["OUTCOME_KINDS", "compare_outcomes"]
+__all__ = ["OUTCOME_KINDS", "compare_outcomes", "responses"]
 
 #: The alert kinds and the provider outcome kinds each counts.
 OUTCOME_KINDS: dict[AlertKind, tuple[str, ...]] = {
@@ -38,6 +42,12 @@ OUTCOME_KINDS: dict[AlertKind, tuple[str, ...]] = {
     AlertKind.invalid_output_rate: ("invalid_json", "not_an_object", "no_structured_output"),
 }
 FIELD = "$"  # the response itself
+
+
+def responses(outputs: int, outcomes: dict[str, int]) -> int:
+    """A cohort's responses: its outputs, and its outcomes that gave no output (an outcome
+    counted from a stored output's finish reason, ``output:...``, is one of the outputs)."""
+    return outputs + sum(n for k, n in outcomes.items() if not k.startswith(WITH_OUTPUT))
 
 
 def _ceiling(rules: FieldRules, kind: AlertKind) -> float | None:
@@ -62,9 +72,10 @@ def compare_outcomes(
     """The outcome-rate checks of one cohort: counts per outcome kind and outputs, baseline and window."""
     checks: list[Check] = []
     short: list[Insufficient] = []
-    b_total = baseline_outputs + sum(baseline.values())
-    c_total = current_outputs + sum(current.values())
+    b_total = responses(baseline_outputs, baseline)
+    c_total = responses(current_outputs, current)
     for kind, counted in OUTCOME_KINDS.items():
+        counted = (*counted, *(WITH_OUTPUT + k for k in counted))
         c_n = sum(current.get(k, 0) for k in counted)
         b_n = sum(baseline.get(k, 0) for k in counted)
         if not c_n:

@@ -44,6 +44,7 @@ from shapewatch.collector import (
 
 from .config import MAX_REVIEW_PERIOD, AnalyzerConfig
 from .errors import ReviewPeriodTooLong
+from .outcome_rates import responses
 from .rules import adjust_p_values, compare_profiles, enum_like
 
 __all__ = ["MAX_REVIEW_PERIOD", "build_review", "render_html", "render_markdown"]
@@ -136,7 +137,7 @@ def _field_row(
 def _outcome_shares(store: Store, cohort_id: int, outputs: int, since: datetime, until: datetime) -> dict[str, Any]:
     """Provider outcomes of the period per kind, with their shares of responses (outputs + outcomes)."""
     counts = store.outcomes_by_cohort(since, until).get(cohort_id, {})
-    total = outputs + sum(counts.values())
+    total = responses(outputs, counts)
     return {
         "responses": total,
         "counts": counts,

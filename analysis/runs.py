@@ -50,6 +50,7 @@ __all__ = [
     "RunSignals",
     "judge_complete_runs",
     "run_checks",
+    "run_contract",
     "run_signals",
 ]
 
@@ -103,6 +104,13 @@ class RunSignals:
     handoff: tuple[str, ...]
 
 
+def run_contract(steps: Sequence[RunStepRow]) -> str:
+    """The contract a run answers: its structured outputs' (an application that sends envelopes
+    names the tool as each call's contract, and the run's contract on its outputs), else the one
+    its first step names (a traced span names it on every step)."""
+    return next((s.contract for s in steps if s.kind == "output"), steps[0].run_contract)
+
+
 def run_signals(
     steps: Sequence[RunStepRow], declared: frozenset[str] | None = None, handoff_tools: Iterable[str] = ()
 ) -> RunSignals | None:
@@ -123,7 +131,7 @@ def run_signals(
     return RunSignals(
         model=first.model,
         prompt_version=first.prompt_version,
-        contract=first.run_contract,
+        contract=run_contract(steps),
         agent_release=next((s.agent_release for s in steps if s.agent_release), _NO_RELEASE),
         source=next((s.source for s in steps if s.source), "production"),
         last_ts=max(s.ts for s in steps),
@@ -215,8 +223,9 @@ def judge_complete_runs(
     for run_id, steps in runs.items():
         if not steps:
             continue
-        version = next((s.contract_version for s in steps if s.contract_version), None)
-        key = (steps[0].run_contract, version)
+        contract = run_contract(steps)
+        version = next((s.contract_version for s in steps if s.contract_version and s.contract == contract), None)
+        key = (contract, version or next((s.contract_version for s in steps if s.contract_version), None))
         if key not in declared:
             declared[key] = _declared_tools(store, *key)
         signals = run_signals(steps, declared[key], handoff_tools)

@@ -46,6 +46,7 @@ from shapewatch.collector import (
     served_aliases,
     tag_problem,
 )
+from shapewatch.collector.adapters import WITH_OUTPUT, OutcomeKind
 from shapewatch.collector.store import BASELINES_SCHEMA
 
 from .errors import (
@@ -142,6 +143,10 @@ class Baseline:
     # it per path and JSON Schema keyword (collector.Profile.violations); none before contracts.
     checked: int = 0
     violations: dict[str, dict[str, int]] = field(default_factory=dict)
+    # Provider outcomes per kind over the window (truncated, refusal, output:truncated...): the
+    # outcome rates are judged against these. None in documents frozen before outcomes were kept:
+    # their window's outcomes are read from the store instead.
+    outcomes: dict[str, int] | None = None
 
     @property
     def unpinned(self) -> bool:
@@ -183,6 +188,8 @@ def _content(b: Baseline) -> dict[str, Any]:
         "fields": {p: f.to_json() for p, f in sorted(b.fields.items())},
         # only when something was checked: documents frozen before contracts keep their hash
         **({"contract_checks": {"checked": b.checked, "violations": b.violations}} if b.checked else {}),
+        # likewise only when kept: documents frozen before keep their hash
+        **({"outcomes": b.outcomes} if b.outcomes is not None else {}),
     }
 
 
@@ -229,6 +236,7 @@ def baseline_from_document(
         fields={p: FieldProfile.from_json(f) for p, f in doc["fields"].items()},
         checked=checks.get("checked", 0),
         violations={p: dict(by) for p, by in checks.get("violations", {}).items()},
+        outcomes=dict(doc["outcomes"]) if "outcomes" in doc else None,
     )
     actual = _hash(_content(b))
     if actual != b.hash or b.baseline_id != actual[:16]:
@@ -256,6 +264,7 @@ _TOP = {
     "forced": True,
     "fields": True,
     "contract_checks": False,
+    "outcomes": False,
     "baseline_id": True,
     "hash": True,
     "created_at": True,
@@ -477,9 +486,22 @@ def document_problems(doc: Any, *, max_tag_length: int | None = DEFAULT_TAG_LENG
             else:
                 for p, by in violations.items():
                     c.counts(by, _pointer("contract_checks", "violations", p))
+    if "outcomes" in doc:
+        c.counts(doc["outcomes"], "/outcomes", _outcome_kind(c))
     if c.unlisted:
         c.problems.append(FieldError("/", f"and {c.unlisted} more problems, not listed"))
     return c.problems
+
+
+def _outcome_kind(c: _Checker) -> Callable[[str, str], None]:
+    def check(kind: str, path: str) -> None:
+        if kind not in _OUTCOME_KINDS:
+            c.bad(path, f"{kind[:80]!r} is not an outcome kind ({', '.join(sorted(_OUTCOME_KINDS))})", "invalid_value")
+
+    return check
+
+
+_OUTCOME_KINDS = frozenset(k.value for k in OutcomeKind) | frozenset(WITH_OUTPUT + k.value for k in OutcomeKind)
 
 
 # --- freezing -------------------------------------------------------------------------------
@@ -539,6 +561,7 @@ def freeze_baseline(
     # The profile holds the buckets that start in the window (minutes, or hours and days where the
     # cohort's rollups are in those tiers); the contract versions are counted over the same buckets.
     versions = store.contract_versions_by_cohort(since, until).get(cid, {})
+    outcomes = store.outcomes_by_cohort(since, until).get(cid, {})
     draft = Baseline(
         "",
         "",
@@ -555,6 +578,7 @@ def freeze_baseline(
         profile.fields,
         profile.checked,
         profile.violations,
+        dict(sorted(outcomes.items())),
     )
     digest = _hash(_content(draft))
     baseline = Baseline(**{**draft.__dict__, "baseline_id": digest[:16], "hash": digest})

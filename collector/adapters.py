@@ -37,12 +37,15 @@ from .errors import ShapewatchError
 from .flatten import json_type_of
 
 __all__ = [
+    "FINISH_OUTCOMES",
+    "WITH_OUTPUT",
     "AdaptedResponse",
     "AdapterError",
     "OutcomeKind",
     "Provider",
     "ProviderOutcome",
     "adapt_response",
+    "finish_outcome",
 ]
 
 
@@ -65,6 +68,35 @@ class OutcomeKind(str, enum.Enum):
     # valid JSON, but an array, a string, a number or null: shapewatch watches objects (a Gemini
     # response schema may ask for an array; a tool call's arguments must be an object)
     not_an_object = "not_an_object"
+
+
+#: What a ``finish_reason`` on an envelope says about its response, the names of every provider
+#: and instrumentation folded to lower case (OpenAI ``length``, Anthropic ``max_tokens``, Gemini
+#: ``MAX_TOKENS``/``SAFETY``, the OpenAI Responses API ``max_output_tokens``...). A reason not
+#: listed (``stop``, ``tool_calls``, ``end_turn``...) says nothing went wrong.
+FINISH_OUTCOMES: dict[str, OutcomeKind] = {
+    **dict.fromkeys(
+        ("length", "max_tokens", "max_output_tokens", "model_context_window_exceeded", "model_length"),
+        OutcomeKind.truncated,
+    ),
+    **dict.fromkeys(
+        ("content_filter", "safety", "prohibited_content", "blocklist", "spii", "image_safety"),
+        OutcomeKind.content_filter,
+    ),
+    **dict.fromkeys(("refusal", "recitation"), OutcomeKind.refusal),
+}
+#: Outcome kinds counted from outputs that were stored (an envelope's ``finish_reason``) are
+#: named with this prefix (``output:truncated``): the output is one of the cohort's responses
+#: already, so a rate counts it in its numerator and not a second time among the responses.
+WITH_OUTPUT = "output:"
+
+
+def finish_outcome(finish_reason: str | None) -> str | None:
+    """The outcome kind (``output:truncated``...) an output with this ``finish_reason`` counts as, if any."""
+    if finish_reason is None:
+        return None
+    kind = FINISH_OUTCOMES.get(finish_reason.lower())
+    return None if kind is None else WITH_OUTPUT + kind.value
 
 
 @dataclass(frozen=True)

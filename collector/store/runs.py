@@ -196,7 +196,9 @@ class RunRecords(StoreCore):
             con.register("_new_steps", steps_table)
             con.register("_run_updates", runs_table)
             try:
-                con.execute(f"INSERT OR IGNORE INTO run_steps ({_STEP_COLUMNS}, received_at) SELECT * FROM _new_steps")
+                # OR REPLACE: the events' own write kept a plainer step under the same key (the
+                # event id: collector/store/event_facts.py); this one knows the span.
+                con.execute(f"INSERT OR REPLACE INTO run_steps ({_STEP_COLUMNS}, received_at) SELECT * FROM _new_steps")
                 con.execute(
                     """INSERT INTO runs (run_id, first_ts, last_ts, last_received, judged_at)
                        SELECT run_id, first_ts, last_ts, ?, NULL FROM _run_updates

@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 from ..envelope import Envelope
 from ..errors import StoreError
 from ..rollup import RollupBatch
-from . import merge
+from . import event_facts, merge
 from .batch import BatchBuilder, PreparedBatch, WriteResult, _results
 from .deferred import DeferredRollups
 
@@ -165,10 +165,11 @@ class Writes(DeferredRollups):
                         out.append(self._insert(con, batch, t, probe=True))
                     self._committed([out[-1]])
         finally:
-            try:
-                self._con.unregister("_batch")
-            except duckdb.Error:
-                pass
+            for name in ("_batch", "_batch_outcomes", "_batch_steps", "_batch_runs"):
+                try:
+                    self._con.unregister(name)
+                except duckdb.Error:
+                    pass
         if self._indexed_keys >= self._memory_until:
             try:
                 self._fit_memory()
@@ -235,6 +236,10 @@ class Writes(DeferredRollups):
                              attributes, output
                       FROM _batch"""
         )
+        # What the new events' finish reasons and run ids say, in the same transaction.
+        facts = self._event_facts(con, table, batch, by_key, now, stamp)
+        if facts:
+            writes = f"{writes}; {facts}"
         try:
             con.execute(f"BEGIN TRANSACTION; {writes}; COMMIT" if whole else writes)
         except BaseException as exc:
@@ -265,6 +270,51 @@ class Writes(DeferredRollups):
             else:
                 self._staged.append((fresh, now))
         return inserted, existing
+
+    def _event_facts(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        table: pa.Table,
+        batch: PreparedBatch,
+        by_key: dict[tuple[str, str, str], int],
+        now: datetime,
+        stamp: str,
+    ) -> str:
+        """The statements that store the outcomes and run steps of the events of ``table`` (the ones
+        this batch inserts), their tables registered on ``con``; "" when they say neither."""
+        cohorts = list(batch.cohorts)  # by cohort_key
+        statements = []
+        counts = event_facts.outcome_counts(table, self.bucket_seconds, cohorts, by_key)
+        if counts:
+            con.register(
+                "_batch_outcomes",
+                pa.table(
+                    {
+                        "cohort_id": pa.array([c[0] for c in counts], pa.int32()),
+                        "bucket": pa.array([c[1] for c in counts], pa.int64()),
+                        "kind": pa.array([c[2] for c in counts], pa.string()),
+                        "n": pa.array([c[3] for c in counts], pa.int64()),
+                    }
+                ),
+            )
+            statements.append(
+                """INSERT INTO outcomes SELECT cohort_id, to_timestamp(bucket), kind, n FROM _batch_outcomes
+                   ON CONFLICT DO UPDATE SET n = n + excluded.n"""
+            )
+        steps = event_facts.run_steps_of(table, cohorts, now)
+        if steps is not None:
+            con.register("_batch_steps", steps[0])
+            con.register("_batch_runs", steps[1])
+            # INSERT OR IGNORE: the OTLP route writes the step of its events after them, under the
+            # same key and with more (trace, span, position, input messages), and replaces this one.
+            statements.append("INSERT OR IGNORE INTO run_steps SELECT * FROM _batch_steps")
+            statements.append(
+                f"""INSERT INTO runs (run_id, first_ts, last_ts, last_received, judged_at)
+                    SELECT run_id, first_ts, last_ts, {stamp}, NULL FROM _batch_runs
+                    ON CONFLICT (run_id) DO UPDATE SET first_ts = least(runs.first_ts, excluded.first_ts),
+                        last_ts = greatest(runs.last_ts, excluded.last_ts), last_received = excluded.last_received"""
+            )
+        return "; ".join(statements)
 
     def _stored_hashes(self, con: duckdb.DuckDBPyConnection, event_ids: list[str]) -> dict[str, str]:
         """{event_id: payload hash} of those of ``event_ids`` whose key is kept.

@@ -173,9 +173,11 @@ def write_outputs(
     batch: int = 2000,
     id_prefix: str | None = None,
     served_model: str | None = None,
+    finish_reasons: dict[int, str] | None = None,
 ) -> None:
     """Store ``outputs`` through the ingest path, evenly spread over ``[since, since + span)``
-    (answered by ``served_model``; by default the model requested)."""
+    (answered by ``served_model``; by default the model requested; output ``i`` with
+    ``finish_reasons[i]`` when given)."""
     seconds = int(span.total_seconds())
     n = len(outputs)
     prefix = id_prefix or f"{model}/{prompt_version}/{contract}/{since.isoformat()}"
@@ -191,6 +193,8 @@ def write_outputs(
             contract=contract,
             output=out,
         )
+        if finish_reasons and i in finish_reasons:
+            env["finish_reason"] = finish_reasons[i]
         envs.append(parse_envelope(orjson.dumps(env), LIMITS))
         if len(envs) == batch:
             store.write_batch(envs)

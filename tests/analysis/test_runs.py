@@ -90,7 +90,8 @@ def add_runs(store: Store, start: datetime, release: str, n: int, rng: random.Ra
         envelopes.append(
             validate_envelope(
                 {
-                    "event_id": f"{run_id}:out",
+                    # the output step's key: the events' write keeps the step recorded above
+                    "event_id": f"{run_id}:{len(calls)}",
                     "ts": (t + timedelta(milliseconds=50)).isoformat(),
                     "model": "gpt-4o",
                     "prompt_version": "booking-v2",
@@ -103,7 +104,7 @@ def add_runs(store: Store, start: datetime, release: str, n: int, rng: random.Ra
             )
         )
     store.record_run_steps(steps, now=start + HOUR)
-    store.write_batch(envelopes)
+    store.write_batch(envelopes, now=start + HOUR)
 
 
 def baseline(store: Store, seed: int = 0) -> None:

@@ -399,3 +399,40 @@ def test_run_show_prints_the_steps_in_order_from_the_service_and_from_the_file(t
     )
     assert local.returncode == 0, local.stderr
     assert json.loads(local.stdout) == view
+
+
+def test_envelopes_posted_with_a_run_id_make_a_run_in_order_once(http: httpx.Client) -> None:
+    """An application that sends envelopes, not traces, gets the same run view."""
+    run_id = "env-run-1"
+
+    def env(i: int, contract: str, version: str, output: dict[str, Any], **tags: Any) -> dict[str, Any]:
+        return {
+            "event_id": f"{run_id}:{i}",
+            "ts": f"2026-11-30T10:00:0{i}Z",
+            "model": "gpt-4o",
+            "prompt_version": "booking-v2",
+            "contract": contract,
+            "contract_version": version,
+            "run_id": run_id,
+            "agent_release": "7.0",
+            "output": output,
+            **tags,
+        }
+
+    body = [
+        env(2, "booking", "4", {"status": "confirmed"}, finish_reason="stop"),  # sent out of order
+        env(0, "get_reservation", "4", {"id": "A1"}, finish_reason="tool_calls"),
+        env(1, "cancel", "2", {"id": "A1"}, attributes={"step": "tool_call"}),
+    ]
+    for attempt in range(2):  # the retry of the same request adds nothing
+        r = http.post("/v1/outputs", json=body)
+        assert r.status_code == 200, r.text
+        assert [x["status"] for x in r.json()["results"]] == ["accepted" if attempt == 0 else "duplicate"] * 3
+        run = run_of(http, run_id)
+        assert [(e["kind"], e["tool"], e["contract"], e["event_id"]) for e in run["events"]] == [
+            ("tool_call", "get_reservation", "get_reservation", f"{run_id}:0"),
+            ("tool_call", "cancel", "cancel", f"{run_id}:1"),
+            ("output", None, "booking", f"{run_id}:2"),
+        ]
+        assert (run["steps"], run["tool_calls"], run["agent_releases"]) == (3, 2, ["7.0"])
+        assert run["contract_versions"] == {"booking": ["4"], "cancel": ["2"], "get_reservation": ["4"]}
