@@ -9,6 +9,9 @@ as written in the configuration (``[[contracts.NAME.assertions]]``, parsed by ``
 - ``max_null_share``: the share of its units in which it is null;
 - ``max_unknown_share``: the share of its strings outside its known set (the assertion's
   ``allowed``, else the field's configured or contract-declared enum, else the baseline's values);
+- ``max_true_share`` / ``min_true_share``: the share of a boolean field's booleans that are true
+  (a review rate: ``needs_review`` true in at most 5%); booleans counted before true counts were
+  kept make it unknown, reported as *insufficient*;
 - ``max_array_length``: the p99 of an array field's lengths.
 
 Each is judged over the analyzer's window when the field has ``min_samples`` samples there (fewer
@@ -71,6 +74,10 @@ def _counts(a: Assertion, f: FieldProfile | None, events: int, known: set[str] |
         strings = f.types.get("string", 0)
         unknown = sum(c for v, c in f.values.items() if v not in known) + f.values_overflow + f.long_strings
         return min(unknown, strings), strings
+    if a.kind in ("max_true_share", "min_true_share"):
+        if f.trues is None:
+            return None
+        return f.trues, f.types.get("boolean", 0)
     if a.kind == "max_array_length":
         n = sum(f.array_lengths.values())
         return sum(c for length, c in f.array_lengths.items() if length > a.limit), n
@@ -115,16 +122,18 @@ def check_assertions(
             words = f"array length p99 {p99} (at most {a.limit:g} asserted)"
         else:
             share = k / n
-            above = a.kind != "min_presence"
+            above = a.kind not in ("min_presence", "min_true_share")
             excess = share - a.limit if above else a.limit - share
             p = _beyond(k, n, a.limit, above=above)
             current |= {"share": round(share, 6), "count": k}
-            bound = f"({'at least' if a.kind == 'min_presence' else 'at most'} {_pct(a.limit)} asserted)"
+            bound = f"({'at most' if above else 'at least'} {_pct(a.limit)} asserted)"
             words = {
                 "range": f"{_pct(share)} of values outside [{a.low:g}, {a.high:g}]" if a.kind == "range" else "",
                 "min_presence": f"filled in {_pct(share)}",
                 "max_null_share": f"null in {_pct(share)}",
                 "max_unknown_share": f"{_pct(share)} of values unknown",
+                "max_true_share": f"true in {_pct(share)}",
+                "min_true_share": f"true in {_pct(share)}",
             }[a.kind] + f" {bound}"
         checks.append(
             Check(

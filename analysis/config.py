@@ -205,9 +205,15 @@ class FieldRules:
 
 
 #: The assertion kinds, each a key of an ``[[contracts.NAME.assertions]]`` table.
-ASSERTION_KINDS = ("range", "min_presence", "max_null_share", "max_unknown_share", "max_array_length")
-#: Kinds that need a count the rollups do not keep (true and false apart): refused with the reason.
-_UNAVAILABLE = {"max_true_share", "min_true_share"}
+ASSERTION_KINDS = (
+    "range",
+    "min_presence",
+    "max_null_share",
+    "max_unknown_share",
+    "max_true_share",
+    "min_true_share",
+    "max_array_length",
+)
 MAX_ASSERTIONS = 200  # per contract
 MAX_PATH_LENGTH = 1000
 
@@ -573,11 +579,6 @@ def _assertions(value: Any, where: str) -> tuple[Assertion, ...]:
         path = table.get("path")
         if not isinstance(path, str) or not path or len(path) > MAX_PATH_LENGTH:
             raise ConfigInvalid(f"{k}.path", f"must be a field path of 1 to {MAX_PATH_LENGTH} characters")
-        if _UNAVAILABLE & set(table):
-            raise ConfigInvalid(
-                f"{k}.{sorted(_UNAVAILABLE & set(table))[0]}",
-                "not available yet: the rollups count booleans without telling true from false",
-            )
         kinds = [key for key in table if key in ASSERTION_KINDS]
         if len(kinds) != 1:
             raise ConfigInvalid(k, f"must hold exactly one of {', '.join(ASSERTION_KINDS)} (found {len(kinds)})")

@@ -280,6 +280,7 @@ _FIELD = {
     "values_overflow": True,
     "array_lengths": False,
     "numbers": False,
+    "trues": False,
 }
 _HEX = re.compile(r"[0-9a-f]+")
 MAX_PROBLEMS = 50  # problems of one document listed in full; the rest are counted
@@ -411,6 +412,11 @@ class _Checker:
             self.counts(f["array_lengths"], f"{path}/array_lengths", self._length)
         if "numbers" in f:
             self.counts(f["numbers"], f"{path}/numbers", self._number)
+        if "trues" in f:
+            self.count(f["trues"], f"{path}/trues")
+            booleans = f.get("types", {}).get("boolean", 0) if isinstance(f.get("types"), dict) else 0
+            if type(f["trues"]) is int and type(booleans) is int and f["trues"] > booleans:
+                self.bad(f"{path}/trues", f"must be at most the field's booleans ({booleans}), got {f['trues']}")
 
     def _json_type(self, k: str, path: str) -> None:
         if k not in _JSON_TYPES:

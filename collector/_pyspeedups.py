@@ -574,7 +574,7 @@ def group_ids(
 # --- the rollup accumulator ------------------------------------------------------------------------
 
 # counts() columns after (group, path): present, then one per JSON type, then long strings
-_PRESENT, _LONG = 2, 10
+_PRESENT, _LONG, _TRUE = 2, 10, 11
 
 
 class Acc:
@@ -618,7 +618,7 @@ class Acc:
         self._column = {type(x): self._float_column[json_type_of(x)] for x in samples}
         self._paths: dict[tuple[int, str | None], int] = {}  # (parent id, key) -> path id
         self._slots: dict[tuple[int, int], int] = {}  # (group, path) -> slot
-        self._rows: list[list[int]] = []  # slot -> [group, path, present, types..., long]
+        self._rows: list[list[int]] = []  # slot -> [group, path, present, types..., long, true]
         self._values: list[dict[str, int]] = []  # slot -> short string -> count
         self._lengths: list[dict[int, int]] = []  # slot -> array length -> count
         self._bins: list[dict[float, int]] = []  # slot -> number bin -> count
@@ -638,7 +638,7 @@ class Acc:
     def _slot(self, group: int, path: int) -> int:
         """A new slot for (group, path)."""
         slot = self._slots[(group, path)] = len(self._rows)
-        self._rows.append([group, path] + [0] * 9)
+        self._rows.append([group, path] + [0] * 10)
         self._values.append({})
         self._lengths.append({})
         self._bins.append({})
@@ -657,7 +657,9 @@ class Acc:
                 raise TypeError(f"unexpected {_type_name(v)} in an output")
             column = self._float_column[json_type_of(v)]
         row[column] += 1
-        if t is int or t is float:
+        if v is True:
+            row[_TRUE] += 1
+        elif t is int or t is float:
             if v == v:  # NaN has no bin
                 bins = self._bins[slot]
                 b = self._bin(v)
@@ -726,7 +728,7 @@ class Acc:
 
     def counts(self) -> list[tuple[int, ...]]:
         """Per slot: (group, path, present, null, boolean, integer, number, string, array, object,
-        long); slot i is row i."""
+        long, true); slot i is row i."""
         return [tuple(row) for row in self._rows]
 
     def value_rows(self) -> tuple[bytes, bytes, bytes, bytes]:

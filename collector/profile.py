@@ -48,6 +48,15 @@ class FieldProfile:
     # Number histogram: bin representative -> count (rules.number_bin: exact for integers up
     # to 100, within 1% otherwise). Integers and fractions together; booleans are not numbers.
     numbers: dict[float, int] = field(default_factory=dict)
+    # Of the booleans, those true; None when some were counted before true counts were kept (then
+    # nobody knows), and in documents written before.
+    trues: int | None = None
+
+    @property
+    def true_share(self) -> float | None:
+        """Share of the booleans that are true; None when unknown or there are none."""
+        booleans = self.types.get("boolean", 0)
+        return self.trues / booleans if self.trues is not None and booleans else None
 
     @property
     def filled(self) -> int:
@@ -88,6 +97,8 @@ class FieldProfile:
         out["array_lengths"] = {str(k): v for k, v in sorted(self.array_lengths.items())}
         # repr() of a float is the shortest text that float() reads back to the same float.
         out["numbers"] = {repr(k): v for k, v in sorted(self.numbers.items())}
+        if self.trues is None:  # absent, as in documents written before: their hashes hold
+            del out["trues"]
         return out
 
     @classmethod
@@ -219,6 +230,7 @@ def _read(
             counts[9],
             r.lengths.get((c, path), {}),
             r.numbers.get((c, path), {}),
+            counts[10] if counts[11] == types.get("boolean", 0) else None,
         )
     wanted = [cohort_id] if cohort_id is not None else sorted(events)
     names = {row.cohort_id: (row.model, row.prompt_version, row.contract) for row in store.cohorts()}

@@ -18,7 +18,7 @@ Tables (created by the store's migrations, ``store/schema.py``):
 
 - ``cohort_buckets(cohort_id, bucket, events)``: the units of the top scope
 - ``field_rollups(cohort_id, bucket, path, scope, present, n_null, n_boolean,
-  n_integer, n_number, n_string, n_array, n_object, long_strings, values_overflow)``
+  n_integer, n_number, n_string, n_array, n_object, long_strings, n_true, values_overflow)``
 - ``value_rollups(cohort_id, bucket, path, value, n)``: short strings, bounded per key
 - ``array_rollups(cohort_id, bucket, path, length, n)``: exact length histogram
 - ``number_rollups(cohort_id, bucket, path, value, n)``: number histogram, ``value``
@@ -113,7 +113,18 @@ _FIELD_COLS = [
     "n_array",
     "n_object",
     "long_strings",
+    "n_true",  # of n_boolean, those true (NULL in rows counted before true counts were kept)
 ]
+
+
+def summed(column: str, table: str = "") -> str:
+    """SQL summing a rollup column over rows (``table``: a qualifier such as ``t.``). ``n_true`` of
+    rows counted before true counts were kept is NULL: a sum over any of them is NULL too, never a
+    count that looks whole."""
+    c = f"{table}{column}"
+    if column == "n_true":
+        return f"CASE WHEN count({c}) = count(*) THEN sum({c}) END"
+    return f"sum({c})"
 
 
 class _PathNames(list[tuple[str, str | None]]):
@@ -406,7 +417,7 @@ class RollupBatch:
             }
         )
         counts = acc.counts()
-        cols: list[tuple[Any, ...]] = list(zip(*counts, strict=True)) if counts else [() for _ in range(11)]
+        cols: list[tuple[Any, ...]] = list(zip(*counts, strict=True)) if counts else [() for _ in range(2 + len(_FIELD_COLS))]
         names = pa.array([p for p, _ in self._paths], pa.string())
         scopes = pa.array([s for _, s in self._paths], pa.string())
         path_ids = pa.array(cols[1], pa.int64())

@@ -17,7 +17,8 @@
  * (and rules.number_bin for numbers); tests hold the two to each other.
  * ------------------------------------------------------------------------------------- */
 
-enum { C_PRESENT, C_NULL, C_BOOLEAN, C_INTEGER, C_NUMBER, C_STRING, C_ARRAY, C_OBJECT, C_LONG, NCOUNT };
+/* C_TRUE: the booleans that are true (of C_BOOLEAN), last so the older columns keep their places */
+enum { C_PRESENT, C_NULL, C_BOOLEAN, C_INTEGER, C_NUMBER, C_STRING, C_ARRAY, C_OBJECT, C_LONG, C_TRUE, NCOUNT };
 
 typedef struct {
     Py_ssize_t *slot_of_path; /* path id -> slot + 1 (0: none yet) */
@@ -461,6 +462,7 @@ static int acc_value(Acc *self, PyObject *v, Py_ssize_t group, Py_ssize_t path) 
         c[C_NULL]++;
     } else if (PyBool_Check(v)) {
         c[C_BOOLEAN]++;
+        if (v == Py_True) c[C_TRUE]++;
     } else if (PyLong_CheckExact(v)) {
         c[C_INTEGER]++;
         int32_t code;
@@ -742,7 +744,7 @@ static int jt_value(Acc *self, jtext *t, Py_ssize_t group, Py_ssize_t path) {
     if (t->p >= t->end) return jt_bad("text ends early");
     unsigned char ch = *t->p;
     if (ch == 'n') { c[C_NULL]++; t->p += 4; return 0; }
-    if (ch == 't') { c[C_BOOLEAN]++; t->p += 4; return 0; }
+    if (ch == 't') { c[C_BOOLEAN]++; c[C_TRUE]++; t->p += 4; return 0; }
     if (ch == 'f') { c[C_BOOLEAN]++; t->p += 5; return 0; }
     if (ch == '"') {
         c[C_STRING]++;
@@ -923,14 +925,14 @@ static PyObject *acc_add_many(Acc *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* counts() -> list of (group, path, present, null, boolean, integer, number, string, array, object, long) */
+/* counts() -> list of (group, path, present, null, boolean, integer, number, string, array, object, long, true) */
 static PyObject *acc_counts(Acc *self, PyObject *unused) {
     PyObject *out = PyList_New(self->nslots);
     if (!out) return NULL;
     for (Py_ssize_t s = 0; s < self->nslots; s++) {
         long long *c = self->counts + s * NCOUNT;
-        PyObject *row = Py_BuildValue("(nnLLLLLLLLL)", self->slot_group[s], self->slot_path[s],
-                                      c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8]);
+        PyObject *row = Py_BuildValue("(nnLLLLLLLLLL)", self->slot_group[s], self->slot_path[s],
+                                      c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8], c[9]);
         if (!row) { Py_DECREF(out); return NULL; }
         PyList_SET_ITEM(out, s, row);
     }

@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute
 
-from ..rollup import _FIELD_COLS, ROLLUP_TABLES, RollupBatch, RollupConfig
+from ..rollup import _FIELD_COLS, ROLLUP_TABLES, RollupBatch, RollupConfig, summed
 
 __all__ = ["compact_rollups", "merge_rollups"]
 
@@ -192,7 +192,7 @@ def _merge(con: duckdb.DuckDBPyConnection, cfg: RollupConfig, f: pa.Table, nums:
     )
     sums = ", ".join(f"sum({c}) AS {c}" for c in _FIELD_COLS)
     con.execute(
-        f"""INSERT INTO field_rollups
+        f"""INSERT INTO field_rollups (cohort_id, bucket, path, scope, {", ".join(_FIELD_COLS)}, values_overflow)
             SELECT f.* EXCLUDE (dropped), coalesce(o.n, 0) + f.dropped FROM (
                 SELECT cohort_id, bucket, path, scope, {sums}, sum(dropped) AS dropped
                 FROM _rf JOIN _groups USING (g) GROUP BY cohort_id, bucket, path, scope) f
@@ -287,7 +287,7 @@ def compact_rollups(
     cond = "WHERE " + " AND ".join(parts) if parts else ""
     for table, (keys, sums) in ROLLUP_TABLES.items():
         k = ", ".join(keys)
-        agg = ", ".join(f"sum({c})::BIGINT AS {c}" for c in sums)
+        agg = ", ".join(f"{summed(c)}::BIGINT AS {c}" for c in sums)
         before = con.execute(f"SELECT count(*) FROM {table} {cond}", params).fetchone()
         con.execute(
             f"CREATE OR REPLACE TEMP TABLE _compact AS SELECT {k}, {agg} FROM {table} {cond} GROUP BY {k}", params

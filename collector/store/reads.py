@@ -48,7 +48,7 @@ class WindowRollups:
 
     Keys are (cohort id, path) unless said otherwise. ``fields`` rows are (cohort id, path, scope,
     present, n_null, n_boolean, n_integer, n_number, n_string, n_array, n_object, long_strings,
-    values_overflow), ordered by cohort id and path.
+    values_overflow, n_true, booleans whose n_true is known), ordered by cohort id and path.
     """
 
     events: dict[int, int] = field(default_factory=dict)  # cohort id -> events
@@ -138,7 +138,8 @@ class Reads(DeferredRollups):
         out.fields = self.query(
             f"""SELECT cohort_id, path, scope, sum(present), sum(n_null), sum(n_boolean), sum(n_integer),
                        sum(n_number), sum(n_string), sum(n_array), sum(n_object), sum(long_strings),
-                       sum(values_overflow)
+                       sum(values_overflow), coalesce(sum(n_true), 0),
+                       coalesce(sum(n_boolean) FILTER (WHERE n_true IS NOT NULL), 0)
                 FROM field_rollups WHERE {where} GROUP BY cohort_id, path, scope ORDER BY cohort_id, path""",
             params,
         )

@@ -166,6 +166,12 @@ CREATE TABLE tier_marks (
     hour_from TIMESTAMPTZ NOT NULL);
 """
 
+# Version 10: true booleans counted apart (field_rollups.n_true), for the true-share assertions.
+# Rows counted before are NULL there: how many of their booleans were true is not known.
+_V10 = """
+ALTER TABLE field_rollups ADD COLUMN n_true BIGINT;
+"""
+
 _REHASH_ROWS = 50_000  # events read and updated at a time by _v8_rehash_payloads
 
 
@@ -235,6 +241,7 @@ MIGRATIONS: list[str | Callable[[duckdb.DuckDBPyConnection], None]] = [
     _V7,
     _v8_rehash_payloads,
     _V9,
+    _V10,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -18,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 import duckdb
 import pyarrow as pa
 
-from ..rollup import ROLLUP_TABLES
+from ..rollup import ROLLUP_TABLES, summed
 from ..tiers import DAY, HOUR, Horizons, TierPolicy
 from .maintenance import Maintenance
 
@@ -149,7 +149,7 @@ _MARK_COLUMNS = ("cohort_id", "newest", "lo_m", "minute_from", "lo_h", "hour_fro
 def _fold_table(con: duckdb.DuckDBPyConnection, table: str, keys: list[str], sums: list[str]) -> int:
     others = [k for k in keys if k not in ("cohort_id", "bucket")]
     sel = "".join(f"t.{k}, " for k in others)
-    agg = ", ".join(f"sum(t.{c})::BIGINT AS {c}" for c in sums)
+    agg = ", ".join(f"{summed(c, 't.')}::BIGINT AS {c}" for c in sums)
     if table == "field_rollups":  # values beyond the cap after folding overflow (_fold_values)
         agg = agg.replace(
             "sum(t.values_overflow)::BIGINT AS values_overflow",

@@ -212,7 +212,9 @@ A = f"contracts.{CONTRACT}.assertions"
         ([{"path": "x", "max_array_length": 2.5}], f"{A}[0].max_array_length", "whole number"),
         ([{"path": "x", "max_array_length": -1}], f"{A}[0].max_array_length", "whole number"),
         ([{"path": "x", "max_unknown_share": 0.1, "allowed": "a"}], f"{A}[0].allowed", "list of at most"),
-        ([{"path": "x", "max_true_share": 0.1}], f"{A}[0].max_true_share", "not available yet"),
+        ([{"path": "x", "max_true_share": 1.5}], f"{A}[0].max_true_share", "out of range"),
+        ([{"path": "x", "min_true_share": "0.5"}], f"{A}[0].min_true_share", "must be a number from 0 to 1"),
+        ([{"path": "x", "min_true_share": 0.5, "allowed": ["a"]}], f"{A}[0].allowed", "unknown key"),
         ([{"path": "x", "min_presence": 0.5, "severity": "loud"}], f"{A}[0].severity", "not page or warn"),
         ([{"path": "x", "min_presence": 0.5}] * 201, A, "at most 200"),
     ],
@@ -221,3 +223,84 @@ def test_assertion_errors_name_the_table_and_key(value: Any, key: str, says: str
     with pytest.raises(ConfigInvalid) as e:
         parse_config({"contracts": {CONTRACT: {"assertions": value}}})
     assert (e.value.key, says in e.value.problem) == (key, True), e.value
+
+
+TRUE_RULES = f"""
+[[contracts.{CONTRACT}.assertions]]
+path = "needs_review"
+max_true_share = 0.05
+severity = "page"
+
+[[contracts.{CONTRACT}.assertions]]
+path = "verified"
+min_true_share = 0.8
+"""
+
+
+def with_flags(n: int, review_every: int, verified_of_10: int, seed: int = 2) -> list[dict[str, Any]]:
+    """Synthetic outputs with two boolean fields: needs_review true once in ``review_every``,
+    verified true in ``verified_of_10`` of every 10."""
+    outputs = synth_outputs(seed, n)
+    for i, o in enumerate(outputs):
+        o["needs_review"] = i % review_every == 0
+        o["verified"] = i % 10 < verified_of_10
+    return outputs
+
+
+def true_checks(store: Store, with_baseline: bool, outputs: list[dict[str, Any]]) -> tuple[Any, Any]:
+    config = parse_config(tomllib.loads(TRUE_RULES))
+    if with_baseline:
+        write_outputs(store, with_flags(3_000, 50, 9, seed=1), T0 + timedelta(hours=6), timedelta(hours=1), id_prefix="b")
+        freeze_baseline(store, COHORT, T0, T0 + DAY, author="ana", note="reference", now=T0 + DAY)
+    write_outputs(store, outputs, T0 + 7 * DAY + timedelta(hours=6), timedelta(hours=1), id_prefix="w")
+    evaluation, alerts = analyze_once(store, config, T0 + 8 * DAY)
+    (report,) = evaluation.cohorts
+    return report, alerts
+
+
+@pytest.mark.parametrize("with_baseline", [True, False], ids=["baseline", "no-baseline"])
+def test_true_share_assertions_hold_on_a_compliant_window(store: Store, with_baseline: bool) -> None:
+    report, alerts = true_checks(store, with_baseline, with_flags(3_000, 50, 9))  # 2% review, 90% verified
+    checks = {c.field: c for c in report.checks if c.kind is AlertKind.assertion}
+    assert {f: (c.breach, c.current) for f, c in checks.items()} == {
+        "needs_review": (False, {"samples": 3_000, "share": 0.02, "count": 60}),
+        "verified": (False, {"samples": 3_000, "share": 0.9, "count": 2_700}),
+    }
+    assert alerts == []
+
+
+@pytest.mark.parametrize("with_baseline", [True, False], ids=["baseline", "no-baseline"])
+def test_true_share_assertions_breach_on_a_crafted_window(store: Store, with_baseline: bool) -> None:
+    _, alerts = true_checks(store, with_baseline, with_flags(3_000, 8, 6))  # 12.5% review, 60% verified
+    got = {a.field: a.to_json() for a in alerts}
+    assert set(got) == {"needs_review", "verified"}
+    review, verified = got["needs_review"], got["verified"]
+    assert (review["severity"], review["value"], review["current"]) == (
+        "page",
+        "max_true_share = 0.05",
+        {"samples": 3_000, "share": 0.125, "count": 375},
+    )
+    assert review["detail"].endswith("true in 12.5% (at most 5.0% asserted) (p < 1e-6)")
+    assert (verified["severity"], verified["value"], verified["current"]) == (
+        "warn",
+        "min_true_share = 0.8",
+        {"samples": 3_000, "share": 0.6, "count": 1_800},
+    )
+    assert verified["detail"].endswith("true in 60.0% (at least 80.0% asserted) (p < 1e-6)")
+
+
+def test_true_shares_are_insufficient_under_the_minimum_and_when_counted_before_trues_were_kept(
+    store: Store,
+) -> None:
+    report, alerts = true_checks(store, False, with_flags(150, 8, 6))
+    assert (report.checks, alerts) == ([], [])
+    assert {i.field: i.current_samples for i in report.insufficient} == {"needs_review": 150, "verified": 150}
+    # Rows counted before true counts were kept: the trues are not known, so nothing is judged.
+    write_outputs(store, with_flags(3_000, 8, 6), T0 + 7 * DAY + timedelta(hours=8), timedelta(hours=1), id_prefix="x")
+    store.flush_rollups()
+    with store.transaction("forgetting true counts, as before version 10") as con:
+        con.execute("UPDATE field_rollups SET n_true = NULL WHERE bucket < ?", [T0 + 7 * DAY + timedelta(hours=7)])
+    evaluation, alerts = analyze_once(store, parse_config(tomllib.loads(TRUE_RULES)), T0 + 8 * DAY)
+    (report,) = evaluation.cohorts
+    assert ([c for c in report.checks if c.kind is AlertKind.assertion], alerts) == ([], [])
+    assert {i.field: i.current_samples for i in report.insufficient} == {"needs_review": 0, "verified": 0}

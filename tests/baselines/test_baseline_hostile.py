@@ -176,6 +176,22 @@ def _nul_served(doc: dict[str, Any]) -> None:
             ],
         ),
         (_extra, [("/approved", "is not a field of a baseline document", "unknown_field")]),
+        (
+            _edit(["fields", "priority", "trues"], 26),
+            [("/fields/priority/trues", "must be at most the field's booleans (0), got 26", "invalid_value")],
+        ),
+        (
+            _edit(["outcomes"], {"truncated": 1, "exploded": 2}),
+            [
+                (
+                    "/outcomes/exploded",
+                    "'exploded' is not an outcome kind (content_filter, invalid_json, no_structured_output, "
+                    "not_an_object, output:content_filter, output:invalid_json, output:no_structured_output, "
+                    "output:not_an_object, output:refusal, output:truncated, refusal, truncated)",
+                    "invalid_value",
+                )
+            ],
+        ),
     ],
     ids=[
         "wrong-type-count",
@@ -188,6 +204,8 @@ def _nul_served(doc: dict[str, Any]) -> None:
         "window-past-9999",
         "unknown-json-type",
         "unknown-key",
+        "more-trues-than-booleans",
+        "unknown-outcome-kind",
     ],
 )
 def test_a_document_with_a_recomputed_hash_is_refused_field_by_field(

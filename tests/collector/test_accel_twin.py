@@ -8,6 +8,7 @@ same counts, the same buffers. Skipped where the C extension is not built.
 
 from __future__ import annotations
 
+import json
 from collections import OrderedDict
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta, timezone
@@ -283,8 +284,29 @@ def test_a_refused_output_leaves_the_same_partial_counts_in_both() -> None:
     assert counts[1] == counts[0]
     assert counts[0] == (
         [(-1, "a"), (-1, "b"), (1, "c")],
-        [(0, 0, 1, 0, 0, 1, 0, 0, 0, 0, 0), (0, 1, 1, 0, 0, 0, 0, 0, 0, 1, 0), (0, 2, 1, 0, 0, 0, 0, 0, 0, 0, 0)],
+        [
+            (0, 0, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0),
+            (0, 1, 1, 0, 0, 0, 0, 0, 0, 1, 0, 0),
+            (0, 2, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0),
+        ],
     )
+
+
+@pytest.mark.parametrize("text", [False, True])
+def test_true_booleans_are_counted_apart_alike_from_objects_and_from_text(text: bool) -> None:
+    """(present, null, boolean, ..., long, true) of a boolean path: the last column counts the trues."""
+    outputs = [{"ok": True, "tags": [True, False, True]}, {"ok": False, "tags": []}, {"ok": None}, {"ok": True}]
+    counts = []
+    for impl in (c, py):
+        acc = impl.Acc(lambda parent, key, names=[]: names.append((parent, key)) or len(names) - 1, 5)
+        for o in outputs:
+            acc.add_json(json.dumps(o), 0) if text else acc.add(o, 0)
+        counts.append(sorted(acc.counts()))
+    assert counts[1] == counts[0]
+    ok, tags, items = counts[0]
+    assert ok == (0, 0, 4, 1, 3, 0, 0, 0, 0, 0, 0, 2)
+    assert tags == (0, 1, 2, 0, 0, 0, 0, 0, 2, 0, 0, 0)
+    assert items == (0, 2, 3, 0, 3, 0, 0, 0, 0, 0, 0, 2)
 
 
 def test_json_text_that_is_not_an_object_is_refused_by_both() -> None:

@@ -98,7 +98,8 @@ def test_window_counts(store: Store, envelope: MakeEnvelope) -> None:
     window = store.window_rollups(T0, T0 + 2 * DAY, alias)
     assert window.events == {alias: 3}
     assert window.served == {alias: {SNAPSHOT: 2, ALIAS: 1}}
-    # (cohort, path, scope, present, null, boolean, integer, number, string, array, object, long, overflow)
+    # (cohort, path, scope, present, null, boolean, integer, number, string, array, object, long, overflow,
+    #  true, booleans whose trues are known)
     number, string, array, obj = (
         (0, 0, 0, 3, 0, 0, 0),
         (0, 0, 0, 0, 3, 0, 0),
@@ -106,18 +107,18 @@ def test_window_counts(store: Store, envelope: MakeEnvelope) -> None:
         (0, 0, 0, 0, 0, 0, 3),
     )
     assert window.fields == [
-        (alias, "confidence", None, 3, *number, 0, 0),
-        (alias, "customer", None, 3, *obj, 0, 0),
-        (alias, "customer.id", None, 3, *string, 0, 0),
-        (alias, "customer.tier", None, 3, *string, 0, 0),
-        (alias, "entities", None, 3, *array, 0, 0),
-        (alias, "entities[]", "entities", 3, *obj, 0, 0),
-        (alias, "entities[].type", "entities", 3, *string, 0, 0),
-        (alias, "entities[].value", "entities", 3, *string, 0, 0),
-        (alias, "intent", None, 3, *string, 0, 0),
-        (alias, "priority", None, 3, *string, 0, 0),
-        (alias, "tags", None, 3, *array, 0, 0),
-        (alias, "tags[]", "tags", 3, *string, 0, 0),
+        (alias, "confidence", None, 3, *number, 0, 0, 0, 0),
+        (alias, "customer", None, 3, *obj, 0, 0, 0, 0),
+        (alias, "customer.id", None, 3, *string, 0, 0, 0, 0),
+        (alias, "customer.tier", None, 3, *string, 0, 0, 0, 0),
+        (alias, "entities", None, 3, *array, 0, 0, 0, 0),
+        (alias, "entities[]", "entities", 3, *obj, 0, 0, 0, 0),
+        (alias, "entities[].type", "entities", 3, *string, 0, 0, 0, 0),
+        (alias, "entities[].value", "entities", 3, *string, 0, 0, 0, 0),
+        (alias, "intent", None, 3, *string, 0, 0, 0, 0),
+        (alias, "priority", None, 3, *string, 0, 0, 0, 0),
+        (alias, "tags", None, 3, *array, 0, 0, 0, 0),
+        (alias, "tags[]", "tags", 3, *string, 0, 0, 0, 0),
     ]
     assert window.lengths == {(alias, "entities"): {1: 3}, (alias, "tags"): {1: 3}}
     assert window.values[(alias, "intent")] == {"refund": 3}
