@@ -31,11 +31,13 @@ from shapewatch.baselines import (
 from shapewatch.baselines import (
     import_document as store_document,
 )
-from shapewatch.collector import Store, contract_changes, read_profile, served_aliases
+from shapewatch.collector import FieldProfile, Store, contract_changes, read_profile, served_aliases
+from shapewatch.collector.adapters import WITH_OUTPUT
 
 from .alerts import AlertBook, AlertState
 from .config import AnalyzerConfig, Severity
 from .errors import AlertNotFound
+from .outcome_rates import OUTCOME_KINDS, responses
 
 __all__ = [
     "COHORTS_WINDOW",
@@ -279,10 +281,24 @@ def cohorts(store: Store, *, since: datetime | None = None, until: datetime | No
                 "contract_versions": contracts.get(int(cid), {}),
                 # responses that never reached a parser: truncated, refused, filtered, invalid JSON
                 "provider_outcomes": outcomes.get(int(cid), {}),
+                # the shares the outcome-rate rules judge, of responses (outputs + outcomes without one)
+                "outcome_rates": outcome_rates(outcomes.get(int(cid), {}), traffic.get(int(cid), 0)),
                 "alerts_firing": counts.get((cohort.model, cohort.prompt_version, cohort.contract), {}),
             }
         )
     return out
+
+
+def outcome_rates(outcomes: dict[str, int], outputs: int) -> dict[str, float]:
+    """truncation_rate, refusal_rate and invalid_output_rate of a cohort's responses, as the
+    outcome-rate rules count them; {} without responses."""
+    total = responses(outputs, outcomes)
+    if not total:
+        return {}
+    return {
+        kind.value: round(sum(outcomes.get(k, 0) + outcomes.get(WITH_OUTPUT + k, 0) for k in counted) / total, 6)
+        for kind, counted in OUTCOME_KINDS.items()
+    }
 
 
 def cohort_fields(store: Store, cohort_id: int, *, since: datetime, until: datetime) -> dict[str, Any]:
@@ -322,6 +338,18 @@ def served_model_changes(store: Store) -> list[dict[str, Any]]:
         }
         for m, p, c, prev, cur, t in store.served_model_changes()
     ]
+
+
+def _number_levels(f: FieldProfile | None) -> dict[str, float | None] | None:
+    """p10, median and p90 of a field's numbers (from its histogram: exact for integers up to 100,
+    within 1% otherwise), as the value_shift rule reads them; None when it holds no number."""
+    if f is None or not f.numbers:
+        return None
+    return {"p10": f.number_percentile(0.1), "p50": f.number_percentile(0.5), "p90": f.number_percentile(0.9)}
+
+
+def _rounded(x: float | None) -> float | None:
+    return None if x is None else round(x, 6)
 
 
 def field_series(
@@ -382,6 +410,8 @@ def field_series(
                     if f and f.array_lengths
                     else None
                 ),
+                "numbers": _number_levels(f),
+                "true_share": _rounded(f.true_share) if f else None,
             }
         )
     baseline = None
@@ -405,6 +435,8 @@ def field_series(
                     if base.array_lengths
                     else None
                 ),
+                "numbers": _number_levels(base),
+                "true_share": _rounded(base.true_share),
             }
     # a contract version first seen inside the range: a marker on the charts
     changes = [

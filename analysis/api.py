@@ -266,6 +266,7 @@ class CohortSummary(_Open):
     answered_for: list[str]
     contract_versions: dict[str, int]
     provider_outcomes: dict[str, int]
+    outcome_rates: dict[str, float] = {}
     alerts_firing: dict[str, int]
 
 
@@ -307,6 +308,8 @@ class SeriesPoint(_Open):
     unknown_share: float | None
     violation_rate: float | None
     array: dict[str, float | None] | None
+    numbers: dict[str, float | None] | None = None
+    true_share: float | None = None
 
 
 class SeriesBaseline(_Open):

@@ -417,7 +417,9 @@ class RollupBatch:
             }
         )
         counts = acc.counts()
-        cols: list[tuple[Any, ...]] = list(zip(*counts, strict=True)) if counts else [() for _ in range(2 + len(_FIELD_COLS))]
+        cols: list[tuple[Any, ...]] = (
+            list(zip(*counts, strict=True)) if counts else [() for _ in range(2 + len(_FIELD_COLS))]
+        )
         names = pa.array([p for p, _ in self._paths], pa.string())
         scopes = pa.array([s for _, s in self._paths], pa.string())
         path_ids = pa.array(cols[1], pa.int64())

@@ -25,7 +25,7 @@ from ..otlp import StepKind, arguments_hash
 
 __all__ = ["RUN_CONTRACT", "STEP_OF_EVENT", "TOOL_CALL_FINISHES", "outcome_counts", "run_steps_of"]
 
-_FINISHES = pa.array(sorted(FINISH_OUTCOMES), pa.string())
+_FINISHES: list[pa.Array] = []  # made at first use: pa.array() of a list imports pandas (bulk import never needs it)
 #: Finish reasons that say the model decided on a tool call: an envelope with a ``run_id`` and one
 #: of these is a ``tool_call`` step of its run (its contract the tool); any other is an ``output``.
 #: An envelope's ``attributes.step`` (``tool_call`` or ``output``) says it outright.
@@ -49,7 +49,9 @@ def outcome_counts(
     reasons = table["finish_reason"]
     if reasons.null_count == len(reasons):
         return []
-    hit = pc.is_in(pc.utf8_lower(reasons), value_set=_FINISHES)
+    if not _FINISHES:
+        _FINISHES.append(pa.array(sorted(FINISH_OUTCOMES), pa.string()))
+    hit = pc.is_in(pc.utf8_lower(reasons), value_set=_FINISHES[0])
     if not pc.any(hit).as_py():
         return []
     rows = table.filter(hit).select(["cohort_key", "ts", "served_model", "finish_reason"]).to_pylist()

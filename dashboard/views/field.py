@@ -16,7 +16,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from shapewatch.dashboard import charts, ui
+from shapewatch.dashboard import charts, number_charts, ui
 
 PERIODS = {
     "last 24 hours": (timedelta(hours=24), 24),
@@ -163,6 +163,8 @@ def render(s: ui.Session) -> None:
                 f"Baseline p50/p90/p99: {ui.literal(b['p50'])}/{ui.literal(b['p90'])}/{ui.literal(b['p99'])} "
                 "items (dashed)."
             )
+
+    number_charts.render(doc, base)
 
     ids_ = sorted({i for a in field_alerts for i in (a.get("samples") or [])})[:100]
     if ids_:

@@ -201,6 +201,7 @@ def test_freeze_list_show_and_a_baseline_never_changes(client: TestClient) -> No
         "samples": 400,
         "served_models": {MODEL: 400},
         "contract_versions": {"3": 400},
+        "outcomes": {},  # no truncated, refused or invalid response in the window
         "author": "ana",
         "note": "reviewed: week 48",
         "forced": None,
@@ -664,6 +665,9 @@ def test_acknowledge_and_silence(client: TestClient) -> None:
 # --- cohorts, runs, metrics --------------------------------------------------------------------
 
 
+ZERO_RATES = {"truncation_rate": 0.0, "refusal_rate": 0.0, "invalid_output_rate": 0.0}
+
+
 def test_cohorts_show_traffic_baseline_unpinned_models_and_alert_counts(judged: Judged) -> None:
     b = judged.baseline
     cohorts = judged.c.get("/v1/cohorts").json()
@@ -690,6 +694,7 @@ def test_cohorts_show_traffic_baseline_unpinned_models_and_alert_counts(judged: 
         "baseline": {**summary, "how": "own", "age_days": 0.0},
         "alerts_firing": {"page": 1, "warn": 2},
         "provider_outcomes": {},
+        "outcome_rates": ZERO_RATES,
         "answered_for": [],
         "contract_versions": {"3": 800},
     }
@@ -702,6 +707,7 @@ def test_cohorts_show_traffic_baseline_unpinned_models_and_alert_counts(judged: 
         "baseline": {**summary, "how": "previous_prompt_version", "age_days": 0.0},
         "alerts_firing": {},
         "provider_outcomes": {},
+        "outcome_rates": ZERO_RATES,
         "answered_for": [],
         "contract_versions": {"3": 20},
     }
@@ -713,6 +719,7 @@ def test_cohorts_show_traffic_baseline_unpinned_models_and_alert_counts(judged: 
         "baseline": None,
         "alerts_firing": {},
         "provider_outcomes": {},
+        "outcome_rates": ZERO_RATES,
         "answered_for": [],
         "contract_versions": {"3": 20},
     }

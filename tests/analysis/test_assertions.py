@@ -250,7 +250,9 @@ def with_flags(n: int, review_every: int, verified_of_10: int, seed: int = 2) ->
 def true_checks(store: Store, with_baseline: bool, outputs: list[dict[str, Any]]) -> tuple[Any, Any]:
     config = parse_config(tomllib.loads(TRUE_RULES))
     if with_baseline:
-        write_outputs(store, with_flags(3_000, 50, 9, seed=1), T0 + timedelta(hours=6), timedelta(hours=1), id_prefix="b")
+        write_outputs(
+            store, with_flags(3_000, 50, 9, seed=1), T0 + timedelta(hours=6), timedelta(hours=1), id_prefix="b"
+        )
         freeze_baseline(store, COHORT, T0, T0 + DAY, author="ana", note="reference", now=T0 + DAY)
     write_outputs(store, outputs, T0 + 7 * DAY + timedelta(hours=6), timedelta(hours=1), id_prefix="w")
     evaluation, alerts = analyze_once(store, config, T0 + 8 * DAY)
