@@ -141,7 +141,6 @@ def collector(config_path: Path, host: str, port: int) -> None:
 def worker(config_path: Path, name: str) -> None:
     """Pull events per shard, store them in the lake with their rollups, ack after the commit."""
     cfg = _config(config_path)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     asyncio.run(run_worker(cfg, name=name))
 
 
@@ -164,7 +163,6 @@ def worker(config_path: Path, name: str) -> None:
 def analyzer(config_path: Path, state: Path, name: str, compact_minutes: float) -> None:
     """Wait for election (a PostgreSQL advisory lock), then evaluate the lake on a schedule."""
     cfg = _config(config_path)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     stop = threading.Event()
 
     def _stop(*_: Any) -> None:

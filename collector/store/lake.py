@@ -147,33 +147,50 @@ def _lake_connection(cfg: LakeConfig, *, threads: int = 2, memory_limit: str = "
     )
     try:
         load_lake_extensions(con)
-        if "://" not in cfg.data_path:
-            Path(cfg.data_path).mkdir(parents=True, exist_ok=True)
-        con.execute(cfg.attach_sql())
+        attach_lake(con, cfg)
         con.execute(f"USE {cfg.name}")
-    except duckdb.Error as exc:
+    except BaseException:
         con.close()
-        raise StoreError("attaching the lake", exc) from exc
+        raise
     return con
 
 
 def _pg(dsn: str) -> Any:
     import psycopg
 
-    return psycopg.connect(dsn, autocommit=True)
+    try:
+        return psycopg.connect(dsn, autocommit=True, connect_timeout=10)
+    except psycopg.Error as exc:
+        raise StoreError("connecting to the lake's PostgreSQL catalog", exc) from exc
 
 
-def ensure_lake_schema(con: duckdb.DuckDBPyConnection, dsn: str) -> None:
-    """Create the lake's tables and PostgreSQL's cohort table once; every process calls this at
-    start, one at a time (an advisory lock), so two never create the same table."""
-    with _pg(dsn) as pg:
-        pg.execute("SELECT pg_advisory_lock(%s)", [LOCK_SCHEMA])
-        try:
-            pg.execute(_PG_DDL)
-            for table, cols in _LAKE_DDL.items():
-                con.execute(f"CREATE TABLE IF NOT EXISTS {table} ({cols})")
-        finally:
-            pg.execute("SELECT pg_advisory_unlock(%s)", [LOCK_SCHEMA])
+def _pg_error() -> type[Exception]:
+    try:
+        import psycopg
+    except ImportError:  # then no PostgreSQL call was made either
+        return duckdb.Error
+    return psycopg.Error
+
+
+def attach_lake(con: duckdb.DuckDBPyConnection, cfg: LakeConfig) -> None:
+    """Attach the lake to ``con`` and create its tables and PostgreSQL's cohort table where
+    missing. One process at a time (an advisory lock): DuckLake 1.5.5 creates its catalog tables
+    on the first ATTACH, and two processes attaching a new catalog at once fail on PostgreSQL's
+    unique type names (seen with two workers starting together; tests/cluster/test_lake.py)."""
+    if "://" not in cfg.data_path:
+        Path(cfg.data_path).mkdir(parents=True, exist_ok=True)
+    try:
+        with _pg(cfg.dsn) as pg:
+            pg.execute("SELECT pg_advisory_lock(%s)", [LOCK_SCHEMA])
+            try:
+                pg.execute(_PG_DDL)
+                con.execute(cfg.attach_sql())
+                for table, cols in _LAKE_DDL.items():
+                    con.execute(f"CREATE TABLE IF NOT EXISTS {cfg.name}.main.{table} ({cols})")
+            finally:
+                pg.execute("SELECT pg_advisory_unlock(%s)", [LOCK_SCHEMA])
+    except (duckdb.Error, OSError, _pg_error()) as exc:
+        raise StoreError("attaching the lake", exc) from exc
 
 
 class LakeWriter:
@@ -197,11 +214,6 @@ class LakeWriter:
     @classmethod
     def open(cls, cfg: LakeConfig, *, bucket_seconds: int = 60, rollup: RollupConfig | None = None) -> LakeWriter:
         con = _lake_connection(cfg)
-        try:
-            ensure_lake_schema(con, cfg.dsn)
-        except BaseException:
-            con.close()
-            raise
         return cls(con, cfg, bucket_seconds=bucket_seconds, rollup=rollup or RollupConfig())
 
     def close(self) -> None:
@@ -348,7 +360,7 @@ class LakeWriter:
                     except duckdb.Error:
                         pass
                     raise
-            except duckdb.Error as exc:
+            except (duckdb.Error, _pg_error()) as exc:
                 raise StoreError("writing a batch to the lake", exc) from exc
             return _results(batch, inserted, existing)
 
@@ -426,14 +438,11 @@ class LakeBoundStore(Store):
     lake: LakeConfig | None = None
 
     def bind_lake(self, cfg: LakeConfig) -> None:
-        load_lake_extensions(self._con)
-        if "://" not in cfg.data_path:
-            Path(cfg.data_path).mkdir(parents=True, exist_ok=True)
         try:
-            self._con.execute(cfg.attach_sql())
+            load_lake_extensions(self._con)
         except duckdb.Error as exc:
-            raise StoreError("attaching the lake", exc) from exc
-        ensure_lake_schema(self._con.cursor().execute(f"USE {cfg.name}"), cfg.dsn)
+            raise StoreError("loading the lake's extensions", exc) from exc
+        attach_lake(self._con, cfg)
         self.lake = cfg
         self._shadow(self._con)
         self._local = threading.local()  # cursors made before bind have no views

@@ -282,7 +282,95 @@ def shapewatch_proc(name: str, args: list[str], log: Path, port: int | None = No
     """A shapewatch subcommand (``scaleout collector|worker|analyzer``) as a restartable process."""
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")
-    proc = Proc(name, [*SHAPEWATCH, *args], log, env=env)
+    proc = Proc(name, [*SHAPEWATCH, "-v", *args], log, env=env)
     if port is not None:
         proc.ready = _http_ready(port)
     return proc
+
+
+@dataclass
+class Cluster:
+    """NATS (3 nodes), PostgreSQL, and ``collectors`` collectors and ``workers`` workers of
+    shapewatch's scale-out mode, with their configuration file."""
+
+    root: Path
+    collectors: int = 2
+    workers: int = 2
+    shards: int = 8
+    nats: NatsCluster | None = None
+    pg: Postgres | None = None
+    collector_procs: list[Proc] = field(default_factory=list)
+    collector_ports: list[int] = field(default_factory=list)
+    worker_procs: list[Proc] = field(default_factory=list)
+    config: Path | None = None
+
+    def start(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.nats = NatsCluster(self.root / "nats")
+        self.nats.start()
+        self.pg = Postgres(self.root / "pg")
+        self.pg.start()
+        self.config = self.root / "scaleout.toml"
+        servers = ", ".join(f'"{u}"' for u in self.nats.urls)
+        self.config.write_text(
+            f"""[scaleout]
+nats_servers = [{servers}]
+pg_dsn = "{self.pg.dsn}"
+data_path = "{self.root / "lake"}/"
+shards = {self.shards}
+replicas = 3
+ack_wait_seconds = 20
+"""
+        )
+        for i in range(self.collectors):
+            self.collector_procs.append(self._collector(i))
+        for i in range(self.workers):
+            self.worker_procs.append(self.worker(f"w{i}"))
+        for p in [*self.collector_procs, *self.worker_procs]:
+            p.start()
+        for p in self.collector_procs:
+            p.wait_ready(90)
+
+    def _collector(self, i: int) -> Proc:
+        port = free_port()
+        self.collector_ports.append(port)
+        return shapewatch_proc(
+            f"collector{i}",
+            ["scaleout", "collector", "--config", str(self.config), "--port", str(port)],
+            self.root / f"collector{i}.log",
+            port,
+        )
+
+    def worker(self, name: str) -> Proc:
+        return shapewatch_proc(
+            f"worker-{name}",
+            ["scaleout", "worker", "--config", str(self.config), "--name", name],
+            self.root / f"worker-{name}.log",
+        )
+
+    def analyzer(self, name: str, state: Path) -> Proc:
+        return shapewatch_proc(
+            f"analyzer-{name}",
+            ["scaleout", "analyzer", "--config", str(self.config), "--state", str(state), "--name", name],
+            self.root / f"analyzer-{name}.log",
+        )
+
+    @property
+    def urls(self) -> list[str]:
+        return [f"http://127.0.0.1:{p}" for p in self.collector_ports]
+
+    def stop(self) -> None:
+        for p in [*self.collector_procs, *self.worker_procs]:
+            p.stop()
+        if self.nats is not None:
+            self.nats.stop()
+        if self.pg is not None:
+            self.pg.stop()
+
+    def logs(self) -> str:
+        """The tail of every log, for a failing test's report."""
+        out = []
+        for log in sorted(self.root.rglob("*.log")):
+            text = log.read_text(errors="replace").splitlines()[-15:]
+            out.append(f"--- {log.name}\n" + "\n".join(text))
+        return "\n".join(out)
