@@ -236,31 +236,35 @@ async def ensure_stream(js: Any, cfg: ScaleOutConfig) -> None:
         num_replicas=cfg.replicas,
         duplicate_window=cfg.duplicate_window_seconds,
     )
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            await js.add_stream(config)
-            break
-        except BadRequestError as exc:
-            if "already in use" in str(exc) or getattr(exc, "err_code", 0) == 10058:
-                break
-            raise
-        except Exception:  # a cluster still electing its meta leader answers with timeouts
-            if time.monotonic() > deadline:
+
+    async def retried(make: Any) -> None:
+        # A cluster electing its meta leader, or with a node down, answers with timeouts and
+        # "unavailable" for a few seconds.
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                await make()
+                return
+            except BadRequestError as exc:
+                if "already in use" in str(exc) or getattr(exc, "err_code", 0) == 10058:
+                    return
                 raise
-            await asyncio.sleep(0.5)
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.5)
+
+    await retried(lambda: js.add_stream(config))
     for shard in range(cfg.shards):
-        await js.add_consumer(
-            cfg.stream,
-            ConsumerConfig(
-                durable_name=f"shard-{shard}",
-                filter_subject=cfg.subject_of(shard),
-                ack_policy=AckPolicy.EXPLICIT,
-                ack_wait=cfg.ack_wait_seconds,
-                max_ack_pending=-1,
-                max_deliver=-1,
-            ),
+        consumer = ConsumerConfig(
+            durable_name=f"shard-{shard}",
+            filter_subject=cfg.subject_of(shard),
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=cfg.ack_wait_seconds,
+            max_ack_pending=-1,
+            max_deliver=-1,
         )
+        await retried(lambda c=consumer: js.add_consumer(cfg.stream, c))
 
 
 def _error(status: int, message: str, fields: list[dict[str, str]] | None = None, **headers: str) -> Response:
@@ -398,6 +402,81 @@ class _Shards:
         return taken, given
 
 
+class _WorkerStats:
+    """What a worker did, logged every 10 s: where its time goes (the lake's commit, the rest)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.counts = {"accepted": 0, "duplicate": 0, "conflict": 0}
+        self.batches = 0
+        self.write_s = 0.0
+        self.since = time.monotonic()
+
+    def maybe_report(self) -> None:
+        if time.monotonic() - self.since >= 10 and self.batches:
+            self.report("progress")
+
+    def report(self, what: str) -> None:
+        span = time.monotonic() - self.since
+        events = sum(self.counts.values())
+        log.info(
+            "worker %s %s: %d batches, %d events (%s) in %.1f s, %.1f s of it writing to the lake, %.0f events/batch",
+            self.name,
+            what,
+            self.batches,
+            events,
+            self.counts,
+            span,
+            self.write_s,
+            events / max(self.batches, 1),
+        )
+        self.counts = dict.fromkeys(self.counts, 0)
+        self.batches = 0
+        self.write_s = 0.0
+        self.since = time.monotonic()
+
+
+async def _quietly(aw: Any) -> None:
+    try:
+        await aw
+    except Exception as exc:
+        log.warning("%s", exc)
+
+
+async def _handle(
+    writer: LakeWriter, nc: Any, shard: int, msgs: list[Any], ttl: timedelta, stats: _WorkerStats
+) -> None:
+    """Write one fetched batch of a shard, then ack it; a failed write naks it (redelivered)."""
+    envs: list[Envelope] = []
+    good = []
+    for m in msgs:
+        try:
+            envs.append(decode_envelope(m.data))
+            good.append(m)
+        except (ValueError, TypeError) as exc:
+            log.error("a message of shard %d is not an envelope (%s): terminated", shard, exc)
+            await _quietly(m.term())
+    t0 = time.monotonic()
+    try:
+        results = await asyncio.to_thread(writer.write_batch, envs, shard=shard, dedup_ttl=ttl)
+    except StoreError as exc:
+        log.error("writing %d events of shard %d failed (%s); they are redelivered", len(envs), shard, exc)
+        for m in good:
+            await _quietly(m.nak(delay=1.0))
+        return
+    stats.write_s += time.monotonic() - t0
+    stats.batches += 1
+    for r in results:
+        stats.counts[r.status.value] += 1
+        if r.status.value == "conflict":
+            log.warning("event %s: conflict (its id was stored with another payload); not stored", r.event_id)
+    # Acked only now, after the commit: a worker killed before this line leaves the batch
+    # unacked, JetStream redelivers it after ack_wait and the stored keys make it duplicates.
+    for m in good:
+        await _quietly(m.ack())
+    await _quietly(nc.flush())
+
+
 async def run_worker(cfg: ScaleOutConfig, *, name: str, stop: asyncio.Event | None = None) -> None:
     """Pull, write, ack, until ``stop`` is set (or SIGTERM/SIGINT)."""
     import nats
@@ -420,65 +499,43 @@ async def run_worker(cfg: ScaleOutConfig, *, name: str, stop: asyncio.Event | No
     subs: dict[int, Any] = {}
     ttl = timedelta(days=cfg.dedup_ttl_days)
     next_balance = 0.0
-    stored = duplicates = conflicts = 0
+    stats = _WorkerStats(name)
     try:
         while not stop.is_set():
             if time.monotonic() >= next_balance:
                 taken, given = await asyncio.to_thread(shards.rebalance)
                 for shard in given:
-                    await subs.pop(shard).unsubscribe()
-                for shard in taken:
-                    subs[shard] = await js.pull_subscribe_bind(durable=f"shard-{shard}", stream=cfg.stream)
+                    sub = subs.pop(shard, None)
+                    if sub is not None:
+                        await _quietly(sub.unsubscribe())
                 if taken or given:
                     log.info("worker %s holds shards %s", name, sorted(shards.held))
                 next_balance = time.monotonic() + 2.0
+            for shard in shards.held - subs.keys():
+                # During a NATS node's failover JetStream answers "unavailable" for a while:
+                # the shard stays held and is bound at a later round.
+                try:
+                    subs[shard] = await js.pull_subscribe_bind(durable=f"shard-{shard}", stream=cfg.stream)
+                except Exception as exc:
+                    log.warning("binding shard %d failed (%s); trying again", shard, exc)
             busy = False
             for shard, sub in list(subs.items()):
                 try:
                     msgs = await sub.fetch(cfg.batch_events, timeout=0.05)
                 except (TimeoutError, NatsTimeout):
                     continue
-                if not msgs:
+                except Exception as exc:  # a node failing over: the same fetch again later
+                    log.warning("fetching shard %d failed (%s); trying again", shard, exc)
+                    await asyncio.sleep(0.2)
                     continue
-                busy = True
-                envs: list[Envelope] = []
-                good = []
-                for m in msgs:
-                    try:
-                        envs.append(decode_envelope(m.data))
-                        good.append(m)
-                    except (ValueError, TypeError, orjson.JSONDecodeError) as exc:
-                        log.error(
-                            "message %s of shard %d is not an envelope (%s): terminated",
-                            m.metadata.sequence.stream,
-                            shard,
-                            exc,
-                        )
-                        await m.term()
-                try:
-                    results = await asyncio.to_thread(writer.write_batch, envs, shard=shard, dedup_ttl=ttl)
-                except StoreError as exc:
-                    log.error("writing %d events of shard %d failed (%s); they are redelivered", len(envs), shard, exc)
-                    for m in good:
-                        await m.nak(delay=1.0)
-                    continue
-                for r in results:
-                    if r.status == "accepted":
-                        stored += 1
-                    elif r.status == "duplicate":
-                        duplicates += 1
-                    else:
-                        conflicts += 1
-                        log.warning(
-                            "event %s: conflict (its id was stored with another payload); not stored", r.event_id
-                        )
-                for m in good:
-                    await m.ack()
-                await nc.flush()
+                if msgs:
+                    busy = True
+                    await _handle(writer, nc, shard, msgs, ttl, stats)
+            stats.maybe_report()
             if not busy:
                 await asyncio.sleep(0.05)
     finally:
-        log.info("worker %s stops: %d stored, %d duplicates, %d conflicts", name, stored, duplicates, conflicts)
+        stats.report("stops")
         try:
             await nc.close()
         finally:

@@ -367,6 +367,12 @@ ack_wait_seconds = 20
         if self.pg is not None:
             self.pg.stop()
 
+    def dead(self) -> list[str]:
+        """The processes of the cluster that exited (none should, but for the kills)."""
+        assert self.nats is not None
+        procs = [*self.collector_procs, *self.worker_procs, *(n.proc for n in self.nats.nodes)]
+        return [p.name for p in procs if p is not None and p.popen is not None and p.popen.poll() is not None]
+
     def logs(self) -> str:
         """The tail of every log, for a failing test's report."""
         out = []

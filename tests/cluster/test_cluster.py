@@ -30,15 +30,15 @@ import pytest
 from cluster_harness import Cluster, missing_tools
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "analysis"))
-from drift_outputs import output  # noqa: E402
+from drift_outputs import output
 
-from shapewatch.analysis.analyzer import analyze_once  # noqa: E402
-from shapewatch.analysis.config import AnalyzerConfig  # noqa: E402
-from shapewatch.analysis.store_access import SCHEMAS  # noqa: E402
-from shapewatch.baselines import Cohort, freeze_baseline  # noqa: E402
-from shapewatch.collector import Store  # noqa: E402
-from shapewatch.collector.envelope import Limits, parse_envelope  # noqa: E402
-from shapewatch.collector.rollup import ROLLUP_TABLES  # noqa: E402
+from shapewatch.analysis.analyzer import analyze_once
+from shapewatch.analysis.config import AnalyzerConfig
+from shapewatch.analysis.store_access import SCHEMAS
+from shapewatch.baselines import Cohort, freeze_baseline
+from shapewatch.collector import Store
+from shapewatch.collector.envelope import Limits, parse_envelope
+from shapewatch.collector.rollup import ROLLUP_TABLES
 
 pytestmark = [
     pytest.mark.cluster,
@@ -59,7 +59,9 @@ def _events(n: int) -> list[dict[str, Any]]:
     out = []
     per = n // 4
     for c, cohort in enumerate((DRIFTING, STEADY)):
-        for half, (start, span) in enumerate(((BASE[0], timedelta(days=1)), (AT - timedelta(days=1), timedelta(days=1)))):
+        for half, (start, span) in enumerate(
+            ((BASE[0], timedelta(days=1)), (AT - timedelta(days=1), timedelta(days=1)))
+        ):
             for i in range(per):
                 ts = start + span * (i / per) + timedelta(microseconds=c * 7 + half * 3)
                 out.append(
@@ -140,7 +142,7 @@ def _chaos(cluster: Cluster, clients: _Clients, total: int, done: threading.Even
     ]
     random.shuffle(targets)
     points = sorted(random.uniform(0.1, 0.8) for _ in targets)
-    for (kind, proc), point in zip(targets, points, strict=True):
+    for (_kind, proc), point in zip(targets, points, strict=True):
         assert proc is not None
         while len(clients.acked) < point * total:
             if done.wait(0.05):
@@ -282,13 +284,18 @@ def test_kills_during_ingest_lose_nothing_and_store_nothing_twice(cluster: Clust
     (cluster.root / "tally.json").write_bytes(orjson.dumps(tally, option=orjson.OPT_INDENT_2))
     print("\nscale-out cluster tally: " + orjson.dumps(tally, option=orjson.OPT_INDENT_2).decode())
 
+    # no process of the cluster died on its own (a worker that crashes on a NATS failover would
+    # leave its shards to the other one, and this test would pass without it otherwise)
+    assert cluster.dead() == [], cluster.logs()
     assert len(clients.acked) == len(events)
     assert lost == set(), sorted(lost)[:10]
     assert stored_rows == stored_distinct == len(events)
     assert mismatches == 0, {t: sorted(set(lake_sums[t]) ^ set(want[t]))[:5] for t in want if lake_sums[t] != want[t]}
     assert lake_alerts == embedded_alerts
     # one cohort drifts (a page at least), the other does not
-    drifting = {(a["field"], a["kind"]) for a in lake_alerts if a["cohort"]["prompt_version"] == DRIFTING.prompt_version}
+    drifting = {
+        (a["field"], a["kind"]) for a in lake_alerts if a["cohort"]["prompt_version"] == DRIFTING.prompt_version
+    }
     steady = [a for a in lake_alerts if a["cohort"]["prompt_version"] == STEADY.prompt_version]
     assert ("customer.tier", "presence_drop") in drifting, lake_alerts
     assert steady == []
