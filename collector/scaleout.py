@@ -444,23 +444,26 @@ async def _quietly(aw: Any) -> None:
 
 
 async def _handle(
-    writer: LakeWriter, nc: Any, shard: int, msgs: list[Any], ttl: timedelta, stats: _WorkerStats
+    writer: LakeWriter, nc: Any, fetched: list[tuple[int, Any]], ttl: timedelta, stats: _WorkerStats
 ) -> None:
-    """Write one fetched batch of a shard, then ack it; a failed write naks it (redelivered)."""
+    """Write one fetched batch (messages of the shards held), then ack it; a failed write naks
+    it (redelivered)."""
     envs: list[Envelope] = []
+    shards: list[int] = []
     good = []
-    for m in msgs:
+    for shard, m in fetched:
         try:
             envs.append(decode_envelope(m.data))
+            shards.append(shard)
             good.append(m)
         except (ValueError, TypeError) as exc:
             log.error("a message of shard %d is not an envelope (%s): terminated", shard, exc)
             await _quietly(m.term())
     t0 = time.monotonic()
     try:
-        results = await asyncio.to_thread(writer.write_batch, envs, shard=shard, dedup_ttl=ttl)
+        results = await asyncio.to_thread(writer.write_batch, envs, shard=shards, dedup_ttl=ttl)
     except StoreError as exc:
-        log.error("writing %d events of shard %d failed (%s); they are redelivered", len(envs), shard, exc)
+        log.error("writing %d events failed (%s); they are redelivered", len(envs), exc)
         for m in good:
             await _quietly(m.nak(delay=1.0))
         return
@@ -518,7 +521,7 @@ async def run_worker(cfg: ScaleOutConfig, *, name: str, stop: asyncio.Event | No
                     subs[shard] = await js.pull_subscribe_bind(durable=f"shard-{shard}", stream=cfg.stream)
                 except Exception as exc:
                     log.warning("binding shard %d failed (%s); trying again", shard, exc)
-            busy = False
+            fetched: list[tuple[int, Any]] = []
             for shard, sub in list(subs.items()):
                 try:
                     msgs = await sub.fetch(cfg.batch_events, timeout=0.05)
@@ -528,9 +531,11 @@ async def run_worker(cfg: ScaleOutConfig, *, name: str, stop: asyncio.Event | No
                     log.warning("fetching shard %d failed (%s); trying again", shard, exc)
                     await asyncio.sleep(0.2)
                     continue
-                if msgs:
-                    busy = True
-                    await _handle(writer, nc, shard, msgs, ttl, stats)
+                fetched.extend((shard, m) for m in msgs)
+            busy = bool(fetched)
+            if fetched:
+                # one commit for what every shard held gave: the lake's cost is per commit
+                await _handle(writer, nc, fetched, ttl, stats)
             stats.maybe_report()
             if not busy:
                 await asyncio.sleep(0.05)

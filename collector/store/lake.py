@@ -56,9 +56,10 @@ log = logging.getLogger(__name__)
 # The observation tables, as the embedded schema has them after every migration (schema.py),
 # without keys: DuckLake has none. event_keys carries the shard of its id, so a lookup reads
 # only the files of its shard (a worker's batch is one shard: its files hold one shard each).
-# id_key is md5_number(event_id) as decimal text, not UHUGEINT: DuckLake 1.5.5 stores a UHUGEINT
+# id_key is md5(event_id) as hex text, not md5_number's UHUGEINT: DuckLake 1.5.5 stores a UHUGEINT
 # through a double (its low digits are lost, so no stored key equals its id's key again;
-# tests/cluster/test_lake.py keeps that finding). LakeBoundStore casts it back for the reads.
+# tests/cluster/test_lake.py keeps that finding), and casting a UHUGEINT to text is slow (a
+# quarter of a second per 1,000 keys, measured). LakeBoundStore shows md5_number(event_id) again.
 _LAKE_DDL = {
     "meta": "key VARCHAR NOT NULL, value VARCHAR NOT NULL",
     "cohorts": "cohort_id INTEGER NOT NULL, model VARCHAR NOT NULL, prompt_version VARCHAR NOT NULL, "
@@ -296,16 +297,20 @@ class LakeWriter:
         self,
         envelopes: Sequence[Envelope],
         *,
-        shard: int,
+        shard: int | Sequence[int],
         dedup_ttl: timedelta = timedelta(days=7),
         now: datetime | None = None,
     ) -> list[WriteResult]:
-        """Store the envelopes not seen before (all of shard ``shard``), with their rollups, in
-        one DuckLake transaction; one result per envelope, in order, once committed.
+        """Store the envelopes not seen before, with their rollups, in one DuckLake transaction;
+        one result per envelope, in order, once committed. ``shard``: the shard of every
+        envelope, or of each (a worker commits what it fetched from all its shards at once).
 
-        The caller holds the shard (its advisory lock): nothing else stores an id of this shard
-        between the lookup of the kept keys and the insert.
+        The caller holds the shards (their advisory locks): nothing else stores an id of these
+        shards between the lookup of the kept keys and the insert.
         """
+        shards = [shard] * len(envelopes) if isinstance(shard, int) else list(shard)
+        if len(shards) != len(envelopes):
+            raise ValueError("shard must be one shard or one per envelope")
         with self._lock:
             builder = BatchBuilder(RollupBatch(self.rollup, bucket_seconds=self.bucket_seconds))
             builder.add_many(envelopes)
@@ -324,10 +329,11 @@ class LakeWriter:
                     existing = dict(
                         con.execute(
                             """SELECT p.e, k.payload_hash
-                               FROM (SELECT md5_number(e)::VARCHAR AS id_key, e FROM unnest(?::VARCHAR[]) AS t(e)) p
+                               FROM (SELECT md5(e) AS id_key, e FROM unnest(?::VARCHAR[]) AS t(e)) p
                                JOIN (SELECT id_key, payload_hash FROM event_keys
-                                     WHERE shard = ? AND received_at >= ?) k USING (id_key)""",
-                            [wanted, shard, t - dedup_ttl],
+                                     WHERE shard IN (SELECT unnest(?::INTEGER[])) AND received_at >= ?) k
+                               USING (id_key)""",
+                            [wanted, sorted(set(shards)), t - dedup_ttl],
                         ).fetchall()
                     )
                     if existing:
@@ -336,15 +342,18 @@ class LakeWriter:
                         )
                     inserted: set[str] = set()
                     if table.num_rows:
+                        shard_of_id = dict(zip((e.event_id for e in envelopes), shards, strict=True))
+                        table = table.append_column(
+                            "shard", pa.array([shard_of_id[i] for i in table["event_id"].to_pylist()], pa.int32())
+                        )
                         con.register("_batch", table)
                         stamp = f"'{t.isoformat()}'::TIMESTAMPTZ"
                         con.execute(
-                            f"INSERT INTO event_keys SELECT md5_number(event_id)::VARCHAR, payload_hash, {stamp}, {int(shard)} "
-                            "FROM _batch"
+                            f"INSERT INTO event_keys SELECT md5(event_id), payload_hash, {stamp}, shard FROM _batch"
                         )
                         con.execute(
                             f"""INSERT INTO events
-                                SELECT md5_number(event_id)::VARCHAR, event_id, payload_hash, generated_id, cohort_id, ts,
+                                SELECT md5(event_id), event_id, payload_hash, generated_id, cohort_id, ts,
                                        {stamp}, served_model, contract_version, source, run_id, agent_release,
                                        finish_reason, attributes, output
                                 FROM _batch"""
@@ -453,7 +462,7 @@ class LakeBoundStore(Store):
         for table in LAKE_TABLES:
             if table == "meta":  # the schema version and settings are the local file's
                 continue
-            cast = " REPLACE (id_key::UHUGEINT AS id_key)" if table in ("events", "event_keys") else ""
+            cast = " REPLACE (md5_number(event_id) AS id_key)" if table == "events" else ""
             con.execute(f"CREATE OR REPLACE TEMP VIEW {table} AS SELECT *{cast} FROM {lake}.main.{table}")
         # the embedded view (schema.py), over the views above
         con.execute(_COHORT_EVENTS.replace("CREATE VIEW", "CREATE OR REPLACE TEMP VIEW"))
