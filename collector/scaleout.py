@@ -91,11 +91,27 @@ class ScaleOutConfig:
     bucket_seconds: int = 60
     max_body_bytes: int = 16 * 1024 * 1024
     max_request_events: int = 10_000
+    # S3-compatible object storage for an s3:// data_path (MinIO, S3, R2...); unset keys use
+    # DuckDB's defaults (and the AWS credential chain).
+    s3_endpoint: str | None = None
+    s3_region: str | None = None
+    s3_access_key_id: str | None = None
+    s3_secret_access_key: str | None = None
+    s3_url_style: str | None = None
+    s3_use_ssl: bool | None = None
     limits: Limits = field(default_factory=Limits)
 
     @property
     def lake(self) -> LakeConfig:
-        return LakeConfig(self.pg_dsn, self.data_path)
+        s3 = {
+            "endpoint": self.s3_endpoint,
+            "region": self.s3_region,
+            "key_id": self.s3_access_key_id,
+            "secret": self.s3_secret_access_key,
+            "url_style": self.s3_url_style,
+            "use_ssl": None if self.s3_use_ssl is None else str(self.s3_use_ssl).lower(),
+        }
+        return LakeConfig(self.pg_dsn, self.data_path, s3=tuple((k, v) for k, v in s3.items() if v is not None))
 
     def subject_of(self, shard: int) -> str:
         return f"{self.subject}.{shard}"
@@ -130,12 +146,29 @@ class ScaleOutConfig:
         ):
             raise ScaleOutConfigError("nats_servers", "must be a non-empty list of nats:// or tls:// URLs")
         values: dict[str, Any] = {"nats_servers": tuple(servers)}
-        for key in ("pg_dsn", "data_path", "stream", "subject"):
+        for key in (
+            "pg_dsn",
+            "data_path",
+            "stream",
+            "subject",
+            "s3_endpoint",
+            "s3_region",
+            "s3_access_key_id",
+            "s3_secret_access_key",
+        ):
             if key in table:
                 v = table[key]
                 if not isinstance(v, str) or not v.strip() or len(v) > 4096:
                     raise ScaleOutConfigError(key, "must be a non-empty string")
                 values[key] = v
+        if "s3_url_style" in table:
+            if table["s3_url_style"] not in ("path", "vhost"):
+                raise ScaleOutConfigError("s3_url_style", "must be 'path' or 'vhost'")
+            values["s3_url_style"] = table["s3_url_style"]
+        if "s3_use_ssl" in table:
+            if not isinstance(table["s3_use_ssl"], bool):
+                raise ScaleOutConfigError("s3_use_ssl", "must be true or false")
+            values["s3_use_ssl"] = table["s3_use_ssl"]
         if "stream" in values and not values["stream"].replace("_", "").replace("-", "").isalnum():
             raise ScaleOutConfigError("stream", "may hold letters, digits, '-' and '_' only")
         ranges: dict[str, tuple[type, float, float]] = {

@@ -111,6 +111,9 @@ class LakeConfig:
     dsn: str
     data_path: str
     name: str = "lake"
+    #: for an ``s3://`` data path: endpoint, region, key_id, secret, url_style, use_ssl (DuckDB's
+    #: S3 secret); empty: the default credential chain of the httpfs extension
+    s3: tuple[tuple[str, str], ...] = ()
 
     def attach_sql(self, *, read_only: bool = False) -> str:
         data = self.data_path.replace("'", "''")
@@ -173,6 +176,20 @@ def _pg_error() -> type[Exception]:
     return psycopg.Error
 
 
+def _s3_secret(con: duckdb.DuckDBPyConnection, cfg: LakeConfig) -> None:
+    """The httpfs extension (from its wheel) and an S3 secret for the lake's data path."""
+    try:
+        from duckdb_extensions import import_extension
+
+        import_extension("httpfs", con=con)
+        con.execute("LOAD httpfs")
+        if cfg.s3:
+            opts = ", ".join(f"{k.upper()} '{v.replace(chr(39), chr(39) * 2)}'" for k, v in cfg.s3)
+            con.execute(f"CREATE OR REPLACE SECRET shapewatch_lake_s3 (TYPE s3, {opts})")
+    except (ImportError, duckdb.Error) as exc:
+        raise StoreError("setting up the lake's object storage", exc) from exc
+
+
 def attach_lake(con: duckdb.DuckDBPyConnection, cfg: LakeConfig) -> None:
     """Attach the lake to ``con`` and create its tables and PostgreSQL's cohort table where
     missing. One process at a time (an advisory lock): DuckLake 1.5.5 creates its catalog tables
@@ -180,6 +197,8 @@ def attach_lake(con: duckdb.DuckDBPyConnection, cfg: LakeConfig) -> None:
     unique type names (seen with two workers starting together; tests/cluster/test_lake.py)."""
     if "://" not in cfg.data_path:
         Path(cfg.data_path).mkdir(parents=True, exist_ok=True)
+    elif cfg.data_path.startswith("s3://"):
+        _s3_secret(con, cfg)
     try:
         with _pg(cfg.dsn) as pg:
             pg.execute("SELECT pg_advisory_lock(%s)", [LOCK_SCHEMA])
