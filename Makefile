@@ -47,7 +47,7 @@ CLUSTER_EVENTS ?= 200000
 test-cluster: $(STAMP)
 	.ci/install-tools
 	$(BIN)/python -m pip install --quiet -e '.[all,test,scaleout]'
-	SHAPEWATCH_CLUSTER_EVENTS=$(CLUSTER_EVENTS) $(BIN)/python -m pytest -q -s -m cluster tests/cluster
+	SHAPEWATCH_CLUSTER_REQUIRED=1 SHAPEWATCH_CLUSTER_EVENTS=$(CLUSTER_EVENTS) $(BIN)/python -m pytest -q -s -m cluster tests/cluster
 
 bench-scaleout: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[all,test,scaleout]'

@@ -44,12 +44,12 @@ log = logging.getLogger(__name__)
 def open_lake_store(cfg: ScaleOutConfig, state: Path) -> LakeBoundStore:
     """The analyzer's store: its records in ``state``, the observations in the lake."""
     store = LakeBoundStore.open(state, bucket_seconds=cfg.bucket_seconds, schemas=SCHEMAS, external_access=True)
+    assert isinstance(store, LakeBoundStore)
     try:
         store.bind_lake(cfg.lake)
     except BaseException:
         store.close()
         raise
-    assert isinstance(store, LakeBoundStore)
     return store
 
 

@@ -45,8 +45,8 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from .envelope import Envelope, EnvelopeInvalid, Limits, parse_body
-from .errors import ShapewatchError, StoreError
+from .envelope import Envelope, Limits, parse_body
+from .errors import EnvelopeInvalid, ShapewatchError, StoreError
 from .store.lake import LakeConfig, LakeWriter
 
 __all__ = [
@@ -214,7 +214,7 @@ def decode_envelope(data: bytes) -> Envelope:
     if not isinstance(row, list) or len(row) != len(Envelope._fields) - 1:
         raise ValueError("not an envelope of the scale-out stream")
     row[2] = _EPOCH + timedelta(microseconds=row[2])
-    return Envelope(*row, None)
+    return Envelope._make([*row, None])
 
 
 # --- the collector -------------------------------------------------------------------------------
@@ -300,9 +300,12 @@ async def ensure_stream(js: Any, cfg: ScaleOutConfig) -> None:
         await retried(lambda c=consumer: js.add_consumer(cfg.stream, c))
 
 
-def _error(status: int, message: str, fields: list[dict[str, str]] | None = None, **headers: str) -> Response:
+def _error(
+    status: int, message: str, fields: list[dict[str, str]] | None = None, *, retry_after: bool = False
+) -> Response:
     body = {"error": {"status": status, "message": message, "fields": fields or []}}
-    return Response(orjson.dumps(body), status_code=status, media_type="application/json", headers=headers or None)
+    headers = {"Retry-After": "1"} if retry_after else None
+    return Response(orjson.dumps(body), status_code=status, media_type="application/json", headers=headers)
 
 
 def collector_app(cfg: ScaleOutConfig) -> FastAPI:
@@ -355,7 +358,7 @@ def collector_app(cfg: ScaleOutConfig) -> FastAPI:
             return _error(
                 503,
                 f"the event queue did not acknowledge the events ({type(exc).__name__}); retry",
-                **{"Retry-After": "1"},
+                retry_after=True,
             )
         results: list[dict[str, Any]] = []
         counts = {"accepted": 0, "duplicate": 0, "rejected": 0}
@@ -383,7 +386,7 @@ def collector_app(cfg: ScaleOutConfig) -> FastAPI:
     async def get_health() -> Response:
         nc = publisher.nc
         if nc is None or not nc.is_connected:
-            return _error(503, "not connected to NATS", **{"Retry-After": "1"})
+            return _error(503, "not connected to NATS", retry_after=True)
         return Response(orjson.dumps({"status": "ok", "nats": nc.connected_url.netloc}), media_type="application/json")
 
     return app
@@ -409,7 +412,7 @@ class _Shards:
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s AND objid = 0 AND granted",
             [LOCK_WORKERS],
         ).fetchone()
-        return max(1, int(row[0]))
+        return max(1, int(row[0]) if row else 1)
 
     def rebalance(self) -> tuple[set[int], set[int]]:
         """(shards taken, shards given up) by this round."""
