@@ -231,6 +231,17 @@ class NatsCluster:
         for node in self.nodes:
             routes = ", ".join(f"nats-route://127.0.0.1:{o.cluster_port}" for o in self.nodes if o is not node)
             conf = self.root / f"{node.name}.conf"
+            # one node alone runs without a cluster block (JetStream refuses a cluster of one)
+            cluster = (
+                f"""cluster {{
+  name: shapewatch
+  listen: 127.0.0.1:{node.cluster_port}
+  routes: [{routes}]
+}}
+"""
+                if self.size > 1
+                else ""
+            )
             conf.write_text(
                 f"""server_name: {node.name}
 listen: 127.0.0.1:{node.client_port}
@@ -239,12 +250,7 @@ jetstream {{
   store_dir: "{node.store}"
   sync_interval: always
 }}
-cluster {{
-  name: shapewatch
-  listen: 127.0.0.1:{node.cluster_port}
-  routes: [{routes}]
-}}
-"""
+{cluster}"""
             )
             node.proc = Proc(node.name, [binary, "-c", str(conf)], self.root / f"{node.name}.log")
             node.proc.ready = _nats_ready(node.monitor_port)

@@ -103,7 +103,7 @@ def test_a_bad_item_is_rejected_alone_naming_its_field(one: One) -> None:
     assert (reply["accepted"], reply["rejected"]) == (1, 1)
     bad = reply["results"][1]
     assert bad["status"] == "rejected"
-    assert [(f["path"], f["reason"]) for f in bad["errors"]] == [("output", "must be a JSON object")]
+    assert [(f["path"], f["reason"]) for f in bad["errors"]] == [("output", "must be a JSON object, got string")]
 
 
 def test_while_nats_is_down_nothing_is_acknowledged_and_health_says_so(one: One) -> None:
