@@ -23,7 +23,7 @@ import threading
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from prometheus_client import CollectorRegistry
@@ -32,9 +32,10 @@ from shapewatch.collector.errors import ShapewatchError
 from shapewatch.collector.scaleout import LOCK_ANALYZER, ScaleOutConfig, collector_app, run_worker
 from shapewatch.collector.store.lake import LakeBoundStore
 
-from .analyzer import Analyzer
-from .config import AnalyzerConfig
 from .store_access import SCHEMAS
+
+if TYPE_CHECKING:  # the rules (scipy) load only in the analyzer's process: the CLI stays light
+    from .config import AnalyzerConfig
 
 __all__ = ["open_lake_store", "run_analyzer", "scaleout"]
 
@@ -66,6 +67,9 @@ def run_analyzer(
     ``compact_every``, until ``stop`` is set. A failed evaluation or compaction is logged and
     tried again at its next time; it never ends the loop."""
     import psycopg
+
+    from .analyzer import Analyzer
+    from .config import AnalyzerConfig
 
     stop = stop or threading.Event()
     config = config or AnalyzerConfig()
@@ -141,7 +145,11 @@ def collector(config_path: Path, host: str, port: int) -> None:
 def worker(config_path: Path, name: str) -> None:
     """Pull events per shard, store them in the lake with their rollups, ack after the commit."""
     cfg = _config(config_path)
-    asyncio.run(run_worker(cfg, name=name))
+    try:
+        asyncio.run(run_worker(cfg, name=name))
+    except ShapewatchError as exc:  # the lake or its catalog unreachable at start
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
 
 
 @scaleout.command()
@@ -170,4 +178,8 @@ def analyzer(config_path: Path, state: Path, name: str, compact_minutes: float) 
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    run_analyzer(cfg, state=state, name=name, compact_every=timedelta(minutes=compact_minutes), stop=stop)
+    try:
+        run_analyzer(cfg, state=state, name=name, compact_every=timedelta(minutes=compact_minutes), stop=stop)
+    except ShapewatchError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
