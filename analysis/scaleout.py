@@ -62,10 +62,16 @@ def run_analyzer(
     config: AnalyzerConfig | None = None,
     compact_every: timedelta = timedelta(minutes=10),
     stop: threading.Event | None = None,
+    serve: tuple[str, int] | None = None,
 ) -> None:
     """Wait to be elected, then evaluate every ``config.interval`` and compact the lake every
     ``compact_every``, until ``stop`` is set. A failed evaluation or compaction is logged and
-    tried again at its next time; it never ends the loop."""
+    tried again at its next time; it never ends the loop.
+
+    ``serve`` (host, port): once elected, run the embedded service's app on the lake instead
+    (its scheduler evaluates and keeps the lake; the read API and the dashboard's reads are
+    served; ingest there answers 503, events go to the collectors) until the process is stopped.
+    """
     import psycopg
 
     from .analyzer import Analyzer
@@ -85,6 +91,20 @@ def run_analyzer(
         log.warning("analyzer %s elected: it evaluates the lake from now on", name)
         print(f"analyzer {name} elected", flush=True)  # noqa: T201 (the cluster test reads it)
         store = open_lake_store(cfg, state)
+        if serve is not None:
+            import dataclasses
+
+            import uvicorn
+
+            from shapewatch.collector import Settings
+
+            from .service import create_app
+
+            settings = dataclasses.replace(Settings(), db_path=state, host=serve[0], port=serve[1])
+            uvicorn.run(
+                create_app(settings, store=store, config=config), host=serve[0], port=serve[1], log_level="warning"
+            )
+            return
         try:
             analyzer = Analyzer(store, config, registry=CollectorRegistry())
             next_compact = time.monotonic() + compact_every.total_seconds()
@@ -168,7 +188,13 @@ def worker(config_path: Path, name: str) -> None:
     type=click.FloatRange(0.1, 10_080),
     help="Minutes between lake maintenance runs (compaction, file merging, snapshot expiry).",
 )
-def analyzer(config_path: Path, state: Path, name: str, compact_minutes: float) -> None:
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address of the read API (with --port).")
+@click.option(
+    "--port",
+    type=click.IntRange(1, 65535),
+    help="Once elected, serve the service's read API (alerts, cohorts, baselines; the dashboard's reads) here.",
+)
+def analyzer(config_path: Path, state: Path, name: str, compact_minutes: float, host: str, port: int | None) -> None:
     """Wait for election (a PostgreSQL advisory lock), then evaluate the lake on a schedule."""
     cfg = _config(config_path)
     stop = threading.Event()
@@ -179,7 +205,14 @@ def analyzer(config_path: Path, state: Path, name: str, compact_minutes: float) 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     try:
-        run_analyzer(cfg, state=state, name=name, compact_every=timedelta(minutes=compact_minutes), stop=stop)
+        run_analyzer(
+            cfg,
+            state=state,
+            name=name,
+            compact_every=timedelta(minutes=compact_minutes),
+            stop=stop,
+            serve=None if port is None else (host, port),
+        )
     except ShapewatchError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)

@@ -42,10 +42,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..envelope import Envelope
-from ..errors import StoreError
+from ..errors import StoreError, StoreUnavailable
 from ..rollup import RollupBatch, RollupConfig
 from . import merge
-from .batch import BatchBuilder, WriteResult, _results
+from .batch import BatchBuilder, Purged, WriteResult, _results
 from .schema import _COHORT_EVENTS
 from .store import Store
 
@@ -494,6 +494,32 @@ class LakeBoundStore(Store):
                 self._shadow(cur)
             self._local.cur = cur
         return cur
+
+    # The embedded upkeep the service schedules (analysis/maintenance.py), turned to the lake:
+    # the lake's rows are folded by compact_lake, its keys purged there too; it has no tiers.
+
+    def compact(self, since: datetime | None = None, until: datetime | None = None) -> int:
+        if self.lake is None:
+            return super().compact(since, until)
+        return self.compact_lake()["rollup_rows_removed"]
+
+    def compact_by_day(self) -> int:
+        return self.compact()
+
+    def fold_tiers(self, *, step: timedelta = timedelta(hours=1), max_steps: int | None = None) -> int:
+        return 0 if self.lake is not None else super().fold_tiers(step=step, max_steps=max_steps)
+
+    def purge(self, *, raw_retention: timedelta, dedup_ttl: timedelta, now: datetime | None = None) -> Purged:
+        if self.lake is None:
+            return super().purge(raw_retention=raw_retention, dedup_ttl=dedup_ttl, now=now)
+        return Purged(0, 0)  # compact_lake deletes the lake's keys past the TTL
+
+    def write_batches(
+        self, batches: Any, *, now: datetime | None = None, merge: bool = True
+    ) -> list[list[WriteResult]]:
+        if self.lake is None:
+            return super().write_batches(batches, now=now, merge=merge)
+        raise StoreUnavailable("this node reads the lake; events go to a scale-out collector (POST /v1/outputs there)")
 
     def compact_lake(self, **kw: Any) -> dict[str, int]:
         """``compact_lake`` on this store's lake (the elected analyzer schedules it)."""

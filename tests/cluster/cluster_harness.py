@@ -354,10 +354,11 @@ ack_wait_seconds = 20
             self.root / f"worker-{name}.log",
         )
 
-    def analyzer(self, name: str, state: Path) -> Proc:
+    def analyzer(self, name: str, state: Path, port: int | None = None) -> Proc:
+        serve = [] if port is None else ["--port", str(port)]
         return shapewatch_proc(
             f"analyzer-{name}",
-            ["scaleout", "analyzer", "--config", str(self.config), "--state", str(state), "--name", name],
+            ["scaleout", "analyzer", "--config", str(self.config), "--state", str(state), "--name", name, *serve],
             self.root / f"analyzer-{name}.log",
         )
 

@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from cluster_harness import Cluster, missing_tools
+from cluster_harness import Cluster, free_port, missing_tools
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "analysis"))
 from drift_outputs import output
@@ -302,21 +302,46 @@ def test_kills_during_ingest_lose_nothing_and_store_nothing_twice(cluster: Clust
 
 
 def test_a_second_analyzer_takes_over_when_the_elected_one_dies(cluster: Cluster, tmp_path: Path) -> None:
-    a = cluster.analyzer("a1", tmp_path / "a1.duckdb")
-    b = cluster.analyzer("a2", tmp_path / "a2.duckdb")
+    ports = [free_port(), free_port()]
+    a = cluster.analyzer("a1", tmp_path / "a1.duckdb", ports[0])
+    b = cluster.analyzer("a2", tmp_path / "a2.duckdb", ports[1])
     a.start()
     try:
         _wait_for(lambda: "analyzer a1 elected" in a.log.read_text(errors="replace"), 90)
         b.start()
+        # the elected one serves the read API on the lake; the standby serves nothing yet
+        _wait_for(lambda: _status(ports[0], "/healthz") == 200, 60)
+        cohorts = httpx.get(f"http://127.0.0.1:{ports[0]}/v1/cohorts", timeout=30)
+        assert cohorts.status_code == 200, cohorts.text
+        ingest = httpx.post(
+            f"http://127.0.0.1:{ports[0]}/v1/outputs",
+            content=orjson.dumps(_events(4)[0]),
+            headers={"content-type": "application/json"},
+            timeout=30,
+        )
+        assert ingest.status_code == 503, ingest.text  # events go to the collectors, never stored here
+        assert "collector" in ingest.json()["error"]["message"]
         time.sleep(5)  # b asks every second: five refusals
         assert "elected" not in b.log.read_text(errors="replace")
+        assert _status(ports[1], "/healthz") is None
         a.kill()
         t0 = time.monotonic()
         _wait_for(lambda: "analyzer a2 elected" in b.log.read_text(errors="replace"), 60)
         print(f"\nanalyzer takeover after {time.monotonic() - t0:.1f} s")
+        _wait_for(lambda: _status(ports[1], "/healthz") == 200, 60)
+        again = httpx.get(f"http://127.0.0.1:{ports[1]}/v1/cohorts", timeout=30)
+        assert again.status_code == 200
+        assert again.json() == cohorts.json()
     finally:
         a.kill()
         b.kill()
+
+
+def _status(port: int, path: str) -> int | None:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}{path}", timeout=5).status_code
+    except httpx.HTTPError:
+        return None
 
 
 def _wait_for(predicate: Any, timeout: float) -> None:
