@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import click
 from prometheus_client import CollectorRegistry
 
-from shapewatch.collector.errors import ShapewatchError
+from shapewatch.collector.errors import ShapewatchError, StoreError
 from shapewatch.collector.scaleout import LOCK_ANALYZER, ScaleOutConfig, collector_app, run_worker
 from shapewatch.collector.store.lake import LakeBoundStore
 
@@ -79,7 +79,12 @@ def run_analyzer(
 
     stop = stop or threading.Event()
     config = config or AnalyzerConfig()
-    pg = psycopg.connect(cfg.pg_dsn, autocommit=True, application_name=f"shapewatch-analyzer-{name}"[:63])
+    try:
+        pg = psycopg.connect(
+            cfg.pg_dsn, autocommit=True, application_name=f"shapewatch-analyzer-{name}"[:63], connect_timeout=10
+        )
+    except psycopg.Error as exc:
+        raise StoreError("connecting to the lake's PostgreSQL catalog", exc) from exc
     try:
         while not stop.is_set():
             row = pg.execute("SELECT pg_try_advisory_lock(%s)", [LOCK_ANALYZER]).fetchone()
