@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: up test test-slow sanitize reliability bench bench-analyze bench-commits venv clean
+.PHONY: up test test-slow sanitize reliability bench bench-analyze bench-commits venv clean test-cluster bench-scaleout
 
 $(STAMP): pyproject.toml setup.py $(wildcard collector/_speedups_src/*.c collector/_speedups_src/*.h)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -38,6 +38,20 @@ test: $(STAMP)
 # Slow suites (SIGKILL crash test and friends): their own script, not the default run.
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
+
+# The scale-out cluster on loopback (docs/scale-out.md): 3 NATS JetStream nodes, PostgreSQL, 2
+# collectors, 2 workers, kills during ingest, the tally printed. It installs what it needs:
+# PostgreSQL 15 through .ci/install-tools, NATS and the DuckLake extensions through the scaleout
+# extra. CLUSTER_EVENTS sets the number of events.
+CLUSTER_EVENTS ?= 200000
+test-cluster: $(STAMP)
+	.ci/install-tools
+	$(BIN)/python -m pip install --quiet -e '.[all,test,scaleout]'
+	SHAPEWATCH_CLUSTER_REQUIRED=1 SHAPEWATCH_CLUSTER_EVENTS=$(CLUSTER_EVENTS) $(BIN)/python -m pytest -q -s -m cluster tests/cluster
+
+bench-scaleout: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[all,test,scaleout]'
+	$(BIN)/python bench/scaleout.py
 
 # The reliability suite (issue 7): every scenario of reliability/, the long ones included;
 # writes reliability/REPORT.md with the figures each one measured.

@@ -42,6 +42,7 @@ from ._cli import (
 )
 from .contract_cli import contract
 from .run_cli import run as run_group
+from .scaleout import scaleout
 
 if TYPE_CHECKING:
     pass
@@ -824,6 +825,7 @@ def demo_traffic(url: str, token: str | None, rate: float, drift: bool, duration
 
 cli.add_command(contract)
 cli.add_command(run_group)
+cli.add_command(scaleout)
 
 
 def main() -> None:

@@ -91,12 +91,18 @@ def _drop_free_text(g: pa.Table, f: pa.Table, v: pa.Table, cfg: RollupConfig) ->
     return f.append_column("dropped", pa.array(dropped)), v.filter(pa.compute.invert(out))
 
 
-def merge_rollups(con: duckdb.DuckDBPyConnection, batches: list[RollupBatch], cfg: RollupConfig) -> None:
+def merge_rollups(
+    con: duckdb.DuckDBPyConnection, batches: list[RollupBatch], cfg: RollupConfig, *, keyed: bool = True
+) -> None:
     """Add the counts of several batches into the rollup tables in one set of statements.
 
     The caller holds the transaction; the cohorts must exist. Rows of different
     batches for the same key are summed first, so merging many small batches at
     once costs about what merging one does.
+
+    ``keyed=False``: tables without keys or sequences (a DuckLake, lake.py): the served cohorts
+    must exist too (the lake's writer registers them first), and served-model counts are
+    appended rather than added into their row (every read sums them).
     """
     batches = [b for b in batches if b._groups]
     if not batches:
@@ -111,25 +117,26 @@ def merge_rollups(con: duckdb.DuckDBPyConnection, batches: list[RollupBatch], cf
     con.register("_rc", checks)
     con.register("_rx", violations)
     try:
-        _merge(con, cfg, f, nums)
+        _merge(con, cfg, f, nums, keyed=keyed)
     finally:
         for name in ("_rg", "_rf", "_rv", "_ra", "_rs", "_rn", "_rc", "_rx"):
             con.unregister(name)
 
 
-def _merge(con: duckdb.DuckDBPyConnection, cfg: RollupConfig, f: pa.Table, nums: pa.Table) -> None:
+def _merge(con: duckdb.DuckDBPyConnection, cfg: RollupConfig, f: pa.Table, nums: pa.Table, *, keyed: bool) -> None:
     # A group counts in its cohort and, when an alias was answered by another model, in the
     # served cohort (that model, same prompt version and contract) too, created here when it
     # is new: every path that merges counts (ingest, deferred merges, recovery at open) meets it.
-    con.execute(
-        """INSERT INTO cohorts
-           SELECT nextval('cohort_seq'), * FROM (
-               SELECT served, prompt_version, contract, to_timestamp(min(epoch)) FROM _rg
-               WHERE served IS NOT NULL AND NOT EXISTS (
-                   SELECT 1 FROM cohorts c WHERE c.model = _rg.served AND c.prompt_version = _rg.prompt_version
-                                             AND c.contract = _rg.contract)
-               GROUP BY ALL ORDER BY ALL)"""
-    )
+    if keyed:
+        con.execute(
+            """INSERT INTO cohorts
+               SELECT nextval('cohort_seq'), * FROM (
+                   SELECT served, prompt_version, contract, to_timestamp(min(epoch)) FROM _rg
+                   WHERE served IS NOT NULL AND NOT EXISTS (
+                       SELECT 1 FROM cohorts c WHERE c.model = _rg.served AND c.prompt_version = _rg.prompt_version
+                                                 AND c.contract = _rg.contract)
+                   GROUP BY ALL ORDER BY ALL)"""
+        )
     # shared: several groups of this merge hold the (cohort, bucket); only their rows can
     # repeat a key, so only they need summing (_merge_numbers relies on it). served: the row
     # adds a group to its served cohort (a group has at most one such row).
@@ -208,8 +215,8 @@ def _merge(con: duckdb.DuckDBPyConnection, cfg: RollupConfig, f: pa.Table, nums:
     _merge_numbers(con, f, nums)
     con.execute(
         """INSERT INTO served_models
-           SELECT cohort_id, bucket, served_model, sum(_rs.n) FROM _rs JOIN _groups USING (g) GROUP BY ALL
-           ON CONFLICT DO UPDATE SET n = n + excluded.n"""
+           SELECT cohort_id, bucket, served_model, sum(_rs.n) FROM _rs JOIN _groups USING (g) GROUP BY ALL"""
+        + (" ON CONFLICT DO UPDATE SET n = n + excluded.n" if keyed else "")
     )
     con.execute(
         """INSERT INTO contract_rollups

@@ -49,11 +49,13 @@ class Store(Reads, ContractVersions, TieredRollups, AlertRecords, BaselineRecord
         read_only: bool = False,
         schemas: Sequence[Schema] = (),
         tiers: TierPolicy | None = None,
+        external_access: bool = False,
     ) -> Store:
         """Open (creating or migrating) the database at ``path``, with the tables of ``schemas``.
 
         ``tiers``: count and fold rollups into minute, hour and day buckets by age (``tiers.py``);
-        None keeps every bucket ``bucket_seconds`` wide.
+        None keeps every bucket ``bucket_seconds`` wide. ``external_access``: let DuckDB load
+        extensions and attach other databases (the scale-out analyzer attaches its lake: lake.py).
         """
         if tiers is not None and HOUR % bucket_seconds:
             raise StoreError(
@@ -71,7 +73,7 @@ class Store(Reads, ContractVersions, TieredRollups, AlertRecords, BaselineRecord
             "memory_limit": memory_limit,
             "threads": str(threads),
             "checkpoint_threshold": checkpoint_threshold,
-            "enable_external_access": "false",
+            "enable_external_access": "true" if external_access else "false",
             "autoinstall_known_extensions": "false",
             "autoload_known_extensions": "false",
         }
