@@ -159,7 +159,7 @@ def alerts(
 ) -> list[dict[str, Any]]:
     """Alerts (page first), filtered; ``state`` may be ``open`` for pending and firing."""
     now = now or datetime.now(UTC)
-    ids = {Cohort(r.model, r.prompt_version, r.contract): r.cohort_id for r in store.cohorts()}
+    ids = {Cohort(r.model, r.prompt_version, r.contract, r.source): r.cohort_id for r in store.cohorts()}
     found = AlertBook(store).alerts(
         state=AlertState(state) if state and state != "open" else None,
         severity=Severity(severity) if severity else None,
@@ -244,11 +244,11 @@ def cohorts(store: Store, *, since: datetime | None = None, until: datetime | No
     counts = store.firing_alert_counts()
     current = {a.cohort: a for a in activation_history(store)}
     rows = store.cohorts()
-    first_seen = {Cohort(r.model, r.prompt_version, r.contract): r.first_seen for r in rows}
+    first_seen = {Cohort(r.model, r.prompt_version, r.contract, r.source): r.first_seen for r in rows}
     aliases = served_aliases(store)
     out = []
-    for cid, m, p, c, first in rows:
-        cohort = Cohort(m, p, c)
+    for cid, m, p, c, first, src in rows:
+        cohort = Cohort(m, p, c, src)
         resolved = resolve_baseline(store, cohort, current=current, first_seen=first_seen, aliases=aliases)
         baseline = None
         if resolved is not None:
@@ -279,7 +279,7 @@ def cohorts(store: Store, *, since: datetime | None = None, until: datetime | No
                 "contract_versions": contracts.get(int(cid), {}),
                 # responses that never reached a parser: truncated, refused, filtered, invalid JSON
                 "provider_outcomes": outcomes.get(int(cid), {}),
-                "alerts_firing": counts.get((cohort.model, cohort.prompt_version, cohort.contract), {}),
+                "alerts_firing": counts.get(cohort, {}),
             }
         )
     return out
@@ -344,7 +344,7 @@ def field_series(
     row = store.cohort(cohort_id)
     if row is None:
         raise LookupError(f"no cohort {cohort_id}")
-    cohort = Cohort(row.model, row.prompt_version, row.contract)
+    cohort = Cohort(row.model, row.prompt_version, row.contract, row.source)
     resolved = resolve_baseline(store, cohort)
     base = resolved.baseline.fields.get(path) if resolved else None
     known = set(base.values) if base else set()

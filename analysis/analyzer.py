@@ -202,15 +202,15 @@ def evaluate(store: Store, config: AnalyzerConfig, at: datetime, *, window: time
     ]
     shared = _Shared(store, since, at)
     current: dict[Cohort, Activation] = {a.cohort: a for a in activation_history(store)}
-    first_seen = {Cohort(r.model, r.prompt_version, r.contract): r.first_seen for r in store.cohorts()}
+    first_seen = {Cohort(r.model, r.prompt_version, r.contract, r.source): r.first_seen for r in store.cohorts()}
     aliases = served_aliases(store)
-    in_window = {Cohort(p.model, p.prompt_version, p.contract): p for p in profiles}
+    in_window = {Cohort(*p.cohort): p for p in profiles}
     pending: list[
         tuple[Profile, Cohort, Any, list[Check], list[Insufficient], Cohort | None, str | None, list[dict[str, Any]]]
     ] = []
     run_rows = store.run_rollups(since, at)  # agent runs judged in the window, every cohort's (runs.py)
     for profile in profiles:
-        cohort = Cohort(profile.model, profile.prompt_version, profile.contract)
+        cohort = Cohort(*profile.cohort)
         mirror = _mirrored(profile, aliases.get(cohort, []), in_window)
         try:
             resolved, checks, short, windows = _judge_cohort(
@@ -277,7 +277,7 @@ def _judge_cohort(
     mirror: Cohort | None,
     current: dict[Cohort, Activation],
     first_seen: dict[Cohort, datetime],
-    aliases: dict[tuple[str, str, str], list[tuple[str, str, str]]],
+    aliases: dict[tuple[str, str, str, str], list[tuple[str, str, str, str]]],
     main: ShortWindow,
     shorts: Sequence[tuple[ShortWindow, dict[int, Profile]]] = (),
     shared: _Shared | None = None,
@@ -363,7 +363,9 @@ class _Shared:
         return self._windows[(since, until)].get(cohort_id, {})
 
 
-def _mirrored(profile: Profile, aliases: list[tuple[str, str, str]], in_window: dict[Cohort, Profile]) -> Cohort | None:
+def _mirrored(
+    profile: Profile, aliases: list[tuple[str, str, str, str]], in_window: dict[Cohort, Profile]
+) -> Cohort | None:
     """The alias cohort whose outputs in the window are exactly this served cohort's, if any.
 
     Most of the time an alias is answered by one model: its served cohort then holds the same

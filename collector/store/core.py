@@ -59,8 +59,9 @@ class StoreCore:
         self._indexed_keys = 0
         self._memory_until = 0
         self._local = threading.local()
-        self._cohorts: dict[tuple[str, str, str], int] = {}
-        self._pending_cohorts: dict[tuple[str, str, str], int] = {}
+        # (model, prompt version, contract, source) -> cohort_id
+        self._cohorts: dict[tuple[str, str, str, str], int] = {}
+        self._pending_cohorts: dict[tuple[str, str, str, str], int] = {}
         # Deferred rollups (see defer_rollups): counted, committed events not yet merged.
         self._defer: tuple[int, float] | None = None
         # (counts, received_at of their batch, monotonic time they were added), in commit order;
@@ -76,7 +77,7 @@ class StoreCore:
         self._validators: ValidatorCache | None = None
         # Contract checks done per (cohort, contract version, bucket), for RollupConfig's quota;
         # in memory: a restart checks a little more, never less.
-        self._checks_done: dict[tuple[tuple[str, str, str], str, int], int] = {}
+        self._checks_done: dict[tuple[tuple[str, str, str, str], str, int], int] = {}
         self._checks_lock = threading.Lock()
         # Each cohort's newest data, for counting outputs into their tier (set by open when the
         # store keeps tiers; tiers.py)
@@ -286,7 +287,7 @@ class StoreCore:
                 batch.unchecked.clear()
 
     def _check_contract(
-        self, cohort: tuple[str, str, str], version: str, bucket: int, output: dict[str, Any] | str
+        self, cohort: tuple[str, str, str, str], version: str, bucket: int, output: dict[str, Any] | str
     ) -> tuple[ContractStatus, Sequence[tuple[str | None, str]]]:
         validators = self.contract_validators
         cap = self.rollup.contract_checks_per_bucket

@@ -173,9 +173,11 @@ def write_outputs(
     batch: int = 2000,
     id_prefix: str | None = None,
     served_model: str | None = None,
+    source: str | None = "production",
 ) -> None:
     """Store ``outputs`` through the ingest path, evenly spread over ``[since, since + span)``
-    (answered by ``served_model``; by default the model requested)."""
+    (answered by ``served_model``; by default the model requested; sent as ``source``, None: without
+    one)."""
     seconds = int(span.total_seconds())
     n = len(outputs)
     prefix = id_prefix or f"{model}/{prompt_version}/{contract}/{since.isoformat()}"
@@ -190,6 +192,7 @@ def write_outputs(
             prompt_version=prompt_version,
             contract=contract,
             output=out,
+            source=source,
         )
         envs.append(parse_envelope(orjson.dumps(env), LIMITS))
         if len(envs) == batch:

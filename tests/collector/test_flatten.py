@@ -274,7 +274,7 @@ COUNT_COLUMNS = [
     "long_strings",
 ]
 TS = datetime(2026, 11, 29, 12, 0, 30, tzinfo=UTC)
-COHORT = ("m", "p", "c")
+COHORT = ("m", "p", "c", "production")
 
 
 def reference_counts(
