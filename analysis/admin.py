@@ -31,7 +31,7 @@ from shapewatch.baselines import (
 from shapewatch.baselines import (
     import_document as store_document,
 )
-from shapewatch.collector import Store, contract_changes, read_profile, served_aliases
+from shapewatch.collector import PRODUCTION, Store, contract_changes, read_profile, served_aliases
 
 from .alerts import AlertBook, AlertState
 from .config import AnalyzerConfig, Severity
@@ -90,9 +90,10 @@ def freeze(
     force: str | None = None,
     activate: bool = True,
     now: datetime | None = None,
+    source: str = PRODUCTION,
 ) -> dict[str, Any]:
     """Freeze a cohort's window as a baseline (refused over open page alerts or too few samples)."""
-    cohort = Cohort(model, prompt_version, contract)
+    cohort = Cohort(model, prompt_version, contract, source)
     open_pages = _open_page_alerts(store, cohort, since, until, config.window)
     objections = (
         [f"the window holds {len(open_pages)} unresolved page alert(s): " + "; ".join(open_pages[:5])]
@@ -156,6 +157,7 @@ def alerts(
     contract: str | None = None,
     kind: str | None = None,
     now: datetime | None = None,
+    source: str | None = None,
 ) -> list[dict[str, Any]]:
     """Alerts (page first), filtered; ``state`` may be ``open`` for pending and firing."""
     now = now or datetime.now(UTC)
@@ -173,6 +175,7 @@ def alerts(
             (model and a.cohort.model != model)
             or (prompt_version and a.cohort.prompt_version != prompt_version)
             or (contract and a.cohort.contract != contract)
+            or (source and a.cohort.source != source)
             or (kind and a.kind.value != kind)
         ):
             continue
@@ -232,8 +235,11 @@ def silences(store: Store, *, active: bool = True) -> list[dict[str, Any]]:
     return [_silence_json(s) for s in AlertBook(store).silences(now=datetime.now(UTC) if active else None)]
 
 
-def cohorts(store: Store, *, since: datetime | None = None, until: datetime | None = None) -> list[dict[str, Any]]:
-    """Every cohort with its traffic in the window, baseline, unpinned marker, alerts and served models."""
+def cohorts(
+    store: Store, *, since: datetime | None = None, until: datetime | None = None, source: str | None = None
+) -> list[dict[str, Any]]:
+    """Every cohort (of one source, or all: production first within a model, prompt version and
+    contract) with its traffic in the window, baseline, unpinned marker, alerts and served models."""
     until = until or datetime.now(UTC)
     since = since or until - COHORTS_WINDOW
     store.flush_rollups()
@@ -248,6 +254,8 @@ def cohorts(store: Store, *, since: datetime | None = None, until: datetime | No
     aliases = served_aliases(store)
     out = []
     for cid, m, p, c, first, src in rows:
+        if source is not None and src != source:
+            continue
         cohort = Cohort(m, p, c, src)
         resolved = resolve_baseline(store, cohort, current=current, first_seen=first_seen, aliases=aliases)
         baseline = None

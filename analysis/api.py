@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Depends, Query, Request, Security
 from fastapi.responses import Response
@@ -117,10 +117,17 @@ def _event_ids(ids: list[str]) -> list[str]:
 # --- request bodies ----------------------------------------------------------------------------
 
 
+#: A cohort's source as a request names it.
+SourceName = Literal["production", "probe", "shadow"]
+_SOURCE = "^(production|probe|shadow)$"
+_SOURCE_HELP = "only cohorts of this source: production, probe or shadow"
+
+
 class FreezeRequest(BaseModel):
     model: str = Field(min_length=1)
     prompt_version: str = Field(min_length=1)
     contract: str = Field("default", min_length=1)
+    source: SourceName = "production"
     since: AwareDatetime
     until: AwareDatetime
     note: str
@@ -133,6 +140,7 @@ class CohortRequest(BaseModel):
     model: str = Field(min_length=1)
     prompt_version: str = Field(min_length=1)
     contract: str = Field("default", min_length=1)
+    source: SourceName = "production"
     author: str = Field(min_length=1)
     note: str = ""
 
@@ -179,6 +187,7 @@ class CohortTags(_Open):
     model: str
     prompt_version: str
     contract: str
+    source: str = "production"
 
 
 class Window(_Open):
@@ -502,6 +511,7 @@ def list_alerts(
     prompt_version: str | None = None,
     contract: str | None = None,
     kind: str | None = None,
+    source: str | None = Query(None, pattern=_SOURCE, description=_SOURCE_HELP),
 ) -> Response:
     return json_response(
         admin.alerts(
@@ -512,6 +522,7 @@ def list_alerts(
             prompt_version=prompt_version,
             contract=contract,
             kind=kind,
+            source=source,
         )
     )
 
@@ -577,9 +588,14 @@ def list_silences(api: Analysis, active: bool = True) -> Response:
     tags=["cohorts"],
     response_model=list[CohortSummary],
 )
-def list_cohorts(api: Analysis, since: When = None, until: When = None) -> Response:
+def list_cohorts(
+    api: Analysis,
+    since: When = None,
+    until: When = None,
+    source: str | None = Query(None, pattern=_SOURCE, description=_SOURCE_HELP),
+) -> Response:
     start, end = _window(since, until, now=api.clock(), length=admin.COHORTS_WINDOW)
-    return json_response(admin.cohorts(api.store, since=start, until=end))
+    return json_response(admin.cohorts(api.store, since=start, until=end, source=source))
 
 
 @router.get(
@@ -648,11 +664,15 @@ def list_served_model_changes(api: Analysis) -> Response:
 
 @router.get("/v1/baselines", summary="Baselines, newest first", tags=["baselines"], response_model=list[BaselineEntry])
 def list_baselines(
-    api: Analysis, model: str | None = None, prompt_version: str | None = None, contract: str | None = None
+    api: Analysis,
+    model: str | None = None,
+    prompt_version: str | None = None,
+    contract: str | None = None,
+    source: str = Query("production", pattern=_SOURCE, description="the cohort's source, with model"),
 ) -> Response:
     if bool(model) != bool(prompt_version):
         raise BaselineError("model and prompt_version filter together: give both or neither")
-    cohort = Cohort(model, prompt_version, contract or "default") if model and prompt_version else None
+    cohort = Cohort(model, prompt_version, contract or "default", source) if model and prompt_version else None
     return json_response(admin.list_all(api.store, cohort))
 
 
@@ -677,6 +697,7 @@ def freeze_baseline(api: Analysis, body: FreezeRequest) -> Response:
             note=body.note,
             force=body.force,
             activate=body.activate,
+            source=body.source,
         ),
         201,
     )
@@ -701,7 +722,10 @@ def import_baseline(api: Analysis, doc: Annotated[dict[str, Any], Body()]) -> Re
 def retire_baseline(api: Analysis, body: CohortRequest) -> Response:
     return json_response(
         admin.retire(
-            api.store, Cohort(body.model, body.prompt_version, body.contract), author=body.author, note=body.note
+            api.store,
+            Cohort(body.model, body.prompt_version, body.contract, body.source),
+            author=body.author,
+            note=body.note,
         )
     )
 
@@ -716,7 +740,7 @@ def inherit_baseline(api: Analysis, body: InheritRequest) -> Response:
     return json_response(
         admin.inherit(
             api.store,
-            Cohort(body.model, body.prompt_version, body.contract),
+            Cohort(body.model, body.prompt_version, body.contract, body.source),
             body.parent,
             author=body.author,
             note=body.note,

@@ -47,6 +47,7 @@ class Backend(Protocol):
         note: str,
         force: str | None,
         activate: bool,
+        source: str = "production",
     ) -> dict[str, Any]: ...
     def list_baselines(self, cohort: Cohort | None = None) -> list[dict[str, Any]]: ...
     def show(self, baseline_id: str) -> dict[str, Any]: ...
@@ -84,6 +85,7 @@ class LocalBackend:
         note: str,
         force: str | None,
         activate: bool,
+        source: str = "production",
     ) -> dict[str, Any]:
         return admin.freeze(
             self.store,
@@ -97,6 +99,7 @@ class LocalBackend:
             note=note,
             force=force,
             activate=activate,
+            source=source,
         )
 
     def list_baselines(self, cohort: Cohort | None = None) -> list[dict[str, Any]]:
@@ -146,6 +149,7 @@ class LocalBackend:
             prompt_version=f("prompt_version"),
             contract=f("contract"),
             kind=f("kind"),
+            source=f("source"),
         )
 
     def acknowledge(self, fingerprint: str, *, by: str) -> dict[str, Any]:
@@ -207,6 +211,7 @@ class RemoteBackend:
         note: str,
         force: str | None,
         activate: bool,
+        source: str = "production",
     ) -> dict[str, Any]:
         body = {
             "model": model,
@@ -218,6 +223,7 @@ class RemoteBackend:
             "note": note,
             "force": force,
             "activate": activate,
+            "source": source,
         }
         result: dict[str, Any] = self._call("POST", "/v1/baselines", json=body)
         return result
