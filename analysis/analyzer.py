@@ -51,6 +51,7 @@ from shapewatch.collector import (
 from .alerts import Alert, AlertBook, AlertState, Judged, Transition, step
 from .assertions import check_assertions
 from .changes import compare_served_models, unknown_contract_versions, with_moved_fields
+from .compare import production_twin, twin_baseline
 from .config import AlertKind, AnalyzerConfig, FieldRules, ShortWindow
 from .outcome_rates import FIELD as RESPONSES
 from .outcome_rates import compare_outcomes
@@ -105,6 +106,8 @@ class CohortReport:
             return "no baseline"
         if self.how == "own":
             return f"baseline {self.baseline_id}"
+        if self.how == "production_twin":
+            return f"shadow vs production: {self.baseline_cohort} over the same window"
         why = {"parent": "named parent", "served_alias": "the alias this model answered for"}.get(
             self.how or "", "previous prompt version"
         )
@@ -213,8 +216,20 @@ def evaluate(store: Store, config: AnalyzerConfig, at: datetime, *, window: time
         cohort = Cohort(*profile.cohort)
         mirror = _mirrored(profile, aliases.get(cohort, []), in_window)
         try:
+            twin = _twin(cohort, in_window, config, at)
             resolved, checks, short, windows = _judge_cohort(
-                store, config, profile, cohort, mirror, current, first_seen, aliases, main, shorts, shared
+                store,
+                config,
+                profile,
+                cohort,
+                mirror,
+                current,
+                first_seen,
+                aliases,
+                main,
+                () if twin is not None else shorts,  # a shadow is judged over the same window only
+                shared,
+                twin,
             )
             if resolved is not None and mirror is None and run_rows:
                 checks = checks + run_checks(store, cohort, resolved.baseline, since, at, rows=run_rows)
@@ -281,11 +296,13 @@ def _judge_cohort(
     main: ShortWindow,
     shorts: Sequence[tuple[ShortWindow, dict[int, Profile]]] = (),
     shared: _Shared | None = None,
+    twin: Resolved | None = None,
 ) -> tuple[Resolved | None, list[Check], list[Insufficient], list[dict[str, Any]]]:
     """The baseline one cohort is compared against, the checks of the comparison over every
     window (short windows' thresholds scaled), the fields too thin for the analyzer's window,
-    and what each window held."""
-    resolved = resolve_baseline(store, cohort, current=current, first_seen=first_seen, aliases=aliases)
+    and what each window held. A shadow cohort's ``twin`` (its production twin's window as a
+    baseline) takes the place of a frozen baseline."""
+    resolved = twin or resolve_baseline(store, cohort, current=current, first_seen=first_seen, aliases=aliases)
     if mirror is not None:
         return resolved, [], [], []
     rules_for = _rules_for(config, cohort.contract, _declared_enums(store, profile))
@@ -361,6 +378,16 @@ class _Shared:
         if (since, until) not in self._windows:
             self._windows[(since, until)] = self.store.outcomes_by_cohort(since, until)
         return self._windows[(since, until)].get(cohort_id, {})
+
+
+def _twin(cohort: Cohort, in_window: dict[Cohort, Profile], config: AnalyzerConfig, at: datetime) -> Resolved | None:
+    """A shadow cohort's production twin over the same window, as what it is judged against."""
+    if cohort.source != "shadow":
+        return None
+    twin = production_twin(cohort, in_window, config.shadows)
+    if twin is None:
+        return None
+    return Resolved(twin_baseline(in_window[twin], twin, at), "production_twin")
 
 
 def _mirrored(

@@ -264,6 +264,38 @@ class CohortBaseline(_Open):
     samples: int
 
 
+class ComparedCohort(CohortTags):
+    events: int
+
+
+class CompareBreach(_Open):
+    field: str
+    kind: str
+    value: str | None
+    severity: str
+    effect: float
+    threshold: float
+    detail: str
+
+
+class CompareField(_Open):
+    field: str
+    a: dict[str, Any] | None
+    b: dict[str, Any] | None
+
+
+class Comparison(_Open):
+    """Cohort A's window judged against cohort B's (``analysis/compare.py``)."""
+
+    a: ComparedCohort
+    b: ComparedCohort
+    window: Window
+    breaches: list[CompareBreach]
+    checks: int
+    insufficient: list[dict[str, Any]]
+    fields: list[CompareField]
+
+
 class CohortSummary(_Open):
     cohort_id: int
     cohort: CohortTags
@@ -596,6 +628,26 @@ def list_cohorts(
 ) -> Response:
     start, end = _window(since, until, now=api.clock(), length=admin.COHORTS_WINDOW)
     return json_response(admin.cohorts(api.store, since=start, until=end, source=source))
+
+
+@router.get(
+    "/v1/compare",
+    summary="Two cohorts over one window: A judged against B with the analyzer's rules",
+    tags=["cohorts"],
+    response_model=Comparison,
+)
+def compare_cohorts(
+    api: Analysis,
+    a: Annotated[str, Query(description="source/model/prompt_version/contract (source optional)")],
+    b: Annotated[str, Query(description="the cohort A is judged against, written the same way")],
+    since: When = None,
+    until: When = None,
+) -> Response:
+    from .compare import compare_cohorts as compare
+    from .compare import parse_cohort
+
+    start, end = _window(since, until, now=api.clock(), length=api.config.window)
+    return json_response(compare(api.store, api.config, parse_cohort(a, "a"), parse_cohort(b, "b"), start, end))
 
 
 @router.get(

@@ -40,6 +40,7 @@ from ._cli import (
     _settings,
     _token_option,
 )
+from .compare_cli import compare
 from .contract_cli import contract
 from .run_cli import run as run_group
 
@@ -849,6 +850,7 @@ def demo_traffic(url: str, token: str | None, rate: float, drift: bool, duration
 
 cli.add_command(contract)
 cli.add_command(run_group)
+cli.add_command(compare)
 
 
 def main() -> None:

@@ -66,6 +66,7 @@ class Backend(Protocol):
     def list_contracts(self, contract: str | None = None) -> list[dict[str, Any]]: ...
     def show_contract(self, contract: str, version: str) -> dict[str, Any]: ...
     def run(self, run_id: str) -> dict[str, Any]: ...
+    def compare(self, a: str, b: str, since: datetime, until: datetime) -> dict[str, Any]: ...
 
 
 class LocalBackend:
@@ -138,6 +139,11 @@ class LocalBackend:
         if view is None:
             raise RunNotFound(run_id)
         return view
+
+    def compare(self, a: str, b: str, since: datetime, until: datetime) -> dict[str, Any]:
+        from .compare import compare_cohorts, parse_cohort
+
+        return compare_cohorts(self.store, self.config, parse_cohort(a, "a"), parse_cohort(b, "b"), since, until)
 
     def alerts(self, **filters: str | None) -> list[dict[str, Any]]:
         f = filters.get
@@ -264,6 +270,11 @@ class RemoteBackend:
 
     def alerts(self, **filters: str | None) -> list[dict[str, Any]]:
         result: list[dict[str, Any]] = self._call("GET", "/v1/alerts", params={k: v for k, v in filters.items() if v})
+        return result
+
+    def compare(self, a: str, b: str, since: datetime, until: datetime) -> dict[str, Any]:
+        params = {"a": a, "b": b, "since": since.isoformat(), "until": until.isoformat()}
+        result: dict[str, Any] = self._call("GET", "/v1/compare", params=params)
         return result
 
     def acknowledge(self, fingerprint: str, *, by: str) -> dict[str, Any]:

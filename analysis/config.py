@@ -281,6 +281,9 @@ class AnalyzerConfig:
     short_windows: tuple[ShortWindow, ...] = field(default_factory=lambda: DEFAULT_SHORT_WINDOWS)
     # Declared assertions per contract ([[contracts.NAME.assertions]], analysis/assertions.py).
     assertions: dict[str, tuple[Assertion, ...]] = field(default_factory=dict)
+    # The production model each shadow model is judged against ([shadows], analysis/compare.py);
+    # a shadow model not named here is judged against the production model with the most outputs.
+    shadows: dict[str, str] = field(default_factory=dict)
 
     def rules_for(self, contract: str, path: str) -> FieldRules:
         return self.fields.get((contract, path)) or self.contracts.get(contract) or self.defaults
@@ -299,7 +302,9 @@ _SHARES = {
     "max_invalid_output_rate",
     "served_model_share",
 }
-_TOP = {"defaults", "contracts", "analyzer", "notify"}
+_TOP = {"defaults", "contracts", "analyzer", "notify", "shadows"}
+#: At most this many [shadows] entries, each name at most MAX_SHADOW_NAME characters.
+MAX_SHADOWS, MAX_SHADOW_NAME = 1000, 200
 _ANALYZER_KEYS = {
     "window",
     "interval",
@@ -528,8 +533,31 @@ def parse_config(data: dict[str, Any], *, source: str = "config") -> AnalyzerCon
                 "analyzer.short_windows", f"{w.label} is not shorter than the window ({_duration_text(main)})"
             )
     return AnalyzerConfig(
-        defaults=defaults, contracts=contracts, fields=per_field, notify=notify, assertions=assertions, **extra
+        defaults=defaults,
+        contracts=contracts,
+        fields=per_field,
+        notify=notify,
+        assertions=assertions,
+        shadows=_shadows(data.get("shadows", {})),
+        **extra,
     )
+
+
+def _shadows(value: Any) -> dict[str, str]:
+    """``[shadows]``: shadow model id -> the production model id it is judged against."""
+    if not isinstance(value, dict):
+        raise ConfigInvalid("shadows", 'must be a table of "shadow model" = "production model"')
+    if len(value) > MAX_SHADOWS:
+        raise ConfigInvalid("shadows", f"{len(value)} entries; at most {MAX_SHADOWS}")
+    out: dict[str, str] = {}
+    for shadow, production in value.items():
+        key = f'shadows."{_shown(shadow)[1:-1]}"'
+        if not 1 <= len(shadow) <= MAX_SHADOW_NAME:
+            raise ConfigInvalid(key, f"a model id has 1 to {MAX_SHADOW_NAME} characters")
+        if not isinstance(production, str) or not 1 <= len(production) <= MAX_SHADOW_NAME:
+            raise ConfigInvalid(key, f"must be the production model id, a string of 1 to {MAX_SHADOW_NAME} characters")
+        out[shadow] = production
+    return out
 
 
 def _share(value: Any, key: str) -> float:
