@@ -55,6 +55,7 @@ from .compare import production_twin, twin_baseline
 from .config import AlertKind, AnalyzerConfig, FieldRules, ShortWindow
 from .outcome_rates import FIELD as RESPONSES
 from .outcome_rates import compare_outcomes
+from .probes.scores import probe_checks
 from .rules import Check, Insufficient, adjust_p_values, compare_profiles, compare_violations
 from .runs import run_checks
 from .short_windows import as_presence_drop, merge_windows, scaled
@@ -212,6 +213,12 @@ def evaluate(store: Store, config: AnalyzerConfig, at: datetime, *, window: time
         tuple[Profile, Cohort, Any, list[Check], list[Insufficient], Cohort | None, str | None, list[dict[str, Any]]]
     ] = []
     run_rows = store.run_rollups(since, at)  # agent runs judged in the window, every cohort's (runs.py)
+    # Probe suites' scores, on the cohort each suite names; one with no output in the window is
+    # judged on its scores alone (probes/scores.py).
+    probes = probe_checks(store, config, at)
+    for cohort in probes.keys() - in_window.keys():
+        cid = store.cohort_id(*cohort)
+        profiles.append(Profile(cid or 0, *cohort[:3], since, at, 0, {}, {}, source=cohort.source))
     for profile in profiles:
         cohort = Cohort(*profile.cohort)
         mirror = _mirrored(profile, aliases.get(cohort, []), in_window)
@@ -233,6 +240,7 @@ def evaluate(store: Store, config: AnalyzerConfig, at: datetime, *, window: time
             )
             if resolved is not None and mirror is None and run_rows:
                 checks = checks + run_checks(store, cohort, resolved.baseline, since, at, rows=run_rows)
+            checks = checks + probes.get(cohort, [])
         except Exception as exc:
             # One cohort's broken baseline (or a rule raising on it) must not blind the others:
             # logged with its cause, recorded in the run, counted by the analyzer.

@@ -118,6 +118,10 @@ class AlertKind(str, Enum):
     repeated_call_rate = "repeated_call_rate"  # share of runs repeating an identical call back to back
     run_length_shift = "run_length_shift"  # tool calls per run (p90)
     undeclared_call_rate = "undeclared_call_rate"  # share of runs calling a tool their contract does not declare
+    # probe suites (analysis/probes/), first decisions: under threshold, or dropped from the last accepted run
+    probe_tool_accuracy = "probe_tool_accuracy"  # share of cases whose first call is the expected tool
+    probe_argument_accuracy = "probe_argument_accuracy"  # share whose critical arguments match
+    probe_spurious_calls = "probe_spurious_calls"  # share of negative cases that called a tool
 
 
 class Severity(str, Enum):
@@ -148,6 +152,9 @@ DEFAULT_SEVERITY: dict[AlertKind, Severity] = {
     AlertKind.repeated_call_rate: Severity.warn,
     AlertKind.run_length_shift: Severity.warn,
     AlertKind.undeclared_call_rate: Severity.warn,
+    AlertKind.probe_tool_accuracy: Severity.page,
+    AlertKind.probe_argument_accuracy: Severity.page,
+    AlertKind.probe_spurious_calls: Severity.page,
 }
 
 
