@@ -42,6 +42,7 @@ from ._cli import (
 )
 from .compare_cli import compare
 from .contract_cli import contract
+from .probe_cli import probe
 from .run_cli import run as run_group
 
 if TYPE_CHECKING:
@@ -851,6 +852,7 @@ def demo_traffic(url: str, token: str | None, rate: float, drift: bool, duration
 cli.add_command(contract)
 cli.add_command(run_group)
 cli.add_command(compare)
+cli.add_command(probe)
 
 
 def main() -> None:

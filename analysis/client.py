@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
 
@@ -23,6 +23,9 @@ from shapewatch.collector import Settings, ShapewatchError, Store
 
 from . import admin
 from .config import AnalyzerConfig
+
+if TYPE_CHECKING:
+    from .probes import ProbeRun
 
 __all__ = ["Backend", "RemoteError", "backend"]
 
@@ -67,6 +70,7 @@ class Backend(Protocol):
     def show_contract(self, contract: str, version: str) -> dict[str, Any]: ...
     def run(self, run_id: str) -> dict[str, Any]: ...
     def compare(self, a: str, b: str, since: datetime, until: datetime) -> dict[str, Any]: ...
+    def record_probe_run(self, run: ProbeRun) -> None: ...
 
 
 class LocalBackend:
@@ -139,6 +143,11 @@ class LocalBackend:
         if view is None:
             raise RunNotFound(run_id)
         return view
+
+    def record_probe_run(self, run: ProbeRun) -> None:
+        from .probes import record_run
+
+        record_run(self.store, run)
 
     def compare(self, a: str, b: str, since: datetime, until: datetime) -> dict[str, Any]:
         from .compare import compare_cohorts, parse_cohort
@@ -271,6 +280,18 @@ class RemoteBackend:
     def alerts(self, **filters: str | None) -> list[dict[str, Any]]:
         result: list[dict[str, Any]] = self._call("GET", "/v1/alerts", params={k: v for k, v in filters.items() if v})
         return result
+
+    def record_probe_run(self, run: ProbeRun) -> None:
+        envelopes = run.envelopes
+        for i in range(0, len(envelopes), 500):
+            self._call("POST", "/v1/outputs", json=envelopes[i : i + 500])
+        doc = run.to_json()
+        body = {
+            **{k: doc[k] for k in ("run_id", "suite", "model", "served_model", "prompt_version", "contract")},
+            **{k: doc[k] for k in ("trigger", "started_at", "finished_at", "scores", "thresholds")},
+            "cases": [r.to_json() for r in run.results],
+        }
+        self._call("POST", "/v1/probes/runs", json=body)
 
     def compare(self, a: str, b: str, since: datetime, until: datetime) -> dict[str, Any]:
         params = {"a": a, "b": b, "since": since.isoformat(), "until": until.isoformat()}

@@ -77,6 +77,7 @@ from .notify import (
     send_digest,
     targets_from_config,
 )
+from .probes_api import probes_router
 from .runs import judge_complete_runs
 from .store_access import open_store
 
@@ -289,6 +290,7 @@ def create_app(
     app.include_router(traces_router)
     app.include_router(runs_router)
     app.include_router(cases_router)
+    app.include_router(probes_router)
     app.include_router(health_router)
     app.include_router(analysis_router)
     app.include_router(metrics_router)

@@ -127,6 +127,11 @@ class ProbeRecords(StoreCore):
             out.append((latest, ProbeRunRow(*prev[0]) if prev else None))
         return out
 
+    def probe_run(self, run_id: str) -> ProbeRunRow | None:
+        """One run, or None."""
+        rows = self.query(f"SELECT {_RUN} FROM probe_runs WHERE run_id = ?", [run_id])
+        return ProbeRunRow(*rows[0]) if rows else None
+
     def probe_results(self, run_id: str) -> list[ProbeCaseRow]:
         """The cases of one run, in the suite's order."""
         return [
