@@ -291,6 +291,11 @@ class AnalyzerConfig:
     # The production model each shadow model is judged against ([shadows], analysis/compare.py);
     # a shadow model not named here is judged against the production model with the most outputs.
     shadows: dict[str, str] = field(default_factory=dict)
+    # Probe suites the service runs ([probes], analysis/probes/schedule.py): suite files, how often
+    # each runs, and how often the scheduler looks for a served-model or contract change.
+    probe_suites: tuple[str, ...] = ()
+    probe_interval: timedelta = timedelta(days=1)
+    probe_tick: timedelta = timedelta(minutes=1)
 
     def rules_for(self, contract: str, path: str) -> FieldRules:
         return self.fields.get((contract, path)) or self.contracts.get(contract) or self.defaults
@@ -309,7 +314,8 @@ _SHARES = {
     "max_invalid_output_rate",
     "served_model_share",
 }
-_TOP = {"defaults", "contracts", "analyzer", "notify", "shadows"}
+_TOP = {"defaults", "contracts", "analyzer", "notify", "shadows", "probes"}
+MAX_PROBE_SUITES = 100
 #: At most this many [shadows] entries, each name at most MAX_SHADOW_NAME characters.
 MAX_SHADOWS, MAX_SHADOW_NAME = 1000, 200
 _ANALYZER_KEYS = {
@@ -546,8 +552,31 @@ def parse_config(data: dict[str, Any], *, source: str = "config") -> AnalyzerCon
         notify=notify,
         assertions=assertions,
         shadows=_shadows(data.get("shadows", {})),
+        **_probes(data.get("probes", {})),
         **extra,
     )
+
+
+def _probes(value: Any) -> dict[str, Any]:
+    """``[probes]``: ``suites`` (paths of suite files), ``interval`` (default 24h), ``tick`` (1m)."""
+    if not isinstance(value, dict):
+        raise ConfigInvalid("probes", "must be a table: suites, interval, tick")
+    unknown = set(value) - {"suites", "interval", "tick"}
+    if unknown:
+        raise ConfigInvalid(f"probes.{sorted(unknown)[0]}", "unknown key; known keys are interval, suites, tick")
+    out: dict[str, Any] = {}
+    suites = value.get("suites", [])
+    if not isinstance(suites, list) or not all(isinstance(s, str) and 0 < len(s) <= 4096 for s in suites):
+        raise ConfigInvalid("probes.suites", 'must be an array of suite file paths, e.g. ["probes/triage.toml"]')
+    if len(suites) > MAX_PROBE_SUITES:
+        raise ConfigInvalid("probes.suites", f"{len(suites)} suites; at most {MAX_PROBE_SUITES}")
+    out["probe_suites"] = tuple(suites)
+    for key, name, low in (("interval", "probe_interval", timedelta(minutes=5)), ("tick", "probe_tick", MIN_INTERVAL)):
+        if key in value:
+            if not isinstance(value[key], str):
+                raise ConfigInvalid(f"probes.{key}", 'must be a duration string such as "24h"')
+            out[name] = parse_duration(value[key], key=f"probes.{key}", maximum=MAX_BASELINE_AGE, minimum=low)
+    return out
 
 
 def _shadows(value: Any) -> dict[str, str]:

@@ -66,6 +66,7 @@ from .api import AnalysisApi
 from .api import router as analysis_router
 from .cases_api import cases_router
 from .config import AnalyzerConfig
+from .errors import ConfigInvalid
 from .maintenance import start_maintenance
 from .notify import (
     NoticeAction,
@@ -77,6 +78,7 @@ from .notify import (
     send_digest,
     targets_from_config,
 )
+from .probes.schedule import ProbeScheduler
 from .probes_api import probes_router
 from .runs import judge_complete_runs
 from .store_access import open_store
@@ -208,6 +210,7 @@ def create_app(
     api = CollectorApi(store, writer, metrics, limits_from_settings(settings), max_body_bytes=settings.max_body_bytes)
     analyzer = Analyzer(store, config, registry=registry, enqueue=pager_enqueue(store, targets))
     notifier = Notifier(store, targets, registry=registry)
+    probes = _probe_scheduler(store, config)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -245,6 +248,18 @@ def create_app(
                 coalesce=True,
                 misfire_grace_time=10,
             )
+            if probes is not None:
+                # Suites run daily, and at the first tick after a served-model change behind their
+                # alias or a behavioral/breaking contract version (probes/schedule.py).
+                scheduler.add_job(
+                    probes.tick,
+                    "interval",
+                    seconds=config.probe_tick.total_seconds(),
+                    id="probes",
+                    max_instances=1,
+                    coalesce=True,
+                    misfire_grace_time=max(1, int(config.probe_tick.total_seconds())),
+                )
             if digest_url:
                 scheduler.add_job(
                     _digest_job(store, digest_url),
@@ -438,3 +453,19 @@ def run(settings: Settings, config: AnalyzerConfig | None = None) -> None:
     server.run()
     if store.invalidated is not None:
         raise store.invalidated
+
+
+def _probe_scheduler(store: Store, config: AnalyzerConfig) -> ProbeScheduler | None:
+    """The scheduler of the configured probe suites; a suite that cannot be read fails start-up,
+    naming the file and the key."""
+    if not config.probe_suites:
+        return None
+    from .probes import load_suite
+
+    suites = []
+    for path in config.probe_suites:
+        try:
+            suites.append(load_suite(Path(path)))
+        except ConfigInvalid as exc:
+            raise ConfigInvalid(f"probes.suites ({path})", str(exc)) from None
+    return ProbeScheduler(store, suites, interval=config.probe_interval)
