@@ -79,6 +79,7 @@ from .notify import (
     targets_from_config,
 )
 from .probes.schedule import ProbeScheduler
+from .probes.suite import Suite
 from .probes_api import probes_router
 from .runs import judge_complete_runs
 from .store_access import open_store
@@ -195,6 +196,7 @@ def create_app(
     config = config or AnalyzerConfig()
     targets = targets_from_config(config.notify)
     digest_url = digest_url_from_config(config.notify)
+    suites = _load_suites(config)  # before the file is opened: a bad suite leaves nothing held
     store = store or open_store(settings)
     # Events commit alone (a 2xx waits only for them); rollups follow (rollup_merge_seconds).
     store.defer_rollups(max_events=settings.rollup_merge_events, max_seconds=settings.rollup_merge_seconds)
@@ -210,7 +212,7 @@ def create_app(
     api = CollectorApi(store, writer, metrics, limits_from_settings(settings), max_body_bytes=settings.max_body_bytes)
     analyzer = Analyzer(store, config, registry=registry, enqueue=pager_enqueue(store, targets))
     notifier = Notifier(store, targets, registry=registry)
-    probes = _probe_scheduler(store, config)
+    probes = ProbeScheduler(store, suites, interval=config.probe_interval) if suites else None
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -455,17 +457,14 @@ def run(settings: Settings, config: AnalyzerConfig | None = None) -> None:
         raise store.invalidated
 
 
-def _probe_scheduler(store: Store, config: AnalyzerConfig) -> ProbeScheduler | None:
-    """The scheduler of the configured probe suites; a suite that cannot be read fails start-up,
-    naming the file and the key."""
-    if not config.probe_suites:
-        return None
+def _load_suites(config: AnalyzerConfig) -> list[Suite]:
+    """The configured probe suites; one that cannot be read fails start-up, naming the file and the key."""
     from .probes import load_suite
 
-    suites = []
+    suites: list[Suite] = []
     for path in config.probe_suites:
         try:
             suites.append(load_suite(Path(path)))
         except ConfigInvalid as exc:
             raise ConfigInvalid(f"probes.suites ({path})", str(exc)) from None
-    return ProbeScheduler(store, suites, interval=config.probe_interval)
+    return suites
