@@ -42,6 +42,8 @@ __all__ = [
     "SuiteInvalid",
     "load_suite",
     "parse_suite",
+    "suite_case",
+    "suite_case_toml",
 ]
 
 PROVIDERS = ("openai", "anthropic", "gemini", "command")
@@ -394,3 +396,71 @@ def _match(value: Any, key: str) -> Match:
     if rule == "case_insensitive" and not isinstance(v, str):
         raise SuiteInvalid(f"{key}.case_insensitive", "must be a string")
     return Match(rule, v)
+
+
+# --- mined cases as suite cases ------------------------------------------------------------------
+
+
+def suite_case(mined: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A mined probe case (``analysis/cases.py``) as a case of this format: its messages' text
+    (GenAI ``parts`` joined), and the expected first decision with every argument matched exactly.
+    None when the run's input was not captured (no user message to replay)."""
+    messages = []
+    for m in mined.get("messages") or []:
+        if not isinstance(m, dict) or m.get("role") not in _ROLES:
+            continue  # tool results and other roles are not input a suite replays
+        if isinstance(m.get("content"), str):
+            text = m["content"]
+        else:
+            raw = m.get("parts")
+            parts: list[Any] = raw if isinstance(raw, list) else []
+            text = "\n".join(
+                p["content"]
+                for p in parts
+                if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("content"), str)
+            )
+        if text:
+            messages.append({"role": m["role"], "content": text})
+    if not any(m["role"] == "user" for m in messages):
+        return None
+    wanted = mined.get("expect") or {}
+    if wanted.get("no_tool") or not wanted.get("tool"):
+        expect: dict[str, Any] = {"no_tool": True}
+    else:
+        given = wanted.get("arguments")
+        args: dict[str, Any] = given if isinstance(given, dict) else {}
+        # TOML has no null: an argument expected to be null is left out of the match
+        expect = {"tool": wanted["tool"], "arguments": {k: {"exact": v} for k, v in args.items() if v is not None}}
+    return {"id": str(mined.get("id") or "case"), "messages": messages, "expect": expect}
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        return repr(v)
+    if isinstance(v, str):
+        return orjson_str(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v if x is not None) + "]"
+    if isinstance(v, dict):
+        items = ", ".join(f"{orjson_str(k)} = {_toml_value(x)}" for k, x in v.items() if x is not None)
+        return "{ " + items + " }" if items else "{}"
+    raise TypeError(f"no TOML form for {type(v).__name__}")
+
+
+def orjson_str(s: str) -> str:
+    """A TOML basic string: JSON's escapes are TOML's (\\uXXXX, \\n, \\", \\\\)."""
+    import json
+
+    return json.dumps(s, ensure_ascii=True)
+
+
+def suite_case_toml(case: Mapping[str, Any]) -> str:
+    """A suite case as a ``[[cases]]`` table to paste into a suite file."""
+    return (
+        "[[cases]]\n"
+        f"id = {orjson_str(str(case['id']))}\n"
+        f"messages = {_toml_value(list(case['messages']))}\n"
+        f"expect = {_toml_value(dict(case['expect']))}\n"
+    )

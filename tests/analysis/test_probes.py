@@ -364,3 +364,60 @@ def test_the_command_provider_reads_the_raw_response_from_the_program(tmp_path: 
         "spurious_calls": (0, 1),
     }
     assert result.served_model == "gpt-4o-2024-08-06"
+
+
+def test_an_accepted_mined_case_exports_a_suite_case_that_probe_run_runs(tmp_path: Path) -> None:
+    from shapewatch.analysis.probes.suite import suite_case, suite_case_toml
+
+    mined = {  # a probe case as the review queue makes it (analysis/cases.py)
+        "id": "case-12",
+        "contract": "booking",
+        "prompt_version": "booking-v2",
+        "model": "gpt-4o",
+        "messages": [
+            {"role": "system", "parts": [{"type": "text", "content": "You book trips."}]},
+            {"role": "user", "parts": [{"type": "text", "content": "Is my booking A1 confirmed?"}]},
+            {"role": "tool", "parts": [{"type": "tool_call_response", "response": "{}"}]},
+        ],
+        "expect": {"tool": "get_reservation", "arguments": {"id": "A1", "note": None}},
+        "observed": {"tool": "get_reservation", "arguments": {"id": "A1"}},
+    }
+    case = suite_case(mined)
+    assert case == {
+        "id": "case-12",
+        "messages": [
+            {"role": "system", "content": "You book trips."},
+            {"role": "user", "content": "Is my booking A1 confirmed?"},
+        ],
+        "expect": {"tool": "get_reservation", "arguments": {"id": {"exact": "A1"}}},
+    }
+    assert suite_case({**mined, "messages": None}) is None  # content capture was off: nothing to replay
+    recorder = Recorder("openai", {"Is my booking A1 confirmed?": ("case-12", ("get_reservation", {"id": "A1"}))})
+    with provider_server(recorder) as url:
+        path = tmp_path / "mined.toml"
+        path.write_text(
+            "\n".join(
+                [
+                    'name = "mined"',
+                    'provider = "openai"',
+                    'model = "gpt-4o-2024-08-06"',
+                    'prompt_version = "booking-v2"',
+                    'contract = "booking-out"',
+                    f"base_url = {_q(url)}",
+                    "",
+                    "[[tools]]",
+                    'name = "get_reservation"',
+                    "",
+                    suite_case_toml(case),
+                ]
+            )
+        )
+        result = CliRunner(env=ENV).invoke(
+            cli, ["probe", "run", str(path), "--db", str(tmp_path / "m.duckdb"), "--format", "json"]
+        )
+    assert result.exit_code == 0, result.output
+    assert scores_of(json.loads(result.stdout)) == {
+        "tool_accuracy": (1, 1),
+        "argument_accuracy": (1, 1),
+        "spurious_calls": (0, 0),
+    }
