@@ -421,3 +421,26 @@ def test_an_accepted_mined_case_exports_a_suite_case_that_probe_run_runs(tmp_pat
         "argument_accuracy": (1, 1),
         "spurious_calls": (0, 0),
     }
+
+
+def test_the_readme_suite_example_is_a_valid_complete_suite() -> None:
+    import re
+    import tomllib
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("## Probes and shadows", 1)[1]
+    block = next(b for b in re.findall(r"```toml\n(.*?)```", section, re.S) if "[[cases]]" in b)
+    suite = parse_suite(tomllib.loads(block))
+    assert (suite.name, suite.model, suite.alias, len(suite.cases)) == (
+        "support-tools",
+        "gpt-4o-2024-08-06",
+        "gpt-4o",
+        3,
+    )
+    assert [c.negative for c in suite.cases] == [False, False, True]
+    refund = suite.cases[1].expect
+    assert refund is not None and {k: m.rule for k, m in refund.arguments.items()} == {
+        "priority": "one_of",
+        "refund_amount": "number",
+        "channel": "case_insensitive",
+    }
