@@ -30,7 +30,7 @@ from shapewatch.collector import Settings
 MODEL = "claude-sonnet-4-5-20250929"
 PROMPT = "intake-v3"
 CONTRACT = "intake"
-COHORT = {"model": MODEL, "prompt_version": PROMPT, "contract": CONTRACT}
+COHORT = {"model": MODEL, "prompt_version": PROMPT, "contract": CONTRACT, "source": "production"}
 DESIGN_ALERT_KEYS = {"cohort", "field", "kind", "severity", "state", "fingerprint", "baseline", "current", "detail"}
 
 

@@ -40,7 +40,7 @@ MODEL = "claude-sonnet-4-5-20250929"
 ALIAS = "gpt-4o"
 PROMPT = "intake-v3"
 CONTRACT = "intake"
-COHORT = {"model": MODEL, "prompt_version": PROMPT, "contract": CONTRACT}
+COHORT = {"model": MODEL, "prompt_version": PROMPT, "contract": CONTRACT, "source": "production"}
 DESIGN_ALERT_KEYS = {"cohort", "field", "kind", "severity", "state", "fingerprint", "baseline", "current", "detail"}
 ENV = {"SHAPEWATCH_AUTHOR": "ana", "SHAPEWATCH_URL": None, "SHAPEWATCH_TOKEN": None, "SHAPEWATCH_CONFIG": None}
 
