@@ -298,7 +298,7 @@ def cohort_fields(store: Store, cohort_id: int, *, since: datetime, until: datet
     p = read_profile(store, cohort_id, since, until)
     return {
         "cohort_id": cohort_id,
-        "cohort": {"model": p.model, "prompt_version": p.prompt_version, "contract": p.contract},
+        "cohort": {"model": p.model, "prompt_version": p.prompt_version, "contract": p.contract, "source": p.source},
         "since": _iso(since),
         "until": _iso(until),
         "events": p.events,

@@ -736,11 +736,13 @@ class _AlertGauges(Collector):
         last = self.analyzer.last
         n = 0
         for report in last.cohorts if last else []:
-            if report.baseline_id is None:
+            # production's series only: the labels name no source (probe and shadow cohorts have
+            # their own alerts; their presence is read from the API)
+            if report.baseline_id is None or report.cohort.source != "production":
                 continue
             for path, rate in sorted(report.presence.items()):
                 if n >= self.analyzer.max_presence_series:
                     break
-                presence.add_metric([*report.cohort, path], rate)
+                presence.add_metric([*report.cohort[:3], path], rate)
                 n += 1
         yield presence

@@ -175,7 +175,6 @@ class Baseline:
     def summary(self) -> dict[str, Any]:
         """The listing form: everything but the field profiles."""
         doc = self.document()
-        doc["cohort"] = self.cohort._asdict()  # with its source, production's too (the document omits it)
         doc.pop("fields")
         doc["fields"] = len(self.fields)
         doc["unpinned"] = self.unpinned

@@ -146,6 +146,10 @@ class StoreCore:
                     "INSERT INTO meta VALUES ('schema_version', ?) ON CONFLICT DO UPDATE SET value = excluded.value",
                     [str(version + 1)],
                 )
+        # The migrated schema goes into the file now, not into the write-ahead log: replaying a
+        # log that rebuilds a table with a unique key (version 10 rebuilds cohorts) after a crash
+        # failed in DuckDB, and then the file could not be opened at all.
+        self._con.execute("CHECKPOINT")
 
     def _migrate_schema(self, schema: Schema) -> None:
         key = f"schema_version.{schema.name}"
@@ -169,6 +173,7 @@ class StoreCore:
                     "INSERT INTO meta VALUES (?, ?) ON CONFLICT DO UPDATE SET value = excluded.value",
                     [key, str(version + 1)],
                 )
+        self._con.execute("CHECKPOINT")  # as after the store's own migrations
 
     @contextmanager
     def transaction(self, doing: str) -> Iterator[duckdb.DuckDBPyConnection]:

@@ -314,6 +314,7 @@ def accumulated_counts(
                 "model": "m",
                 "prompt_version": "p",
                 "contract": "c",
+                "source": "production",
                 "served": None,
                 "epoch": epoch,
                 "events": len(outputs),

@@ -390,7 +390,8 @@ def test_an_import_tiers_history_as_it_reads_it_whatever_the_end_of_the_file_hol
     for r in raws:
         start = int(datetime.fromisoformat(r["ts"]).timestamp()) // 60 * 60
         for model in {r["model"], r["served_model"]}:
-            last[(model, "intake-v3", "intake")] = max(last.get((model, "intake-v3", "intake"), 0), start)
+            cohort = (model, "intake-v3", "intake", "production")
+            last[cohort] = max(last.get(cohort, 0), start)
     assert looked == last
     assert _newest_at_the_end(packed, 60, LIMITS) == {}  # not seekable: folded at the end instead
     sums = {}
