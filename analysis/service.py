@@ -343,6 +343,7 @@ def create_app(
 _TAGS = [
     {"name": "ingest", "description": "Structured outputs and raw provider responses in (token scope ingest)"},
     {"name": "runs", "description": "Agent runs: their steps in order, and the mined cases to review"},
+    {"name": "probes", "description": "Probe suite runs: their first-decision scores and cases"},
     {"name": "alerts", "description": "Alerts and silences"},
     {"name": "cohorts", "description": "Cohorts, their window profiles, series and stored outputs"},
     {"name": "baselines", "description": "Frozen baselines: list, freeze, import, activate, inherit, retire"},

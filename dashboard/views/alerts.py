@@ -39,6 +39,9 @@ ALERT_KINDS = (
     "repeated_call_rate",
     "undeclared_call_rate",
     "run_length_shift",
+    "probe_tool_accuracy",
+    "probe_argument_accuracy",
+    "probe_spurious_calls",
 )
 STATES = {
     "open (pending and firing)": "open",
