@@ -306,7 +306,7 @@ def build_review(
         except StoreError:
             raise
         except Exception as exc:  # one cohort's broken baseline or data must not blind the review of the rest
-            logger.exception("review: cohort %s / %s / %s failed", *cohort)
+            logger.exception("review: cohort %s failed", cohort)
             errors.append(
                 {"cohort": cohort._asdict(), "events": events, "error": f"{type(exc).__name__}: {exc}"[:_MAX_ERROR]}
             )
