@@ -31,7 +31,7 @@ from shapewatch.baselines import (
 from shapewatch.baselines import (
     import_document as store_document,
 )
-from shapewatch.collector import FieldProfile, Store, contract_changes, read_profile, served_aliases
+from shapewatch.collector import PRODUCTION, FieldProfile, Store, contract_changes, read_profile, served_aliases
 from shapewatch.collector.adapters import WITH_OUTPUT
 
 from .alerts import AlertBook, AlertState
@@ -92,9 +92,10 @@ def freeze(
     force: str | None = None,
     activate: bool = True,
     now: datetime | None = None,
+    source: str = PRODUCTION,
 ) -> dict[str, Any]:
     """Freeze a cohort's window as a baseline (refused over open page alerts or too few samples)."""
-    cohort = Cohort(model, prompt_version, contract)
+    cohort = Cohort(model, prompt_version, contract, source)
     open_pages = _open_page_alerts(store, cohort, since, until, config.window)
     objections = (
         [f"the window holds {len(open_pages)} unresolved page alert(s): " + "; ".join(open_pages[:5])]
@@ -158,10 +159,11 @@ def alerts(
     contract: str | None = None,
     kind: str | None = None,
     now: datetime | None = None,
+    source: str | None = None,
 ) -> list[dict[str, Any]]:
     """Alerts (page first), filtered; ``state`` may be ``open`` for pending and firing."""
     now = now or datetime.now(UTC)
-    ids = {Cohort(r.model, r.prompt_version, r.contract): r.cohort_id for r in store.cohorts()}
+    ids = {Cohort(r.model, r.prompt_version, r.contract, r.source): r.cohort_id for r in store.cohorts()}
     found = AlertBook(store).alerts(
         state=AlertState(state) if state and state != "open" else None,
         severity=Severity(severity) if severity else None,
@@ -175,6 +177,7 @@ def alerts(
             (model and a.cohort.model != model)
             or (prompt_version and a.cohort.prompt_version != prompt_version)
             or (contract and a.cohort.contract != contract)
+            or (source and a.cohort.source != source)
             or (kind and a.kind.value != kind)
         ):
             continue
@@ -234,8 +237,11 @@ def silences(store: Store, *, active: bool = True) -> list[dict[str, Any]]:
     return [_silence_json(s) for s in AlertBook(store).silences(now=datetime.now(UTC) if active else None)]
 
 
-def cohorts(store: Store, *, since: datetime | None = None, until: datetime | None = None) -> list[dict[str, Any]]:
-    """Every cohort with its traffic in the window, baseline, unpinned marker, alerts and served models."""
+def cohorts(
+    store: Store, *, since: datetime | None = None, until: datetime | None = None, source: str | None = None
+) -> list[dict[str, Any]]:
+    """Every cohort (of one source, or all: production first within a model, prompt version and
+    contract) with its traffic in the window, baseline, unpinned marker, alerts and served models."""
     until = until or datetime.now(UTC)
     since = since or until - COHORTS_WINDOW
     store.flush_rollups()
@@ -246,11 +252,13 @@ def cohorts(store: Store, *, since: datetime | None = None, until: datetime | No
     counts = store.firing_alert_counts()
     current = {a.cohort: a for a in activation_history(store)}
     rows = store.cohorts()
-    first_seen = {Cohort(r.model, r.prompt_version, r.contract): r.first_seen for r in rows}
+    first_seen = {Cohort(r.model, r.prompt_version, r.contract, r.source): r.first_seen for r in rows}
     aliases = served_aliases(store)
     out = []
-    for cid, m, p, c, first in rows:
-        cohort = Cohort(m, p, c)
+    for cid, m, p, c, first, src in rows:
+        if source is not None and src != source:
+            continue
+        cohort = Cohort(m, p, c, src)
         resolved = resolve_baseline(store, cohort, current=current, first_seen=first_seen, aliases=aliases)
         baseline = None
         if resolved is not None:
@@ -283,7 +291,7 @@ def cohorts(store: Store, *, since: datetime | None = None, until: datetime | No
                 "provider_outcomes": outcomes.get(int(cid), {}),
                 # the shares the outcome-rate rules judge, of responses (outputs + outcomes without one)
                 "outcome_rates": outcome_rates(outcomes.get(int(cid), {}), traffic.get(int(cid), 0)),
-                "alerts_firing": counts.get((cohort.model, cohort.prompt_version, cohort.contract), {}),
+                "alerts_firing": counts.get(cohort, {}),
             }
         )
     return out
@@ -306,7 +314,7 @@ def cohort_fields(store: Store, cohort_id: int, *, since: datetime, until: datet
     p = read_profile(store, cohort_id, since, until)
     return {
         "cohort_id": cohort_id,
-        "cohort": {"model": p.model, "prompt_version": p.prompt_version, "contract": p.contract},
+        "cohort": {"model": p.model, "prompt_version": p.prompt_version, "contract": p.contract, "source": p.source},
         "since": _iso(since),
         "until": _iso(until),
         "events": p.events,
@@ -372,7 +380,7 @@ def field_series(
     row = store.cohort(cohort_id)
     if row is None:
         raise LookupError(f"no cohort {cohort_id}")
-    cohort = Cohort(row.model, row.prompt_version, row.contract)
+    cohort = Cohort(row.model, row.prompt_version, row.contract, row.source)
     resolved = resolve_baseline(store, cohort)
     base = resolved.baseline.fields.get(path) if resolved else None
     known = set(base.values) if base else set()

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from shapewatch.baselines import Cohort
-from shapewatch.collector import Store
+from shapewatch.collector import PRODUCTION, Store
 from shapewatch.collector.store import ALERTS_SCHEMA
 
 from .config import AlertKind, AnalyzerConfig, Severity
@@ -65,8 +65,12 @@ class AlertState(str, Enum):
 
 
 def fingerprint(cohort: Cohort, path: str, kind: AlertKind, value: str | None) -> str:
-    """The identity of an alert: the same change on the same field of the same cohort."""
-    raw = orjson.dumps([*cohort, path, kind.value, value])
+    """The identity of an alert: the same change on the same field of the same cohort.
+
+    A production cohort's is what it was before the source was part of the cohort (its three
+    names), so alerts open at an upgrade keep their identity."""
+    names = cohort[:3] if cohort.source == PRODUCTION else cohort
+    raw = orjson.dumps([*names, path, kind.value, value])
     return hashlib.sha256(raw).hexdigest()[:24]
 
 
@@ -319,7 +323,7 @@ class Silence:
 def _alert_of(r: Sequence[Any]) -> Alert:
     return Alert(
         r[0],
-        Cohort(r[1], r[2], r[3]),
+        Cohort(r[1], r[2], r[3], r[19]),
         r[4],
         AlertKind(r[5]),
         r[6],
@@ -341,7 +345,7 @@ def _alert_of(r: Sequence[Any]) -> Alert:
 def _row_of(a: Alert) -> list[Any]:
     return [
         a.fingerprint,
-        *a.cohort,
+        *a.cohort[:3],
         a.field,
         a.kind.value,
         a.value,
@@ -357,6 +361,7 @@ def _row_of(a: Alert) -> list[Any]:
         a.acknowledged_by,
         orjson.dumps(a.diff).decode(),
         orjson.dumps(list(a.samples)).decode(),
+        a.cohort.source,
     ]
 
 

@@ -51,9 +51,11 @@ from shapewatch.collector import (
 from .alerts import Alert, AlertBook, AlertState, Judged, Transition, step
 from .assertions import check_assertions
 from .changes import compare_served_models, unknown_contract_versions, with_moved_fields
+from .compare import production_twin, twin_baseline
 from .config import AlertKind, AnalyzerConfig, FieldRules, ShortWindow
 from .outcome_rates import FIELD as RESPONSES
 from .outcome_rates import compare_outcomes
+from .probes.scores import probe_checks
 from .rules import Check, Insufficient, adjust_p_values, compare_profiles, compare_violations
 from .runs import run_checks
 from .short_windows import as_presence_drop, merge_windows, scaled
@@ -105,6 +107,8 @@ class CohortReport:
             return "no baseline"
         if self.how == "own":
             return f"baseline {self.baseline_id}"
+        if self.how == "production_twin":
+            return f"shadow vs production: {self.baseline_cohort} over the same window"
         why = {"parent": "named parent", "served_alias": "the alias this model answered for"}.get(
             self.how or "", "previous prompt version"
         )
@@ -202,22 +206,41 @@ def evaluate(store: Store, config: AnalyzerConfig, at: datetime, *, window: time
     ]
     shared = _Shared(store, since, at)
     current: dict[Cohort, Activation] = {a.cohort: a for a in activation_history(store)}
-    first_seen = {Cohort(r.model, r.prompt_version, r.contract): r.first_seen for r in store.cohorts()}
+    first_seen = {Cohort(r.model, r.prompt_version, r.contract, r.source): r.first_seen for r in store.cohorts()}
     aliases = served_aliases(store)
-    in_window = {Cohort(p.model, p.prompt_version, p.contract): p for p in profiles}
+    in_window = {Cohort(*p.cohort): p for p in profiles}
     pending: list[
         tuple[Profile, Cohort, Any, list[Check], list[Insufficient], Cohort | None, str | None, list[dict[str, Any]]]
     ] = []
     run_rows = store.run_rollups(since, at)  # agent runs judged in the window, every cohort's (runs.py)
+    # Probe suites' scores, on the cohort each suite names; one with no output in the window is
+    # judged on its scores alone (probes/scores.py).
+    probes = probe_checks(store, config, at)
+    for cohort in probes.keys() - in_window.keys():
+        cid = store.cohort_id(*cohort)
+        profiles.append(Profile(cid or 0, *cohort[:3], since, at, 0, {}, {}, source=cohort.source))
     for profile in profiles:
-        cohort = Cohort(profile.model, profile.prompt_version, profile.contract)
+        cohort = Cohort(*profile.cohort)
         mirror = _mirrored(profile, aliases.get(cohort, []), in_window)
         try:
+            twin = _twin(cohort, in_window, config, at)
             resolved, checks, short, windows = _judge_cohort(
-                store, config, profile, cohort, mirror, current, first_seen, aliases, main, shorts, shared
+                store,
+                config,
+                profile,
+                cohort,
+                mirror,
+                current,
+                first_seen,
+                aliases,
+                main,
+                () if twin is not None else shorts,  # a shadow is judged over the same window only
+                shared,
+                twin,
             )
             if resolved is not None and mirror is None and run_rows:
                 checks = checks + run_checks(store, cohort, resolved.baseline, since, at, rows=run_rows)
+            checks = checks + probes.get(cohort, [])
         except Exception as exc:
             # One cohort's broken baseline (or a rule raising on it) must not blind the others:
             # logged with its cause, recorded in the run, counted by the analyzer.
@@ -277,15 +300,17 @@ def _judge_cohort(
     mirror: Cohort | None,
     current: dict[Cohort, Activation],
     first_seen: dict[Cohort, datetime],
-    aliases: dict[tuple[str, str, str], list[tuple[str, str, str]]],
+    aliases: dict[tuple[str, str, str, str], list[tuple[str, str, str, str]]],
     main: ShortWindow,
     shorts: Sequence[tuple[ShortWindow, dict[int, Profile]]] = (),
     shared: _Shared | None = None,
+    twin: Resolved | None = None,
 ) -> tuple[Resolved | None, list[Check], list[Insufficient], list[dict[str, Any]]]:
     """The baseline one cohort is compared against, the checks of the comparison over every
     window (short windows' thresholds scaled), the fields too thin for the analyzer's window,
-    and what each window held."""
-    resolved = resolve_baseline(store, cohort, current=current, first_seen=first_seen, aliases=aliases)
+    and what each window held. A shadow cohort's ``twin`` (its production twin's window as a
+    baseline) takes the place of a frozen baseline."""
+    resolved = twin or resolve_baseline(store, cohort, current=current, first_seen=first_seen, aliases=aliases)
     if mirror is not None:
         return resolved, [], [], []
     rules_for = _rules_for(config, cohort.contract, _declared_enums(store, profile))
@@ -363,7 +388,19 @@ class _Shared:
         return self._windows[(since, until)].get(cohort_id, {})
 
 
-def _mirrored(profile: Profile, aliases: list[tuple[str, str, str]], in_window: dict[Cohort, Profile]) -> Cohort | None:
+def _twin(cohort: Cohort, in_window: dict[Cohort, Profile], config: AnalyzerConfig, at: datetime) -> Resolved | None:
+    """A shadow cohort's production twin over the same window, as what it is judged against."""
+    if cohort.source != "shadow":
+        return None
+    twin = production_twin(cohort, in_window, config.shadows)
+    if twin is None:
+        return None
+    return Resolved(twin_baseline(in_window[twin], twin, at), "production_twin")
+
+
+def _mirrored(
+    profile: Profile, aliases: list[tuple[str, str, str, str]], in_window: dict[Cohort, Profile]
+) -> Cohort | None:
     """The alias cohort whose outputs in the window are exactly this served cohort's, if any.
 
     Most of the time an alias is answered by one model: its served cohort then holds the same
@@ -699,11 +736,13 @@ class _AlertGauges(Collector):
         last = self.analyzer.last
         n = 0
         for report in last.cohorts if last else []:
-            if report.baseline_id is None:
+            # production's series only: the labels name no source (probe and shadow cohorts have
+            # their own alerts; their presence is read from the API)
+            if report.baseline_id is None or report.cohort.source != "production":
                 continue
             for path, rate in sorted(report.presence.items()):
                 if n >= self.analyzer.max_presence_series:
                     break
-                presence.add_metric([*report.cohort, path], rate)
+                presence.add_metric([*report.cohort[:3], path], rate)
                 n += 1
         yield presence

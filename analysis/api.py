@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Depends, Query, Request, Security
 from fastapi.responses import Response
@@ -117,10 +117,17 @@ def _event_ids(ids: list[str]) -> list[str]:
 # --- request bodies ----------------------------------------------------------------------------
 
 
+#: A cohort's source as a request names it.
+SourceName = Literal["production", "probe", "shadow"]
+_SOURCE = "^(production|probe|shadow)$"
+_SOURCE_HELP = "only cohorts of this source: production, probe or shadow"
+
+
 class FreezeRequest(BaseModel):
     model: str = Field(min_length=1)
     prompt_version: str = Field(min_length=1)
     contract: str = Field("default", min_length=1)
+    source: SourceName = "production"
     since: AwareDatetime
     until: AwareDatetime
     note: str
@@ -133,6 +140,7 @@ class CohortRequest(BaseModel):
     model: str = Field(min_length=1)
     prompt_version: str = Field(min_length=1)
     contract: str = Field("default", min_length=1)
+    source: SourceName = "production"
     author: str = Field(min_length=1)
     note: str = ""
 
@@ -179,6 +187,7 @@ class CohortTags(_Open):
     model: str
     prompt_version: str
     contract: str
+    source: str = "production"
 
 
 class Window(_Open):
@@ -253,6 +262,38 @@ class CohortBaseline(_Open):
     age_days: float
     window: Window
     samples: int
+
+
+class ComparedCohort(CohortTags):
+    events: int
+
+
+class CompareBreach(_Open):
+    field: str
+    kind: str
+    value: str | None
+    severity: str
+    effect: float
+    threshold: float
+    detail: str
+
+
+class CompareField(_Open):
+    field: str
+    a: dict[str, Any] | None
+    b: dict[str, Any] | None
+
+
+class Comparison(_Open):
+    """Cohort A's window judged against cohort B's (``analysis/compare.py``)."""
+
+    a: ComparedCohort
+    b: ComparedCohort
+    window: Window
+    breaches: list[CompareBreach]
+    checks: int
+    insufficient: list[dict[str, Any]]
+    fields: list[CompareField]
 
 
 class CohortSummary(_Open):
@@ -505,6 +546,7 @@ def list_alerts(
     prompt_version: str | None = None,
     contract: str | None = None,
     kind: str | None = None,
+    source: str | None = Query(None, pattern=_SOURCE, description=_SOURCE_HELP),
 ) -> Response:
     return json_response(
         admin.alerts(
@@ -515,6 +557,7 @@ def list_alerts(
             prompt_version=prompt_version,
             contract=contract,
             kind=kind,
+            source=source,
         )
     )
 
@@ -580,9 +623,34 @@ def list_silences(api: Analysis, active: bool = True) -> Response:
     tags=["cohorts"],
     response_model=list[CohortSummary],
 )
-def list_cohorts(api: Analysis, since: When = None, until: When = None) -> Response:
+def list_cohorts(
+    api: Analysis,
+    since: When = None,
+    until: When = None,
+    source: str | None = Query(None, pattern=_SOURCE, description=_SOURCE_HELP),
+) -> Response:
     start, end = _window(since, until, now=api.clock(), length=admin.COHORTS_WINDOW)
-    return json_response(admin.cohorts(api.store, since=start, until=end))
+    return json_response(admin.cohorts(api.store, since=start, until=end, source=source))
+
+
+@router.get(
+    "/v1/compare",
+    summary="Two cohorts over one window: A judged against B with the analyzer's rules",
+    tags=["cohorts"],
+    response_model=Comparison,
+)
+def compare_cohorts(
+    api: Analysis,
+    a: Annotated[str, Query(description="source/model/prompt_version/contract (source optional)")],
+    b: Annotated[str, Query(description="the cohort A is judged against, written the same way")],
+    since: When = None,
+    until: When = None,
+) -> Response:
+    from .compare import compare_cohorts as compare
+    from .compare import parse_cohort
+
+    start, end = _window(since, until, now=api.clock(), length=api.config.window)
+    return json_response(compare(api.store, api.config, parse_cohort(a, "a"), parse_cohort(b, "b"), start, end))
 
 
 @router.get(
@@ -651,11 +719,15 @@ def list_served_model_changes(api: Analysis) -> Response:
 
 @router.get("/v1/baselines", summary="Baselines, newest first", tags=["baselines"], response_model=list[BaselineEntry])
 def list_baselines(
-    api: Analysis, model: str | None = None, prompt_version: str | None = None, contract: str | None = None
+    api: Analysis,
+    model: str | None = None,
+    prompt_version: str | None = None,
+    contract: str | None = None,
+    source: str = Query("production", pattern=_SOURCE, description="the cohort's source, with model"),
 ) -> Response:
     if bool(model) != bool(prompt_version):
         raise BaselineError("model and prompt_version filter together: give both or neither")
-    cohort = Cohort(model, prompt_version, contract or "default") if model and prompt_version else None
+    cohort = Cohort(model, prompt_version, contract or "default", source) if model and prompt_version else None
     return json_response(admin.list_all(api.store, cohort))
 
 
@@ -680,6 +752,7 @@ def freeze_baseline(api: Analysis, body: FreezeRequest) -> Response:
             note=body.note,
             force=body.force,
             activate=body.activate,
+            source=body.source,
         ),
         201,
     )
@@ -704,7 +777,10 @@ def import_baseline(api: Analysis, doc: Annotated[dict[str, Any], Body()]) -> Re
 def retire_baseline(api: Analysis, body: CohortRequest) -> Response:
     return json_response(
         admin.retire(
-            api.store, Cohort(body.model, body.prompt_version, body.contract), author=body.author, note=body.note
+            api.store,
+            Cohort(body.model, body.prompt_version, body.contract, body.source),
+            author=body.author,
+            note=body.note,
         )
     )
 
@@ -719,7 +795,7 @@ def inherit_baseline(api: Analysis, body: InheritRequest) -> Response:
     return json_response(
         admin.inherit(
             api.store,
-            Cohort(body.model, body.prompt_version, body.contract),
+            Cohort(body.model, body.prompt_version, body.contract, body.source),
             body.parent,
             author=body.author,
             note=body.note,

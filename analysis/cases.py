@@ -10,8 +10,14 @@ object per line (``GET /v1/cases?state=accepted``, the Cases page's download):
  "expect": {"tool": "get_reservation", "arguments": {"id": "A1"}},
  "observed": {"tool": "get_reservation", "arguments": {"id": "A1"}},
  "source": {"run_id": "...", "rule": "retry_loop", "detail": "...", "agent_release": "2.0"},
- "note": "loops on a cancelled booking"}
+ "note": "loops on a cancelled booking",
+ "suite_case": {"id": "case-12", "messages": [{"role": "user", "content": "..."}],
+                "expect": {"tool": "get_reservation", "arguments": {"id": {"exact": "A1"}}}}}
 ```
+
+``suite_case`` is the case in the probe suite format (README, *Probes and shadows*): the Cases
+page downloads the accepted ones as ``[[cases]]`` tables to paste into a suite file, which
+``shapewatch probe run`` runs.
 
 ``messages`` are the input of the run's first model call, as the instrumentation captured them
 (``gen_ai.input.messages``; null when content capture was off); ``observed`` is that call's first
@@ -31,6 +37,7 @@ from shapewatch.collector import Store
 from shapewatch.collector.store import CaseRow
 
 from .errors import CaseDecided, CaseNotFound, ParameterInvalid
+from .probes.suite import suite_case
 
 __all__ = ["STATES", "case_json", "decide_case", "list_cases", "probe_case"]
 
@@ -80,7 +87,7 @@ def probe_case(store: Store, row: CaseRow, expect: dict[str, Any] | None, note: 
         if call is not None:
             stored = store.events_by_id([call.event_id]) if call.event_id else []
             observed = {"tool": call.tool, "arguments": orjson.loads(stored[0].output) if stored else None}
-    return {
+    case: dict[str, Any] = {
         "id": f"case-{row.case_id}",
         "contract": row.contract,
         "prompt_version": row.prompt_version,
@@ -91,6 +98,9 @@ def probe_case(store: Store, row: CaseRow, expect: dict[str, Any] | None, note: 
         "source": {"run_id": row.run_id, "rule": row.rule, "detail": row.detail, "agent_release": row.agent_release},
         "note": note,
     }
+    # the same case in the probe suite format (probes/suite.py), ready for a suite file
+    case["suite_case"] = suite_case(case)
+    return case
 
 
 def decide_case(

@@ -40,7 +40,9 @@ from ._cli import (
     _settings,
     _token_option,
 )
+from .compare_cli import compare
 from .contract_cli import contract
+from .probe_cli import probe
 from .run_cli import run as run_group
 from .scaleout import scaleout
 
@@ -374,8 +376,9 @@ def _alert_table(alerts: list[dict[str, Any]]) -> None:
         return
     for a in alerts:
         c = a["cohort"]
+        source = "" if c.get("source", "production") == "production" else f"{c['source']}: "
         click.echo(
-            f"{a['severity']:<4} {a['state']:<8} {c['model']} / {c['prompt_version']} / {c['contract']}  "
+            f"{a['severity']:<4} {a['state']:<8} {source}{c['model']} / {c['prompt_version']} / {c['contract']}  "
             f"{a['field']}  {a['kind']}{' ' + repr(a['value']) if a.get('value') else ''}"
         )
         click.echo(f"     {a['detail']}")
@@ -450,6 +453,7 @@ def analyze(
 @click.option("--prompt-version", help="Only this prompt version.")
 @click.option("--contract", help="Only this contract.")
 @click.option("--kind", help="Only this kind (e.g. presence_drop).")
+@click.option("--source", type=click.Choice(["production", "probe", "shadow"]), help="Only cohorts of this source.")
 @_format_option
 @click.pass_context
 def alerts(
@@ -463,12 +467,19 @@ def alerts(
     prompt_version: str | None,
     contract: str | None,
     kind: str | None,
+    source: str | None,
     fmt: str,
 ) -> None:
     """List the alerts the service recorded, page first. Exit 1 when any listed alert is firing."""
     with _backend(ctx, db_path, url, token) as b:
         found = b.alerts(
-            severity=severity, state=state, model=model, prompt_version=prompt_version, contract=contract, kind=kind
+            severity=severity,
+            state=state,
+            model=model,
+            prompt_version=prompt_version,
+            contract=contract,
+            kind=kind,
+            source=source,
         )
     if fmt == "json":
         click.echo(orjson.dumps(found).decode())
@@ -485,7 +496,17 @@ def baseline() -> None:
     """Freeze, list, show, activate, retire, inherit, export and import baselines."""
 
 
+_SOURCE_OPTION = click.option(
+    "--source",
+    type=click.Choice(["production", "probe", "shadow"]),
+    default="production",
+    show_default=True,
+    help="The cohort's source.",
+)
+
+
 def _cohort_options(f: Any) -> Any:
+    f = _SOURCE_OPTION(f)
     f = click.option("--contract", default="default", show_default=True, help="Contract name.")(f)
     f = click.option("--prompt-version", required=True, help="Prompt version.")(f)
     return click.option("--model", required=True, help="Model id as the applications send it.")(f)
@@ -506,6 +527,7 @@ def freeze(
     model: str,
     prompt_version: str,
     contract: str,
+    source: str,
     since_text: str,
     until_text: str,
     note: str,
@@ -530,6 +552,7 @@ def freeze(
             note=note,
             force=force,
             activate=not no_activate,
+            source=source,
         )
     if fmt == "json":
         _echo_json(result)
@@ -541,6 +564,7 @@ def freeze(
 @click.option("--model", help="Only this model (with --prompt-version).")
 @click.option("--prompt-version", help="Only this prompt version (with --model).")
 @click.option("--contract", default="default", show_default=True, help="Contract (with --model).")
+@_SOURCE_OPTION
 @_backend_options
 @_format_option
 @click.pass_context
@@ -549,6 +573,7 @@ def list_(
     model: str | None,
     prompt_version: str | None,
     contract: str,
+    source: str,
     db_path: str | None,
     url: str | None,
     token: str | None,
@@ -559,7 +584,7 @@ def list_(
 
     if bool(model) != bool(prompt_version):
         raise click.UsageError("--model and --prompt-version go together")
-    cohort = Cohort(model, prompt_version, contract) if model and prompt_version else None
+    cohort = Cohort(model, prompt_version, contract, source) if model and prompt_version else None
     with _backend(ctx, db_path, url, token) as b:
         found = b.list_baselines(cohort)
     if fmt == "json":
@@ -612,6 +637,7 @@ def retire(
     model: str,
     prompt_version: str,
     contract: str,
+    source: str,
     note: str,
     db_path: str | None,
     url: str | None,
@@ -621,7 +647,7 @@ def retire(
     from shapewatch.baselines import Cohort
 
     with _backend(ctx, db_path, url, token) as b:
-        b.retire(Cohort(model, prompt_version, contract), author=_author(), note=note)
+        b.retire(Cohort(model, prompt_version, contract, source), author=_author(), note=note)
     click.echo("retired")
 
 
@@ -636,6 +662,7 @@ def inherit(
     model: str,
     prompt_version: str,
     contract: str,
+    source: str,
     parent: str,
     note: str,
     db_path: str | None,
@@ -646,7 +673,7 @@ def inherit(
     from shapewatch.baselines import Cohort
 
     with _backend(ctx, db_path, url, token) as b:
-        result = b.inherit(Cohort(model, prompt_version, contract), parent, author=_author(), note=note)
+        result = b.inherit(Cohort(model, prompt_version, contract, source), parent, author=_author(), note=note)
     click.echo(f"compared against {result['parent']['baseline_id']}")
 
 
@@ -826,6 +853,8 @@ def demo_traffic(url: str, token: str | None, rate: float, drift: bool, duration
 cli.add_command(contract)
 cli.add_command(run_group)
 cli.add_command(scaleout)
+cli.add_command(compare)
+cli.add_command(probe)
 
 
 def main() -> None:

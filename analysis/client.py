@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
 
@@ -23,6 +23,9 @@ from shapewatch.collector import Settings, ShapewatchError, Store
 
 from . import admin
 from .config import AnalyzerConfig
+
+if TYPE_CHECKING:
+    from .probes import ProbeRun
 
 __all__ = ["Backend", "RemoteError", "backend"]
 
@@ -47,6 +50,7 @@ class Backend(Protocol):
         note: str,
         force: str | None,
         activate: bool,
+        source: str = "production",
     ) -> dict[str, Any]: ...
     def list_baselines(self, cohort: Cohort | None = None) -> list[dict[str, Any]]: ...
     def show(self, baseline_id: str) -> dict[str, Any]: ...
@@ -65,6 +69,8 @@ class Backend(Protocol):
     def list_contracts(self, contract: str | None = None) -> list[dict[str, Any]]: ...
     def show_contract(self, contract: str, version: str) -> dict[str, Any]: ...
     def run(self, run_id: str) -> dict[str, Any]: ...
+    def compare(self, a: str, b: str, since: datetime, until: datetime) -> dict[str, Any]: ...
+    def record_probe_run(self, run: ProbeRun) -> None: ...
 
 
 class LocalBackend:
@@ -84,6 +90,7 @@ class LocalBackend:
         note: str,
         force: str | None,
         activate: bool,
+        source: str = "production",
     ) -> dict[str, Any]:
         return admin.freeze(
             self.store,
@@ -97,6 +104,7 @@ class LocalBackend:
             note=note,
             force=force,
             activate=activate,
+            source=source,
         )
 
     def list_baselines(self, cohort: Cohort | None = None) -> list[dict[str, Any]]:
@@ -136,6 +144,16 @@ class LocalBackend:
             raise RunNotFound(run_id)
         return view
 
+    def record_probe_run(self, run: ProbeRun) -> None:
+        from .probes import record_run
+
+        record_run(self.store, run)
+
+    def compare(self, a: str, b: str, since: datetime, until: datetime) -> dict[str, Any]:
+        from .compare import compare_cohorts, parse_cohort
+
+        return compare_cohorts(self.store, self.config, parse_cohort(a, "a"), parse_cohort(b, "b"), since, until)
+
     def alerts(self, **filters: str | None) -> list[dict[str, Any]]:
         f = filters.get
         return admin.alerts(
@@ -146,6 +164,7 @@ class LocalBackend:
             prompt_version=f("prompt_version"),
             contract=f("contract"),
             kind=f("kind"),
+            source=f("source"),
         )
 
     def acknowledge(self, fingerprint: str, *, by: str) -> dict[str, Any]:
@@ -207,6 +226,7 @@ class RemoteBackend:
         note: str,
         force: str | None,
         activate: bool,
+        source: str = "production",
     ) -> dict[str, Any]:
         body = {
             "model": model,
@@ -218,6 +238,7 @@ class RemoteBackend:
             "note": note,
             "force": force,
             "activate": activate,
+            "source": source,
         }
         result: dict[str, Any] = self._call("POST", "/v1/baselines", json=body)
         return result
@@ -258,6 +279,23 @@ class RemoteBackend:
 
     def alerts(self, **filters: str | None) -> list[dict[str, Any]]:
         result: list[dict[str, Any]] = self._call("GET", "/v1/alerts", params={k: v for k, v in filters.items() if v})
+        return result
+
+    def record_probe_run(self, run: ProbeRun) -> None:
+        envelopes = run.envelopes
+        for i in range(0, len(envelopes), 500):
+            self._call("POST", "/v1/outputs", json=envelopes[i : i + 500])
+        doc = run.to_json()
+        body = {
+            **{k: doc[k] for k in ("run_id", "suite", "model", "served_model", "prompt_version", "contract")},
+            **{k: doc[k] for k in ("trigger", "started_at", "finished_at", "scores", "thresholds")},
+            "cases": [r.to_json() for r in run.results],
+        }
+        self._call("POST", "/v1/probes/runs", json=body)
+
+    def compare(self, a: str, b: str, since: datetime, until: datetime) -> dict[str, Any]:
+        params = {"a": a, "b": b, "since": since.isoformat(), "until": until.isoformat()}
+        result: dict[str, Any] = self._call("GET", "/v1/compare", params=params)
         return result
 
     def acknowledge(self, fingerprint: str, *, by: str) -> dict[str, Any]:

@@ -118,6 +118,10 @@ class AlertKind(str, Enum):
     repeated_call_rate = "repeated_call_rate"  # share of runs repeating an identical call back to back
     run_length_shift = "run_length_shift"  # tool calls per run (p90)
     undeclared_call_rate = "undeclared_call_rate"  # share of runs calling a tool their contract does not declare
+    # probe suites (analysis/probes/), first decisions: under threshold, or dropped from the last accepted run
+    probe_tool_accuracy = "probe_tool_accuracy"  # share of cases whose first call is the expected tool
+    probe_argument_accuracy = "probe_argument_accuracy"  # share whose critical arguments match
+    probe_spurious_calls = "probe_spurious_calls"  # share of negative cases that called a tool
 
 
 class Severity(str, Enum):
@@ -148,6 +152,9 @@ DEFAULT_SEVERITY: dict[AlertKind, Severity] = {
     AlertKind.repeated_call_rate: Severity.warn,
     AlertKind.run_length_shift: Severity.warn,
     AlertKind.undeclared_call_rate: Severity.warn,
+    AlertKind.probe_tool_accuracy: Severity.page,
+    AlertKind.probe_argument_accuracy: Severity.page,
+    AlertKind.probe_spurious_calls: Severity.page,
 }
 
 
@@ -287,6 +294,14 @@ class AnalyzerConfig:
     short_windows: tuple[ShortWindow, ...] = field(default_factory=lambda: DEFAULT_SHORT_WINDOWS)
     # Declared assertions per contract ([[contracts.NAME.assertions]], analysis/assertions.py).
     assertions: dict[str, tuple[Assertion, ...]] = field(default_factory=dict)
+    # The production model each shadow model is judged against ([shadows], analysis/compare.py);
+    # a shadow model not named here is judged against the production model with the most outputs.
+    shadows: dict[str, str] = field(default_factory=dict)
+    # Probe suites the service runs ([probes], analysis/probes/schedule.py): suite files, how often
+    # each runs, and how often the scheduler looks for a served-model or contract change.
+    probe_suites: tuple[str, ...] = ()
+    probe_interval: timedelta = timedelta(days=1)
+    probe_tick: timedelta = timedelta(minutes=1)
 
     def rules_for(self, contract: str, path: str) -> FieldRules:
         return self.fields.get((contract, path)) or self.contracts.get(contract) or self.defaults
@@ -305,7 +320,10 @@ _SHARES = {
     "max_invalid_output_rate",
     "served_model_share",
 }
-_TOP = {"defaults", "contracts", "analyzer", "notify"}
+_TOP = {"defaults", "contracts", "analyzer", "notify", "shadows", "probes"}
+MAX_PROBE_SUITES = 100
+#: At most this many [shadows] entries, each name at most MAX_SHADOW_NAME characters.
+MAX_SHADOWS, MAX_SHADOW_NAME = 1000, 200
 _ANALYZER_KEYS = {
     "window",
     "interval",
@@ -534,8 +552,54 @@ def parse_config(data: dict[str, Any], *, source: str = "config") -> AnalyzerCon
                 "analyzer.short_windows", f"{w.label} is not shorter than the window ({_duration_text(main)})"
             )
     return AnalyzerConfig(
-        defaults=defaults, contracts=contracts, fields=per_field, notify=notify, assertions=assertions, **extra
+        defaults=defaults,
+        contracts=contracts,
+        fields=per_field,
+        notify=notify,
+        assertions=assertions,
+        shadows=_shadows(data.get("shadows", {})),
+        **_probes(data.get("probes", {})),
+        **extra,
     )
+
+
+def _probes(value: Any) -> dict[str, Any]:
+    """``[probes]``: ``suites`` (paths of suite files), ``interval`` (default 24h), ``tick`` (1m)."""
+    if not isinstance(value, dict):
+        raise ConfigInvalid("probes", "must be a table: suites, interval, tick")
+    unknown = set(value) - {"suites", "interval", "tick"}
+    if unknown:
+        raise ConfigInvalid(f"probes.{sorted(unknown)[0]}", "unknown key; known keys are interval, suites, tick")
+    out: dict[str, Any] = {}
+    suites = value.get("suites", [])
+    if not isinstance(suites, list) or not all(isinstance(s, str) and 0 < len(s) <= 4096 for s in suites):
+        raise ConfigInvalid("probes.suites", 'must be an array of suite file paths, e.g. ["probes/triage.toml"]')
+    if len(suites) > MAX_PROBE_SUITES:
+        raise ConfigInvalid("probes.suites", f"{len(suites)} suites; at most {MAX_PROBE_SUITES}")
+    out["probe_suites"] = tuple(suites)
+    for key, name, low in (("interval", "probe_interval", timedelta(minutes=5)), ("tick", "probe_tick", MIN_INTERVAL)):
+        if key in value:
+            if not isinstance(value[key], str):
+                raise ConfigInvalid(f"probes.{key}", 'must be a duration string such as "24h"')
+            out[name] = parse_duration(value[key], key=f"probes.{key}", maximum=MAX_BASELINE_AGE, minimum=low)
+    return out
+
+
+def _shadows(value: Any) -> dict[str, str]:
+    """``[shadows]``: shadow model id -> the production model id it is judged against."""
+    if not isinstance(value, dict):
+        raise ConfigInvalid("shadows", 'must be a table of "shadow model" = "production model"')
+    if len(value) > MAX_SHADOWS:
+        raise ConfigInvalid("shadows", f"{len(value)} entries; at most {MAX_SHADOWS}")
+    out: dict[str, str] = {}
+    for shadow, production in value.items():
+        key = f'shadows."{_shown(shadow)[1:-1]}"'
+        if not 1 <= len(shadow) <= MAX_SHADOW_NAME:
+            raise ConfigInvalid(key, f"a model id has 1 to {MAX_SHADOW_NAME} characters")
+        if not isinstance(production, str) or not 1 <= len(production) <= MAX_SHADOW_NAME:
+            raise ConfigInvalid(key, f"must be the production model id, a string of 1 to {MAX_SHADOW_NAME} characters")
+        out[shadow] = production
+    return out
 
 
 def _share(value: Any, key: str) -> float:

@@ -15,6 +15,7 @@ __all__ = [
     "AlertNotFound",
     "CaseDecided",
     "CaseNotFound",
+    "CohortNotFound",
     "ConfigInvalid",
     "NotifyConfigInvalid",
     "ParameterInvalid",
@@ -117,3 +118,13 @@ class CaseDecided(ShapewatchError):
 
     def __init__(self, case_id: int, state: str) -> None:
         super().__init__(f"case {case_id} is {state} already; a decision is not changed")
+
+
+class CohortNotFound(ShapewatchError, LookupError):
+    """A cohort named for a comparison never received an output (404)."""
+
+    status = 404
+
+    def __init__(self, name: str, cohort: object) -> None:
+        self.name = name
+        super().__init__(f"{name}: no output of cohort {cohort} was ever stored")

@@ -284,7 +284,7 @@ def build_review(
     store.flush_rollups()
     current: dict[Cohort, Activation] = {a.cohort: a for a in activation_history(store)}
     rows = store.cohorts()
-    first_seen = {Cohort(r.model, r.prompt_version, r.contract): r.first_seen for r in rows}
+    first_seen = {Cohort(r.model, r.prompt_version, r.contract, r.source): r.first_seen for r in rows}
     traffic = store.events_by_cohort(since, until)
     # A served cohort (a model's outputs under an alias) that nobody requested by its own id is
     # reviewed through its alias, whose entry lists the models that answered: the baseline
@@ -294,8 +294,8 @@ def build_review(
     without: list[dict[str, Any]] = []
     stale: list[dict[str, Any]] = []
     errors: list[dict[str, Any]] = []
-    for cid, m, p, c, _ in rows:
-        cohort = Cohort(m, p, c)
+    for cid, m, p, c, _, src in rows:
+        cohort = Cohort(m, p, c, src)
         if int(cid) not in requested and cohort not in current:
             continue
         events = traffic.get(int(cid), 0)
@@ -307,7 +307,7 @@ def build_review(
         except StoreError:
             raise
         except Exception as exc:  # one cohort's broken baseline or data must not blind the review of the rest
-            logger.exception("review: cohort %s / %s / %s failed", *cohort)
+            logger.exception("review: cohort %s failed", cohort)
             errors.append(
                 {"cohort": cohort._asdict(), "events": events, "error": f"{type(exc).__name__}: {exc}"[:_MAX_ERROR]}
             )

@@ -66,6 +66,7 @@ from .api import AnalysisApi
 from .api import router as analysis_router
 from .cases_api import cases_router
 from .config import AnalyzerConfig
+from .errors import ConfigInvalid
 from .maintenance import start_maintenance
 from .notify import (
     NoticeAction,
@@ -77,6 +78,9 @@ from .notify import (
     send_digest,
     targets_from_config,
 )
+from .probes.schedule import ProbeScheduler
+from .probes.suite import Suite
+from .probes_api import probes_router
 from .runs import judge_complete_runs
 from .store_access import open_store
 
@@ -192,6 +196,7 @@ def create_app(
     config = config or AnalyzerConfig()
     targets = targets_from_config(config.notify)
     digest_url = digest_url_from_config(config.notify)
+    suites = _load_suites(config)  # before the file is opened: a bad suite leaves nothing held
     store = store or open_store(settings)
     # Events commit alone (a 2xx waits only for them); rollups follow (rollup_merge_seconds).
     store.defer_rollups(max_events=settings.rollup_merge_events, max_seconds=settings.rollup_merge_seconds)
@@ -207,6 +212,7 @@ def create_app(
     api = CollectorApi(store, writer, metrics, limits_from_settings(settings), max_body_bytes=settings.max_body_bytes)
     analyzer = Analyzer(store, config, registry=registry, enqueue=pager_enqueue(store, targets))
     notifier = Notifier(store, targets, registry=registry)
+    probes = ProbeScheduler(store, suites, interval=config.probe_interval) if suites else None
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -244,6 +250,18 @@ def create_app(
                 coalesce=True,
                 misfire_grace_time=10,
             )
+            if probes is not None:
+                # Suites run daily, and at the first tick after a served-model change behind their
+                # alias or a behavioral/breaking contract version (probes/schedule.py).
+                scheduler.add_job(
+                    probes.tick,
+                    "interval",
+                    seconds=config.probe_tick.total_seconds(),
+                    id="probes",
+                    max_instances=1,
+                    coalesce=True,
+                    misfire_grace_time=max(1, int(config.probe_tick.total_seconds())),
+                )
             if digest_url:
                 scheduler.add_job(
                     _digest_job(store, digest_url),
@@ -289,6 +307,7 @@ def create_app(
     app.include_router(traces_router)
     app.include_router(runs_router)
     app.include_router(cases_router)
+    app.include_router(probes_router)
     app.include_router(health_router)
     app.include_router(analysis_router)
     app.include_router(metrics_router)
@@ -324,6 +343,7 @@ def create_app(
 _TAGS = [
     {"name": "ingest", "description": "Structured outputs and raw provider responses in (token scope ingest)"},
     {"name": "runs", "description": "Agent runs: their steps in order, and the mined cases to review"},
+    {"name": "probes", "description": "Probe suite runs: their first-decision scores and cases"},
     {"name": "alerts", "description": "Alerts and silences"},
     {"name": "cohorts", "description": "Cohorts, their window profiles, series and stored outputs"},
     {"name": "baselines", "description": "Frozen baselines: list, freeze, import, activate, inherit, retire"},
@@ -436,3 +456,16 @@ def run(settings: Settings, config: AnalyzerConfig | None = None) -> None:
     server.run()
     if store.invalidated is not None:
         raise store.invalidated
+
+
+def _load_suites(config: AnalyzerConfig) -> list[Suite]:
+    """The configured probe suites; one that cannot be read fails start-up, naming the file and the key."""
+    from .probes import load_suite
+
+    suites: list[Suite] = []
+    for path in config.probe_suites:
+        try:
+            suites.append(load_suite(Path(path)))
+        except ConfigInvalid as exc:
+            raise ConfigInvalid(f"probes.suites ({path})", str(exc)) from None
+    return suites

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from shapewatch.collector import RollupConfig, Settings, Store
-from shapewatch.collector.store import ALERTS_SCHEMA, BASELINES_SCHEMA, NOTIFY_SCHEMA, RUNS_SCHEMA
+from shapewatch.collector.store import ALERTS_SCHEMA, BASELINES_SCHEMA, NOTIFY_SCHEMA, PROBES_SCHEMA, RUNS_SCHEMA
 
 __all__ = ["SCHEMAS", "open_store"]
 
 # The tables of the packages above the collector (their DDL and SQL live in the store package),
 # migrated with the store's own.
-SCHEMAS = (BASELINES_SCHEMA, ALERTS_SCHEMA, NOTIFY_SCHEMA, RUNS_SCHEMA)
+SCHEMAS = (BASELINES_SCHEMA, ALERTS_SCHEMA, NOTIFY_SCHEMA, RUNS_SCHEMA, PROBES_SCHEMA)
 
 
 def open_store(settings: Settings, *, read_only: bool = False, bulk: bool = False) -> Store:

@@ -37,6 +37,8 @@ from typing import Any, NamedTuple
 import orjson
 
 from shapewatch.collector import (
+    PRODUCTION,
+    SOURCES,
     FieldError,
     FieldProfile,
     JsonType,
@@ -99,14 +101,28 @@ DEFAULT_TAG_LENGTH = Limits().max_tag_length
 
 
 class Cohort(NamedTuple):
-    """One (model, prompt version, contract): what shapewatch monitors as a unit."""
+    """One (model, prompt version, contract, source): what shapewatch monitors as a unit.
+
+    The source (production, probe, shadow) is last and defaults to production, so a cohort named
+    without one is production's: ``Cohort("m", "p", "c") == Cohort("m", "p", "c", "production")``.
+    """
 
     model: str
     prompt_version: str
     contract: str
+    source: str = PRODUCTION
 
     def __str__(self) -> str:
-        return f"{self.model} / {self.prompt_version} / {self.contract}"
+        names = f"{self.model} / {self.prompt_version} / {self.contract}"
+        return names if self.source == PRODUCTION else f"{self.source}: {names}"
+
+    def names(self) -> dict[str, str]:
+        """The cohort as a baseline document holds it: without ``source`` for production, so
+        that documents frozen before sources were part of the cohort keep their hash."""
+        out = self._asdict()
+        if self.source == PRODUCTION:
+            del out["source"]
+        return out
 
 
 _DATED = re.compile(r"(\d{4}-?\d{2}-?\d{2}|\d{8}|\d{4}$|-\d{4}(-|$)|-\d{3}$|@|:)")
@@ -177,7 +193,7 @@ def _iso(t: datetime) -> str:
 def _content(b: Baseline) -> dict[str, Any]:
     return {
         "format": FORMAT,
-        "cohort": b.cohort._asdict(),
+        "cohort": b.cohort.names(),
         "window": {"since": _iso(b.since), "until": _iso(b.until)},
         "samples": b.samples,
         "served_models": b.served_models,
@@ -448,9 +464,12 @@ def document_problems(doc: Any, *, max_tag_length: int | None = DEFAULT_TAG_LENG
     if doc.get("format") != FORMAT:
         c.bad("/format", f"must be {FORMAT}, got {doc.get('format')!r}")
     # A missing part is reported once (as required), not again for each of its own fields.
-    if "cohort" in doc and c.keys(doc["cohort"], "/cohort", dict.fromkeys(Cohort._fields, True)):
+    if "cohort" in doc and c.keys(doc["cohort"], "/cohort", {**dict.fromkeys(Cohort._fields, True), "source": False}):
         for k in Cohort._fields:
-            if k in doc["cohort"]:
+            if k == "source":
+                if k in doc["cohort"] and doc["cohort"][k] not in SOURCES:
+                    c.bad("/cohort/source", f"must be one of {', '.join(sorted(SOURCES))}, got {doc['cohort'][k]!r}")
+            elif k in doc["cohort"]:
                 c.tag(doc["cohort"][k], f"/cohort/{k}")
     window = doc.get("window")
     if "window" in doc and c.keys(window, "/window", {"since": True, "until": True}):
@@ -602,7 +621,7 @@ def _insert(store: Store, con: Any, b: Baseline) -> bool:
         [
             b.baseline_id,
             b.hash,
-            *b.cohort,
+            *b.cohort[:3],
             b.since,
             b.until,
             b.samples,
@@ -610,6 +629,7 @@ def _insert(store: Store, con: Any, b: Baseline) -> bool:
             b.note,
             b.created_at,
             _canonical(b.document()).decode(),
+            b.cohort.source,
         ],
     )
 
@@ -672,7 +692,7 @@ class Activation:
 def activation_history(store: Store, cohort: Cohort | None = None) -> list[Activation]:
     """Every activation, oldest first (of one cohort, or all)."""
     return [
-        Activation(Cohort(r[0], r[1], r[2]), ActivationAction(r[3]), r[4], r[5], r[6], r[7])
+        Activation(Cohort(r[0], r[1], r[2], r[8]), ActivationAction(r[3]), r[4], r[5], r[6], r[7])
         for r in store.baseline_activations(cohort)
     ]
 
@@ -707,7 +727,7 @@ def resolve_baseline(
     *,
     current: dict[Cohort, Activation] | None = None,
     first_seen: dict[Cohort, datetime] | None = None,
-    aliases: dict[tuple[str, str, str], list[tuple[str, str, str]]] | None = None,
+    aliases: dict[tuple[str, str, str, str], list[tuple[str, str, str, str]]] | None = None,
 ) -> Resolved | None:
     """The baseline ``cohort`` is compared against: its own, a named parent's, the previous prompt
     version's (same model and contract, the latest first seen before it that has an active baseline),
@@ -742,7 +762,7 @@ def _resolve(
         if act.action is ActivationAction.inherit:
             return Resolved(get_baseline(store, act.baseline_id), "parent")
     if first_seen is None:
-        first_seen = {Cohort(r.model, r.prompt_version, r.contract): r.first_seen for r in store.cohorts()}
+        first_seen = {Cohort(r.model, r.prompt_version, r.contract, r.source): r.first_seen for r in store.cohorts()}
     mine = first_seen.get(cohort)
     if mine is None:
         return None
@@ -756,6 +776,7 @@ def _resolve(
             and pa.baseline_id is not None
             and prev.model == cohort.model
             and prev.contract == cohort.contract
+            and prev.source == cohort.source
             and prev != cohort
             and (t := first_seen.get(prev)) is not None
             and t < mine
@@ -797,7 +818,7 @@ def _record(
     author: str,
     note: str,
 ) -> None:
-    store.add_baseline_activation(con, [*cohort, action, baseline_id, at, author, note])
+    store.add_baseline_activation(con, [*cohort[:3], action, baseline_id, at, author, note, cohort.source])
 
 
 def activate_baseline(

@@ -70,6 +70,8 @@ _WHERE = {
     "TokenEntry": "settings",
     "parse_token": "settings",
     "tag_problem": "envelope",
+    "PRODUCTION": "envelope",
+    "SOURCES": "envelope",
     "SCHEMA_VERSION": "store",
     "Schema": "store",
     "Store": "store",
@@ -108,7 +110,9 @@ _WHERE = {
 }
 
 __all__ = [
+    "PRODUCTION",
     "SCHEMA_VERSION",
+    "SOURCES",
     "AdaptedResponse",
     "AdapterError",
     "ApiError",
@@ -260,6 +264,8 @@ if TYPE_CHECKING:
         register_contract,
     )
     from .envelope import (
+        PRODUCTION,
+        SOURCES,
         Envelope,
         Limits,
         limits_from_settings,

@@ -546,13 +546,13 @@ def string_column(rows: list[Any], index: int, /) -> tuple[bytes | None, bytes, 
 
 def group_ids(
     groups: dict[Any, int],
-    cohorts: Sequence[tuple[str, str, str]],
+    cohorts: Sequence[tuple[str, str, str, str]],
     served_models: Sequence[str | None],
     starts: Sequence[int],
     /,
 ) -> list[int]:
     """The id in ``groups`` (grown as keys first appear) of each output's rollup group:
-    (model, prompt_version, contract, served model unless None or the model, bucket start)."""
+    (model, prompt_version, contract, source, served model unless None or the model, bucket start)."""
     if type(groups) is not dict:
         raise TypeError(f"argument 1 must be dict, not {_type_name(groups)}")
     cs, ss, bs = _as_list(cohorts, "cohorts"), _as_list(served_models, "served_models"), _as_list(starts, "starts")
@@ -560,10 +560,10 @@ def group_ids(
         raise ValueError("cohorts, served_models and starts differ in length")
     ids = []
     for c, s, b in zip(cs, ss, bs, strict=True):
-        if not isinstance(c, tuple) or len(c) != 3:
-            raise TypeError("a cohort is a (model, prompt_version, contract) tuple")
+        if not isinstance(c, tuple) or len(c) != 4:
+            raise TypeError("a cohort is a (model, prompt_version, contract, source) tuple")
         model = c[0]
-        key = (model, c[1], c[2], None if s is None or s is model or s == model else s, b)
+        key = (model, c[1], c[2], c[3], None if s is None or s is model or s == model else s, b)
         gid = groups.get(key)
         if gid is None:
             gid = groups[key] = len(groups)

@@ -20,13 +20,13 @@ def bucket_starts(tss: Sequence[datetime], width: int, /) -> list[int]:
 
 def group_ids(
     groups: dict[Any, int],
-    cohorts: Sequence[tuple[str, str, str]],
+    cohorts: Sequence[tuple[str, str, str, str]],
     served_models: Sequence[str | None],
     starts: Sequence[int],
     /,
 ) -> list[int]:
     """The id in ``groups`` (grown as keys first appear) of each output's rollup group:
-    (model, prompt_version, contract, served model unless None or the model, bucket start)."""
+    (model, prompt_version, contract, source, served model unless None or the model, bucket start)."""
 
 def set_ts_range(min_us: int, end_us: int, /) -> None:
     """The ts the C paths accept: [min_us, end_us) in microseconds since the epoch (empty until

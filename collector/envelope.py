@@ -43,7 +43,7 @@ import orjson
 from .accel import speedups as _speedups
 from .errors import BatchTooLarge, EnvelopeInvalid, FieldError
 from .rules import KNOWN_FIELDS as _KNOWN
-from .rules import LIMITS, SOURCES, TS_END, TS_MIN, Limits, payload_hash
+from .rules import LIMITS, PRODUCTION, SOURCES, TS_END, TS_MIN, Limits, payload_hash
 from .rules import TAGS as _TAGS
 from .rules import BigInt as _BigInt
 from .rules import check_tag as _tag
@@ -53,6 +53,7 @@ from .settings import Settings
 
 __all__ = [
     "LIMITS",
+    "PRODUCTION",
     "SOURCES",
     "TS_END",
     "TS_MIN",

@@ -46,6 +46,7 @@ import orjson
 from .accel import speedups
 from .envelope import Envelope, Limits, parse_envelope
 from .errors import EnvelopeInvalid, FieldError, ImportInputError, QuarantineUnwritable, StoreError
+from .rules import PRODUCTION
 from .rules import line_id as _line_id
 from .store import PreparedBatch, Store, WriteStatus
 
@@ -256,7 +257,7 @@ def import_files(
     return summary
 
 
-def _newest_at_the_end(path: Path, bucket_seconds: int, limits: Limits) -> dict[tuple[str, str, str], int]:
+def _newest_at_the_end(path: Path, bucket_seconds: int, limits: Limits) -> dict[tuple[str, str, str, str], int]:
     """The newest bucket start per cohort among the valid lines of the file's last ``_TAIL_BYTES``.
 
     An import counts each output into the tier its age calls for against its cohort's newest data
@@ -279,16 +280,17 @@ def _newest_at_the_end(path: Path, bucket_seconds: int, limits: Limits) -> dict[
     lines = tail.split(b"\n")
     if size > _TAIL_BYTES:
         lines = lines[1:]  # the first one was cut
-    newest: dict[tuple[str, str, str], int] = {}
+    newest: dict[tuple[str, str, str, str], int] = {}
     for line in lines:
         try:
             e = parse_envelope(line, limits)
         except EnvelopeInvalid:
             continue
         start = int(e.ts.timestamp()) // bucket_seconds * bucket_seconds
+        source = e.source or PRODUCTION
         for cohort in {
-            (e.model, e.prompt_version, e.contract),
-            (e.served_model or e.model, e.prompt_version, e.contract),
+            (e.model, e.prompt_version, e.contract, source),
+            (e.served_model or e.model, e.prompt_version, e.contract, source),
         }:
             if start > newest.get(cohort, start - 1):
                 newest[cohort] = start

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
 
+from .rules import PRODUCTION
 from .store import Store
 
 __all__ = ["FieldProfile", "Profile", "contract_changes", "read_profile", "read_profiles", "served_aliases"]
@@ -142,6 +143,12 @@ class Profile:
     # path ('$': the output itself) -> JSON Schema keyword -> outputs breaking their registered
     # contract there that way
     violations: dict[str, dict[str, int]] = field(default_factory=dict)
+    source: str = PRODUCTION  # production, probe or shadow: part of the cohort
+
+    @property
+    def cohort(self) -> tuple[str, str, str, str]:
+        """(model, prompt version, contract, source)."""
+        return (self.model, self.prompt_version, self.contract, self.source)
 
     @property
     def checked(self) -> int:
@@ -176,16 +183,16 @@ def contract_changes(
     return out
 
 
-def served_aliases(store: Store) -> dict[tuple[str, str, str], list[tuple[str, str, str]]]:
+def served_aliases(store: Store) -> dict[tuple[str, str, str, str], list[tuple[str, str, str, str]]]:
     """For each served cohort, the cohorts whose alias it answered, the most answered first.
 
-    A cohort is (model, prompt version, contract). An output requested under one model id and
+    A cohort is (model, prompt version, contract, source). An output requested under one model id and
     answered by another also counts in the cohort of the model that answered (``rollup.py``):
     this maps that cohort to the requested ones, so it can be judged against what they were.
     """
-    out: dict[tuple[str, str, str], list[tuple[str, str, str]]] = {}
-    for served, prompt_version, contract, model in store.served_aliases():
-        out.setdefault((served, prompt_version, contract), []).append((model, prompt_version, contract))
+    out: dict[tuple[str, str, str, str], list[tuple[str, str, str, str]]] = {}
+    for served, prompt_version, contract, model, source in store.served_aliases():
+        out.setdefault((served, prompt_version, contract, source), []).append((model, prompt_version, contract, source))
     return out
 
 
@@ -233,11 +240,13 @@ def _read(
             counts[10] if counts[11] == types.get("boolean", 0) else None,
         )
     wanted = [cohort_id] if cohort_id is not None else sorted(events)
-    names = {row.cohort_id: (row.model, row.prompt_version, row.contract) for row in store.cohorts()}
+    rows = {row.cohort_id: row for row in store.cohorts()}
     return [
         Profile(
             c,
-            *names[c],
+            rows[c].model,
+            rows[c].prompt_version,
+            rows[c].contract,
             since,
             until,
             events.get(c, 0),
@@ -245,6 +254,7 @@ def _read(
             r.served.get(c, {}),
             r.checks.get(c, {}),
             r.violations.get(c, {}),
+            rows[c].source,
         )
         for c in wanted
     ]

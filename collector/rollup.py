@@ -76,7 +76,7 @@ class ContractStatus(str, Enum):
 # (cohort, contract version, bucket epoch, output parsed or as JSON text) -> status and violations (path, JSON Schema
 # keyword): the store's check (store/core.py).
 ContractCheck = Callable[
-    [tuple[str, str, str], str, int, dict[str, Any] | str], tuple[ContractStatus, Sequence[tuple[str | None, str]]]
+    [tuple[str, str, str, str], str, int, dict[str, Any] | str], tuple[ContractStatus, Sequence[tuple[str | None, str]]]
 ]
 
 
@@ -170,7 +170,7 @@ class RollupBatch:
         # Outputs of registered contract versions, checked by ``run_checks`` (group, version,
         # cohort, bucket start, output): never while the batch is prepared, so that no check,
         # however slow, holds up the commit and the answer of the requests in it.
-        self._to_check: list[tuple[int, str, tuple[str, str, str], int, dict[str, Any] | str]] = []
+        self._to_check: list[tuple[int, str, tuple[str, str, str, str], int, dict[str, Any] | str]] = []
         #: outputs counted unchecked by run_checks, by reason: slow, budget, other (beyond the
         #: bucket's quota of checks, or a check that raised)
         self.unchecked: Counter[str] = Counter()
@@ -180,8 +180,8 @@ class RollupBatch:
         # (the check's cache answers the same for its miss_seconds anyway)
         self._unregistered: set[tuple[str, str]] = set()
         self._paths = _PathNames()
-        # (model, prompt version, contract, served model if it differs from the model, bucket)
-        self._groups: dict[tuple[str, str, str, str | None, int], int] = {}
+        # (model, prompt version, contract, source, served model if it differs from the model, bucket)
+        self._groups: dict[tuple[str, str, str, str, str | None, int], int] = {}
         self._events: list[int] = []  # outputs per group: the units of the top scope
         self._served: dict[tuple[int, str], int] = {}  # (group, served model) -> outputs
         # The namer is its own object, not a bound method of this batch: speedups.Acc is not tracked
@@ -192,7 +192,7 @@ class RollupBatch:
     def add(
         self,
         output: dict[str, Any] | str,
-        cohort: tuple[str, str, str],
+        cohort: tuple[str, str, str, str],
         ts: datetime,
         served_model: str | None = None,
         contract_version: str | None = None,
@@ -204,7 +204,7 @@ class RollupBatch:
     def add_many(
         self,
         outputs: Sequence[dict[str, Any] | str],
-        cohorts: Sequence[tuple[str, str, str]],
+        cohorts: Sequence[tuple[str, str, str, str]],
         tss: Sequence[datetime],
         served_models: Sequence[str | None],
         contract_versions: Sequence[str | None],
@@ -220,7 +220,7 @@ class RollupBatch:
             raise RuntimeError("RollupBatch.add after tables(): the counts are already built")
         # An output answered by another model than the one requested (an alias) also counts
         # in the cohort of the model that answered: its group, (model, prompt version, contract,
-        # that model or None, bucket start), carries it, and the merge adds the group's counts
+        # source, that model or None, bucket start), carries it, and the merge adds the group's counts
         # to both cohorts (the output is walked once).
         starts = speedups.bucket_starts(tss, self.bucket_seconds)
         if self._horizons is None:
@@ -238,7 +238,7 @@ class RollupBatch:
         self._count_contracts(outputs, cohorts, contract_versions, starts, gids)
 
     def _tiered_group_ids(
-        self, cohorts: Sequence[tuple[str, str, str]], served_models: Sequence[str | None], starts: list[int]
+        self, cohorts: Sequence[tuple[str, str, str, str]], served_models: Sequence[str | None], starts: list[int]
     ) -> list[int]:
         """Group ids as ``speedups.group_ids`` gives them, each group's bucket start moved to its tier.
 
@@ -246,15 +246,15 @@ class RollupBatch:
         outputs, is given its tier's bucket: an output is looked at once either way.
         """
         assert self._horizons is not None
-        minute: dict[tuple[str, str, str, str | None, int], int] = {}
+        minute: dict[tuple[str, str, str, str, str | None, int], int] = {}
         ids = speedups.group_ids(minute, cohorts, served_models, starts)
         keys = list(minute)  # ids are given in order of first appearance: keys[i] has id i
         groups = self._groups
         remap = []
-        for (model, prompt_version, contract, served, _), (start, coarse) in zip(
+        for (model, prompt_version, contract, source, served, _), (start, coarse) in zip(
             keys, self._horizons.coarsen(keys), strict=True
         ):
-            g = groups.setdefault((model, prompt_version, contract, served, start), len(groups))
+            g = groups.setdefault((model, prompt_version, contract, source, served, start), len(groups))
             remap.append(g)
             if coarse:
                 self._coarse.add(g)
@@ -265,7 +265,7 @@ class RollupBatch:
     def _count_contracts(
         self,
         outputs: Sequence[dict[str, Any] | str],
-        cohorts: Sequence[tuple[str, str, str]],
+        cohorts: Sequence[tuple[str, str, str, str]],
         versions: Sequence[str | None],
         starts: list[int],
         gids: list[int],
@@ -410,8 +410,9 @@ class RollupBatch:
                 "model": pa.array([k[0] for k, _ in groups], pa.string()),
                 "prompt_version": pa.array([k[1] for k, _ in groups], pa.string()),
                 "contract": pa.array([k[2] for k, _ in groups], pa.string()),
-                "served": pa.array([k[3] for k, _ in groups], pa.string()),
-                "epoch": pa.array([k[4] for k, _ in groups], pa.int64()),
+                "source": pa.array([k[3] for k, _ in groups], pa.string()),
+                "served": pa.array([k[4] for k, _ in groups], pa.string()),
+                "epoch": pa.array([k[5] for k, _ in groups], pa.int64()),
                 "events": pa.array([self._events[i] for _, i in groups], pa.int64()),
                 "coarse": pa.array([i in self._coarse for _, i in groups], pa.bool_()),
             }

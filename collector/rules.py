@@ -23,6 +23,9 @@ from .errors import FieldError
 from .flatten import json_type_of
 
 SOURCES = frozenset({"production", "probe", "shadow"})
+#: The source of an envelope sent without one, and of everything a view shows unless asked for
+#: another: a cohort is (model, prompt version, contract, source).
+PRODUCTION = "production"
 TAGS = ("served_model", "contract_version", "run_id", "agent_release", "finish_reason")
 KNOWN_FIELDS = frozenset(
     {"event_id", "ts", "model", "prompt_version", "contract", "output", "source", "attributes", *TAGS}

@@ -27,7 +27,7 @@ DAY = 86_400
 #: How far past the wall clock a cohort's newest data may count (clock skew of a sender).
 FUTURE_SLACK = HOUR
 
-Cohort = tuple[str, str, str]
+Cohort = tuple[str, str, str, str]  # (model, prompt version, contract, source)
 
 
 @dataclass(frozen=True)
@@ -92,9 +92,9 @@ class Horizons:
                 if start > known.get(cohort, start - 1):
                     known[cohort] = start
 
-    def coarsen(self, keys: list[tuple[str, str, str, str | None, int]]) -> list[tuple[int, bool]]:
-        """The bucket start each rollup group (model, prompt version, contract, served model or None,
-        minute start) is counted in and whether it is coarse, after raising each cohort's newest
+    def coarsen(self, keys: list[tuple[str, str, str, str, str | None, int]]) -> list[tuple[int, bool]]:
+        """The bucket start each rollup group (model, prompt version, contract, source, served model
+        or None, minute start) is counted in and whether it is coarse, after raising each cohort's newest
         data to what the groups hold.
 
         A group answered by another model counts in that model's cohort too (the served cohort),
@@ -102,18 +102,18 @@ class Horizons:
         coarser than its own tier (one finer than its tier is read exactly, and folded with it).
         """
         latest: dict[Cohort, int] = {}
-        for model, prompt_version, contract, served, start in keys:
+        for model, prompt_version, contract, source, served, start in keys:
             for name in (model, served):
-                if name is not None and start > latest.get((name, prompt_version, contract), start - 1):
-                    latest[(name, prompt_version, contract)] = start
+                if name is not None and start > latest.get((name, prompt_version, contract, source), start - 1):
+                    latest[(name, prompt_version, contract, source)] = start
         self.raise_to(latest)
         known = self._newest
         policy = self.policy
         out = []
-        for model, prompt_version, contract, served, start in keys:
-            b, coarse = policy.start(start, known[(model, prompt_version, contract)])
+        for model, prompt_version, contract, source, served, start in keys:
+            b, coarse = policy.start(start, known[(model, prompt_version, contract, source)])
             if served is not None:
-                b2, coarse2 = policy.start(start, known[(served, prompt_version, contract)])
+                b2, coarse2 = policy.start(start, known[(served, prompt_version, contract, source)])
                 b, coarse = max(b, b2), coarse and coarse2
             out.append((b, coarse))
         return out

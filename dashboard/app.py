@@ -43,6 +43,8 @@ pages = [
     st.Page("views/runs.py", title="Agent runs", icon=":material/timeline:", url_path="runs"),
     st.Page("views/cases.py", title="Cases to review", icon=":material/rule:", url_path="cases"),
     st.Page("views/ingestion.py", title="Ingestion health", icon=":material/input:", url_path="ingestion"),
+    st.Page("views/probes.py", title="Probes", icon=":material/science:", url_path="probes"),
+    st.Page("views/compare.py", title="Compare cohorts", icon=":material/compare_arrows:", url_path="compare"),
 ]
 page = st.navigation(pages)
 

@@ -184,7 +184,9 @@ def show_flash() -> None:
 
 
 def cohort_label(c: dict[str, Any]) -> str:
-    return f"{c['model']} / {c['prompt_version']} / {c['contract']}"
+    names = f"{c['model']} / {c['prompt_version']} / {c['contract']}"
+    source = c.get("source", "production")
+    return names if source == "production" else f"[{source}] {names}"
 
 
 def ago(iso: str | None, now: datetime | None = None) -> str:

@@ -1074,8 +1074,8 @@ PyTypeObject AccType = {
 
 /* group_ids(groups, cohorts, served_models, starts) -> list of int: the id of each output's
  * rollup group in `groups` (a dict, grown with new ids 0, 1, ... as keys first appear): the
- * key (model, prompt_version, contract, served_model unless absent or the model itself, start)
- * of cohort (model, prompt_version, contract), served model and bucket start. */
+ * key (model, prompt_version, contract, source, served_model unless absent or the model itself,
+ * start) of cohort (model, prompt_version, contract, source), served model and bucket start. */
 PyObject *py_group_ids(PyObject *self, PyObject *args) {
     PyObject *groups, *cohorts, *served, *starts;
     if (!PyArg_ParseTuple(args, "O!OOO", &PyDict_Type, &groups, &cohorts, &served, &starts)) return NULL;
@@ -1092,8 +1092,8 @@ PyObject *py_group_ids(PyObject *self, PyObject *args) {
     if ((out = PyList_New(n)) == NULL) goto done;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *c = PySequence_Fast_GET_ITEM(fc, i), *s = PySequence_Fast_GET_ITEM(fs, i);
-        if (!PyTuple_Check(c) || PyTuple_GET_SIZE(c) != 3) {
-            PyErr_SetString(PyExc_TypeError, "a cohort is a (model, prompt_version, contract) tuple");
+        if (!PyTuple_Check(c) || PyTuple_GET_SIZE(c) != 4) {
+            PyErr_SetString(PyExc_TypeError, "a cohort is a (model, prompt_version, contract, source) tuple");
             Py_CLEAR(out);
             goto done;
         }
@@ -1103,8 +1103,8 @@ PyObject *py_group_ids(PyObject *self, PyObject *args) {
             if (same < 0) { Py_CLEAR(out); goto done; }
             if (!same) alias = s;
         }
-        PyObject *key = PyTuple_Pack(5, model, PyTuple_GET_ITEM(c, 1), PyTuple_GET_ITEM(c, 2), alias,
-                                     PySequence_Fast_GET_ITEM(fb, i));
+        PyObject *key = PyTuple_Pack(6, model, PyTuple_GET_ITEM(c, 1), PyTuple_GET_ITEM(c, 2),
+                                     PyTuple_GET_ITEM(c, 3), alias, PySequence_Fast_GET_ITEM(fb, i));
         PyObject *id = key ? PyDict_GetItemWithError(groups, key) : NULL;
         if (id != NULL) {
             Py_INCREF(id);

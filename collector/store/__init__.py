@@ -68,6 +68,7 @@ from .backend import StoreBackend
 from .baselines import BASELINES_SCHEMA
 from .batch import BatchBuilder, PreparedBatch, Purged, WriteResult, WriteStatus
 from .outbox import NOTIFY_SCHEMA
+from .probes import PROBES_SCHEMA, ProbeCaseRow, ProbeRunRow
 from .reads import CohortRow, StoredEvent, WindowRollups
 from .runs import RUNS_SCHEMA, CaseRow, RunRollupRow, RunRow, RunStepRow
 from .schema import MIGRATIONS, SCHEMA_VERSION, Schema, tables_of
@@ -79,6 +80,7 @@ __all__ = [
     "BASELINES_SCHEMA",
     "MIGRATIONS",
     "NOTIFY_SCHEMA",
+    "PROBES_SCHEMA",
     "RUNS_SCHEMA",
     "SCHEMA_VERSION",
     "AnalyzerRun",
@@ -87,6 +89,8 @@ __all__ = [
     "CohortRow",
     "ContractRow",
     "PreparedBatch",
+    "ProbeCaseRow",
+    "ProbeRunRow",
     "Purged",
     "RunRollupRow",
     "RunRow",

@@ -51,6 +51,11 @@ CREATE TABLE served_model_changes (
     previous VARCHAR NOT NULL, current VARCHAR NOT NULL, detected_at TIMESTAMPTZ NOT NULL,
     PRIMARY KEY (model, prompt_version, contract, previous, current));
 """,
+        # The source is part of the cohort (schema.py, version 10): alerts stored before are
+        # production's.
+        """
+ALTER TABLE alerts ADD COLUMN source VARCHAR DEFAULT 'production';
+""",
     ),
 )
 
@@ -75,12 +80,18 @@ ALERT_COLUMNS = (
     "acknowledged_by",
     "diff",
     "samples",
+    "source",
 )
 _COLS = ", ".join(ALERT_COLUMNS)
 _HISTORY = "fingerprint, happened_at, from_state, to_state, severity, episode, detail, actor"
 _SILENCE = "fingerprint, model, prompt_version, contract, field, kind, starts_at, ends_at, author, reason"
 _RUN = "started_at, finished_at, evaluated_at, ok, error, duration_seconds, cohorts, checks, breaches, report"
-_COHORT = "model = ? AND prompt_version = ? AND contract = ?"
+_COHORT = "model = ? AND prompt_version = ? AND contract = ? AND source = ?"
+
+
+def _cohort(cohort: Sequence[str]) -> list[str]:
+    """(model, prompt version, contract[, source]) as query parameters; no source: production."""
+    return [*cohort[:3], cohort[3] if len(cohort) > 3 else "production"]
 
 
 class AnalyzerRun(NamedTuple):
@@ -98,7 +109,7 @@ class AnalyzerRun(NamedTuple):
 
 
 class AlertRecords(StoreCore):
-    """Rows of the alert tables; a cohort is (model, prompt version, contract)."""
+    """Rows of the alert tables; a cohort is (model, prompt version, contract, source)."""
 
     def alert_rows(
         self, *, state: str | None = None, severity: str | None = None, cohort: Sequence[str] | None = None
@@ -113,7 +124,7 @@ class AlertRecords(StoreCore):
             params.append(severity)
         if cohort is not None:
             where.append(_COHORT)
-            params.extend(cohort)
+            params.extend(_cohort(cohort))
         cond = ("WHERE " + " AND ".join(where)) if where else ""
         return self.query(
             f"SELECT {_COLS} FROM alerts {cond} ORDER BY severity = 'page' DESC, last_seen DESC, fingerprint", params
@@ -173,14 +184,14 @@ class AlertRecords(StoreCore):
             f"""SELECT field, kind, coalesce(value, ''), first_seen FROM alerts
                 WHERE {_COHORT} AND severity = 'page' AND state <> 'resolved' AND first_seen - ? < ?
                 ORDER BY first_seen""",
-            [*cohort, window, until],
+            [*_cohort(cohort), window, until],
         )
 
     def page_alert_spans(self, cohort: Sequence[str], until: datetime) -> list[tuple[datetime, datetime]]:
         """(first_seen, resolved_at or ``until``) of each of a cohort's page alerts."""
         return self.query(
             f"SELECT first_seen, coalesce(resolved_at, ?) FROM alerts WHERE {_COHORT} AND severity = 'page'",
-            [until, *cohort],
+            [until, *_cohort(cohort)],
         )
 
     def cohort_alert_events(self, cohort: Sequence[str]) -> list[tuple[Any, ...]]:
@@ -189,16 +200,17 @@ class AlertRecords(StoreCore):
         return self.query(
             f"""SELECT field, kind, value, severity, state, fired_at, acknowledged_at, acknowledged_by, resolved_at
                 FROM alerts WHERE {_COHORT} ORDER BY severity = 'page' DESC, field, kind""",
-            list(cohort),
+            _cohort(cohort),
         )
 
-    def firing_alert_counts(self) -> dict[tuple[str, str, str], dict[str, int]]:
-        """Firing alerts per cohort and severity."""
-        out: dict[tuple[str, str, str], dict[str, int]] = {}
-        for m, p, c, severity, n in self.query(
-            "SELECT model, prompt_version, contract, severity, count(*) FROM alerts WHERE state = 'firing' GROUP BY ALL"
+    def firing_alert_counts(self) -> dict[tuple[str, str, str, str], dict[str, int]]:
+        """Firing alerts per cohort (model, prompt version, contract, source) and severity."""
+        out: dict[tuple[str, str, str, str], dict[str, int]] = {}
+        for m, p, c, s, severity, n in self.query(
+            "SELECT model, prompt_version, contract, source, severity, count(*) FROM alerts "
+            "WHERE state = 'firing' GROUP BY ALL"
         ):
-            out.setdefault((str(m), str(p), str(c)), {})[str(severity)] = int(n)
+            out.setdefault((str(m), str(p), str(c), str(s)), {})[str(severity)] = int(n)
         return out
 
     def unresolved_alert_counts(self) -> dict[tuple[str, str], int]:

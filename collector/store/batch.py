@@ -17,6 +17,7 @@ import pyarrow as pa
 from ..accel import speedups
 from ..envelope import Envelope
 from ..rollup import RollupBatch
+from ..rules import PRODUCTION
 
 __all__ = ["BatchBuilder", "PreparedBatch", "Purged", "WriteResult", "WriteStatus"]
 
@@ -49,10 +50,11 @@ class PreparedBatch:
     event_ids: list[str]  # of every envelope as given, in order
     hashes: list[str]  # their payload hashes
     early: list[WriteResult | None]  # results known without the database (repeats inside the batch)
-    cohorts: dict[tuple[str, str, str], datetime]  # cohort (in cohort_key order) -> first ts seen
+    # cohort (model, prompt version, contract, source; in cohort_key order) -> first ts seen
+    cohorts: dict[tuple[str, str, str, str], datetime]
     # The cohorts of the models that answered an alias (rollup.py's served cohorts), created
     # with the events: a merge then never inserts a cohort, so merges can run beside commits.
-    served_cohorts: dict[tuple[str, str, str], datetime]
+    served_cohorts: dict[tuple[str, str, str, str], datetime]
     table: pa.Table  # the unique events as columns, with cohort_key; no parsed outputs are kept
     rollups: RollupBatch  # the counts of all unique events
 
@@ -81,9 +83,9 @@ class BatchBuilder:
         self._hashes: list[str] = []
         self._early: list[WriteResult | None] = []
         self._unique: list[tuple[Any, ...]] = []  # each unique envelope's fields but its output
-        self._cohorts: dict[tuple[str, str, str], datetime] = {}
-        self._served: dict[tuple[str, str, str], datetime] = {}
-        self._order: dict[tuple[str, str, str], int] = {}
+        self._cohorts: dict[tuple[str, str, str, str], datetime] = {}
+        self._served: dict[tuple[str, str, str, str], datetime] = {}
+        self._order: dict[tuple[str, str, str, str], int] = {}
         self._keys: list[int] = []
 
     def __len__(self) -> int:
@@ -130,10 +132,13 @@ class BatchBuilder:
         if not unique:
             return
         # the columns of the new envelopes (in Envelope's field order)
-        (_, _, tss, models, prompt_versions, contracts, texts, _, served_models, versions, *_, outputs) = zip(
+        (_, _, tss, models, prompt_versions, contracts, texts, _, served_models, versions, sources, *_, outputs) = zip(
             *unique, strict=True
         )
-        cohorts = list(zip(models, prompt_versions, contracts, strict=True))
+        # An envelope sent without a source is production's (the events table keeps it as sent).
+        if None in sources:
+            sources = tuple(PRODUCTION if s is None else s for s in sources)
+        cohorts = list(zip(models, prompt_versions, contracts, sources, strict=True))
         order = self._order
         if not order.keys() >= set(cohorts):
             firsts = dict(zip(reversed(cohorts), reversed(tss), strict=True))  # each cohort's first ts
@@ -146,7 +151,7 @@ class BatchBuilder:
         if any(s is not None and s != m for s, m in set(zip(served_models, models, strict=True))):
             for served, cohort, ts in zip(served_models, cohorts, tss, strict=True):
                 if served is not None and served != cohort[0]:
-                    self._served.setdefault((served, cohort[1], cohort[2]), ts)
+                    self._served.setdefault((served, cohort[1], cohort[2], cohort[3]), ts)
         # An envelope read by the C scanner has no parsed output: its text is counted as it is.
         self._rollups.add_many(
             [text if output is None else output for text, output in zip(texts, outputs, strict=True)],

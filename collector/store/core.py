@@ -59,8 +59,9 @@ class StoreCore:
         self._indexed_keys = 0
         self._memory_until = 0
         self._local = threading.local()
-        self._cohorts: dict[tuple[str, str, str], int] = {}
-        self._pending_cohorts: dict[tuple[str, str, str], int] = {}
+        # (model, prompt version, contract, source) -> cohort_id
+        self._cohorts: dict[tuple[str, str, str, str], int] = {}
+        self._pending_cohorts: dict[tuple[str, str, str, str], int] = {}
         # Deferred rollups (see defer_rollups): counted, committed events not yet merged.
         self._defer: tuple[int, float] | None = None
         # (counts, received_at of their batch, monotonic time they were added), in commit order;
@@ -76,7 +77,7 @@ class StoreCore:
         self._validators: ValidatorCache | None = None
         # Contract checks done per (cohort, contract version, bucket), for RollupConfig's quota;
         # in memory: a restart checks a little more, never less.
-        self._checks_done: dict[tuple[tuple[str, str, str], str, int], int] = {}
+        self._checks_done: dict[tuple[tuple[str, str, str, str], str, int], int] = {}
         self._checks_lock = threading.Lock()
         # Each cohort's newest data, for counting outputs into their tier (set by open when the
         # store keeps tiers; tiers.py)
@@ -145,6 +146,10 @@ class StoreCore:
                     "INSERT INTO meta VALUES ('schema_version', ?) ON CONFLICT DO UPDATE SET value = excluded.value",
                     [str(version + 1)],
                 )
+        # The migrated schema goes into the file now, not into the write-ahead log: replaying a
+        # log that rebuilds a table with a unique key (version 10 rebuilds cohorts) after a crash
+        # failed in DuckDB, and then the file could not be opened at all.
+        self._con.execute("CHECKPOINT")
 
     def _migrate_schema(self, schema: Schema) -> None:
         key = f"schema_version.{schema.name}"
@@ -168,6 +173,7 @@ class StoreCore:
                     "INSERT INTO meta VALUES (?, ?) ON CONFLICT DO UPDATE SET value = excluded.value",
                     [key, str(version + 1)],
                 )
+        self._con.execute("CHECKPOINT")  # as after the store's own migrations
 
     @contextmanager
     def transaction(self, doing: str) -> Iterator[duckdb.DuckDBPyConnection]:
@@ -286,7 +292,7 @@ class StoreCore:
                 batch.unchecked.clear()
 
     def _check_contract(
-        self, cohort: tuple[str, str, str], version: str, bucket: int, output: dict[str, Any] | str
+        self, cohort: tuple[str, str, str, str], version: str, bucket: int, output: dict[str, Any] | str
     ) -> tuple[ContractStatus, Sequence[tuple[str | None, str]]]:
         validators = self.contract_validators
         cap = self.rollup.contract_checks_per_bucket

@@ -135,7 +135,7 @@ class DeferredRollups(StoreCore):
             )
             return
         rows = self._con.execute(
-            """SELECT e.output, c.model, c.prompt_version, c.contract, epoch_us(e.ts), e.served_model,
+            """SELECT e.output, c.model, c.prompt_version, c.contract, c.source, epoch_us(e.ts), e.served_model,
                       e.contract_version, epoch_us(e.received_at)
                FROM events e JOIN cohorts c USING (cohort_id)
                WHERE epoch_us(e.received_at) > ? ORDER BY e.received_at""",
@@ -145,17 +145,17 @@ class DeferredRollups(StoreCore):
             return
         log.warning("rolling up %d events stored after the last rollup merge (after a crash)", len(rows))
         batch = self._rollup_batch()
-        outputs, models, prompt_versions, contracts, ts_us, served, versions, _ = zip(*rows, strict=True)
+        outputs, models, prompt_versions, contracts, sources, ts_us, served, versions, _ = zip(*rows, strict=True)
         batch.add_many(
             outputs,
-            list(zip(models, prompt_versions, contracts, strict=True)),
+            list(zip(models, prompt_versions, contracts, sources, strict=True)),
             [datetime.fromtimestamp(t / 1_000_000, UTC) for t in ts_us],
             served,
             versions,
         )
         with self._transaction("rolling up events stored after the last merge") as con:
             merge.merge_rollups(con, [batch], self.rollup)
-            con.execute("UPDATE meta SET value = ? WHERE key = 'rollups_through'", [str(rows[-1][7])])
+            con.execute("UPDATE meta SET value = ? WHERE key = 'rollups_through'", [str(rows[-1][8])])
 
     def _rollups_of_rows(self, batch: PreparedBatch, event_ids: set[str]) -> RollupBatch:
         """The counts of some rows of a prepared batch, re-read from its columns."""

@@ -40,8 +40,8 @@ RUN_CONTRACT = "run_contract"
 def outcome_counts(
     table: pa.Table,
     step: int,
-    cohorts: Sequence[tuple[str, str, str]],
-    ids: Mapping[tuple[str, str, str], int],
+    cohorts: Sequence[tuple[str, str, str, str]],
+    ids: Mapping[tuple[str, str, str, str], int],
 ) -> list[tuple[int, int, str, int]]:
     """(cohort id, bucket epoch, kind, n) of the events of ``table`` whose ``finish_reason`` tells
     an outcome, each counted in its cohort and, when another model answered, in that model's
@@ -60,10 +60,10 @@ def outcome_counts(
         kind = WITH_OUTPUT + FINISH_OUTCOMES[r["finish_reason"].lower()].value
         epoch = int(r["ts"].timestamp())
         bucket = epoch - epoch % step
-        model, prompt_version, contract = cohorts[r["cohort_key"]]
+        model, prompt_version, contract, source = cohorts[r["cohort_key"]]
         served = r["served_model"]
         for m in (model,) if served is None or served == model else (model, served):
-            key = (ids[(m, prompt_version, contract)], bucket, kind)
+            key = (ids[(m, prompt_version, contract, source)], bucket, kind)
             counts[key] = counts.get(key, 0) + 1
     return [(c, b, k, n) for (c, b, k), n in counts.items()]
 
@@ -76,7 +76,7 @@ def _step_kind(finish_reason: str | None, attributes: dict[str, Any]) -> StepKin
 
 
 def run_steps_of(
-    table: pa.Table, cohorts: Sequence[tuple[str, str, str]], received_at: datetime
+    table: pa.Table, cohorts: Sequence[tuple[str, str, str, str]], received_at: datetime
 ) -> tuple[pa.Table, pa.Table] | None:
     """The run steps of the events of ``table`` that name a ``run_id`` (key: the event id, the key
     the OTLP route gives the step of the same event) and each run's first and last step time;
@@ -88,7 +88,7 @@ def run_steps_of(
     steps: list[tuple[Any, ...]] = []
     per_run: dict[str, tuple[datetime, datetime]] = {}
     for r in named:
-        model, prompt_version, contract = cohorts[r["cohort_key"]]
+        model, prompt_version, contract, _source = cohorts[r["cohort_key"]]
         attrs = orjson.loads(r["attributes"]) if r["attributes"] is not None else {}
         kind = _step_kind(r["finish_reason"], attrs)
         run_contract = attrs.get(RUN_CONTRACT) or contract  # attribute values are strings

@@ -67,7 +67,7 @@ def _drop_free_text(g: pa.Table, f: pa.Table, v: pa.Table, cfg: RollupConfig) ->
     # Groups are numbered by row (_combined): a value's group is f.g[slot], its cohort that group's names.
     group_of = f["g"].take(v["slot"])
     coarse = coarse_groups.take(group_of)
-    names = pa.compute.binary_join_element_wise(g["model"], g["prompt_version"], g["contract"], "\x1f")
+    names = pa.compute.binary_join_element_wise(g["model"], g["prompt_version"], g["contract"], g["source"], "\x1f")
     cohort = pa.compute.dictionary_encode(names.combine_chunks()).indices.cast(pa.int64())
     path = pa.compute.dictionary_encode(f["path"].take(v["slot"]).combine_chunks())
     width = max(len(path.dictionary), 1)
@@ -131,24 +131,24 @@ def _merge(con: duckdb.DuckDBPyConnection, cfg: RollupConfig, f: pa.Table, nums:
         con.execute(
             """INSERT INTO cohorts
                SELECT nextval('cohort_seq'), * FROM (
-                   SELECT served, prompt_version, contract, to_timestamp(min(epoch)) FROM _rg
+                   SELECT served, prompt_version, contract, to_timestamp(min(epoch)), source FROM _rg
                    WHERE served IS NOT NULL AND NOT EXISTS (
                        SELECT 1 FROM cohorts c WHERE c.model = _rg.served AND c.prompt_version = _rg.prompt_version
-                                                 AND c.contract = _rg.contract)
-                   GROUP BY ALL ORDER BY ALL)"""
+                                                 AND c.contract = _rg.contract AND c.source = _rg.source)
+                   GROUP BY served, prompt_version, contract, source ORDER BY ALL)"""
         )
     # shared: several groups of this merge hold the (cohort, bucket); only their rows can
     # repeat a key, so only they need summing (_merge_numbers relies on it). served: the row
     # adds a group to its served cohort (a group has at most one such row).
     con.execute(
         """CREATE OR REPLACE TEMP TABLE _groups AS
-           WITH m AS (SELECT g, model, prompt_version, contract, epoch, events, false AS served FROM _rg
+           WITH m AS (SELECT g, model, prompt_version, contract, source, epoch, events, false AS served FROM _rg
                       UNION ALL
-                      SELECT g, served, prompt_version, contract, epoch, events, true FROM _rg
+                      SELECT g, served, prompt_version, contract, source, epoch, events, true FROM _rg
                       WHERE served IS NOT NULL)
            SELECT g, c.cohort_id, to_timestamp(epoch) AS bucket, events, served,
                   count(*) OVER (PARTITION BY c.cohort_id, epoch) > 1 AS shared
-           FROM m JOIN cohorts c USING (model, prompt_version, contract)"""
+           FROM m JOIN cohorts c USING (model, prompt_version, contract, source)"""
     )
     con.execute(
         """CREATE OR REPLACE TEMP TABLE _buckets AS

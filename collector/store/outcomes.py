@@ -9,6 +9,7 @@ from typing import Any
 
 import duckdb
 
+from ..rules import PRODUCTION
 from . import writes
 from .writes import Writes
 
@@ -68,8 +69,10 @@ class Outcomes(Writes):
                     if fresh_keys:
                         con.execute("INSERT INTO outcome_keys SELECT unnest($keys), now()", {"keys": fresh_keys})
                     new = set(fresh_keys)
-                counts: dict[tuple[tuple[str, str, str], int, str], int] = {}
-                first_ts: dict[tuple[str, str, str], datetime] = {}
+                # Provider outcomes come from the provider routes, which carry no source: they
+                # count in production cohorts.
+                counts: dict[tuple[tuple[str, str, str, str], int, str], int] = {}
+                first_ts: dict[tuple[str, str, str, str], datetime] = {}
                 counted = [False] * len(outcomes)
                 for i, ((model, prompt_version, contract, ts, kind), okey, other) in enumerate(
                     zip(outcomes, keys, answered, strict=True)
@@ -81,7 +84,7 @@ class Outcomes(Writes):
                     counted[i] = True
                     epoch = int(ts.timestamp())
                     for m in (model,) if other is None or other == model else (model, other):
-                        cohort = (m, prompt_version, contract)
+                        cohort = (m, prompt_version, contract, PRODUCTION)
                         first_ts.setdefault(cohort, ts)
                         bucket_key = (cohort, epoch - epoch % step, kind)
                         counts[bucket_key] = counts.get(bucket_key, 0) + 1

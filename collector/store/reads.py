@@ -13,19 +13,21 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NamedTuple
 
+from ..rules import PRODUCTION
 from .deferred import DeferredRollups
 
 __all__ = ["CohortRow", "Reads", "StoredEvent", "WindowRollups"]
 
 
 class CohortRow(NamedTuple):
-    """A cohort as stored: (model, prompt version, contract) under its id."""
+    """A cohort as stored: (model, prompt version, contract, source) under its id."""
 
     cohort_id: int
     model: str
     prompt_version: str
     contract: str
     first_seen: datetime
+    source: str = PRODUCTION
 
 
 class StoredEvent(NamedTuple):
@@ -70,30 +72,31 @@ class Reads(DeferredRollups):
     # --- cohorts ------------------------------------------------------------------------------
 
     def cohorts(self) -> list[CohortRow]:
-        """Every cohort, ordered by model, prompt version and contract."""
+        """Every cohort, ordered by model, prompt version, contract and source (production first)."""
         return [
-            CohortRow(int(i), str(m), str(p), str(c), t)
-            for i, m, p, c, t in self.query(
-                "SELECT cohort_id, model, prompt_version, contract, first_seen FROM cohorts "
-                "ORDER BY model, prompt_version, contract"
+            CohortRow(int(i), str(m), str(p), str(c), t, str(s))
+            for i, m, p, c, t, s in self.query(
+                "SELECT cohort_id, model, prompt_version, contract, first_seen, source FROM cohorts "
+                "ORDER BY model, prompt_version, contract, source <> 'production', source"
             )
         ]
 
     def cohort(self, cohort_id: int) -> CohortRow | None:
         """The cohort of ``cohort_id``, or None."""
         rows = self.query(
-            "SELECT cohort_id, model, prompt_version, contract, first_seen FROM cohorts WHERE cohort_id = ?",
+            "SELECT cohort_id, model, prompt_version, contract, first_seen, source FROM cohorts WHERE cohort_id = ?",
             [cohort_id],
         )
-        return (
-            CohortRow(int(rows[0][0]), str(rows[0][1]), str(rows[0][2]), str(rows[0][3]), rows[0][4]) if rows else None
-        )
+        if not rows:
+            return None
+        i, m, p, c, t, s = rows[0]
+        return CohortRow(int(i), str(m), str(p), str(c), t, str(s))
 
-    def cohort_id(self, model: str, prompt_version: str, contract: str) -> int | None:
+    def cohort_id(self, model: str, prompt_version: str, contract: str, source: str = PRODUCTION) -> int | None:
         """The id of a cohort, or None if no output of it was stored."""
         rows = self.query(
-            "SELECT cohort_id FROM cohorts WHERE model = ? AND prompt_version = ? AND contract = ?",
-            [model, prompt_version, contract],
+            "SELECT cohort_id FROM cohorts WHERE model = ? AND prompt_version = ? AND contract = ? AND source = ?",
+            [model, prompt_version, contract, source],
         )
         return int(rows[0][0]) if rows else None
 
@@ -237,21 +240,23 @@ class Reads(DeferredRollups):
             )
         ]
 
-    def served_aliases(self) -> list[tuple[str, str, str, str]]:
-        """(served model, prompt version, contract, requested model) of every alias answered by
-        another model, over all time; per served cohort the most answered first."""
+    def served_aliases(self) -> list[tuple[str, str, str, str, str]]:
+        """(served model, prompt version, contract, requested model, source) of every alias answered
+        by another model, over all time; per served cohort the most answered first."""
         return [
-            (str(s), str(p), str(c), str(m))
-            for s, p, c, m, _ in self.query(
-                """SELECT s.served_model, c.prompt_version, c.contract, c.model, sum(s.n) AS n
+            (str(s), str(p), str(c), str(m), str(src))
+            for s, p, c, m, src, _ in self.query(
+                """SELECT s.served_model, c.prompt_version, c.contract, c.model, c.source, sum(s.n) AS n
                    FROM served_models s JOIN cohorts c USING (cohort_id)
                    WHERE s.served_model <> c.model GROUP BY ALL ORDER BY n DESC, c.model"""
             )
         ]
 
-    def served_model_moves(self, since: datetime, until: datetime) -> list[tuple[str, str, str, str, str]]:
+    def served_model_moves(
+        self, since: datetime, until: datetime, source: str = PRODUCTION
+    ) -> list[tuple[str, str, str, str, str]]:
         """(model, prompt version, contract, previous, current) for each served model first seen in
-        ``[since, until)`` under a cohort answered by another one before: the alias moved."""
+        ``[since, until)`` under a cohort of ``source`` answered by another one before: the alias moved."""
         return [
             (str(m), str(p), str(c), str(prev), str(cur))
             for m, p, c, prev, cur in self.query(
@@ -261,8 +266,8 @@ class Reads(DeferredRollups):
                              FROM f n JOIN f o ON o.cohort_id = n.cohort_id AND o.first < n.first
                              WHERE n.first >= ? AND n.first < ? GROUP BY n.cohort_id, n.served_model, n.first)
                    SELECT c.model, c.prompt_version, c.contract, previous, current
-                   FROM moved JOIN cohorts c USING (cohort_id) ORDER BY ALL""",
-                [since, until],
+                   FROM moved JOIN cohorts c USING (cohort_id) WHERE c.source = ? ORDER BY ALL""",
+                [since, until, source],
             )
         ]
 

@@ -166,9 +166,33 @@ CREATE TABLE tier_marks (
     hour_from TIMESTAMPTZ NOT NULL);
 """
 
-# Version 10: true booleans counted apart (field_rollups.n_true), for the true-share assertions.
-# Rows counted before are NULL there: how many of their booleans were true is not known.
+# Version 10: the source (production, probe, shadow) is part of the cohort, so probe and shadow
+# traffic never pools with production. Every existing cohort is production's: its events were
+# pooled before, whatever their source, and re-splitting stored rollups by source is not
+# possible (they hold no source). DuckDB cannot change a UNIQUE constraint: cohorts is rebuilt,
+# ids kept. The served-cohort view matches the source too.
 _V10 = """
+DROP VIEW cohort_events;
+CREATE TABLE cohorts_sourced (
+    cohort_id INTEGER PRIMARY KEY, model VARCHAR NOT NULL, prompt_version VARCHAR NOT NULL,
+    contract VARCHAR NOT NULL, first_seen TIMESTAMPTZ NOT NULL, source VARCHAR NOT NULL DEFAULT 'production',
+    UNIQUE (model, prompt_version, contract, source));
+INSERT INTO cohorts_sourced SELECT cohort_id, model, prompt_version, contract, first_seen, 'production' FROM cohorts;
+DROP TABLE cohorts;
+ALTER TABLE cohorts_sourced RENAME TO cohorts;
+CREATE VIEW cohort_events AS
+    SELECT * FROM events
+    UNION ALL
+    SELECT e.* REPLACE (s.cohort_id AS cohort_id)
+    FROM events e JOIN cohorts r ON r.cohort_id = e.cohort_id
+    JOIN cohorts s ON s.model = e.served_model AND s.prompt_version = r.prompt_version AND s.contract = r.contract
+                  AND s.source = r.source
+    WHERE e.served_model <> r.model;
+"""
+
+# Version 11: true booleans counted apart (field_rollups.n_true), for the true-share assertions.
+# Rows counted before are NULL there: how many of their booleans were true is not known.
+_V11 = """
 ALTER TABLE field_rollups ADD COLUMN n_true BIGINT;
 """
 
@@ -242,6 +266,7 @@ MIGRATIONS: list[str | Callable[[duckdb.DuckDBPyConnection], None]] = [
     _v8_rehash_payloads,
     _V9,
     _V10,
+    _V11,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

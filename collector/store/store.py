@@ -18,6 +18,7 @@ from .backend import StoreBackend
 from .baselines import BaselineRecords
 from .connection import _copy_wal, _is_lock_error, _is_wal_error, _wal_refusal
 from .outbox import OutboxRecords
+from .probes import PROBES_SCHEMA, ProbeRecords
 from .reads import Reads
 from .registry import ContractVersions
 from .runs import RUNS_SCHEMA, RunRecords
@@ -29,7 +30,9 @@ __all__ = ["Store"]
 log = logging.getLogger(__name__)
 
 
-class Store(Reads, ContractVersions, TieredRollups, AlertRecords, BaselineRecords, OutboxRecords, RunRecords):
+class Store(
+    Reads, ContractVersions, TieredRollups, AlertRecords, BaselineRecords, OutboxRecords, RunRecords, ProbeRecords
+):
     """The DuckDB file: opened once per process, written by one thread at a time.
 
     >>> with Store.open(tmp_path / "x.duckdb") as store:   # doctest: +SKIP
@@ -103,8 +106,9 @@ class Store(Reads, ContractVersions, TieredRollups, AlertRecords, BaselineRecord
         try:
             store._migrate()
             # The runs' tables are the collector's own (POST /v1/traces writes them), kept as a
-            # schema of their own so their versions never interleave with the events' migrations.
-            for schema in dict.fromkeys((RUNS_SCHEMA, *schemas)):
+            # schema of their own so their versions never interleave with the events' migrations;
+            # so are the probe runs' (every analyzer reads them, whatever else the file holds).
+            for schema in dict.fromkeys((RUNS_SCHEMA, PROBES_SCHEMA, *schemas)):
                 store._migrate_schema(schema)
             store._check_bucket_width()
             if tiers is not None:

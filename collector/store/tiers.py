@@ -214,12 +214,12 @@ class TieredRollups(Maintenance):
         if self.horizons is None:
             return
         rows = self._con.execute(
-            """SELECT c.model, c.prompt_version, c.contract,
+            """SELECT c.model, c.prompt_version, c.contract, c.source,
                       greatest(max(epoch(b.bucket))::BIGINT, max(epoch(m.newest))::BIGINT)
                FROM cohorts c LEFT JOIN cohort_buckets b USING (cohort_id) LEFT JOIN tier_marks m USING (cohort_id)
                GROUP BY ALL HAVING greatest(max(b.bucket), max(m.newest)) IS NOT NULL"""
         ).fetchall()
-        self.horizons.raise_to({(str(m), str(p), str(c)): int(n) for m, p, c, n in rows})
+        self.horizons.raise_to({(str(m), str(p), str(c), str(s)): int(n) for m, p, c, s, n in rows})
 
     def fold_tiers(self, *, step: timedelta = FOLD_STEP, max_steps: int | None = None) -> int:
         """Move every cohort's aged buckets into their tier; returns the rows removed.
@@ -235,7 +235,8 @@ class TieredRollups(Maintenance):
         self.flush_rollups()  # counts still in memory were tiered when counted: merge them first
         newest = self.horizons.snapshot()
         ids = {
-            (m, p, c): i for i, m, p, c in self.query("SELECT cohort_id, model, prompt_version, contract FROM cohorts")
+            (m, p, c, s): i
+            for i, m, p, c, s in self.query("SELECT cohort_id, model, prompt_version, contract, source FROM cohorts")
         }
         by_id = {ids[c]: n for c, n in newest.items() if c in ids}
         removed, steps, done = 0, 0, False

@@ -276,7 +276,7 @@ class Writes(DeferredRollups):
         con: duckdb.DuckDBPyConnection,
         table: pa.Table,
         batch: PreparedBatch,
-        by_key: dict[tuple[str, str, str], int],
+        by_key: dict[tuple[str, str, str, str], int],
         now: datetime,
         stamp: str,
     ) -> str:
@@ -345,11 +345,12 @@ class Writes(DeferredRollups):
         return dict(rows)
 
     def _cohort_ids(
-        self, con: duckdb.DuckDBPyConnection, first_ts: dict[tuple[str, str, str], datetime]
-    ) -> dict[tuple[str, str, str], int]:
-        """The id of each cohort, creating new ones (set-based) in the current transaction."""
-        ids: dict[tuple[str, str, str], int] = {}
-        new: list[tuple[str, str, str]] = []
+        self, con: duckdb.DuckDBPyConnection, first_ts: dict[tuple[str, str, str, str], datetime]
+    ) -> dict[tuple[str, str, str, str], int]:
+        """The id of each cohort (model, prompt version, contract, source), creating new ones
+        (set-based) in the current transaction."""
+        ids: dict[tuple[str, str, str, str], int] = {}
+        new: list[tuple[str, str, str, str]] = []
         for key in first_ts:
             cid = self._cohorts.get(key) or self._pending_cohorts.get(key)
             if cid is None:
@@ -365,6 +366,7 @@ class Writes(DeferredRollups):
                     "model": pa.array([k[0] for k in new], pa.string()),
                     "prompt_version": pa.array([k[1] for k in new], pa.string()),
                     "contract": pa.array([k[2] for k in new], pa.string()),
+                    "source": pa.array([k[3] for k in new], pa.string()),
                     "first_seen": pa.array([first_ts[k] for k in new], pa.timestamp("us", tz="UTC")),
                 }
             ),
@@ -372,16 +374,16 @@ class Writes(DeferredRollups):
         try:
             con.execute(
                 """INSERT INTO cohorts
-                   SELECT nextval('cohort_seq'), model, prompt_version, contract, first_seen FROM _nc
+                   SELECT nextval('cohort_seq'), model, prompt_version, contract, first_seen, source FROM _nc
                    ON CONFLICT DO NOTHING"""
             )
             rows = con.execute(
-                """SELECT c.cohort_id, c.model, c.prompt_version, c.contract
-                   FROM cohorts c JOIN _nc USING (model, prompt_version, contract)"""
+                """SELECT c.cohort_id, c.model, c.prompt_version, c.contract, c.source
+                   FROM cohorts c JOIN _nc USING (model, prompt_version, contract, source)"""
             ).fetchall()
         finally:
             con.unregister("_nc")
-        for cid, model, prompt_version, contract in rows:
-            cohort = (str(model), str(prompt_version), str(contract))
+        for cid, model, prompt_version, contract, source in rows:
+            cohort = (str(model), str(prompt_version), str(contract), str(source))
             ids[cohort] = self._pending_cohorts[cohort] = int(cid)
         return ids

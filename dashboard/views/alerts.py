@@ -39,6 +39,9 @@ ALERT_KINDS = (
     "repeated_call_rate",
     "undeclared_call_rate",
     "run_length_shift",
+    "probe_tool_accuracy",
+    "probe_argument_accuracy",
+    "probe_spurious_calls",
 )
 STATES = {
     "open (pending and firing)": "open",
@@ -48,6 +51,7 @@ STATES = {
     "all": None,
 }
 ALL = "(all)"
+SOURCES = ["production", "probe", "shadow"]
 
 
 def _choice(label: str, options: list[str], key: str) -> str | None:
@@ -59,7 +63,9 @@ def _filters(cohorts: list[dict[str, Any]]) -> dict[str, str | None]:
     def values(k: str) -> list[str]:
         return sorted({c["cohort"][k] for c in cohorts})
 
-    cols = st.columns(5)
+    cols = st.columns(6)
+    with cols[5]:  # production first: what every view shows unless asked for another source
+        source = st.selectbox("Source", SOURCES, key="alerts-source")
     with cols[0]:
         state = STATES[st.selectbox("State", list(STATES), key="alerts-state")]
     with cols[1]:
@@ -70,11 +76,18 @@ def _filters(cohorts: list[dict[str, Any]]) -> dict[str, str | None]:
         contract = _choice("Contract", values("contract"), "alerts-contract")
     with cols[4]:
         kind = _choice("Kind", list(ALERT_KINDS), "alerts-kind")
-    return {"state": state, "model": model, "prompt_version": prompt_version, "contract": contract, "kind": kind}
+    return {
+        "state": state,
+        "model": model,
+        "prompt_version": prompt_version,
+        "contract": contract,
+        "kind": kind,
+        "source": source,
+    }
 
 
-def _cohort_key(c: dict[str, Any]) -> tuple[str, str, str]:
-    return c["model"], c["prompt_version"], c["contract"]
+def _cohort_key(c: dict[str, Any]) -> tuple[str, str, str, str]:
+    return c["model"], c["prompt_version"], c["contract"], c.get("source", "production")
 
 
 def _actions(s: ui.Session, a: dict[str, Any]) -> None:
@@ -110,7 +123,10 @@ def _actions(s: ui.Session, a: dict[str, Any]) -> None:
 
 
 def _alert_card(
-    s: ui.Session, a: dict[str, Any], cohort_ids: dict[tuple[str, str, str], int], events: dict[str, dict[str, Any]]
+    s: ui.Session,
+    a: dict[str, Any],
+    cohort_ids: dict[tuple[str, str, str, str], int],
+    events: dict[str, dict[str, Any]],
 ) -> None:
     c = a["cohort"]
     value = f" = {ui.literal(a['value'], code=True)}" if a.get("value") else ""

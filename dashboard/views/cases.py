@@ -107,8 +107,38 @@ def render(s: ui.Session) -> None:
     if state == "accepted":
         lines = "".join(json.dumps(c["probe_case"]) + "\n" for c in cases if c["probe_case"])
         st.download_button("Download probe cases (JSONL)", lines, file_name="cases.jsonl", mime="application/x-ndjson")
+        # the same cases as [[cases]] tables of a probe suite file (README, "Probes and shadows")
+        tables = "\n".join(_suite_case_toml(c["probe_case"]["suite_case"]) for c in cases if _has_suite_case(c))
+        st.download_button(
+            "Download as probe suite cases (TOML)", tables, file_name="cases.toml", mime="application/toml"
+        )
     for c in cases:
         _case_card(s, c)
+
+
+def _has_suite_case(c: dict[str, Any]) -> bool:
+    return bool(c.get("probe_case") and c["probe_case"].get("suite_case"))
+
+
+def _suite_case_toml(case: dict[str, Any]) -> str:
+    """A ``[[cases]]`` table; the dashboard imports no backend package, so the few lines are here."""
+    return (
+        "[[cases]]\n"
+        f"id = {json.dumps(case['id'])}\n"
+        f"messages = [{', '.join(_inline(m) for m in case['messages'])}]\n"
+        f"expect = {_inline(case['expect'])}\n"
+    )
+
+
+def _inline(v: Any) -> str:
+    if isinstance(v, dict):
+        items = ", ".join(f"{json.dumps(k)} = {_inline(x)}" for k, x in v.items() if x is not None)
+        return "{ " + items + " }" if items else "{}"
+    if isinstance(v, list):
+        return "[" + ", ".join(_inline(x) for x in v if x is not None) + "]"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return json.dumps(v)
 
 
 ui.run_page(render)

@@ -1,4 +1,5 @@
-"""Cohorts: every (model, prompt version, contract) with traffic, its baseline and its alerts.
+"""Cohorts: every (model, prompt version, contract) of one source (production first) with traffic,
+its baseline and its alerts.
 
 ``GET /v1/cohorts`` (last seven days of traffic) and ``GET /v1/served-model-changes``:
 a model id with no dated snapshot is marked unpinned, since the provider can
@@ -16,6 +17,7 @@ import streamlit as st
 from shapewatch.dashboard import ui
 
 UNPINNED = "⚠ unpinned alias"
+SOURCES = ["production", "probe", "shadow"]
 
 
 def cohort_rows(cohorts: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -56,9 +58,10 @@ def cohort_rows(cohorts: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def render(s: ui.Session) -> None:
     st.title("Cohorts")
-    cohorts = s.read("/v1/cohorts")
+    source = st.radio("Source", SOURCES, horizontal=True, key="cohorts-source")
+    cohorts = s.read("/v1/cohorts", source=source)
     if not cohorts:
-        st.info("No cohort yet: nothing was ever sent to the collector (POST /v1/outputs).")
+        st.info(f"No {source} cohort yet: nothing was sent to the collector (POST /v1/outputs) as {source}.")
         return
     unpinned = [c for c in cohorts if c.get("unpinned")]
     without = [c for c in cohorts if not c.get("baseline")]

@@ -174,10 +174,11 @@ def write_outputs(
     id_prefix: str | None = None,
     served_model: str | None = None,
     finish_reasons: dict[int, str] | None = None,
+    source: str | None = "production",
 ) -> None:
     """Store ``outputs`` through the ingest path, evenly spread over ``[since, since + span)``
-    (answered by ``served_model``; by default the model requested; output ``i`` with
-    ``finish_reasons[i]`` when given)."""
+    (answered by ``served_model``; by default the model requested; sent as ``source``, None: without
+    one; output ``i`` with ``finish_reasons[i]`` when given)."""
     seconds = int(span.total_seconds())
     n = len(outputs)
     prefix = id_prefix or f"{model}/{prompt_version}/{contract}/{since.isoformat()}"
@@ -192,6 +193,7 @@ def write_outputs(
             prompt_version=prompt_version,
             contract=contract,
             output=out,
+            source=source,
         )
         if finish_reasons and i in finish_reasons:
             env["finish_reason"] = finish_reasons[i]

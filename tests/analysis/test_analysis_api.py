@@ -30,7 +30,8 @@ from shapewatch.collector import Settings
 MODEL = "claude-sonnet-4-5-20250929"
 PROMPT = "intake-v3"
 CONTRACT = "intake"
-COHORT = {"model": MODEL, "prompt_version": PROMPT, "contract": CONTRACT}
+NAMES = {"model": MODEL, "prompt_version": PROMPT, "contract": CONTRACT}  # as a baseline document holds them
+COHORT = {**NAMES, "source": "production"}  # as alerts, cohorts and decisions carry a cohort
 DESIGN_ALERT_KEYS = {"cohort", "field", "kind", "severity", "state", "fingerprint", "baseline", "current", "detail"}
 
 
@@ -196,7 +197,7 @@ def test_freeze_list_show_and_a_baseline_never_changes(client: TestClient) -> No
         "baseline_id": bid,
         "hash": frozen["hash"],
         "created_at": frozen["created_at"],
-        "cohort": COHORT,
+        "cohort": NAMES,
         "window": {"since": since, "until": until},
         "samples": 400,
         "served_models": {MODEL: 400},

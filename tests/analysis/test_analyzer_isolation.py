@@ -61,11 +61,11 @@ def plant(store: Store, cohort: Cohort, doc: dict[str, Any]) -> None:
     by hand, a row written by an older release)."""
     with store.transaction("planting a baseline") as con:
         con.execute(
-            "INSERT INTO baselines VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO baselines VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [
                 doc["baseline_id"],
                 doc["hash"],
-                *cohort,
+                *cohort[:3],
                 hour(-24),
                 hour(0),
                 1,
@@ -73,13 +73,14 @@ def plant(store: Store, cohort: Cohort, doc: dict[str, Any]) -> None:
                 "x",
                 hour(0),
                 orjson.dumps(doc).decode(),
+                cohort.source,
             ],
         )
         con.execute(
             """INSERT INTO baseline_activations (model, prompt_version, contract, action, baseline_id,
                                                           activated_at, author, note)
                        VALUES (?, ?, ?, 'activate', ?, ?, 'mallory', '')""",
-            [*cohort, doc["baseline_id"], hour(0)],
+            [*cohort[:3], doc["baseline_id"], hour(0)],
         )
 
 

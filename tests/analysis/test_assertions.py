@@ -300,7 +300,7 @@ def test_true_shares_are_insufficient_under_the_minimum_and_when_counted_before_
     # Rows counted before true counts were kept: the trues are not known, so nothing is judged.
     write_outputs(store, with_flags(3_000, 8, 6), T0 + 7 * DAY + timedelta(hours=8), timedelta(hours=1), id_prefix="x")
     store.flush_rollups()
-    with store.transaction("forgetting true counts, as before version 10") as con:
+    with store.transaction("forgetting true counts, as before version 11") as con:
         con.execute("UPDATE field_rollups SET n_true = NULL WHERE bucket < ?", [T0 + 7 * DAY + timedelta(hours=7)])
     evaluation, alerts = analyze_once(store, parse_config(tomllib.loads(TRUE_RULES)), T0 + 8 * DAY)
     (report,) = evaluation.cohorts

@@ -15,7 +15,11 @@ from harness import Service, start_service
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from otlp_agent import QUESTION, run_agent, tracer_provider
 
+from shapewatch.analysis.probes import parse_suite
+
 ADMIN = "every-scope"
+
+SUITE_MESSAGES = [{"role": "user", "content": "Is my booking A1 confirmed?"}]
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +79,19 @@ def test_a_looping_run_is_mined_and_accepted_as_a_probe_case(svc: Service) -> No
                 "agent_release": "2.0.0",
             },
             "note": "loops",
+            "suite_case": {
+                "id": f"case-{loop['case_id']}",
+                "messages": SUITE_MESSAGES,
+                "expect": {"tool": "get_reservation", "arguments": {"id": {"exact": "A1"}}},
+            },
         }
+        # the suite case is a case of the probe suite format, as it is
+        suite = parse_suite(
+            {"name": "mined", "provider": "openai", "model": "gpt-4o", "allow_alias": True,
+             "prompt_version": "booking-v2", "contract": "booking-out",
+             "tools": [{"name": "get_reservation"}], "cases": [accepted["probe_case"]["suite_case"]]}
+        )  # fmt: skip
+        assert suite.cases[0].expect is not None and suite.cases[0].expect.tool == "get_reservation"
         # exported: one JSON object per line, read back whole
         listed = c.get("/v1/cases", params={"state": "accepted"}).json()["cases"]
         lines = "\n".join(json.dumps(x["probe_case"]) for x in listed).splitlines()

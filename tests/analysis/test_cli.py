@@ -40,7 +40,8 @@ MODEL = "claude-sonnet-4-5-20250929"
 ALIAS = "gpt-4o"
 PROMPT = "intake-v3"
 CONTRACT = "intake"
-COHORT = {"model": MODEL, "prompt_version": PROMPT, "contract": CONTRACT}
+NAMES = {"model": MODEL, "prompt_version": PROMPT, "contract": CONTRACT}  # as a baseline document holds them
+COHORT = {**NAMES, "source": "production"}  # as alerts and reports carry a cohort
 DESIGN_ALERT_KEYS = {"cohort", "field", "kind", "severity", "state", "fingerprint", "baseline", "current", "detail"}
 ENV = {"SHAPEWATCH_AUTHOR": "ana", "SHAPEWATCH_URL": None, "SHAPEWATCH_TOKEN": None, "SHAPEWATCH_CONFIG": None}
 
@@ -184,7 +185,7 @@ def test_freeze_prints_the_id_and_list_describes_every_baseline(db: Path) -> Non
         )
     } == {
         "baseline_id": bid,
-        "cohort": COHORT,
+        "cohort": NAMES,
         "window": window,
         "samples": 400,
         "author": "ana",
@@ -195,7 +196,7 @@ def test_freeze_prints_the_id_and_list_describes_every_baseline(db: Path) -> Non
         "served_models": {MODEL: 400},
     }
     assert by_id[bid]["hash"].startswith(bid) and len(by_id[bid]["hash"]) == 64
-    assert (by_id[alias_id]["cohort"], by_id[alias_id]["samples"]) == ({**COHORT, "model": ALIAS}, 250)
+    assert (by_id[alias_id]["cohort"], by_id[alias_id]["samples"]) == ({**NAMES, "model": ALIAS}, 250)
 
     # Freezing the same window again is the same baseline; --no-activate leaves the active one alone.
     assert ok(*freeze_args(db)).strip() == bid

@@ -63,6 +63,10 @@ OPERATIONS = {
     ("POST", "/v1/silences"): ("create_silence", "alerts"),
     ("GET", "/v1/silences"): ("list_silences", "alerts"),
     ("GET", "/v1/cohorts"): ("list_cohorts", "cohorts"),
+    ("GET", "/v1/compare"): ("compare_cohorts", "cohorts"),
+    ("POST", "/v1/probes/runs"): ("record_probe_run", "probes"),
+    ("GET", "/v1/probes/runs"): ("list_probe_runs", "probes"),
+    ("GET", "/v1/probes/runs/{run_id}"): ("get_probe_run", "probes"),
     ("GET", "/v1/cohorts/{cohort_id}/fields"): ("get_cohort_fields", "cohorts"),
     ("GET", "/v1/cohorts/{cohort_id}/series"): ("get_field_series", "cohorts"),
     ("GET", "/v1/events"): ("get_events", "cohorts"),
@@ -383,6 +387,24 @@ def test_every_2xx_body_keeps_to_its_schema(sample: Service) -> None:
         assert sorted(x["rule"] for x in mined) == ["repeated_call", "retry_loop"]
         call("POST", "/v1/cases/{case_id}/accept", path={"case_id": mined[0]["case_id"]}, json={"author": "ana"})
         call("POST", "/v1/cases/{case_id}/dismiss", path={"case_id": mined[1]["case_id"]}, json={"author": "ana"})
+        # two cohorts side by side, and a probe run recorded, listed and read
+        a = "/".join(str(judged["cohort"][k]) for k in ("source", "model", "prompt_version", "contract"))
+        compared = call("GET", "/v1/compare", params={"a": a, "b": a})
+        assert compared["breaches"] == [] and compared["a"]["events"] == compared["b"]["events"]
+        score = {"value": 1.0, "hits": 1, "n": 1}
+        run = {
+            "run_id": "probe-0123456789abcdef", "suite": "s", "model": "m-2026-01-01", "served_model": None,
+            "prompt_version": "p", "contract": "c", "trigger": "manual",
+            "started_at": "2026-11-29T12:00:00Z", "finished_at": "2026-11-29T12:01:00Z",
+            "scores": {"tool_accuracy": score, "argument_accuracy": score, "spurious_calls": {**score, "value": 0.0, "hits": 0}},
+            "thresholds": {"tool_accuracy": 0.95, "argument_accuracy": 0.9, "spurious_calls": 0.02},
+            "cases": [{"case": "a", "negative": False, "expected": {"tool": "t", "arguments": {}},
+                       "actual": {"tool": "t", "arguments": {}}, "error": None, "failed": []}],
+        }  # fmt: skip
+        assert call("POST", "/v1/probes/runs", 201, json=run) == {"run_id": run["run_id"], "accepted": True}
+        assert [r["run_id"] for r in call("GET", "/v1/probes/runs")] == [run["run_id"]]
+        one = call("GET", "/v1/probes/runs/{run_id}", path={"run_id": run["run_id"]})
+        assert [c["case_id"] for c in one["results"]] == ["a"]
         assert c.get("/metrics").headers["content-type"].startswith("text/plain")
     assert call.seen == set(OPERATIONS) - {("GET", "/metrics")}
 

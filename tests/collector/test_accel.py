@@ -127,7 +127,7 @@ from shapewatch.collector.envelope import LIMITS, parse_envelope
 from shapewatch.collector.rollup import RollupBatch, RollupConfig
 env = parse_envelope(b'{"model": "m", "prompt_version": "p", "output": {"a": [1, "x"]}}', LIMITS)
 batch = RollupBatch(RollupConfig(), bucket_seconds=60)
-batch.add(env.output_json, (env.model, env.prompt_version, env.contract), env.ts)
+batch.add(env.output_json, (env.model, env.prompt_version, env.contract, "production"), env.ts)
 print(accel.IMPLEMENTATION, accel.speedups.__name__, env.output_json, batch.tables()[1].num_rows)
 """
 _BLOCKED = "import of shapewatch.collector._speedups halted; None in sys.modules"

@@ -217,7 +217,7 @@ def test_columns_and_groups_are_built_alike(
     _both(lambda impl: impl.epoch_micros([(ts,) for ts in tss], 0))
     _both(lambda impl: impl.bucket_starts(tss, width))
     _both(lambda impl: impl.string_column([("x", s) for s in strings], 1))
-    cohorts = [("m", "p", "c")] * len(tss)
+    cohorts = [("m", "p", "c", ("production", "probe")[i % 2]) for i in range(len(tss))]
     starts = [i % 3 * 60 for i in range(len(tss))]
 
     def grouped(impl: Any) -> tuple[list[int], dict[Any, int]]:
@@ -242,8 +242,8 @@ def _acc(impl: Any) -> Any:
         lambda m: m.bucket_starts([], 0),
         lambda m: m.bucket_starts(3, 60),
         lambda m: m.bucket_starts([datetime(2026, 1, 1, tzinfo=UTC), "x"], 60),
-        lambda m: m.group_ids({}, [("a", "b", "c")], [], []),
-        lambda m: m.group_ids({}, [("a", "b")], [None], [0]),
+        lambda m: m.group_ids({}, [("a", "b", "c", "production")], [], []),
+        lambda m: m.group_ids({}, [("a", "b", "c")], [None], [0]),
         lambda m: m.group_ids([], [], [], []),
         lambda m: m.set_ts_range(-1, 5),
         lambda m: m.set_ts_range(1.5, 5),

@@ -185,7 +185,7 @@ def test_checks_wait_for_run_checks_not_for_the_batch() -> None:
         return (ContractStatus.invalid, [("a", "type")]) if output == {"a": "x"} else (ContractStatus.valid, [])
 
     batch = _batch(RollupConfig(), check)
-    cohort = ("m", "p", "c")
+    cohort = ("m", "p", "c", "production")
     batch.add_many(
         [{"a": 1}, {"a": "x"}, {"a": 2}, {"a": 3}], [cohort] * 4, [T0] * 4, [None] * 4, ["1", "1", "2", None]
     )
@@ -212,7 +212,7 @@ def test_slow_checks_count_as_unchecked_with_their_reason() -> None:
 
     batch = _batch(RollupConfig(contract_check_ms=1.0, contract_check_budget_ms=6.0), check, clock=lambda: now[0])
     n = len(costs)
-    batch.add_many([{"i": i} for i in range(n)], [("m", "p", "c")] * n, [T0] * n, [None] * n, ["1"] * n)
+    batch.add_many([{"i": i} for i in range(n)], [("m", "p", "c", "production")] * n, [T0] * n, [None] * n, ["1"] * n)
     checks, _ = batch.contract_tables()
     # 0.5 (valid), 3.0 (slow), 0.5 (valid), 2.0 (slow): 6.0 ms spent, the rest not checked
     assert sorted(zip(checks["status"].to_pylist(), checks["n"].to_pylist(), strict=True)) == [

@@ -274,7 +274,7 @@ COUNT_COLUMNS = [
     "long_strings",
 ]
 TS = datetime(2026, 11, 29, 12, 0, 30, tzinfo=UTC)
-COHORT = ("m", "p", "c")
+COHORT = ("m", "p", "c", "production")
 
 
 def reference_counts(
@@ -314,6 +314,7 @@ def accumulated_counts(
                 "model": "m",
                 "prompt_version": "p",
                 "contract": "c",
+                "source": "production",
                 "served": None,
                 "epoch": epoch,
                 "events": len(outputs),

@@ -120,7 +120,7 @@ def accumulated(outputs: list[dict[str, Any]]) -> NumberRows:
     """(path, representative) -> count, as the accumulator built them for one batch."""
     batch = RollupBatch(RollupConfig(), bucket_seconds=60)
     for output in outputs:
-        batch.add(output, ("m", "p", "c"), datetime(2026, 11, 29, 12, tzinfo=UTC))
+        batch.add(output, ("m", "p", "c", "production"), datetime(2026, 11, 29, 12, tzinfo=UTC))
     _, f, _, _, _ = batch.tables()
     paths = f.column("path").to_pylist()
     out: NumberRows = Counter()

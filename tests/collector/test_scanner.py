@@ -667,17 +667,20 @@ def test_timestamp_columns_are_what_python_computes(tss: list[datetime], width: 
             st.sampled_from(["p", "q"]),
             st.sampled_from([None, "m", "n", "o"]),
             st.sampled_from([0, 60, 120]),
+            st.sampled_from(["production", "probe", "shadow"]),
         ),
         max_size=12,
     )
 )
-def test_group_ids_are_the_first_appearance_of_each_group_key(rows: list[tuple[str, str, str | None, int]]) -> None:
-    cohorts = [(m, p, "c") for m, p, _, _ in rows]
-    served = [None if s is None else "".join(s) for _, _, s, _ in rows]  # equal, not the same object
-    starts = [b for *_, b in rows]
+def test_group_ids_are_the_first_appearance_of_each_group_key(
+    rows: list[tuple[str, str, str | None, int, str]],
+) -> None:
+    cohorts = [(m, p, "c", src) for m, p, _, _, src in rows]
+    served = [None if s is None else "".join(s) for _, _, s, _, _ in rows]  # equal, not the same object
+    starts = [r[3] for r in rows]
     want: dict[Any, int] = {"earlier": 0}
     expected = [
-        want.setdefault((c[0], c[1], c[2], s if s is not None and s != c[0] else None, b), len(want))
+        want.setdefault((c[0], c[1], c[2], c[3], s if s is not None and s != c[0] else None, b), len(want))
         for c, s, b in zip(cohorts, served, starts, strict=True)
     ]
     groups: dict[Any, int] = {"earlier": 0}

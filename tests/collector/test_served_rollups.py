@@ -103,8 +103,8 @@ def test_an_alias_answered_by_two_models_counts_in_each_served_cohort(tmp_path: 
         # and the raw view agrees
         assert events_per_cohort(store, "cohort_events") == buckets
         assert served_aliases(store) == {
-            (OLD, PV, CONTRACT): [(ALIAS, PV, CONTRACT)],
-            (NEW, PV, CONTRACT): [(ALIAS, PV, CONTRACT)],
+            (OLD, PV, CONTRACT, "production"): [(ALIAS, PV, CONTRACT, "production")],
+            (NEW, PV, CONTRACT, "production"): [(ALIAS, PV, CONTRACT, "production")],
         }
         assert store.query(
             "SELECT model, served_model, sum(n)::BIGINT FROM served_models JOIN cohorts "

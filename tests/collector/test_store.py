@@ -26,7 +26,16 @@ import pytest
 from shapewatch.collector.envelope import LIMITS, Envelope, parse_envelope, validate_envelope
 from shapewatch.collector.errors import StoreError, StoreUnavailable, StoreVersionTooNew
 from shapewatch.collector.rollup import ROLLUP_TABLES
-from shapewatch.collector.store import MIGRATIONS, RUNS_SCHEMA, SCHEMA_VERSION, Purged, Store, WriteResult, WriteStatus
+from shapewatch.collector.store import (
+    MIGRATIONS,
+    PROBES_SCHEMA,
+    RUNS_SCHEMA,
+    SCHEMA_VERSION,
+    Purged,
+    Store,
+    WriteResult,
+    WriteStatus,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 MakeEnvelope = Callable[..., dict[str, Any]]
@@ -101,6 +110,7 @@ def test_a_new_file_is_created_at_the_current_schema_version(db_path: Path) -> N
             ("bucket_seconds", "60"),
             ("rollups_through", "0"),
             ("schema_version", str(SCHEMA_VERSION)),
+            ("schema_version.probes", str(PROBES_SCHEMA.version)),  # probe suite runs, opened with every store
             ("schema_version.runs", str(RUNS_SCHEMA.version)),  # the agent runs' tables, the collector's own
         ]
         assert store.healthcheck() == {"schema_version": SCHEMA_VERSION, "events": 0}
@@ -141,7 +151,13 @@ def test_reopening_a_current_file_changes_nothing(db_path: Path, envelope: MakeE
         before = rollup_sums(store)
         tables = store.query("SELECT table_name FROM duckdb_tables() ORDER BY 1")
         meta = sorted(store.query("SELECT key, value FROM meta"))
-    assert [k for k, _ in meta] == ["bucket_seconds", "rollups_through", "schema_version", "schema_version.runs"]
+    assert [k for k, _ in meta] == [
+        "bucket_seconds",
+        "rollups_through",
+        "schema_version",
+        "schema_version.probes",
+        "schema_version.runs",
+    ]
     with Store.open(db_path) as store:
         assert sorted(store.query("SELECT key, value FROM meta")) == meta
         assert store.query("SELECT table_name FROM duckdb_tables() ORDER BY 1") == tables

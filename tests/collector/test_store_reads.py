@@ -91,7 +91,7 @@ def test_window_counts(store: Store, envelope: MakeEnvelope) -> None:
         snap: {"3": 1, "": 1},
     }
     assert store.outcomes_by_cohort(T0, T0 + 2 * DAY) == {}
-    assert store.served_aliases() == [(SNAPSHOT, "intake-v3", "intake", ALIAS)]
+    assert store.served_aliases() == [(SNAPSHOT, "intake-v3", "intake", ALIAS, "production")]
     # the alias moved from itself to the snapshot on day 1
     assert store.served_model_moves(T0 + DAY, T0 + 2 * DAY) == [(ALIAS, "intake-v3", "intake", ALIAS, SNAPSHOT)]
     assert store.served_model_moves(T0, T0 + DAY) == []

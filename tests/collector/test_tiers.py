@@ -68,21 +68,23 @@ def test_a_policy_out_of_range_is_refused(minute: int, hour: int, message: str) 
 
 def test_a_cohorts_newest_data_only_rises_and_never_past_the_clock() -> None:
     h = Horizons(POLICY, clock=lambda: float(E))
-    c = ("m", "p", "c")
+    c = ("m", "p", "c", "production")
     h.raise_to({c: E - DAY})
     h.raise_to({c: E - 2 * DAY})
     assert h.newest(c) == E - DAY
     h.raise_to({c: int(datetime(2199, 1, 1, tzinfo=UTC).timestamp())})  # one output dated far ahead
     assert h.newest(c) == E + HOUR  # the wall clock plus an hour of slack
-    assert h.coarsen([("m", "p", "c", None, E - 60), ("m", "p", "c", None, E - 2 * DAY - 60)]) == [
+    assert h.coarsen(
+        [("m", "p", "c", "production", None, E - 60), ("m", "p", "c", "production", None, E - 2 * DAY - 60)]
+    ) == [
         (E - 60, False),
         (E - 2 * DAY - HOUR, True),
     ]
     # answered by another model: the finer tier of the two cohorts (x's newest data is that very minute)
-    assert h.coarsen([("m", "p", "c", "x", E - 2 * DAY - 60)]) == [(E - 2 * DAY - 60, False)]
-    h.raise_to({("x", "p", "c"): E})
-    assert h.coarsen([("m", "p", "c", "x", E - 2 * DAY - 60)]) == [(E - 2 * DAY - HOUR, True)]
-    assert h.coarsen([("m", "p", "c", "x", E - 9 * DAY - 60)]) == [(E - 10 * DAY, True)]
+    assert h.coarsen([("m", "p", "c", "production", "x", E - 2 * DAY - 60)]) == [(E - 2 * DAY - 60, False)]
+    h.raise_to({("x", "p", "c", "production"): E})
+    assert h.coarsen([("m", "p", "c", "production", "x", E - 2 * DAY - 60)]) == [(E - 2 * DAY - HOUR, True)]
+    assert h.coarsen([("m", "p", "c", "production", "x", E - 9 * DAY - 60)]) == [(E - 10 * DAY, True)]
 
 
 # --- counting into tiers ------------------------------------------------------------------------
@@ -388,7 +390,8 @@ def test_an_import_tiers_history_as_it_reads_it_whatever_the_end_of_the_file_hol
     for r in raws:
         start = int(datetime.fromisoformat(r["ts"]).timestamp()) // 60 * 60
         for model in {r["model"], r["served_model"]}:
-            last[(model, "intake-v3", "intake")] = max(last.get((model, "intake-v3", "intake"), 0), start)
+            cohort = (model, "intake-v3", "intake", "production")
+            last[cohort] = max(last.get(cohort, 0), start)
     assert looked == last
     assert _newest_at_the_end(packed, 60, LIMITS) == {}  # not seekable: folded at the end instead
     sums = {}

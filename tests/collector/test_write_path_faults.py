@@ -28,7 +28,7 @@ def envs(n: int, prefix: str) -> list[Envelope]:
 def test_a_rollup_batch_is_freed_once_dropped() -> None:
     gc.collect()
     batch = RollupBatch(RollupConfig(), bucket_seconds=60)
-    batch.add({"a": [{"b": "x"}]}, ("m", "p", "c"), datetime(2026, 11, 29, tzinfo=UTC))
+    batch.add({"a": [{"b": "x"}]}, ("m", "p", "c", "production"), datetime(2026, 11, 29, tzinfo=UTC))
     batch.tables()
     ref = weakref.ref(batch)
     del batch

@@ -33,7 +33,12 @@ PAGES = [
     "views/runs.py",
     "views/cases.py",
 ]
-INTAKE = {"model": "claude-sonnet-4-5-20250929", "prompt_version": "intake-v3", "contract": "sample-intake"}
+INTAKE = {
+    "model": "claude-sonnet-4-5-20250929",
+    "prompt_version": "intake-v3",
+    "contract": "sample-intake",
+    "source": "production",
+}
 
 
 @pytest.fixture(scope="module")

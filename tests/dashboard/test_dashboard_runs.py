@@ -116,7 +116,7 @@ def test_a_case_is_accepted_from_the_cases_page(runs_url: tuple[str, str], monke
     assert case["probe_case"]["expect"] == {"tool": "get_reservation", "arguments": {"id": "A1"}}
     at = open_page(url, "views/cases.py", monkeypatch)
     at.segmented_control(key="cases-state").set_value("accepted").run()
-    assert len(at.get("download_button")) == 1  # the accepted cases as JSONL
+    assert len(at.get("download_button")) == 2  # the accepted cases as JSONL, and as probe suite cases (TOML)
     assert len(open_page(url, "views/cases.py", monkeypatch).get("download_button")) == 0  # open ones: none
 
 
