@@ -65,15 +65,14 @@ from .analyzer import Analyzer
 from .api import AnalysisApi
 from .api import router as analysis_router
 from .cases_api import cases_router
-from .config import AnalyzerConfig
+from .config import AnalyzerConfig, Grouping
+from .incidents import incident_notices
 from .maintenance import start_maintenance
 from .notify import (
-    NoticeAction,
     Notifier,
     Target,
     digest_url_from_config,
     enqueue,
-    notice_for,
     send_digest,
     targets_from_config,
 )
@@ -149,9 +148,12 @@ def install_docs(app: FastAPI) -> None:
     app.include_router(docs_router)
 
 
-def pager_enqueue(store: Store, targets: list[Target]) -> Callable[[Any, Sequence[Transition], datetime], None]:
-    """The analyzer's hook: a firing or resolved transition becomes a notice in the outbox, in the
-    evaluation's own transaction. A silenced alert is not announced (its resolve still is, to a
+def pager_enqueue(
+    store: Store, targets: list[Target], grouping: Grouping = Grouping.cohort
+) -> Callable[[Any, Sequence[Transition], datetime], None]:
+    """The analyzer's hook: firing and resolved transitions become notices in the outbox, in the
+    evaluation's own transaction; page alerts through incidents (``incidents.py``: one trigger
+    and one resolve per incident). A silenced alert is not announced (its resolve still is, to a
     pager that heard its trigger)."""
     book = AlertBook(store)
 
@@ -159,17 +161,9 @@ def pager_enqueue(store: Store, targets: list[Target]) -> Callable[[Any, Sequenc
         if not targets or not moves:
             return
         silences = book.silences(now=now)
-        notices = []
-        for m in moves:
-            a = m.alert
-            if not m.notify or a.episode < 1:
-                continue
-            if a.state is AlertState.firing:
-                if any(s.matches(a, now) for s in silences):
-                    continue
-                notices.append(notice_for(a.to_json(), episode=a.episode, action=NoticeAction.trigger))
-            elif a.state is AlertState.resolved and m.previous is AlertState.firing:
-                notices.append(notice_for(a.to_json(), episode=a.episode, action=NoticeAction.resolve))
+        notices = incident_notices(
+            con, moves, now, grouping=grouping, silenced=lambda a: any(s.matches(a, now) for s in silences)
+        )
         enqueue(con, targets, notices, now)
 
     return hook
@@ -205,7 +199,7 @@ def create_app(
         on_batch=metrics.observe_batch,
     )
     api = CollectorApi(store, writer, metrics, limits_from_settings(settings), max_body_bytes=settings.max_body_bytes)
-    analyzer = Analyzer(store, config, registry=registry, enqueue=pager_enqueue(store, targets))
+    analyzer = Analyzer(store, config, registry=registry, enqueue=pager_enqueue(store, targets, config.oncall.grouping))
     notifier = Notifier(store, targets, registry=registry)
 
     @asynccontextmanager

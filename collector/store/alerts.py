@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 from .core import StoreCore
+from .incidents import INCIDENTS_DDL
 from .schema import Schema
 
 __all__ = ["ALERTS_SCHEMA", "ALERT_COLUMNS", "AlertRecords", "AnalyzerRun"]
@@ -51,6 +52,7 @@ CREATE TABLE served_model_changes (
     previous VARCHAR NOT NULL, current VARCHAR NOT NULL, detected_at TIMESTAMPTZ NOT NULL,
     PRIMARY KEY (model, prompt_version, contract, previous, current));
 """,
+        INCIDENTS_DDL,
     ),
 )
 

@@ -508,8 +508,7 @@ def test_analyzer_runs_then_alerts_show_what_changed_in_the_design_shape(judged:
         (a["field"], a["kind"], a["value"], a["severity"], a["state"]) for a in alerts[1:]
     ) == [
         ("customer.tier", "presence_drop", None, "page", "firing"),
-        ("priority", "new_enum_value", "URGENT", "warn", "firing"),
-        ("priority", "unknown_enum_growth", None, "warn", "firing"),
+        ("priority", "unknown_enum_growth", None, "warn", "firing"),  # with the new value URGENT folded in
     ]
     for a in alerts:
         assert set(a) >= DESIGN_ALERT_KEYS, a
@@ -525,17 +524,11 @@ def test_analyzer_runs_then_alerts_show_what_changed_in_the_design_shape(judged:
         0.1,
         0.5,
     )
-    new_value = judged.alerts[("priority", "new_enum_value")]
-    assert (new_value["baseline"], new_value["current"], new_value["detail"]) == (
-        {"values": {"high": 133, "low": 134, "medium": 133}, "samples": 400},
-        {"count": 40, "share": 0.1, "samples": 400},
-        "new value 'URGENT': 40 times (10.0% of values) (p < 1e-6)",
-    )
     unknown = judged.alerts[("priority", "unknown_enum_growth")]
     assert (unknown["baseline"], unknown["current"], unknown["detail"]) == (
         {"unknown_share": 0.0, "samples": 400, "known": ["high", "low", "medium"]},
-        {"unknown_share": 0.1, "samples": 400},
-        "unknown values 0.0% -> 10.0% (p < 1e-6)",
+        {"unknown_share": 0.1, "samples": 400, "new_values": {"URGENT": 40}},
+        "unknown values 0.0% -> 10.0%; new values: URGENT (p < 1e-6)",
     )
     # The page alert needed two evaluations; the warn alerts fired at the first.
     assert drop["fired_at"] == drop["last_seen"] != drop["first_seen"]
@@ -553,12 +546,10 @@ def test_analyzer_runs_then_alerts_show_what_changed_in_the_design_shape(judged:
     ("query", "expected"),
     [
         ({"severity": "page"}, [("customer.tier", "presence_drop")]),
-        ({"severity": "warn"}, [("priority", "new_enum_value"), ("priority", "unknown_enum_growth")]),
-        (
-            {"state": "open"},
-            [("customer.tier", "presence_drop"), ("priority", "new_enum_value"), ("priority", "unknown_enum_growth")],
-        ),
-        ({"state": "firing", "kind": "new_enum_value"}, [("priority", "new_enum_value")]),
+        ({"severity": "warn"}, [("priority", "unknown_enum_growth")]),
+        ({"state": "open"}, [("customer.tier", "presence_drop"), ("priority", "unknown_enum_growth")]),
+        ({"state": "firing", "kind": "unknown_enum_growth"}, [("priority", "unknown_enum_growth")]),
+        ({"state": "firing", "kind": "new_enum_value"}, []),  # folded into the unknown growth
         ({"state": "pending"}, []),
         ({"state": "resolved"}, []),
         (
@@ -635,7 +626,7 @@ def test_acknowledge_and_silence(client: TestClient) -> None:
             "duration": "2h",
             "author": "ana",
             "reason": "URGENT is being added",
-            "kind": "new_enum_value",
+            "kind": "unknown_enum_growth",
             "model": MODEL,
         },
     )
@@ -649,10 +640,10 @@ def test_acknowledge_and_silence(client: TestClient) -> None:
         "ends_at": s["ends_at"],
         "author": "ana",
         "reason": "URGENT is being added",
-        "match": {"model": MODEL, "kind": "new_enum_value"},
+        "match": {"model": MODEL, "kind": "unknown_enum_growth"},
     }
     silenced = {a["kind"]: a["silenced_until"] for a in client.get("/v1/alerts").json()}
-    assert silenced == {"presence_drop": None, "new_enum_value": s["ends_at"], "unknown_enum_growth": None}
+    assert silenced == {"presence_drop": None, "unknown_enum_growth": s["ends_at"]}
     assert client.get("/v1/silences").json() == [s]
     assert {a["cohort_id"] for a in client.get("/v1/alerts").json()} == {
         c["cohort_id"]
@@ -688,7 +679,7 @@ def test_cohorts_show_traffic_baseline_unpinned_models_and_alert_counts(judged: 
         "unpinned": False,
         "served_models": {MODEL: 800},
         "baseline": {**summary, "how": "own", "age_days": 0.0},
-        "alerts_firing": {"page": 1, "warn": 2},
+        "alerts_firing": {"page": 1, "warn": 1},
         "provider_outcomes": {},
         "answered_for": [],
         "contract_versions": {"3": 800},
@@ -759,7 +750,8 @@ def test_cohort_fields_are_the_window_profile(judged: Judged) -> None:
 def test_analyzer_runs_are_listed_newest_first(judged: Judged) -> None:
     runs = judged.c.get("/v1/analyzer/runs").json()
     assert [(r["run_id"], r["ok"], r["error"], r["cohorts"]) for r in runs] == [(2, True, None, 3), (1, True, None, 3)]
-    assert all(r["checks"] > 0 and r["breaches"] == 3 and r["duration_seconds"] >= 0 for r in runs)
+    # a presence drop, and an unknown growth carrying its new value (one breach, not two)
+    assert all(r["checks"] > 0 and r["breaches"] == 2 and r["duration_seconds"] >= 0 for r in runs)
     assert runs[0]["evaluated_at"] > runs[1]["evaluated_at"]
     assert [r["run_id"] for r in judged.c.get("/v1/analyzer/runs", params={"limit": 1}).json()] == [2]
     assert_error(judged.c.get("/v1/analyzer/runs", params={"limit": 0}), 422, "request is invalid")
@@ -772,7 +764,7 @@ def test_metrics_after_a_run(judged: Judged) -> None:
     assert judged.runs_started <= last <= time.time()
     assert metric(text, "shapewatch_alerts") == {
         (("severity", "page"), ("state", "firing")): 1.0,
-        (("severity", "warn"), ("state", "firing")): 2.0,
+        (("severity", "warn"), ("state", "firing")): 1.0,
         (("severity", "page"), ("state", "pending")): 0.0,
         (("severity", "warn"), ("state", "pending")): 0.0,
     }
