@@ -242,6 +242,7 @@ def cohorts(store: Store, *, since: datetime | None = None, until: datetime | No
     contracts = store.contract_versions_by_cohort(since, until)  # contract version ('' none) -> outputs
     outcomes = store.outcomes_by_cohort(since, until)
     counts = store.firing_alert_counts()
+    last_events, totals = store.last_events(), store.events_total()  # from the rollups: a restart keeps them
     current = {a.cohort: a for a in activation_history(store)}
     rows = store.cohorts()
     first_seen = {Cohort(r.model, r.prompt_version, r.contract): r.first_seen for r in rows}
@@ -280,9 +281,29 @@ def cohorts(store: Store, *, since: datetime | None = None, until: datetime | No
                 # responses that never reached a parser: truncated, refused, filtered, invalid JSON
                 "provider_outcomes": outcomes.get(int(cid), {}),
                 "alerts_firing": counts.get((cohort.model, cohort.prompt_version, cohort.contract), {}),
+                # the newest rollup bucket with an event (to the bucket: a minute for recent data)
+                "last_event_at": _iso(last_events[int(cid)]) if int(cid) in last_events else None,
+                "events_total": totals.get(int(cid), 0),
             }
         )
     return out
+
+
+def incidents(store: Store, *, open_only: bool = False, limit: int = 100) -> list[dict[str, Any]]:
+    """Incidents, newest first: the page alerts each gathered (analysis/incidents.py)."""
+    import orjson
+
+    return [
+        {
+            "incident_id": iid,
+            "group": orjson.loads(key),
+            "opened_at": _iso(opened),
+            "resolved_at": _iso(resolved) if resolved is not None else None,
+            "summary": summary,
+            "fingerprints": [f for f in fps if f is not None],
+        }
+        for iid, key, opened, resolved, summary, fps in store.incident_rows(open_only=open_only, limit=limit)
+    ]
 
 
 def cohort_fields(store: Store, cohort_id: int, *, since: datetime, until: datetime) -> dict[str, Any]:

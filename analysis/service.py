@@ -64,6 +64,7 @@ from .alerts import AlertBook, AlertState, Transition
 from .analyzer import Analyzer
 from .api import AnalysisApi
 from .api import router as analysis_router
+from .api import runbooks_router
 from .cases_api import cases_router
 from .config import AnalyzerConfig, Grouping
 from .incidents import incident_notices
@@ -285,6 +286,7 @@ def create_app(
     app.include_router(cases_router)
     app.include_router(health_router)
     app.include_router(analysis_router)
+    app.include_router(runbooks_router)
     app.include_router(metrics_router)
     install_docs(app)
     limits = limits_from_settings(settings)

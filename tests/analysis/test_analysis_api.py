@@ -673,7 +673,7 @@ def test_cohorts_show_traffic_baseline_unpinned_models_and_alert_counts(judged: 
         "window": b["window"],
         "samples": 400,
     }
-    assert {k: v for k, v in main.items() if k not in ("cohort_id", "first_seen")} == {
+    assert {k: v for k, v in main.items() if k not in ("cohort_id", "first_seen", "last_event_at")} == {
         "cohort": COHORT,
         "events": 800,
         "unpinned": False,
@@ -683,9 +683,12 @@ def test_cohorts_show_traffic_baseline_unpinned_models_and_alert_counts(judged: 
         "provider_outcomes": {},
         "answered_for": [],
         "contract_versions": {"3": 800},
+        "events_total": 800,  # since the first, from the rollups: a restart does not zero it
     }
     assert main["first_seen"] == iso(judged.t.base)
-    assert {k: v for k, v in v4.items() if k not in ("cohort_id", "first_seen")} == {
+    for c in cohorts:  # the newest bucket with an event: after the first, not in the future
+        assert c["first_seen"][:16] <= c["last_event_at"] <= iso(datetime.now(UTC))
+    assert {k: v for k, v in v4.items() if k not in ("cohort_id", "first_seen", "last_event_at")} == {
         "cohort": {**COHORT, "prompt_version": "intake-v4"},
         "events": 20,
         "unpinned": False,
@@ -695,8 +698,9 @@ def test_cohorts_show_traffic_baseline_unpinned_models_and_alert_counts(judged: 
         "provider_outcomes": {},
         "answered_for": [],
         "contract_versions": {"3": 20},
+        "events_total": 20,
     }
-    assert {k: v for k, v in alias.items() if k not in ("cohort_id", "first_seen")} == {
+    assert {k: v for k, v in alias.items() if k not in ("cohort_id", "first_seen", "last_event_at")} == {
         "cohort": {**COHORT, "model": "gpt-4o"},
         "events": 20,
         "unpinned": True,
@@ -706,6 +710,7 @@ def test_cohorts_show_traffic_baseline_unpinned_models_and_alert_counts(judged: 
         "provider_outcomes": {},
         "answered_for": [],
         "contract_versions": {"3": 20},
+        "events_total": 20,
     }
     # A window that holds only the baseline period.
     since, until = judged.t.base_window
@@ -810,6 +815,7 @@ def test_openapi_lists_the_analysis_routes(judged: Judged) -> None:
 # --- authentication ------------------------------------------------------------------------------
 
 COLLECTOR_PATHS = {"/v1/outputs", "/v1/provider/{provider}", "/healthz"}
+OPEN_PATHS = {"/v1/runbooks/{kind}"}  # open without a token: page links open in a browser
 SAMPLE_BODIES: dict[tuple[str, str], Any] = {
     ("POST", "/v1/alerts/{fingerprint}/ack"): {"author": "ana"},
     ("POST", "/v1/silences"): {"duration": "1h", "author": "ana", "reason": "r", "model": MODEL},
@@ -829,7 +835,10 @@ def test_every_analysis_route_wants_a_valid_token(tmp_path: Path) -> None:
     app = make_app(tmp_path / "auth.duckdb", tokens=("t1", "t2"))
     # Every route the app documents, but the collector's own (tested in tests/collector).
     routes = sorted(
-        (m.upper(), path) for path, ops in app.openapi()["paths"].items() if path not in COLLECTOR_PATHS for m in ops
+        (m.upper(), path)
+        for path, ops in app.openapi()["paths"].items()
+        if path not in COLLECTOR_PATHS | OPEN_PATHS
+        for m in ops
     )
     assert set(SAMPLE_BODIES) | {
         ("GET", "/v1/alerts"),
@@ -872,3 +881,21 @@ def test_cohorts_count_provider_outcomes_that_never_reached_a_parser(tmp_path: P
             assert r.status_code < 300, r.text
         cohorts = c.get("/v1/cohorts").json()
     assert [(x["cohort"]["prompt_version"], x["provider_outcomes"]) for x in cohorts] == [("p1", {"truncated": 1})]
+
+
+def test_runbooks_are_served_for_every_kind_and_refuse_anything_else(tmp_path: Path) -> None:
+    from shapewatch.analysis.config import AlertKind
+
+    app = make_app(tmp_path / "runbooks.duckdb", tokens=("t1",))
+    with TestClient(app) as c:
+        for kind in AlertKind:  # every kind has a page (its own, or the general one), without a token
+            r = c.get(f"/v1/runbooks/{kind.value}")
+            assert r.status_code == 200, kind
+            assert r.text.startswith("# Runbook: ") and "What to do" in r.text, kind
+        assert c.get("/v1/runbooks/presence_drop").text.startswith("# Runbook: presence_drop")
+        assert "pin the previous model snapshot" in c.get("/v1/runbooks/assertion").text.lower()
+        for bad in ("nope", "presence_drop.md", "%00", "default"):
+            err = assert_error(c.get(f"/v1/runbooks/{bad}"), 404)
+            assert err["message"].startswith("no runbook for ") and err["message"].endswith(": not an alert kind")
+        assert_error(c.get("/v1/runbooks/..%2F..%2Fpyproject.toml"), 404)  # no route: nothing read from disk
+        assert_error(c.get("/v1/runbooks/" + "x" * 5000), 422)

@@ -62,6 +62,8 @@ OPERATIONS = {
     ("POST", "/v1/alerts/{fingerprint}/ack"): ("acknowledge_alert", "alerts"),
     ("POST", "/v1/silences"): ("create_silence", "alerts"),
     ("GET", "/v1/silences"): ("list_silences", "alerts"),
+    ("GET", "/v1/incidents"): ("list_incidents", "alerts"),
+    ("GET", "/v1/runbooks/{kind}"): ("get_runbook", "alerts"),
     ("GET", "/v1/cohorts"): ("list_cohorts", "cohorts"),
     ("GET", "/v1/cohorts/{cohort_id}/fields"): ("get_cohort_fields", "cohorts"),
     ("GET", "/v1/cohorts/{cohort_id}/series"): ("get_field_series", "cohorts"),
@@ -151,7 +153,8 @@ def test_every_operation_that_wants_a_token_declares_the_bearer_scheme(
         if op.get("security") == [{"bearer": []}]:
             declared.add((method, path))
     assert refused == declared
-    assert set(OPERATIONS) - declared == {("GET", "/healthz")}
+    # open: probes, and runbooks that page links open in a browser without a token
+    assert set(OPERATIONS) - declared == {("GET", "/healthz"), ("GET", "/v1/runbooks/{kind}")}
 
 
 # --- one error map -----------------------------------------------------------------------------------
@@ -384,7 +387,11 @@ def test_every_2xx_body_keeps_to_its_schema(sample: Service) -> None:
         call("POST", "/v1/cases/{case_id}/accept", path={"case_id": mined[0]["case_id"]}, json={"author": "ana"})
         call("POST", "/v1/cases/{case_id}/dismiss", path={"case_id": mined[1]["case_id"]}, json={"author": "ana"})
         assert c.get("/metrics").headers["content-type"].startswith("text/plain")
-    assert call.seen == set(OPERATIONS) - {("GET", "/metrics")}
+        call("GET", "/v1/incidents", params={"state": "all"})
+        runbook = c.get("/v1/runbooks/presence_drop", headers={"Authorization": ""})
+        assert runbook.status_code == 200 and runbook.headers["content-type"] == "text/markdown; charset=utf-8"
+        assert runbook.text.startswith("# Runbook: presence_drop")
+    assert call.seen == set(OPERATIONS) - {("GET", "/metrics"), ("GET", "/v1/runbooks/{kind}")}
 
 
 @pytest.mark.parametrize(
