@@ -62,9 +62,8 @@ from shapewatch.collector.traces import runs_router, traces_router
 
 from .alerts import AlertBook, AlertState, Transition
 from .analyzer import Analyzer
-from .api import AnalysisApi
+from .api import AnalysisApi, runbooks_router
 from .api import router as analysis_router
-from .api import runbooks_router
 from .cases_api import cases_router
 from .config import AnalyzerConfig, Grouping
 from .incidents import incident_notices
