@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from shapewatch.dashboard import ui
+from shapewatch.dashboard import onset, ui
 from shapewatch.dashboard.compare import alert_diff_rows
 
 ALERT_KINDS = (
@@ -121,6 +121,8 @@ def _alert_card(
             f"{ui.literal(ui.cohort_label(c))}"
         )
         st.markdown(ui.literal(a["detail"]))
+        if onset.caption(a):  # since when: the change point, before anything else about time
+            st.markdown(f"**{ui.literal(onset.caption(a) or '')}**")
         when = (
             f"first seen {ui.literal(ui.ago(a['first_seen']))} · last seen {ui.literal(ui.ago(a['last_seen']))}"
             + (f" · fired {ui.literal(ui.ago(a['fired_at']))}" if a.get("fired_at") else "")
