@@ -752,10 +752,33 @@ class Analyzer:
 
 
 class _AlertGauges(Collector):
-    """Alerts by state and severity, and per-field presence, read at scrape time (bounded labels)."""
+    """Alerts by state and severity, per-field presence, and each judged cohort's last event,
+    read at scrape time (bounded labels)."""
 
     def __init__(self, analyzer: Analyzer) -> None:
         self.analyzer = analyzer
+
+    def _last_events(self) -> GaugeMetricFamily:
+        # Cohorts with an active baseline of their own (the ones traffic_stopped judges), at most
+        # max_presence_series: a Prometheus rule can see a cohort go silent even with the
+        # analyzer's traffic check off.
+        family = GaugeMetricFamily(
+            "shapewatch_cohort_last_event_timestamp_seconds",
+            "Unix time of the newest rollup bucket holding an output, per cohort with an active baseline",
+            labels=["model", "prompt_version", "contract"],
+        )
+        try:
+            store = self.analyzer.store
+            active = {a.cohort: a.baseline_id for a in activation_history(store)}
+            last = store.last_events()
+            rows = [r for r in store.cohorts() if active.get(Cohort(r.model, r.prompt_version, r.contract))]
+        except Exception:  # a scrape must not fail because the store is busy or closed
+            log.warning("last-event gauges unavailable", exc_info=True)
+            return family
+        for r in rows[: self.analyzer.max_presence_series]:
+            if r.cohort_id in last:
+                family.add_metric([r.model, r.prompt_version, r.contract], last[r.cohort_id].timestamp())
+        return family
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         firing = GaugeMetricFamily("shapewatch_alerts", "Alerts by state and severity", labels=["state", "severity"])
@@ -773,6 +796,7 @@ class _AlertGauges(Collector):
             "(at most max_presence_series series)",
             labels=["model", "prompt_version", "contract", "field"],
         )
+        yield self._last_events()
         last = self.analyzer.last
         n = 0
         for report in last.cohorts if last else []:

@@ -316,7 +316,7 @@ def _oncall(table: Any) -> OnCallConfig:
             try:
                 out[key] = Grouping(value)
             except ValueError:
-                raise ConfigInvalid(k, f"{_shown(repr(value))} is not one of cohort, field") from None
+                raise ConfigInvalid(k, f"{_shown(str(value))} is not one of cohort, field") from None
         elif key in ("onset_lookback", "traffic_period"):
             if not isinstance(value, str):
                 raise ConfigInvalid(k, 'must be a duration string such as "7d"')
@@ -328,7 +328,7 @@ def _oncall(table: Any) -> OnCallConfig:
             )
         elif key in ("dashboard_url", "service_url"):
             if not isinstance(value, str) or len(value) > 2000 or not _URL.fullmatch(value):
-                raise ConfigInvalid(k, f"{_shown(repr(value))} is not an http(s) URL with a host, without ? or #")
+                raise ConfigInvalid(k, f"{_shown(str(value))} is not an http(s) URL with a host, without ? or #")
             out[key] = value.rstrip("/")
         else:
             out[key] = _share(value, k)
@@ -337,7 +337,7 @@ def _oncall(table: Any) -> OnCallConfig:
 
 def _runbook_url(value: Any, key: str) -> str:
     if not isinstance(value, str) or len(value) > 2000 or not _URL.fullmatch(value.split("#")[0].split("?")[0]):
-        raise ConfigInvalid(key, f"{_shown(repr(value))} is not an http(s) URL")
+        raise ConfigInvalid(key, f"{_shown(str(value))} is not an http(s) URL")
     return value
 
 
