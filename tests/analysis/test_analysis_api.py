@@ -31,7 +31,21 @@ MODEL = "claude-sonnet-4-5-20250929"
 PROMPT = "intake-v3"
 CONTRACT = "intake"
 COHORT = {"model": MODEL, "prompt_version": PROMPT, "contract": CONTRACT}
-DESIGN_ALERT_KEYS = {"cohort", "field", "kind", "severity", "state", "fingerprint", "baseline", "current", "detail"}
+DESIGN_ALERT_KEYS = {
+    "cohort",
+    "field",
+    "kind",
+    "severity",
+    "state",
+    "fingerprint",
+    "baseline",
+    "current",
+    "detail",
+    "onset",
+    "served_models",
+    "links",
+    "incident_id",
+}
 
 
 def envelopes(
