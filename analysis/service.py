@@ -158,13 +158,15 @@ def pager_enqueue(
     book = AlertBook(store)
 
     def hook(con: Any, moves: Sequence[Transition], now: datetime) -> None:
-        if not targets or not moves:
+        if not moves:
             return
+        # Incidents are kept without a pager too: the API and the dashboard show them.
         silences = book.silences(now=now)
         notices = incident_notices(
             con, moves, now, grouping=grouping, silenced=lambda a: any(s.matches(a, now) for s in silences)
         )
-        enqueue(con, targets, notices, now)
+        if targets:
+            enqueue(con, targets, notices, now)
 
     return hook
 

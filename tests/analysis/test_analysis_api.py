@@ -913,3 +913,20 @@ def test_runbooks_are_served_for_every_kind_and_refuse_anything_else(tmp_path: P
             assert err["message"].startswith("no runbook for ") and err["message"].endswith(": not an alert kind")
         assert_error(c.get("/v1/runbooks/..%2F..%2Fpyproject.toml"), 404)  # no route: nothing read from disk
         assert_error(c.get("/v1/runbooks/" + "x" * 5000), 422)
+
+
+def test_incidents_list_and_refuse_bad_parameters(judged: Judged) -> None:
+    # The judged workspace has one page alert firing: one incident, kept without a pager too.
+    drop = judged.alerts[("customer.tier", "presence_drop")]
+    (incident,) = judged.c.get("/v1/incidents").json()
+    assert {k: v for k, v in incident.items() if k != "opened_at"} == {
+        "incident_id": drop["incident_id"],
+        "group": [drop["cohort"]["model"], drop["cohort"]["prompt_version"], drop["cohort"]["contract"]],
+        "resolved_at": None,
+        "summary": f"presence_drop on customer.tier ({', '.join(drop['cohort'].values())}): {drop['detail']}",
+        "fingerprints": [drop["fingerprint"]],
+    }
+    assert incident["opened_at"] == drop["fired_at"]
+    assert judged.c.get("/v1/incidents", params={"state": "open", "limit": 1}).json() == [incident]
+    for params in ({"state": "closed"}, {"limit": 0}, {"limit": 10**9}, {"limit": "x"}, {"state": "o" * 5000}):
+        assert_error(judged.c.get("/v1/incidents", params=params), 422)
