@@ -38,6 +38,7 @@ ALERT_KINDS = (
     "retry_loop_rate",
     "repeated_call_rate",
     "undeclared_call_rate",
+    "traffic_stopped",
     "run_length_shift",
 )
 STATES = {

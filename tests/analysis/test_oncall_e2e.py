@@ -16,7 +16,9 @@ hysteresis. Delivery runs every 10 s inside the service: slow (about a minute).
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -27,7 +29,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
-from harness import ROOT, SHAPEWATCH, Service, free_port
+from harness import ROOT, SHAPEWATCH, Service, ensure_tool, free_port
 from pager_receiver import PagerReceiver
 
 ALIAS = "gpt-4o"
@@ -35,7 +37,8 @@ OLD, NEW = "gpt-4o-2024-08-06", "gpt-4o-2024-11-20"
 PROMPT, CONTRACT = "triage-v2", "triage"
 COHORT = {"model": ALIAS, "prompt_version": PROMPT, "contract": CONTRACT}
 ROUTING_KEY = "R0UT1NGKEY0000000000000000000000"
-DASHBOARD = "http://dashboard.test:8501"
+DASHBOARD_PORT = free_port()
+DASHBOARD = f"http://127.0.0.1:{DASHBOARD_PORT}"
 SERVICE = "http://shapewatch.test:8000"
 DRIFTING = ["customer.email", "customer.tier", "language", "sentiment"]
 DEADLINE = 75.0
@@ -211,6 +214,13 @@ timeout_seconds = 5
         assert trigger["links"][0]["href"].startswith(f"{DASHBOARD}/field?cohort=")
         assert pager.incidents_for(incident["incident_id"])[0].triggers == 1
 
+        # The link opens the field page in a real browser, on a period from before the onset, saying since when.
+        if ensure_tool("chromium") is not None:
+            first = min(pages, key=lambda a: a["field"])
+            at = datetime.fromisoformat(first["onset"]["at"].replace("Z", "+00:00"))
+            dom = open_in_browser(tmp_path, svc.url, first["links"]["dashboard"], f"since {at:%H:%M} UTC")
+            assert f"since {at:%H:%M} UTC on {at:%Y-%m-%d}" in dom and 'data-testid="stException"' not in dom
+
         with svc.client() as c:
             # The provider fixes the snapshot: dense complete outputs bring the window back.
             seed(c, envelopes(now - timedelta(minutes=30), 3000, timedelta(milliseconds=600), NEW))
@@ -229,3 +239,59 @@ timeout_seconds = 5
             "event_action": "resolve",
             "dedup_key": incident["incident_id"],
         }
+
+
+def open_in_browser(tmp_path: Path, service_url: str, link: str, text: str) -> str:
+    """``shapewatch dashboard`` on DASHBOARD_PORT, and headless Chromium's DOM of ``link`` once it shows
+    ``text`` (a fresh Streamlit process imports its libraries on the first load)."""
+    chromium = shutil.which("chromium")
+    assert chromium is not None
+    dash = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "shapewatch.analysis.cli",
+            "dashboard",
+            "--url",
+            service_url,
+            "--port",
+            str(DASHBOARD_PORT),
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+
+        def healthy() -> bool:
+            assert dash.poll() is None, "the dashboard exited"
+            try:
+                return httpx.get(f"{DASHBOARD}/_stcore/health", timeout=2).text == "ok"
+            except httpx.HTTPError:
+                return False
+
+        wait_for("the dashboard to start", healthy, 120)
+        deadline = time.monotonic() + 120
+        dom = ""
+        while time.monotonic() < deadline:
+            dom = subprocess.run(
+                [
+                    chromium,
+                    "--headless",
+                    "--no-sandbox",
+                    "--disable-gpu",
+                    "--virtual-time-budget=15000",
+                    "--dump-dom",
+                    link,
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            ).stdout
+            if text in dom:
+                return dom
+        raise AssertionError(f"{text!r} never appeared at {link}; the DOM ends with {dom[-2000:]}")
+    finally:
+        dash.terminate()
+        dash.wait(30)
