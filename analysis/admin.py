@@ -250,6 +250,7 @@ def cohorts(
     contracts = store.contract_versions_by_cohort(since, until)  # contract version ('' none) -> outputs
     outcomes = store.outcomes_by_cohort(since, until)
     counts = store.firing_alert_counts()
+    last_events, totals = store.last_events(), store.events_total()  # from the rollups: a restart keeps them
     current = {a.cohort: a for a in activation_history(store)}
     rows = store.cohorts()
     first_seen = {Cohort(r.model, r.prompt_version, r.contract, r.source): r.first_seen for r in rows}
@@ -292,6 +293,9 @@ def cohorts(
                 # the shares the outcome-rate rules judge, of responses (outputs + outcomes without one)
                 "outcome_rates": outcome_rates(outcomes.get(int(cid), {}), traffic.get(int(cid), 0)),
                 "alerts_firing": counts.get(cohort, {}),
+                # the newest rollup bucket with an event (to the bucket: a minute for recent data)
+                "last_event_at": _iso(last_events[int(cid)]) if int(cid) in last_events else None,
+                "events_total": totals.get(int(cid), 0),
             }
         )
     return out
@@ -307,6 +311,23 @@ def outcome_rates(outcomes: dict[str, int], outputs: int) -> dict[str, float]:
         kind.value: round(sum(outcomes.get(k, 0) + outcomes.get(WITH_OUTPUT + k, 0) for k in counted) / total, 6)
         for kind, counted in OUTCOME_KINDS.items()
     }
+
+
+def incidents(store: Store, *, open_only: bool = False, limit: int = 100) -> list[dict[str, Any]]:
+    """Incidents, newest first: the page alerts each gathered (analysis/incidents.py)."""
+    import orjson
+
+    return [
+        {
+            "incident_id": iid,
+            "group": orjson.loads(key),
+            "opened_at": _iso(opened),
+            "resolved_at": _iso(resolved) if resolved is not None else None,
+            "summary": summary,
+            "fingerprints": [f for f in fps if f is not None],
+        }
+        for iid, key, opened, resolved, summary, fps in store.incident_rows(open_only=open_only, limit=limit)
+    ]
 
 
 def cohort_fields(store: Store, cohort_id: int, *, since: datetime, until: datetime) -> dict[str, Any]:

@@ -96,6 +96,7 @@ class Alert:
     diff: dict[str, Any] = dc_field(default_factory=dict)  # baseline, current, p_value, effect, detail, ...
     samples: tuple[str, ...] = ()  # event ids that show the change
     silenced_until: datetime | None = None  # filled in when read, from the silences table
+    incident_id: str | None = None  # filled in when read: the incident it paged in (analysis/incidents.py)
 
     @property
     def detail(self) -> str:
@@ -134,6 +135,11 @@ class Alert:
             "acknowledged_by": self.acknowledged_by,
             "silenced_until": _iso(self.silenced_until),
             "samples": list(self.samples),
+            # on-call context (analysis/oncall.py): since when, which model, where to look, what to do
+            "onset": d.get("onset"),
+            "served_models": d.get("served_models"),
+            "links": d.get("links") or {"dashboard": None, "runbook": None},
+            "incident_id": self.incident_id,
         }
 
 
@@ -160,6 +166,9 @@ class Judged:
     baseline_id: str | None  # None: judged by declared assertions only
     compared_with: str  # words for the alert: which baseline, own or inherited
     contracts: dict[str, Any] = dc_field(default_factory=dict)  # the contract versions live (analyzer.CohortReport)
+    served_models: dict[str, Any] | None = None  # window and baseline shares, new ones (oncall.served_models)
+    # only the checks given were judged: the cohort's other alerts keep their state (a silent cohort)
+    partial: bool = False
 
 
 def _pvalue_text(q: float) -> str:
@@ -179,7 +188,16 @@ def _diff(check: Check, judged: Judged) -> dict[str, Any]:
         "compared_with": judged.compared_with,
         "contracts": judged.contracts,
         "window": check.window,
+        **({"served_models": judged.served_models} if judged.served_models is not None else {}),
     }
+
+
+#: Keys of an alert's diff found once, when it opens, and kept while it is open.
+_KEPT = ("onset", "links")
+
+
+def _kept(old: Alert, diff: dict[str, Any]) -> dict[str, Any]:
+    return {**diff, **{k: old.diff[k] for k in _KEPT if old.diff.get(k) is not None}}
 
 
 def step(
@@ -221,6 +239,8 @@ def step(
                 continue
             if old.field in judged.insufficient:
                 continue  # not judged: keep the state
+            if judged.partial and old.kind is not AlertKind.traffic_stopped:
+                continue  # only the traffic was judged
             new = _clear(old, config, now)  # no check: the condition is gone
             if new != old:
                 changed[fp] = new
@@ -266,9 +286,9 @@ def _judge(
                 samples=(),
             )
         elif old.state is AlertState.pending:
-            new = replace(old, severity=severity, streak=old.streak + 1, last_seen=now, diff=diff)
+            new = replace(old, severity=severity, streak=old.streak + 1, last_seen=now, diff=_kept(old, diff))
         else:  # firing: stays, the clear streak starts over; a severity can rise (unknown growth)
-            return replace(old, severity=severity, streak=0, last_seen=now, diff=diff)
+            return replace(old, severity=severity, streak=0, last_seen=now, diff=_kept(old, diff))
         if new.streak >= needed:
             new = replace(new, state=AlertState.firing, episode=new.episode + 1, fired_at=now, streak=0)
         return new
@@ -276,8 +296,8 @@ def _judge(
         return None
     clear = check.effect < check.threshold * config.hysteresis or check.q_value >= check.alpha
     if old.state is AlertState.pending or clear:
-        return _clear(replace(old, diff=_diff(check, judged)), config, now)
-    return replace(old, streak=0, diff=_diff(check, judged))  # in the hysteresis band: keeps firing
+        return _clear(replace(old, diff=_kept(old, _diff(check, judged))), config, now)
+    return replace(old, streak=0, diff=_kept(old, _diff(check, judged)))  # in the hysteresis band: keeps firing
 
 
 def _clear(old: Alert, config: AnalyzerConfig, now: datetime) -> Alert:
@@ -388,7 +408,7 @@ class AlertBook:
             severity=None if severity is None else severity.value,
             cohort=cohort,
         )
-        alerts = [_alert_of(r) for r in rows]
+        alerts = self._with_incidents([_alert_of(r) for r in rows])
         if now is None:
             return alerts
         silences = self.silences(now=now)
@@ -403,7 +423,11 @@ class AlertBook:
 
     def get(self, fp: str) -> Alert | None:
         row = self.store.alert_row(fp)
-        return None if row is None else _alert_of(row)
+        return None if row is None else self._with_incidents([_alert_of(row)])[0]
+
+    def _with_incidents(self, alerts: list[Alert]) -> list[Alert]:
+        found = self.store.incident_of([a.fingerprint for a in alerts if a.episode > 0])
+        return [replace(a, incident_id=found.get(a.fingerprint)) for a in alerts] if found else alerts
 
     def history(self, fp: str | None = None) -> list[dict[str, Any]]:
         return [

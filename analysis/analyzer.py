@@ -53,6 +53,8 @@ from .assertions import check_assertions
 from .changes import compare_served_models, unknown_contract_versions, with_moved_fields
 from .compare import production_twin, twin_baseline
 from .config import AlertKind, AnalyzerConfig, FieldRules, ShortWindow
+from .incidents import fold_related
+from .oncall import TRAFFIC_FIELD, served_models, traffic_check, with_context
 from .outcome_rates import FIELD as RESPONSES
 from .outcome_rates import compare_outcomes
 from .probes.scores import probe_checks
@@ -92,6 +94,10 @@ class CohortReport:
     # Each window judged (the analyzer's own first, then the short ones): its length, outputs and
     # fields too thin to judge there.
     windows: list[dict[str, Any]] = field(default_factory=list)
+    # The served models of the baseline (outputs per model), beside ``served_models`` of the window.
+    baseline_served: dict[str, int] = field(default_factory=dict)
+    # Only the traffic was judged (no output in the window): the cohort's other alerts keep their state.
+    silent: bool = False
 
     @property
     def unpinned(self) -> bool:
@@ -127,6 +133,8 @@ class CohortReport:
             self.baseline_id,
             self.compared_with,
             self.contracts,
+            served_models(self.served_models, self.baseline_served),
+            partial=self.silent,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -253,7 +261,11 @@ def evaluate(store: Store, config: AnalyzerConfig, at: datetime, *, window: time
     reports = []
     changes = contract_changes(store, None, since, at)
     # One check per alert: the window that breached, or that holds a firing alert.
-    merged = [merge_windows([next(adjusted) for _ in p[3]], hysteresis=config.hysteresis) for p in pending]
+    merged = [
+        fold_related(merge_windows([next(adjusted) for _ in p[3]], hysteresis=config.hysteresis)) for p in pending
+    ]
+    period = config.oncall.traffic_period
+    recent = store.events_by_cohort(at - period, at) if period is not None else None
     moved = {p[1]: {c.field for c in checks if c.breach} for p, checks in zip(pending, merged, strict=True)}
     for (profile, cohort, resolved, _, short, mirror, error, windows), mine in zip(pending, merged, strict=True):
         mine = [
@@ -262,6 +274,8 @@ def evaluate(store: Store, config: AnalyzerConfig, at: datetime, *, window: time
             else c
             for c in mine
         ]
+        if recent is not None and resolved is not None and mirror is None and error is None:
+            mine += _traffic(config, resolved, cohort, recent.get(profile.cohort_id, 0))
         contracts = {
             "window": {v: sum(by.values()) for v, by in sorted(profile.contract_checks.items()) if v},
             "live": profile.live_contract_version,
@@ -287,9 +301,68 @@ def evaluate(store: Store, config: AnalyzerConfig, at: datetime, *, window: time
                 contracts,
                 error,
                 windows,
+                dict(resolved.baseline.served_models) if resolved else {},
             )
         )
+    if recent is not None:
+        reports += _silent_cohorts(store, config, at, current, first_seen, aliases, in_window, recent)
     return Evaluation(at, since, reports)
+
+
+def _traffic(config: AnalyzerConfig, resolved: Resolved, cohort: Cohort, recent: int) -> list[Check]:
+    """The traffic_stopped check of a cohort judged against its own baseline (an inherited one
+    says nothing of this cohort's rate)."""
+    b = resolved.baseline
+    if resolved.how != "own" or b.cohort != cohort:
+        return []
+    check = traffic_check(
+        b.samples, b.until - b.since, recent, config, config.rules_for(cohort.contract, TRAFFIC_FIELD)
+    )
+    return [] if check is None else [check]
+
+
+def _silent_cohorts(
+    store: Store,
+    config: AnalyzerConfig,
+    at: datetime,
+    current: dict[Cohort, Activation],
+    first_seen: dict[Cohort, datetime],
+    aliases: dict[tuple[str, str, str, str], list[tuple[str, str, str, str]]],
+    in_window: dict[Cohort, Profile],
+    recent: dict[int, int],
+) -> list[CohortReport]:
+    """Cohorts with an active baseline of their own and no output in the window: judged on their
+    traffic alone (``traffic_stopped``), their other alerts keeping their state."""
+    out = []
+    ids = {Cohort(r.model, r.prompt_version, r.contract, r.source): r.cohort_id for r in store.cohorts()}
+    for cohort, activation in current.items():
+        if cohort in in_window or activation.baseline_id is None or cohort not in ids:
+            continue
+        try:
+            resolved = resolve_baseline(store, cohort, current=current, first_seen=first_seen, aliases=aliases)
+            checks = [] if resolved is None else _traffic(config, resolved, cohort, recent.get(ids[cohort], 0))
+        except Exception:
+            log.exception("judging the traffic of cohort %s failed", cohort)
+            continue
+        if resolved is None or not checks:
+            continue
+        out.append(
+            CohortReport(
+                cohort,
+                ids[cohort],
+                0,
+                {},
+                resolved.baseline.baseline_id,
+                resolved.how,
+                resolved.baseline.cohort,
+                checks,
+                [],
+                {},
+                baseline_served=dict(resolved.baseline.served_models),
+                silent=True,
+            )
+        )
+    return out
 
 
 def _judge_cohort(
@@ -535,6 +608,7 @@ def analyze_once(
     assert evaluation is not None
     open_alerts = {fp: a for fp, a in alerts.items() if a.state is not AlertState.resolved}
     open_alerts = _with_samples(store, evaluation, open_alerts, config.samples_per_alert)
+    open_alerts = with_context(store, config, {r.cohort: r.cohort_id for r in evaluation.cohorts}, open_alerts, at)
     return evaluation, _ordered(open_alerts.values())
 
 
@@ -642,6 +716,9 @@ class Analyzer:
             judged = [j for r in evaluation.cohorts if (j := r.judged())]
             changed, moves = step(self.book.open_alerts(), judged, self.config, at)
             changed = _with_samples(self.store, evaluation, changed, self.config.samples_per_alert)
+            changed = with_context(
+                self.store, self.config, {r.cohort: r.cohort_id for r in evaluation.cohorts}, changed, at
+            )
             moves = [replace(m, alert=changed.get(m.alert.fingerprint, m.alert)) for m in moves]
             served_moves = self.store.served_model_moves(evaluation.since, evaluation.at)
             duration = time.perf_counter() - t0
@@ -712,10 +789,33 @@ class Analyzer:
 
 
 class _AlertGauges(Collector):
-    """Alerts by state and severity, and per-field presence, read at scrape time (bounded labels)."""
+    """Alerts by state and severity, per-field presence, and each judged cohort's last event,
+    read at scrape time (bounded labels)."""
 
     def __init__(self, analyzer: Analyzer) -> None:
         self.analyzer = analyzer
+
+    def _last_events(self) -> GaugeMetricFamily:
+        # Cohorts with an active baseline of their own (the ones traffic_stopped judges), at most
+        # max_presence_series: a Prometheus rule can see a cohort go silent even with the
+        # analyzer's traffic check off.
+        family = GaugeMetricFamily(
+            "shapewatch_cohort_last_event_timestamp_seconds",
+            "Unix time of the newest rollup bucket holding an output, per cohort with an active baseline",
+            labels=["model", "prompt_version", "contract"],
+        )
+        try:
+            store = self.analyzer.store
+            active = {a.cohort: a.baseline_id for a in activation_history(store)}
+            last = store.last_events()
+            rows = [r for r in store.cohorts() if active.get(Cohort(r.model, r.prompt_version, r.contract, r.source))]
+        except Exception:  # a scrape must not fail because the store is busy or closed
+            log.warning("last-event gauges unavailable", exc_info=True)
+            return family
+        for r in rows[: self.analyzer.max_presence_series]:
+            if r.cohort_id in last:
+                family.add_metric([r.model, r.prompt_version, r.contract], last[r.cohort_id].timestamp())
+        return family
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         firing = GaugeMetricFamily("shapewatch_alerts", "Alerts by state and severity", labels=["state", "severity"])
@@ -733,6 +833,7 @@ class _AlertGauges(Collector):
             "(at most max_presence_series series)",
             labels=["model", "prompt_version", "contract", "field"],
         )
+        yield self._last_events()
         last = self.analyzer.last
         n = 0
         for report in last.cohorts if last else []:

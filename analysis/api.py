@@ -27,8 +27,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Body, Depends, Query, Request, Security
-from fastapi.responses import Response
+from fastapi import APIRouter, Body, Depends, Path, Query, Request, Security
+from fastapi.responses import PlainTextResponse, Response
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from shapewatch.baselines import BaselineError, Cohort
@@ -57,6 +57,7 @@ from .config import (
     parse_time,
 )
 from .errors import ConfigInvalid, ParameterInvalid
+from .oncall import runbook
 
 __all__ = ["AnalysisApi", "analysis_of", "router"]
 
@@ -195,6 +196,36 @@ class Window(_Open):
     until: str
 
 
+class Onset(_Open):
+    """When the field's series left the baseline (a change point in its rollup buckets), between
+    ``low`` and ``high``."""
+
+    at: str
+    low: str
+    high: str
+    method: str
+
+
+class ServedShare(_Open):
+    model: str
+    share: float
+
+
+class ServedModels(_Open):
+    """The served models of the window and of the baseline by share, and those new since it."""
+
+    window: list[ServedShare]
+    baseline: list[ServedShare]
+    new: list[str]
+
+
+class AlertLinks(_Open):
+    """Where to look (the field page on a period showing the onset) and what to do (the runbook)."""
+
+    dashboard: str | None
+    runbook: str | None
+
+
 class Alert(_Open):
     """An alert as the API, the CLI and the pager carry it (README, *Analyzer and alerts*)."""
 
@@ -226,6 +257,21 @@ class Alert(_Open):
     silenced_until: str | None
     samples: list[str]
     cohort_id: int | None
+    onset: Onset | None = None
+    served_models: ServedModels | None = None
+    links: AlertLinks | None = None
+    incident_id: str | None = None
+
+
+class Incident(_Open):
+    """Page alerts of one cohort (or field) that fired while it was open: one page, one resolve."""
+
+    incident_id: str
+    group: list[str]
+    opened_at: str | None
+    resolved_at: str | None
+    summary: str
+    fingerprints: list[str]
 
 
 class AlertTransition(_Open):
@@ -309,6 +355,8 @@ class CohortSummary(_Open):
     provider_outcomes: dict[str, int]
     outcome_rates: dict[str, float] = {}
     alerts_firing: dict[str, int]
+    last_event_at: str | None = None
+    events_total: int | None = None
 
 
 class FieldWindow(_Open):
@@ -612,6 +660,15 @@ def create_silence(api: Analysis, body: SilenceRequest) -> Response:
 )
 def list_silences(api: Analysis, active: bool = True) -> Response:
     return json_response(admin.silences(api.store, active=active))
+
+
+@router.get("/v1/incidents", summary="Incidents, newest first", tags=["alerts"], response_model=list[Incident])
+def list_incidents(
+    api: Analysis,
+    state: str | None = Query(None, pattern="^(open|all)$"),
+    limit: int = Query(100, ge=1, le=1000),
+) -> Response:
+    return json_response(admin.incidents(api.store, open_only=state == "open", limit=limit))
 
 
 # --- cohorts ----------------------------------------------------------------------------------------
@@ -936,3 +993,25 @@ def run_analyzer(api: Analysis) -> Response:
             "transitions": len(res.transitions),
         }
     )
+
+
+#: ``GET /v1/runbooks/{kind}``: open without a token, as a page link in a pager opens it in a
+#: browser that carries none; a runbook holds no data of the deployment.
+runbooks_router = APIRouter(tags=["alerts"], generate_unique_id_function=operation_id)
+
+
+@runbooks_router.get(
+    "/v1/runbooks/{kind}",
+    summary="The runbook of an alert kind (Markdown)",
+    description="Open without a token: pages link here. What the alert means, what to check, what to do.",
+    response_class=PlainTextResponse,
+    responses={
+        200: {"description": "The runbook, Markdown", "content": {"text/markdown": {"schema": {"type": "string"}}}},
+        **error_responses(404, 422, 500, by_reference=True),
+    },
+)
+def get_runbook(kind: str = Path(max_length=64)) -> Response:
+    text = runbook(kind)
+    if text is None:
+        raise ApiError(404, f"no runbook for {kind!r}: not an alert kind")
+    return PlainTextResponse(text, media_type="text/markdown; charset=utf-8")

@@ -60,7 +60,9 @@ __all__ = [
     "ConfigInvalid",
     "EnumMode",
     "FieldRules",
+    "Grouping",
     "NumberKind",
+    "OnCallConfig",
     "Severity",
     "ShortWindow",
     "check_window",
@@ -122,6 +124,7 @@ class AlertKind(str, Enum):
     probe_tool_accuracy = "probe_tool_accuracy"  # share of cases whose first call is the expected tool
     probe_argument_accuracy = "probe_argument_accuracy"  # share whose critical arguments match
     probe_spurious_calls = "probe_spurious_calls"  # share of negative cases that called a tool
+    traffic_stopped = "traffic_stopped"  # a cohort with an active baseline receives (almost) nothing
 
 
 class Severity(str, Enum):
@@ -155,6 +158,7 @@ DEFAULT_SEVERITY: dict[AlertKind, Severity] = {
     AlertKind.probe_tool_accuracy: Severity.page,
     AlertKind.probe_argument_accuracy: Severity.page,
     AlertKind.probe_spurious_calls: Severity.page,
+    AlertKind.traffic_stopped: Severity.warn,
 }
 
 
@@ -275,6 +279,81 @@ DEFAULT_SHORT_WINDOWS = (
 MAX_SHORT_WINDOWS = 6
 
 
+class Grouping(str, Enum):
+    """What one incident gathers: the page alerts of a cohort, or of one field of it."""
+
+    cohort = "cohort"
+    field = "field"
+
+
+@dataclass(frozen=True)
+class OnCallConfig:
+    """The ``[oncall]`` table: incidents, onset, links, runbooks and the traffic check.
+
+    .. code-block:: toml
+
+        [oncall]
+        grouping = "cohort"                 # cohort | field: what one incident (one page) gathers
+        onset_lookback = "7d"               # how far back the onset of a change is looked for
+        dashboard_url = "https://shapewatch.example.com"   # deep links in every notice
+        service_url = "https://shapewatch-api.example.com" # where /v1/runbooks/KIND is served
+        traffic_period = "1h"               # traffic_stopped: judged over this period (off if unset) ...
+        traffic_min_share = 0.1             # ... below this share of the baseline's rate
+    """
+
+    grouping: Grouping = Grouping.cohort
+    onset_lookback: timedelta = timedelta(days=7)
+    dashboard_url: str | None = None
+    service_url: str | None = None
+    # None: traffic_stopped is not judged (a rate is the team's to state: a nightly batch cohort
+    # is silent most of the day)
+    traffic_period: timedelta | None = None
+    traffic_min_share: float = 0.1
+
+
+#: The longest onset lookback: the search reads the field's buckets over it, per alert.
+MAX_ONSET_LOOKBACK = timedelta(days=31)
+_ONCALL_KEYS = ("dashboard_url", "grouping", "onset_lookback", "service_url", "traffic_min_share", "traffic_period")
+_URL = re.compile(r"https?://[^\s/?#]+(/[^\s?#]*)?")
+
+
+def _oncall(table: Any) -> OnCallConfig:
+    if not isinstance(table, dict):
+        raise ConfigInvalid("oncall", "must be a table")
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        k = f"oncall.{key}"
+        if key not in _ONCALL_KEYS:
+            raise ConfigInvalid(k, f"unknown key; known keys are {', '.join(_ONCALL_KEYS)}")
+        if key == "grouping":
+            try:
+                out[key] = Grouping(value)
+            except ValueError:
+                raise ConfigInvalid(k, f"{_shown(str(value))} is not one of cohort, field") from None
+        elif key in ("onset_lookback", "traffic_period"):
+            if not isinstance(value, str):
+                raise ConfigInvalid(k, 'must be a duration string such as "7d"')
+            out[key] = parse_duration(
+                value,
+                key=k,
+                minimum=timedelta(minutes=5),
+                maximum=MAX_ONSET_LOOKBACK if key == "onset_lookback" else timedelta(days=7),
+            )
+        elif key in ("dashboard_url", "service_url"):
+            if not isinstance(value, str) or len(value) > 2000 or not _URL.fullmatch(value):
+                raise ConfigInvalid(k, f"{_shown(str(value))} is not an http(s) URL with a host, without ? or #")
+            out[key] = value.rstrip("/")
+        else:
+            out[key] = _share(value, k)
+    return OnCallConfig(**out)
+
+
+def _runbook_url(value: Any, key: str) -> str:
+    if not isinstance(value, str) or len(value) > 2000 or not _URL.fullmatch(value.split("#")[0].split("?")[0]):
+        raise ConfigInvalid(key, f"{_shown(str(value))} is not an http(s) URL")
+    return value
+
+
 @dataclass(frozen=True)
 class AnalyzerConfig:
     """Everything the analyzer is configured with."""
@@ -302,6 +381,9 @@ class AnalyzerConfig:
     probe_suites: tuple[str, ...] = ()
     probe_interval: timedelta = timedelta(days=1)
     probe_tick: timedelta = timedelta(minutes=1)
+    # Incidents, onset, links, runbooks, traffic_stopped ([oncall]); runbook_url per contract.
+    oncall: OnCallConfig = field(default_factory=OnCallConfig)
+    runbook_urls: dict[str, str] = field(default_factory=dict)
 
     def rules_for(self, contract: str, path: str) -> FieldRules:
         return self.fields.get((contract, path)) or self.contracts.get(contract) or self.defaults
@@ -320,7 +402,7 @@ _SHARES = {
     "max_invalid_output_rate",
     "served_model_share",
 }
-_TOP = {"defaults", "contracts", "analyzer", "notify", "shadows", "probes"}
+_TOP = {"defaults", "contracts", "analyzer", "notify", "shadows", "probes", "oncall"}
 MAX_PROBE_SUITES = 100
 #: At most this many [shadows] entries, each name at most MAX_SHADOW_NAME characters.
 MAX_SHADOWS, MAX_SHADOW_NAME = 1000, 200
@@ -436,7 +518,7 @@ def _rules(base: FieldRules, table: Any, where: str, *, allow_fields: bool = Fal
         raise ConfigInvalid(where, "must be a table")
     changes: dict[str, Any] = {}
     for key, value in table.items():
-        if allow_fields and key in ("fields", "assertions"):
+        if allow_fields and key in ("fields", "assertions", "runbook_url"):
             continue
         spec = _RULE_KEYS.get(key)
         if spec is None:
@@ -505,9 +587,12 @@ def parse_config(data: dict[str, Any], *, source: str = "config") -> AnalyzerCon
     if not isinstance(raw_contracts, dict):
         raise ConfigInvalid("contracts", "must be a table of contract name -> rules")
     assertions: dict[str, tuple[Assertion, ...]] = {}
+    runbook_urls: dict[str, str] = {}
     for name, table in raw_contracts.items():
         crules = _rules(defaults, table, f"contracts.{name}", allow_fields=True)
         contracts[name] = crules
+        if "runbook_url" in table:
+            runbook_urls[name] = _runbook_url(table["runbook_url"], f"contracts.{name}.runbook_url")
         if "assertions" in table:
             assertions[name] = _assertions(table["assertions"], f"contracts.{name}.assertions")
         fields_table = table.get("fields", {})
@@ -559,6 +644,8 @@ def parse_config(data: dict[str, Any], *, source: str = "config") -> AnalyzerCon
         assertions=assertions,
         shadows=_shadows(data.get("shadows", {})),
         **_probes(data.get("probes", {})),
+        oncall=_oncall(data.get("oncall", {})),
+        runbook_urls=runbook_urls,
         **extra,
     )
 

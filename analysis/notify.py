@@ -83,6 +83,7 @@ __all__ = [
     "Notifier",
     "Target",
     "TargetKind",
+    "alertname",
     "digest_url_from_config",
     "enqueue",
     "notice_for",
@@ -185,6 +186,12 @@ class Target:
     timeout_seconds: float = 10.0
     max_attempts: int = 8
     headers: dict[str, str] = field(default_factory=dict, repr=False, hash=False)
+    #: webhook only: "shapewatch" (the notice as JSON) or "alertmanager-webhook" (the body
+    #: Alertmanager sends its webhook receivers, version 4: what kind "alertmanager" posted before)
+    format: str = "shapewatch"
+    #: alertmanager only: firing alerts are posted again this often (Alertmanager resolves an
+    #: alert it has not heard of for its resolve_timeout, 5 minutes by default)
+    repeat_seconds: float = 60.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", TargetKind(self.kind))
@@ -203,7 +210,20 @@ class Target:
 # --- configuration ----------------------------------------------------------------------------
 
 _NOTIFY_KEYS = ("digest", "targets")
-_TARGET_KEYS = ("headers", "kind", "max_attempts", "name", "routing_key", "severities", "timeout_seconds", "url")
+_TARGET_KEYS = (
+    "format",
+    "headers",
+    "kind",
+    "max_attempts",
+    "name",
+    "repeat_seconds",
+    "routing_key",
+    "severities",
+    "timeout_seconds",
+    "url",
+)
+_WEBHOOK_FORMATS = ("shapewatch", "alertmanager-webhook")
+_AM_ALERTS_PATH = "/api/v2/alerts"
 
 
 def _check_notify_table(data: Mapping[str, Any]) -> None:
@@ -264,6 +284,26 @@ def _target_from_table(i: int, item: object, seen: dict[str, int]) -> Target:
         url = PAGERDUTY_EVENTS_URL
     else:
         url = _check_url(f"{where}.url", item.get("url"))
+    if kind is TargetKind.alertmanager and not urlsplit(url).path.rstrip("/").endswith(_AM_ALERTS_PATH):
+        url = url.rstrip("/") + _AM_ALERTS_PATH  # Alertmanager's address; its API path is known
+    fmt = item.get("format", "shapewatch")
+    if "format" in item and kind is not TargetKind.webhook:
+        raise NotifyConfigInvalid(f"{where}.format", f'only used by kind "webhook", not "{kind.value}"', "remove it")
+    if fmt not in _WEBHOOK_FORMATS:
+        raise NotifyConfigInvalid(
+            f"{where}.format", f"unknown format {fmt!r}", f"use one of: {', '.join(map(repr, _WEBHOOK_FORMATS))}"
+        )
+    if "repeat_seconds" in item and kind is not TargetKind.alertmanager:
+        raise NotifyConfigInvalid(
+            f"{where}.repeat_seconds", f'only used by kind "alertmanager", not "{kind.value}"', "remove it"
+        )
+    repeat = _check_number(
+        f"{where}.repeat_seconds", item.get("repeat_seconds", 60.0), integer=False, minimum=0, strict=True
+    )
+    if repeat > 86400:
+        raise NotifyConfigInvalid(
+            f"{where}.repeat_seconds", f"must be at most 86400, not {repeat:g}", "Alertmanager forgets in minutes"
+        )
     routing_key = item.get("routing_key")
     if kind is TargetKind.pagerduty:
         if not isinstance(routing_key, str) or not routing_key.strip():
@@ -310,6 +350,8 @@ def _target_from_table(i: int, item: object, seen: dict[str, int]) -> Target:
         timeout_seconds=timeout,
         max_attempts=max_attempts,
         headers=dict(headers),
+        format=fmt,
+        repeat_seconds=repeat,
     )
 
 
@@ -455,12 +497,62 @@ def _pagerduty_body(target: Target, row: _Row) -> dict[str, Any]:
         details["class"] = str(alert["kind"])
     details["custom_details"] = alert
     body["payload"] = details
-    if p.get("dashboard_url"):
-        body["links"] = [{"href": p["dashboard_url"], "text": "shapewatch dashboard"}]
+    links = _links(p)
+    if links:
+        body["links"] = [
+            {"href": href, "text": text}
+            for href, text in ((links.get("dashboard"), "shapewatch dashboard"), (links.get("runbook"), "runbook"))
+            if href
+        ]
     return body
 
 
-def _alertmanager_body(target: Target, row: _Row) -> dict[str, Any]:
+def _links(p: Mapping[str, Any]) -> dict[str, Any]:
+    """The notice's links: the alert's own (dashboard, runbook), or the notice's dashboard_url."""
+    links = dict((p.get("alert") or {}).get("links") or {})
+    if not links.get("dashboard") and p.get("dashboard_url"):
+        links["dashboard"] = p["dashboard_url"]
+    return {k: v for k, v in links.items() if v}
+
+
+def alertname(kind: object) -> str:
+    """``presence_drop`` -> ``ShapewatchPresenceDrop`` (Alertmanager's CamelCase alert names)."""
+    return "Shapewatch" + "".join(part.capitalize() for part in str(kind or "alert").split("_"))
+
+
+def _alertmanager_alert(row: _Row, now: datetime) -> dict[str, Any]:
+    """One alert of ``POST /api/v2/alerts``: labels identify it (the fingerprint, here the
+    incident's id, keeps each one apart), a firing one has no endsAt, a resolved one ends when
+    it resolved."""
+    p = row.payload
+    alert: dict[str, Any] = p["alert"]
+    labels = {
+        "alertname": alertname(alert.get("kind")),
+        "severity": _MAPPED_SEVERITY[p["severity"]],
+        **_cohort(alert),
+        "fingerprint": row.fingerprint,
+    }
+    if alert.get("field") is not None:
+        labels["field"] = str(alert["field"])
+    links = _links(p)
+    annotations = {"summary": p["summary"], "description": str(alert.get("detail") or p["summary"])}
+    if links.get("runbook"):
+        annotations["runbook_url"] = links["runbook"]
+    onset = alert.get("onset")
+    if isinstance(onset, Mapping) and onset.get("at"):
+        annotations["onset"] = str(onset["at"])
+    body: dict[str, Any] = {
+        "labels": labels,
+        "annotations": annotations,
+        "startsAt": p["started_at"],
+        "generatorURL": links.get("dashboard", ""),
+    }
+    if row.action is NoticeAction.resolve:
+        body["endsAt"] = p.get("ended_at") or _rfc3339(now)
+    return body
+
+
+def _alertmanager_webhook_body(target: Target, row: _Row) -> dict[str, Any]:
     # The body Alertmanager POSTs to a webhook_config receiver (version 4), one alert per body.
     p = row.payload
     alert: dict[str, Any] = p["alert"]
@@ -474,7 +566,7 @@ def _alertmanager_body(target: Target, row: _Row) -> dict[str, Any]:
         labels["field"] = str(alert["field"])
     labels["fingerprint"] = row.fingerprint
     annotations = {"summary": p["summary"], "description": str(alert.get("detail") or p["summary"])}
-    url = p.get("dashboard_url") or ""
+    url = _links(p).get("dashboard", "")
     return {
         "version": "4",
         "groupKey": f'{{}}:{{fingerprint="{row.fingerprint}"}}',
@@ -501,6 +593,7 @@ def _alertmanager_body(target: Target, row: _Row) -> dict[str, Any]:
 
 def _webhook_body(row: _Row) -> dict[str, Any]:
     p = row.payload
+    links = _links(p)
     return {
         "action": row.action.value,
         "fingerprint": row.fingerprint,
@@ -508,16 +601,20 @@ def _webhook_body(row: _Row) -> dict[str, Any]:
         "severity": p["severity"],
         "summary": p["summary"],
         "alert": p["alert"],
-        "dashboard_url": p.get("dashboard_url"),
+        "dashboard_url": links.get("dashboard"),
+        "links": {"dashboard": links.get("dashboard"), "runbook": links.get("runbook")},
     }
 
 
-def _request(target: Target, row: _Row) -> tuple[bytes, dict[str, str]]:
+def _request(target: Target, row: _Row, now: datetime | None = None) -> tuple[bytes, dict[str, str]]:
     headers = {"Content-Type": "application/json", **target.headers}
+    body: Any
     if target.kind is TargetKind.pagerduty:
         body = _pagerduty_body(target, row)
     elif target.kind is TargetKind.alertmanager:
-        body = _alertmanager_body(target, row)
+        body = [_alertmanager_alert(row, now or _utcnow())]
+    elif target.format == "alertmanager-webhook":
+        body = _alertmanager_webhook_body(target, row)
     else:
         body = _webhook_body(row)
         headers["Idempotency-Key"] = f"{row.fingerprint}:{row.episode}:{row.action.value}"
@@ -659,6 +756,7 @@ class Notifier:
         self._backoff_max = backoff_max
         self._rng = rng or random.Random()
         self._lock = threading.Lock()  # one pass at a time, so a row is never sent by two at once
+        self._reposted: dict[str, datetime] = {}  # alertmanager target -> when its alerts were last re-posted
         self._registry = registry
         self._results = Counter(
             "shapewatch_notifications",
@@ -721,7 +819,34 @@ class Notifier:
                 queue.popleft()
                 if queue:
                     heapq.heappush(heads, (queue[0].order, key))
+            for target in self._targets.values():
+                if target.kind is TargetKind.alertmanager and target.name not in resting:
+                    self._repost(target, now)
         return DeliveryReport(**counts)
+
+    def _repost(self, target: Target, now: datetime) -> None:
+        """Post the firing alerts of an Alertmanager target again, every ``repeat_seconds``: it
+        takes an alert without ``endsAt`` as resolved once ``resolve_timeout`` passes unheard. One
+        request for all of them; a failure waits for the next pass (the next repeat is as good)."""
+        last = self._reposted.get(target.name)
+        if last is not None and (now - last).total_seconds() < target.repeat_seconds:
+            return
+        self._reposted[target.name] = now
+        rows = self._store.open_triggers([target.name])
+        if last is None or not rows:
+            return  # the first pass after a start sends what is pending; repeats start a period later
+        alerts = [
+            _alertmanager_alert(
+                _Row(str(t), str(fp), int(ep), NoticeAction.trigger, orjson.loads(payload), now, 0, now), now
+            )
+            for t, fp, ep, payload in rows
+        ]
+        headers = {"Content-Type": "application/json", **target.headers}
+        answer = _post(
+            self._client, target.url, orjson.dumps(alerts, default=str), headers, target.timeout_seconds, now
+        )
+        if answer.result != "sent":
+            log.warning("re-posting %d firing alerts to %s failed: %s", len(alerts), target.name, answer.error)
 
     def _pending_rows(self) -> list[_Row]:
         rows = self._store.pending_notifications(list(self._targets))
@@ -743,7 +868,7 @@ class Notifier:
         target = self._targets[row.target]
         what = f"{row.action.value} of {row.fingerprint} (episode {row.episode}) to {target.name}"
         try:
-            body, headers = _request(target, row)
+            body, headers = _request(target, row, now)
         except Exception as exc:  # a row that cannot be rendered never will be: do not retry it
             log.exception("cannot build the %s", what)
             answer = _Answer("failed", f"cannot build the request: {type(exc).__name__}: {exc}")

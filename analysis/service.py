@@ -62,19 +62,18 @@ from shapewatch.collector.traces import runs_router, traces_router
 
 from .alerts import AlertBook, AlertState, Transition
 from .analyzer import Analyzer
-from .api import AnalysisApi
+from .api import AnalysisApi, runbooks_router
 from .api import router as analysis_router
 from .cases_api import cases_router
-from .config import AnalyzerConfig
+from .config import AnalyzerConfig, Grouping
 from .errors import ConfigInvalid
+from .incidents import incident_notices
 from .maintenance import start_maintenance
 from .notify import (
-    NoticeAction,
     Notifier,
     Target,
     digest_url_from_config,
     enqueue,
-    notice_for,
     send_digest,
     targets_from_config,
 )
@@ -153,28 +152,25 @@ def install_docs(app: FastAPI) -> None:
     app.include_router(docs_router)
 
 
-def pager_enqueue(store: Store, targets: list[Target]) -> Callable[[Any, Sequence[Transition], datetime], None]:
-    """The analyzer's hook: a firing or resolved transition becomes a notice in the outbox, in the
-    evaluation's own transaction. A silenced alert is not announced (its resolve still is, to a
+def pager_enqueue(
+    store: Store, targets: list[Target], grouping: Grouping = Grouping.cohort
+) -> Callable[[Any, Sequence[Transition], datetime], None]:
+    """The analyzer's hook: firing and resolved transitions become notices in the outbox, in the
+    evaluation's own transaction; page alerts through incidents (``incidents.py``: one trigger
+    and one resolve per incident). A silenced alert is not announced (its resolve still is, to a
     pager that heard its trigger)."""
     book = AlertBook(store)
 
     def hook(con: Any, moves: Sequence[Transition], now: datetime) -> None:
-        if not targets or not moves:
+        if not moves:
             return
+        # Incidents are kept without a pager too: the API and the dashboard show them.
         silences = book.silences(now=now)
-        notices = []
-        for m in moves:
-            a = m.alert
-            if not m.notify or a.episode < 1:
-                continue
-            if a.state is AlertState.firing:
-                if any(s.matches(a, now) for s in silences):
-                    continue
-                notices.append(notice_for(a.to_json(), episode=a.episode, action=NoticeAction.trigger))
-            elif a.state is AlertState.resolved and m.previous is AlertState.firing:
-                notices.append(notice_for(a.to_json(), episode=a.episode, action=NoticeAction.resolve))
-        enqueue(con, targets, notices, now)
+        notices = incident_notices(
+            con, moves, now, grouping=grouping, silenced=lambda a: any(s.matches(a, now) for s in silences)
+        )
+        if targets:
+            enqueue(con, targets, notices, now)
 
     return hook
 
@@ -210,7 +206,7 @@ def create_app(
         on_batch=metrics.observe_batch,
     )
     api = CollectorApi(store, writer, metrics, limits_from_settings(settings), max_body_bytes=settings.max_body_bytes)
-    analyzer = Analyzer(store, config, registry=registry, enqueue=pager_enqueue(store, targets))
+    analyzer = Analyzer(store, config, registry=registry, enqueue=pager_enqueue(store, targets, config.oncall.grouping))
     notifier = Notifier(store, targets, registry=registry)
     probes = ProbeScheduler(store, suites, interval=config.probe_interval) if suites else None
 
@@ -310,6 +306,7 @@ def create_app(
     app.include_router(probes_router)
     app.include_router(health_router)
     app.include_router(analysis_router)
+    app.include_router(runbooks_router)
     app.include_router(metrics_router)
     install_docs(app)
     limits = limits_from_settings(settings)

@@ -34,6 +34,9 @@ window = "{window}"
 interval = "{interval}"
 confirm_evaluations = {confirm}
 
+[oncall]
+grouping = "field"  # an incident per page alert's field: the scenarios follow each page on its own
+
 [[notify.targets]]
 name = "pd"
 kind = "pagerduty"

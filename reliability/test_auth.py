@@ -7,8 +7,8 @@ every route and method: no token, a wrong token and a malformed Authorization he
 401; each token whose scopes lack the route's scope answers 403 naming that scope; the token
 that has it is let through. The scope a route needs follows one rule: ingest for the ingest
 routes (/v1/outputs, /v1/provider/...), read for every other GET, admin for every other
-write. Deliberately open: ``/healthz`` (liveness probes must not hold a secret) and the API
-description (``/openapi.json``, ``/docs``, ``/redoc``: no data in them); the test pins that
+write. Deliberately open: ``/healthz`` (liveness probes must not hold a secret), the runbooks
+(``/v1/runbooks/{kind}``: page links open in a browser) and the API description (``/openapi.json``, ``/docs``, ``/redoc``: no data in them); the test pins that
 list so nothing else becomes open by accident. And the service binds loopback by default.
 """
 
@@ -38,6 +38,7 @@ OPEN = {
     ("GET", "/docs"),
     ("GET", "/docs/oauth2-redirect"),
     ("GET", "/redoc"),
+    ("GET", "/v1/runbooks/{kind}"),  # a page's runbook link opens in a browser without a token; no data in it
 }
 INGEST = re.compile(r"^/v1/(outputs|provider/|traces)")
 
@@ -139,7 +140,8 @@ def _run(
             assert r.status_code not in (401, 403), (method, path, r.text)
             answers["let through"] += 1
         for method, path in sorted(OPEN & set(routes)):
-            assert httpx.request(method, svc.url + path, timeout=30).status_code == 200, path
+            concrete = path.replace("{kind}", "presence_drop")
+            assert httpx.request(method, svc.url + concrete, timeout=30).status_code == 200, path
     finally:
         client = _CLIENTS.pop(svc.url, None)
         if client is not None:

@@ -54,7 +54,8 @@ def test_pager_faults_and_a_kill_between_commit_and_send(tmp_path: Path, report:
             )
             r = c.post("/v1/analyzer/run")
             assert r.status_code == 200 and r.json()["transitions"] >= 2, r.text
-            pages = {a["fingerprint"]: a for a in c.get("/v1/alerts", params={"severity": "page"}).json()}
+            # keyed by incident (the pager's dedup key): one per page alert, grouped per field
+            pages = {a["incident_id"]: a for a in c.get("/v1/alerts", params={"severity": "page"}).json()}
         committed_after = time.monotonic() - t_start
         assert pager.requests == [], "the delivery pass ran before the kill: the scenario tested nothing"
         svc.kill(signal.SIGKILL)

@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 from .core import StoreCore
+from .incidents import INCIDENTS_DDL
 from .schema import Schema
 
 __all__ = ["ALERTS_SCHEMA", "ALERT_COLUMNS", "AlertRecords", "AnalyzerRun"]
@@ -56,6 +57,7 @@ CREATE TABLE served_model_changes (
         """
 ALTER TABLE alerts ADD COLUMN source VARCHAR DEFAULT 'production';
 """,
+        INCIDENTS_DDL,
     ),
 )
 

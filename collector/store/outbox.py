@@ -102,6 +102,20 @@ class OutboxRecords(StoreCore):
             )
         ]
 
+    def open_triggers(self, targets: Sequence[str]) -> list[tuple[Any, ...]]:
+        """(target, fingerprint, episode, payload) of the triggers of ``targets`` sent and not
+        followed by a resolve (pending or sent): what a receiver that forgets alerts it does not
+        hear again (Alertmanager) must be told again."""
+        return self.query(
+            """SELECT t.target, t.fingerprint, t.episode, t.payload FROM notifications t
+               WHERE t.action = 'trigger' AND t.state = 'sent' AND list_contains(?::VARCHAR[], t.target)
+                 AND NOT EXISTS (SELECT 1 FROM notifications r
+                                 WHERE r.target = t.target AND r.fingerprint = t.fingerprint
+                                   AND r.episode = t.episode AND r.action = 'resolve' AND r.state <> 'failed')
+               ORDER BY t.target, t.fingerprint, t.episode""",
+            [list(targets)],
+        )
+
     def notification_sent(self, key: Sequence[Any], at: datetime) -> None:
         """A pending row was delivered: one more attempt, sent at ``at``."""
         self._update_pending(key, "marking a notification sent", "state = 'sent', sent_at = ?", [at])

@@ -17,6 +17,7 @@ from .alerts import AlertRecords
 from .backend import StoreBackend
 from .baselines import BaselineRecords
 from .connection import _copy_wal, _is_lock_error, _is_wal_error, _wal_refusal
+from .incidents import IncidentRecords
 from .outbox import OutboxRecords
 from .probes import PROBES_SCHEMA, ProbeRecords
 from .reads import Reads
@@ -31,7 +32,15 @@ log = logging.getLogger(__name__)
 
 
 class Store(
-    Reads, ContractVersions, TieredRollups, AlertRecords, BaselineRecords, OutboxRecords, RunRecords, ProbeRecords
+    Reads,
+    ContractVersions,
+    TieredRollups,
+    AlertRecords,
+    BaselineRecords,
+    OutboxRecords,
+    RunRecords,
+    IncidentRecords,
+    ProbeRecords,
 ):
     """The DuckDB file: opened once per process, written by one thread at a time.
 

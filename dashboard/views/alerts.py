@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from shapewatch.dashboard import ui
+from shapewatch.dashboard import onset, ui
 from shapewatch.dashboard.compare import alert_diff_rows
 
 ALERT_KINDS = (
@@ -38,6 +38,7 @@ ALERT_KINDS = (
     "retry_loop_rate",
     "repeated_call_rate",
     "undeclared_call_rate",
+    "traffic_stopped",
     "run_length_shift",
     "probe_tool_accuracy",
     "probe_argument_accuracy",
@@ -137,6 +138,8 @@ def _alert_card(
             f"{ui.literal(ui.cohort_label(c))}"
         )
         st.markdown(ui.literal(a["detail"]))
+        if onset.caption(a):  # since when: the change point, before anything else about time
+            st.markdown(f"**{ui.literal(onset.caption(a) or '')}**")
         when = (
             f"first seen {ui.literal(ui.ago(a['first_seen']))} · last seen {ui.literal(ui.ago(a['last_seen']))}"
             + (f" · fired {ui.literal(ui.ago(a['fired_at']))}" if a.get("fired_at") else "")

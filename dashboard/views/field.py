@@ -16,7 +16,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from shapewatch.dashboard import charts, number_charts, ui
+from shapewatch.dashboard import charts, number_charts, onset, ui
 
 PERIODS = {
     "last 24 hours": (timedelta(hours=24), 24),
@@ -93,7 +93,9 @@ def render(s: ui.Session) -> None:
     st.query_params["cohort"] = str(cid)
     st.query_params["field"] = field
 
-    doc = s.read(f"/v1/cohorts/{cid}/series", field=field, since=since, points=points)
+    field_alerts = [a for a in open_alerts if a["field"] == field]
+    since, until, points = onset.period(st.query_params, field_alerts, now) or (since, _iso(now), points)
+    doc = s.read(f"/v1/cohorts/{cid}/series", field=field, since=since, until=until, points=points)
     base = doc.get("baseline")
     if base is None:
         st.warning("This cohort has no baseline: the charts show the period alone. Freeze one on Baselines and review.")
@@ -107,17 +109,18 @@ def render(s: ui.Session) -> None:
             f"Compared with baseline {ui.literal(base['baseline_id'])} "
             f"({ui.literal(str(base['how']).replace('_', ' '))})."
         )
-    field_alerts = [a for a in open_alerts if a["field"] == field]
     for a in field_alerts:
         st.markdown(
             f"**:{'red' if a['severity'] == 'page' else 'orange'}[{ui.literal(str(a['severity']).upper())}]** "
             f"{ui.literal(a['kind'])}: {ui.literal(a['detail'])}"
         )
+        if onset.caption(a):
+            st.caption(ui.literal(onset.caption(a) or ""))
 
     st.subheader("Presence")
     # The field's configured tolerance (the series route carries it); the default before it did.
     tolerance = float((base or {}).get("tolerance", charts.TOLERANCE))
-    st.altair_chart(charts.presence_chart(doc, tolerance))
+    st.altair_chart(onset.marked(charts.presence_chart(doc, tolerance), field_alerts))
     if base and base.get("present"):
         st.caption(
             f"Baseline presence {100 * base['presence_rate']:.1f}%; the band is +/- "

@@ -32,7 +32,21 @@ PROMPT = "intake-v3"
 CONTRACT = "intake"
 NAMES = {"model": MODEL, "prompt_version": PROMPT, "contract": CONTRACT}  # as a baseline document holds them
 COHORT = {**NAMES, "source": "production"}  # as alerts, cohorts and decisions carry a cohort
-DESIGN_ALERT_KEYS = {"cohort", "field", "kind", "severity", "state", "fingerprint", "baseline", "current", "detail"}
+DESIGN_ALERT_KEYS = {
+    "cohort",
+    "field",
+    "kind",
+    "severity",
+    "state",
+    "fingerprint",
+    "baseline",
+    "current",
+    "detail",
+    "onset",
+    "served_models",
+    "links",
+    "incident_id",
+}
 
 
 def envelopes(
@@ -510,8 +524,7 @@ def test_analyzer_runs_then_alerts_show_what_changed_in_the_design_shape(judged:
         (a["field"], a["kind"], a["value"], a["severity"], a["state"]) for a in alerts[1:]
     ) == [
         ("customer.tier", "presence_drop", None, "page", "firing"),
-        ("priority", "new_enum_value", "URGENT", "warn", "firing"),
-        ("priority", "unknown_enum_growth", None, "warn", "firing"),
+        ("priority", "unknown_enum_growth", None, "warn", "firing"),  # with the new value URGENT folded in
     ]
     for a in alerts:
         assert set(a) >= DESIGN_ALERT_KEYS, a
@@ -527,17 +540,11 @@ def test_analyzer_runs_then_alerts_show_what_changed_in_the_design_shape(judged:
         0.1,
         0.5,
     )
-    new_value = judged.alerts[("priority", "new_enum_value")]
-    assert (new_value["baseline"], new_value["current"], new_value["detail"]) == (
-        {"values": {"high": 133, "low": 134, "medium": 133}, "samples": 400},
-        {"count": 40, "share": 0.1, "samples": 400},
-        "new value 'URGENT': 40 times (10.0% of values) (p < 1e-6)",
-    )
     unknown = judged.alerts[("priority", "unknown_enum_growth")]
     assert (unknown["baseline"], unknown["current"], unknown["detail"]) == (
         {"unknown_share": 0.0, "samples": 400, "known": ["high", "low", "medium"]},
-        {"unknown_share": 0.1, "samples": 400},
-        "unknown values 0.0% -> 10.0% (p < 1e-6)",
+        {"unknown_share": 0.1, "samples": 400, "new_values": {"URGENT": 40}},
+        "unknown values 0.0% -> 10.0%; new values: URGENT (p < 1e-6)",
     )
     # The page alert needed two evaluations; the warn alerts fired at the first.
     assert drop["fired_at"] == drop["last_seen"] != drop["first_seen"]
@@ -555,12 +562,10 @@ def test_analyzer_runs_then_alerts_show_what_changed_in_the_design_shape(judged:
     ("query", "expected"),
     [
         ({"severity": "page"}, [("customer.tier", "presence_drop")]),
-        ({"severity": "warn"}, [("priority", "new_enum_value"), ("priority", "unknown_enum_growth")]),
-        (
-            {"state": "open"},
-            [("customer.tier", "presence_drop"), ("priority", "new_enum_value"), ("priority", "unknown_enum_growth")],
-        ),
-        ({"state": "firing", "kind": "new_enum_value"}, [("priority", "new_enum_value")]),
+        ({"severity": "warn"}, [("priority", "unknown_enum_growth")]),
+        ({"state": "open"}, [("customer.tier", "presence_drop"), ("priority", "unknown_enum_growth")]),
+        ({"state": "firing", "kind": "unknown_enum_growth"}, [("priority", "unknown_enum_growth")]),
+        ({"state": "firing", "kind": "new_enum_value"}, []),  # folded into the unknown growth
         ({"state": "pending"}, []),
         ({"state": "resolved"}, []),
         (
@@ -637,7 +642,7 @@ def test_acknowledge_and_silence(client: TestClient) -> None:
             "duration": "2h",
             "author": "ana",
             "reason": "URGENT is being added",
-            "kind": "new_enum_value",
+            "kind": "unknown_enum_growth",
             "model": MODEL,
         },
     )
@@ -651,10 +656,10 @@ def test_acknowledge_and_silence(client: TestClient) -> None:
         "ends_at": s["ends_at"],
         "author": "ana",
         "reason": "URGENT is being added",
-        "match": {"model": MODEL, "kind": "new_enum_value"},
+        "match": {"model": MODEL, "kind": "unknown_enum_growth"},
     }
     silenced = {a["kind"]: a["silenced_until"] for a in client.get("/v1/alerts").json()}
-    assert silenced == {"presence_drop": None, "new_enum_value": s["ends_at"], "unknown_enum_growth": None}
+    assert silenced == {"presence_drop": None, "unknown_enum_growth": s["ends_at"]}
     assert client.get("/v1/silences").json() == [s]
     assert {a["cohort_id"] for a in client.get("/v1/alerts").json()} == {
         c["cohort_id"]
@@ -687,20 +692,23 @@ def test_cohorts_show_traffic_baseline_unpinned_models_and_alert_counts(judged: 
         "window": b["window"],
         "samples": 400,
     }
-    assert {k: v for k, v in main.items() if k not in ("cohort_id", "first_seen")} == {
+    assert {k: v for k, v in main.items() if k not in ("cohort_id", "first_seen", "last_event_at")} == {
         "cohort": COHORT,
         "events": 800,
         "unpinned": False,
         "served_models": {MODEL: 800},
         "baseline": {**summary, "how": "own", "age_days": 0.0},
-        "alerts_firing": {"page": 1, "warn": 2},
+        "alerts_firing": {"page": 1, "warn": 1},
         "provider_outcomes": {},
         "outcome_rates": ZERO_RATES,
         "answered_for": [],
         "contract_versions": {"3": 800},
+        "events_total": 800,  # since the first, from the rollups: a restart does not zero it
     }
     assert main["first_seen"] == iso(judged.t.base)
-    assert {k: v for k, v in v4.items() if k not in ("cohort_id", "first_seen")} == {
+    for c in cohorts:  # the newest bucket with an event: after the first, not in the future
+        assert c["first_seen"][:16] <= c["last_event_at"] <= iso(datetime.now(UTC))
+    assert {k: v for k, v in v4.items() if k not in ("cohort_id", "first_seen", "last_event_at")} == {
         "cohort": {**COHORT, "prompt_version": "intake-v4"},
         "events": 20,
         "unpinned": False,
@@ -711,8 +719,9 @@ def test_cohorts_show_traffic_baseline_unpinned_models_and_alert_counts(judged: 
         "outcome_rates": ZERO_RATES,
         "answered_for": [],
         "contract_versions": {"3": 20},
+        "events_total": 20,
     }
-    assert {k: v for k, v in alias.items() if k not in ("cohort_id", "first_seen")} == {
+    assert {k: v for k, v in alias.items() if k not in ("cohort_id", "first_seen", "last_event_at")} == {
         "cohort": {**COHORT, "model": "gpt-4o"},
         "events": 20,
         "unpinned": True,
@@ -723,6 +732,7 @@ def test_cohorts_show_traffic_baseline_unpinned_models_and_alert_counts(judged: 
         "outcome_rates": ZERO_RATES,
         "answered_for": [],
         "contract_versions": {"3": 20},
+        "events_total": 20,
     }
     # A window that holds only the baseline period.
     since, until = judged.t.base_window
@@ -767,7 +777,8 @@ def test_cohort_fields_are_the_window_profile(judged: Judged) -> None:
 def test_analyzer_runs_are_listed_newest_first(judged: Judged) -> None:
     runs = judged.c.get("/v1/analyzer/runs").json()
     assert [(r["run_id"], r["ok"], r["error"], r["cohorts"]) for r in runs] == [(2, True, None, 3), (1, True, None, 3)]
-    assert all(r["checks"] > 0 and r["breaches"] == 3 and r["duration_seconds"] >= 0 for r in runs)
+    # a presence drop, and an unknown growth carrying its new value (one breach, not two)
+    assert all(r["checks"] > 0 and r["breaches"] == 2 and r["duration_seconds"] >= 0 for r in runs)
     assert runs[0]["evaluated_at"] > runs[1]["evaluated_at"]
     assert [r["run_id"] for r in judged.c.get("/v1/analyzer/runs", params={"limit": 1}).json()] == [2]
     assert_error(judged.c.get("/v1/analyzer/runs", params={"limit": 0}), 422, "request is invalid")
@@ -780,7 +791,7 @@ def test_metrics_after_a_run(judged: Judged) -> None:
     assert judged.runs_started <= last <= time.time()
     assert metric(text, "shapewatch_alerts") == {
         (("severity", "page"), ("state", "firing")): 1.0,
-        (("severity", "warn"), ("state", "firing")): 2.0,
+        (("severity", "warn"), ("state", "firing")): 1.0,
         (("severity", "page"), ("state", "pending")): 0.0,
         (("severity", "warn"), ("state", "pending")): 0.0,
     }
@@ -826,6 +837,7 @@ def test_openapi_lists_the_analysis_routes(judged: Judged) -> None:
 # --- authentication ------------------------------------------------------------------------------
 
 COLLECTOR_PATHS = {"/v1/outputs", "/v1/provider/{provider}", "/healthz"}
+OPEN_PATHS = {"/v1/runbooks/{kind}"}  # open without a token: page links open in a browser
 SAMPLE_BODIES: dict[tuple[str, str], Any] = {
     ("POST", "/v1/alerts/{fingerprint}/ack"): {"author": "ana"},
     ("POST", "/v1/silences"): {"duration": "1h", "author": "ana", "reason": "r", "model": MODEL},
@@ -845,7 +857,10 @@ def test_every_analysis_route_wants_a_valid_token(tmp_path: Path) -> None:
     app = make_app(tmp_path / "auth.duckdb", tokens=("t1", "t2"))
     # Every route the app documents, but the collector's own (tested in tests/collector).
     routes = sorted(
-        (m.upper(), path) for path, ops in app.openapi()["paths"].items() if path not in COLLECTOR_PATHS for m in ops
+        (m.upper(), path)
+        for path, ops in app.openapi()["paths"].items()
+        if path not in COLLECTOR_PATHS | OPEN_PATHS
+        for m in ops
     )
     assert set(SAMPLE_BODIES) | {
         ("GET", "/v1/alerts"),
@@ -888,3 +903,38 @@ def test_cohorts_count_provider_outcomes_that_never_reached_a_parser(tmp_path: P
             assert r.status_code < 300, r.text
         cohorts = c.get("/v1/cohorts").json()
     assert [(x["cohort"]["prompt_version"], x["provider_outcomes"]) for x in cohorts] == [("p1", {"truncated": 1})]
+
+
+def test_runbooks_are_served_for_every_kind_and_refuse_anything_else(tmp_path: Path) -> None:
+    from shapewatch.analysis.config import AlertKind
+
+    app = make_app(tmp_path / "runbooks.duckdb", tokens=("t1",))
+    with TestClient(app) as c:
+        for kind in AlertKind:  # every kind has a page (its own, or the general one), without a token
+            r = c.get(f"/v1/runbooks/{kind.value}")
+            assert r.status_code == 200, kind
+            assert r.text.startswith("# Runbook: ") and "What to do" in r.text, kind
+        assert c.get("/v1/runbooks/presence_drop").text.startswith("# Runbook: presence_drop")
+        assert "pin the previous model snapshot" in c.get("/v1/runbooks/assertion").text.lower()
+        for bad in ("nope", "presence_drop.md", "%00", "default"):
+            err = assert_error(c.get(f"/v1/runbooks/{bad}"), 404)
+            assert err["message"].startswith("no runbook for ") and err["message"].endswith(": not an alert kind")
+        assert_error(c.get("/v1/runbooks/..%2F..%2Fpyproject.toml"), 404)  # no route: nothing read from disk
+        assert_error(c.get("/v1/runbooks/" + "x" * 5000), 422)
+
+
+def test_incidents_list_and_refuse_bad_parameters(judged: Judged) -> None:
+    # The judged workspace has one page alert firing: one incident, kept without a pager too.
+    drop = judged.alerts[("customer.tier", "presence_drop")]
+    (incident,) = judged.c.get("/v1/incidents").json()
+    assert {k: v for k, v in incident.items() if k != "opened_at"} == {
+        "incident_id": drop["incident_id"],
+        "group": [drop["cohort"]["model"], drop["cohort"]["prompt_version"], drop["cohort"]["contract"]],
+        "resolved_at": None,
+        "summary": f"presence_drop on customer.tier ({', '.join(drop['cohort'].values())}): {drop['detail']}",
+        "fingerprints": [drop["fingerprint"]],
+    }
+    assert incident["opened_at"] == drop["fired_at"]
+    assert judged.c.get("/v1/incidents", params={"state": "open", "limit": 1}).json() == [incident]
+    for params in ({"state": "closed"}, {"limit": 0}, {"limit": 10**9}, {"limit": "x"}, {"state": "o" * 5000}):
+        assert_error(judged.c.get("/v1/incidents", params=params), 422)

@@ -474,7 +474,8 @@ def test_pagerduty_trigger_body(pager: PagerReceiver, outbox: Store, notifier: C
 
 
 def test_alertmanager_webhook_bodies(pager: PagerReceiver, outbox: Store, notifier: Callable[..., Notifier]) -> None:
-    target = Target("am", TargetKind.alertmanager, pager.url)
+    # The body Alertmanager sends its own webhook receivers (version 4), for a receiver built for it.
+    target = Target("am", TargetKind.webhook, pager.url, format="alertmanager-webhook")
     n = notifier([target])
     raise_notices(outbox, [target], [trigger(dashboard_url="http://dash.local/alerts/fp-tier")], T0)
     raise_notices(outbox, [target], [resolve()], T0 + timedelta(hours=1, seconds=30))
@@ -537,6 +538,50 @@ def test_alertmanager_webhook_bodies(pager: PagerReceiver, outbox: Store, notifi
     }
 
 
+def test_alertmanager_api_bodies_and_reposts(
+    pager: PagerReceiver, outbox: Store, notifier: Callable[..., Notifier]
+) -> None:
+    # kind "alertmanager" posts Alertmanager's own API: a list of alerts, a firing one without
+    # endsAt, posted again every repeat_seconds while it fires, and ended on resolve.
+    target = Target("am", TargetKind.alertmanager, pager.url, repeat_seconds=60)
+    n = notifier([target])
+    links = {"dashboard": "http://dash.local/field?cohort=1&field=customer.tier", "runbook": "http://sw/v1/runbooks/x"}
+    onset = {"at": "2026-11-29T09:10:00Z", "low": "2026-11-29T09:05:00Z", "high": "2026-11-29T09:15:00Z", "method": "m"}
+    raise_notices(outbox, [target], [trigger(links=links, onset=onset)], T0)
+    assert n.deliver(T0) == DeliveryReport(sent=1)
+    labels = {
+        "alertname": "ShapewatchPresenceDrop",
+        "severity": "critical",
+        "model": MODEL,
+        "prompt_version": "intake-v3",
+        "contract": "intake",
+        "fingerprint": "fp-tier",
+        "field": "customer.tier",
+    }
+    firing = {
+        "labels": labels,
+        "annotations": {
+            "summary": SUMMARY,
+            "description": "presence 61.0% -> 30.0% (p < 1e-6)",
+            "runbook_url": links["runbook"],
+            "onset": onset["at"],
+        },
+        "startsAt": "2026-11-29T12:00:00Z",
+        "generatorURL": links["dashboard"],
+    }
+    assert pager.bodies() == [[firing]]
+    assert n.deliver(T0 + timedelta(seconds=30)) == DeliveryReport()  # not yet a repeat
+    assert len(pager.requests) == 1
+    assert n.deliver(T0 + timedelta(seconds=61)) == DeliveryReport()  # a repeat is no new notification
+    assert pager.bodies() == [[firing], [firing]]
+    raise_notices(outbox, [target], [resolve(links=links, onset=onset)], T0 + timedelta(minutes=5))
+    assert n.deliver(T0 + timedelta(minutes=5)) == DeliveryReport(sent=1)
+    assert pager.bodies()[-1] == [{**firing, "endsAt": "2026-11-29T12:05:00Z"}]
+    assert all(r.path == "/v2/enqueue" for r in pager.requests)
+    assert n.deliver(T0 + timedelta(minutes=10)) == DeliveryReport()
+    assert len(pager.requests) == 3  # nothing fires: nothing is re-posted
+
+
 def test_generic_webhook_body_and_idempotency_key(
     pager: PagerReceiver, outbox: Store, notifier: Callable[..., Notifier]
 ) -> None:
@@ -553,6 +598,7 @@ def test_generic_webhook_body_and_idempotency_key(
             "summary": SUMMARY,
             "alert": make_alert(),
             "dashboard_url": None,
+            "links": {"dashboard": None, "runbook": None},
         },
         {
             "action": "resolve",
@@ -562,6 +608,7 @@ def test_generic_webhook_body_and_idempotency_key(
             "summary": SUMMARY,
             "alert": make_alert(state="resolved"),
             "dashboard_url": None,
+            "links": {"dashboard": None, "runbook": None},
         },
     ]
     assert [(r.headers["idempotency-key"], r.headers["authorization"]) for r in pager.requests] == [
@@ -649,7 +696,7 @@ def test_targets_from_config_reads_every_kind() -> None:
         Target(
             "am",
             TargetKind.alertmanager,
-            "http://am.local:9095/hook",
+            "http://am.local:9095/hook/api/v2/alerts",  # Alertmanager's address, then its API path
             severities=("page", "warn"),
             timeout_seconds=2.0,
             max_attempts=3,
@@ -708,8 +755,28 @@ def test_targets_from_config_reads_every_kind() -> None:
         ),
         (
             {"targets": [{"name": "a", "kind": "webhook", "url": "http://x/", "retries": 3}]},
-            "notify.targets[0].retries: unknown key; use one of: headers, kind, max_attempts, name, routing_key, "
-            "severities, timeout_seconds, url",
+            "notify.targets[0].retries: unknown key; use one of: format, headers, kind, max_attempts, name, "
+            "repeat_seconds, routing_key, severities, timeout_seconds, url",
+        ),
+        (
+            {"targets": [{"name": "a", "kind": "webhook", "url": "http://x/", "format": "v4"}]},
+            "notify.targets[0].format: unknown format 'v4'; use one of: 'shapewatch', 'alertmanager-webhook'",
+        ),
+        (
+            {"targets": [{"name": "a", "kind": "alertmanager", "url": "http://x/", "format": "shapewatch"}]},
+            'notify.targets[0].format: only used by kind "webhook", not "alertmanager"; remove it',
+        ),
+        (
+            {"targets": [{"name": "a", "kind": "webhook", "url": "http://x/", "repeat_seconds": 60}]},
+            'notify.targets[0].repeat_seconds: only used by kind "alertmanager", not "webhook"; remove it',
+        ),
+        (
+            {"targets": [{"name": "a", "kind": "alertmanager", "url": "http://x/", "repeat_seconds": 0}]},
+            "notify.targets[0].repeat_seconds: must be > 0, not 0",
+        ),
+        (
+            {"targets": [{"name": "a", "kind": "alertmanager", "url": "http://x/", "repeat_seconds": 1e12}]},
+            "notify.targets[0].repeat_seconds: must be at most 86400, not 1e+12; Alertmanager forgets in minutes",
         ),
         (
             {"targets": [{"kind": "webhook", "url": "http://x/"}]},

@@ -62,6 +62,8 @@ OPERATIONS = {
     ("POST", "/v1/alerts/{fingerprint}/ack"): ("acknowledge_alert", "alerts"),
     ("POST", "/v1/silences"): ("create_silence", "alerts"),
     ("GET", "/v1/silences"): ("list_silences", "alerts"),
+    ("GET", "/v1/incidents"): ("list_incidents", "alerts"),
+    ("GET", "/v1/runbooks/{kind}"): ("get_runbook", "alerts"),
     ("GET", "/v1/cohorts"): ("list_cohorts", "cohorts"),
     ("GET", "/v1/compare"): ("compare_cohorts", "cohorts"),
     ("POST", "/v1/probes/runs"): ("record_probe_run", "probes"),
@@ -155,7 +157,8 @@ def test_every_operation_that_wants_a_token_declares_the_bearer_scheme(
         if op.get("security") == [{"bearer": []}]:
             declared.add((method, path))
     assert refused == declared
-    assert set(OPERATIONS) - declared == {("GET", "/healthz")}
+    # open: probes, and runbooks that page links open in a browser without a token
+    assert set(OPERATIONS) - declared == {("GET", "/healthz"), ("GET", "/v1/runbooks/{kind}")}
 
 
 # --- one error map -----------------------------------------------------------------------------------
@@ -406,7 +409,11 @@ def test_every_2xx_body_keeps_to_its_schema(sample: Service) -> None:
         one = call("GET", "/v1/probes/runs/{run_id}", path={"run_id": run["run_id"]})
         assert [c["case_id"] for c in one["results"]] == ["a"]
         assert c.get("/metrics").headers["content-type"].startswith("text/plain")
-    assert call.seen == set(OPERATIONS) - {("GET", "/metrics")}
+        call("GET", "/v1/incidents", params={"state": "all"})
+        runbook = c.get("/v1/runbooks/presence_drop", headers={"Authorization": ""})
+        assert runbook.status_code == 200 and runbook.headers["content-type"] == "text/markdown; charset=utf-8"
+        assert runbook.text.startswith("# Runbook: presence_drop")
+    assert call.seen == set(OPERATIONS) - {("GET", "/metrics"), ("GET", "/v1/runbooks/{kind}")}
 
 
 @pytest.mark.parametrize(

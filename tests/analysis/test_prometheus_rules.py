@@ -23,7 +23,7 @@ RULES = ROOT / "deploy" / "prometheus" / "rules.yml"
 def test_promtool_accepts_the_rules() -> None:
     out = subprocess.run(["promtool", "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "SUCCESS: 6 rules found" in out.stdout
+    assert "SUCCESS: 7 rules found" in out.stdout
 
 
 def test_the_rules_name_only_metrics_the_service_exports(tmp_path: Path) -> None:

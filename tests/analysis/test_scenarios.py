@@ -243,20 +243,9 @@ def test_new_enum_value_warns_when_priority_gains_urgent(store: Store, template:
     cur = path_stats(write_window(store, Drift(extra_values={"priority": {"URGENT": 0.10}})), "priority")
     base = template.stats("priority")
     _, alerts = analyze_once(store, AnalyzerConfig(), at(7))
-    assert sorted(brief(a) for a in alerts) == [
-        ("priority", "new_enum_value", "URGENT", "warn", "firing"),
-        ("priority", "unknown_enum_growth", None, "warn", "firing"),
-    ]
+    # The new value and the unknown bucket's growth are one fact about one field: one alert.
+    assert sorted(brief(a) for a in alerts) == [("priority", "unknown_enum_growth", None, "warn", "firing")]
     urgent = cur.values["URGENT"]
-    assert whole(only(alerts, "priority", "new_enum_value", "URGENT")) == expect(
-        "priority",
-        "new_enum_value",
-        "URGENT",
-        "warn",
-        "firing",
-        {"values": dict(sorted(base.values.items(), key=lambda kv: (-kv[1], kv[0]))), "samples": N_BASE},
-        {"count": urgent, "share": share(urgent, N_WIN), "samples": N_WIN},
-    )
     assert whole(only(alerts, "priority", "unknown_enum_growth")) == expect(
         "priority",
         "unknown_enum_growth",
@@ -264,8 +253,10 @@ def test_new_enum_value_warns_when_priority_gains_urgent(store: Store, template:
         "warn",
         "firing",
         {"unknown_share": 0.0, "samples": N_BASE, "known": ["high", "low", "medium"]},
-        {"unknown_share": share(urgent, N_WIN), "samples": N_WIN},
+        {"unknown_share": share(urgent, N_WIN), "samples": N_WIN, "new_values": {"URGENT": urgent}},
     )
+    assert only(alerts, "priority", "unknown_enum_growth").detail.endswith("; new values: URGENT (p < 1e-6)")
+    assert base.values.get("URGENT") is None
 
 
 @pytest.mark.parametrize(("new_share", "severity"), [(0.08, "warn"), (0.30, "page")])
@@ -275,10 +266,7 @@ def test_unknown_enum_growth_warns_and_pages_above_unknown_page(store: Store, ne
     cur = path_stats(write_window(store, Drift(extra_values={"intent": extra})), "intent")
     _, alerts = analyze_once(store, AnalyzerConfig(), at(7))
     unknown = sum(cur.values[v] for v in extra)
-    assert sorted(brief(a) for a in alerts) == sorted(
-        [("intent", "unknown_enum_growth", None, severity, "firing")]
-        + [("intent", "new_enum_value", v, "warn", "firing") for v in extra]
-    )
+    assert sorted(brief(a) for a in alerts) == [("intent", "unknown_enum_growth", None, severity, "firing")]
     assert whole(only(alerts, "intent", "unknown_enum_growth")) == expect(
         "intent",
         "unknown_enum_growth",
@@ -286,7 +274,7 @@ def test_unknown_enum_growth_warns_and_pages_above_unknown_page(store: Store, ne
         severity,
         "firing",
         {"unknown_share": 0.0, "samples": N_BASE, "known": ["billing", "cancel", "other", "refund", "shipping"]},
-        {"unknown_share": share(unknown, N_WIN), "samples": N_WIN},
+        {"unknown_share": share(unknown, N_WIN), "samples": N_WIN, "new_values": {v: cur.values[v] for v in extra}},
     )
 
 
@@ -310,8 +298,7 @@ def test_cardinality_jump_warns(store: Store) -> None:
             ("sentiment", "cardinality_jump", None, "warn", "firing"),
             ("sentiment", "unknown_enum_growth", None, "warn", "firing"),
         ]
-        + [("sentiment", "new_enum_value", v, "warn", "firing") for v in moods]
-    )
+    )  # the new values are folded into the unknown growth
     assert only(alerts, "sentiment", "unknown_enum_growth").diff["current"]["unknown_share"] == share(unknown, N_WIN)
 
 
@@ -608,29 +595,25 @@ def test_an_allowed_value_is_no_new_enum_value(store: Store) -> None:
         tomllib.loads('[contracts.intake.fields.priority]\nallowed = ["low", "medium", "high", "URGENT"]\n')
     )
     assert breaches(store, config) == []
-    assert breaches(store, AnalyzerConfig()) == [
-        ("priority", "new_enum_value", "URGENT", "warn"),
-        ("priority", "unknown_enum_growth", None, "warn"),
-    ]
+    assert breaches(store, AnalyzerConfig()) == [("priority", "unknown_enum_growth", None, "warn")]  # URGENT folded
 
 
 def test_severity_override(store: Store) -> None:
     write_window(store, Drift(extra_values={"priority": {"URGENT": 0.10}}))
     config = parse_config(tomllib.loads('[contracts.intake.fields.priority]\nseverity = { new_enum_value = "page" }\n'))
     evaluation = evaluate(store, config, at(7) - timedelta(minutes=5))
-    (urgent,) = [c for c in evaluation.cohorts[0].checks if c.kind is AlertKind.new_enum_value]
-    assert (urgent.value, urgent.severity.value, urgent.breach) == ("URGENT", "page", True)
+    # URGENT is folded into the unknown growth of priority, which takes its declared page severity.
+    assert not [c for c in evaluation.cohorts[0].checks if c.kind is AlertKind.new_enum_value]
+    (growth,) = [
+        c for c in evaluation.cohorts[0].checks if c.kind is AlertKind.unknown_enum_growth and c.field == "priority"
+    ]
+    assert (growth.kind, growth.severity.value, growth.breach) == (AlertKind.unknown_enum_growth, "page", True)
+    assert list(growth.current["new_values"]) == ["URGENT"]
     _, alerts = analyze_once(store, config, at(7))
-    assert _kinds(alerts) == [
-        ("priority", "new_enum_value", "URGENT", "page", "firing"),
-        ("priority", "unknown_enum_growth", None, "warn", "firing"),
-    ]
-    # After one evaluation only, the page is pending (not yet confirmed) while the warn fires.
+    assert _kinds(alerts) == [("priority", "unknown_enum_growth", None, "page", "firing")]
+    # After one evaluation only, the page is pending (not yet confirmed).
     changed, _ = step({}, [j for r in evaluation.cohorts if (j := r.judged())], config, evaluation.at)
-    assert sorted(brief(a) for a in changed.values()) == [
-        ("priority", "new_enum_value", "URGENT", "page", "pending"),
-        ("priority", "unknown_enum_growth", None, "warn", "firing"),
-    ]
+    assert sorted(brief(a) for a in changed.values()) == [("priority", "unknown_enum_growth", None, "page", "pending")]
 
 
 @pytest.mark.parametrize(

@@ -96,8 +96,8 @@ def test_the_alerts_page_in_a_real_browser_shows_the_page_alert(tmp_path: Path) 
             time.sleep(0.1)  # polling a start-up, with a deadline
 
         dom = _dom_with(url + "/", "presence_drop", deadline)
-        assert "customer.tier" in dom and "Page (2)" in dom and "Warn (5)" in dom
-        assert dom.index("Page (2)") < dom.index("customer.tier") < dom.index("Warn (5)")
+        assert "customer.tier" in dom and "Page (2)" in dom and "Warn (4)" in dom
+        assert dom.index("Page (2)") < dom.index("customer.tier") < dom.index("Warn (4)")
         assert 'data-testid="stException"' not in dom
         assert "not reachable" not in dom
 

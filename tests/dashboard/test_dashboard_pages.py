@@ -115,9 +115,10 @@ def by_field_kind(url: str) -> dict[tuple[str, str], dict[str, Any]]:
 
 def test_alerts_page_shows_page_alerts_first_with_their_diff(sample_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     at = open_page(sample_url, monkeypatch=monkeypatch)
-    assert [h.value for h in at.subheader] == ["Page (2)", "Warn (5)", "Resolved (0)"]
+    # URGENT is folded into the unknown growth of priority: one warn alert, not two
+    assert [h.value for h in at.subheader] == ["Page (2)", "Warn (4)", "Resolved (0)"]
     heads = [m for m in markdown(at) if m.startswith("**:")]
-    assert [h.split("]**")[0] for h in heads] == ["**:red[PAGE"] * 2 + ["**:orange[WARN"] * 5
+    assert [h.split("]**")[0] for h in heads] == ["**:red[PAGE"] * 2 + ["**:orange[WARN"] * 4
     page_fields = {h.split("`")[1] for h in heads[:2]}
     assert page_fields == {"customer.tier", "score"}
     assert "presence 100.0% -> 50.0% (p < 1e-6)" in markdown(at)
@@ -135,7 +136,7 @@ def test_alerts_page_shows_page_alerts_first_with_their_diff(sample_url: str, mo
     links = {visible(ln.proto.label): ln.proto.query_string for ln in at.get("page_link")}
     cohort_id = next(c["cohort_id"] for c in api(sample_url).get("/v1/cohorts").json() if c["cohort"] == INTAKE)
     assert links["Charts of customer.tier"] == f"cohort={cohort_id}&field=customer.tier"
-    assert len(at.json) == 6 * 3  # three sample outputs per alert (served_model_change has none: it is no field)
+    assert len(at.json) == 5 * 3  # three sample outputs per alert (served_model_change has none: it is no field)
     outputs = [json.loads(j.proto.body) for j in at.json]
     assert sum(1 for o in outputs if "customer" in o and "tier" not in o["customer"]) >= 3
     # The sample workspace is silenced (never paged), and says so.
@@ -149,7 +150,7 @@ def test_alert_filters_narrow_the_list(sample_url: str, monkeypatch: pytest.Monk
     assert any(m.startswith("**:red[PAGE]** `score` · **new_type** = `string`") for m in markdown(at))
     at.selectbox(key="alerts-kind").select("(all)")
     at.selectbox(key="alerts-contract").select("sample-intake").run()
-    assert [h.value for h in at.subheader] == ["Page (1)", "Warn (2)", "Resolved (0)"]
+    assert [h.value for h in at.subheader] == ["Page (1)", "Warn (1)", "Resolved (0)"]
     at.selectbox(key="alerts-state").select("resolved").run()
     assert [h.value for h in at.subheader] == []
     assert next(i.value for i in at.info).startswith("No alert matches.")
@@ -170,7 +171,7 @@ def test_acknowledge_from_the_page(writable_url: str, monkeypatch: pytest.Monkey
 
 
 def test_silence_from_the_page(writable_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    alert = by_field_kind(writable_url)[("priority", "new_enum_value")]
+    alert = by_field_kind(writable_url)[("priority", "unknown_enum_growth")]
     assert alert["silenced_until"] is None
     fp = alert["fingerprint"]
     at = open_page(writable_url, monkeypatch=monkeypatch)
@@ -185,10 +186,10 @@ def test_silence_from_the_page(writable_url: str, monkeypatch: pytest.MonkeyPatc
     assert not at.exception, [e.value for e in at.exception]
     until = datetime.fromisoformat(api(writable_url).get(f"/v1/alerts/{fp}").json()["silenced_until"])
     assert before + timedelta(hours=3) <= until <= datetime.now(UTC) + timedelta(hours=3)
-    assert next(visible(s.value) for s in at.success).startswith("Silenced new_enum_value on priority until ")
+    assert next(visible(s.value) for s in at.success).startswith("Silenced unknown_enum_growth on priority until ")
     # Only that alert: the other alerts of the cohort are not silenced.
     assert {k for k, a in by_field_kind(writable_url).items() if a["silenced_until"]} == {
-        ("priority", "new_enum_value")
+        ("priority", "unknown_enum_growth")
     }
 
 
@@ -216,7 +217,7 @@ def test_cohorts_page_lists_cohorts_with_the_unpinned_marker(sample_url: str, mo
     assert (intake["events (7 days)"], intake["page firing"], intake["warn firing"], intake["baseline how"]) == (
         1560,
         1,
-        2,
+        1,  # the unknown growth of priority, carrying its new value
         "own",
     )
     assert rows[("claude-sonnet-4-5-20250929", "intake-v4")]["baseline how"] == (
@@ -258,9 +259,13 @@ def test_field_page_draws_presence_against_the_baseline(sample_url: str, monkeyp
         "Every field of the cohort",
     ]
     presence, types, values, unknown = _specs(at)
-    marks = [layer["mark"]["type"] for layer in presence["layer"]]
+    # the alert's onset and fired time marked over the chart
+    inner, onset_rule, onset_text = presence["layer"]
+    assert (onset_rule["mark"]["type"], onset_text["mark"]["type"]) == ("rule", "text")
+    marks = [layer["mark"]["type"] for layer in inner["layer"]]
     assert marks == ["area", "rule", "line"]  # tolerance band, baseline level, the series
-    assert presence["layer"][2]["encoding"]["y"]["field"] == "presence"
+    assert inner["layer"][2]["encoding"]["y"]["field"] == "presence"
+    assert any(c.value.startswith("since ") and "before the page" in c.value for c in at.caption)
     assert types["encoding"]["y"]["stack"] == "zero"
     assert unknown["encoding"]["y"]["field"] == "unknown share"
     assert (values["mark"]["type"], values["encoding"]["color"]["field"]) == ("bar", "seen")

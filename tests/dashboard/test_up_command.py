@@ -93,7 +93,7 @@ def test_up_runs_the_service_and_the_dashboard_with_the_sample_and_a_signal_stop
         out = _lines(proc)
         assert _wait_for(out, "shapewatch service:", seen).startswith(f"shapewatch service:   http://127.0.0.1:{port}")
         assert _wait_for(out, "loaded the sample workspace:", seen).startswith(
-            "loaded the sample workspace: 4730 events of contracts named sample-..., 3 baselines, 7 alerts"
+            "loaded the sample workspace: 4730 events of contracts named sample-..., 3 baselines, 6 alerts"
         )
         assert _wait_for(out, "ready:", seen) == (
             f"ready: open http://127.0.0.1:{dash_port} (Ctrl-C stops the service and the dashboard)"
