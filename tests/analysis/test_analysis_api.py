@@ -929,9 +929,9 @@ def test_incidents_list_and_refuse_bad_parameters(judged: Judged) -> None:
     (incident,) = judged.c.get("/v1/incidents").json()
     assert {k: v for k, v in incident.items() if k != "opened_at"} == {
         "incident_id": drop["incident_id"],
-        "group": [drop["cohort"]["model"], drop["cohort"]["prompt_version"], drop["cohort"]["contract"]],
+        "group": [*drop["cohort"].values()],  # model, prompt version, contract, source
         "resolved_at": None,
-        "summary": f"presence_drop on customer.tier ({', '.join(drop['cohort'].values())}): {drop['detail']}",
+        "summary": f"presence_drop on customer.tier ({', '.join(NAMES.values())}): {drop['detail']}",
         "fingerprints": [drop["fingerprint"]],
     }
     assert incident["opened_at"] == drop["fired_at"]
