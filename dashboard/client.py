@@ -162,8 +162,10 @@ class ApiClient:
         author: str,
         activate: bool = True,
         force: str | None = None,
+        source: str = "production",
     ) -> dict[str, Any]:
         body: dict[str, Any] = {
+            "source": source,
             "model": model,
             "prompt_version": prompt_version,
             "contract": contract,

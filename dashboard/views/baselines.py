@@ -102,6 +102,7 @@ def _confirm(s: ui.Session) -> None:
                 author=s.author,
                 activate=pending["activate"],
                 force=pending["force"] or None,
+                source=c.get("source", "production"),
             )
             message = f"Froze baseline {ui.literal(done['baseline_id'])} ({ui.literal(done['samples'])} samples)" + (
                 ", now active." if done.get("active") else ", not active."

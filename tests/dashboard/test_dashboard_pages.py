@@ -33,12 +33,9 @@ PAGES = [
     "views/runs.py",
     "views/cases.py",
 ]
-INTAKE = {
-    "model": "claude-sonnet-4-5-20250929",
-    "prompt_version": "intake-v3",
-    "contract": "sample-intake",
-    "source": "production",
-}
+# as a baseline holds a production cohort (its document leaves the source out)
+INTAKE_NAMES = {"model": "claude-sonnet-4-5-20250929", "prompt_version": "intake-v3", "contract": "sample-intake"}
+INTAKE = {**INTAKE_NAMES, "source": "production"}  # as cohorts and alerts carry it
 
 
 @pytest.fixture(scope="module")
@@ -315,7 +312,7 @@ def _iso(t: datetime) -> str:
 
 def _normal_window(url: str) -> tuple[str, str]:
     """The sample's second calm period: a day after its baseline period, four hours long."""
-    b = next(b for b in api(url).get("/v1/baselines").json() if b["cohort"] == INTAKE)
+    b = next(b for b in api(url).get("/v1/baselines").json() if b["cohort"] == INTAKE_NAMES)
     since = datetime.fromisoformat(b["window"]["since"]) + timedelta(days=1)
     return _iso(since), _iso(since + timedelta(hours=4))
 
@@ -337,7 +334,7 @@ def test_freezing_asks_for_confirmation_first(fresh_url: str, monkeypatch: pytes
     # Asked, not done.
     assert api(fresh_url).get("/v1/baselines").json() == before
     assert any(
-        visible(w.value).startswith(f"Freeze **{' / '.join(INTAKE.values())}** over {since} .. {until}")
+        visible(w.value).startswith(f"Freeze **{' / '.join(INTAKE_NAMES.values())}** over {since} .. {until}")
         for w in at.warning
     )
     at.button(key="baselines-cancel").click().run()
@@ -350,7 +347,7 @@ def test_freezing_asks_for_confirmation_first(fresh_url: str, monkeypatch: pytes
     after = api(fresh_url).get("/v1/baselines").json()
     (new,) = [b for b in after if b["baseline_id"] not in {x["baseline_id"] for x in before}]
     assert (new["cohort"], new["window"], new["author"], new["note"], new["samples"], new["active"]) == (
-        INTAKE,
+        INTAKE_NAMES,
         {"since": since, "until": until},
         "ana",
         "week 48: calm period after the v3 rollout",
