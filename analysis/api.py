@@ -285,6 +285,7 @@ class FieldWindow(_Open):
     number_p50: float | None
     number_p90: float | None
     number_p99: float | None
+    values_withheld: bool = False  # free text or a redact_paths path: its values are never given
 
 
 class CohortFields(_Open):
@@ -326,6 +327,7 @@ class FieldSeries(_Open):
     field: str
     since: str | None
     until: str | None
+    values_kind: str = "enum"  # enum | free_text | numeric | none: values are given for enum only
     baseline: SeriesBaseline | None
     series: list[SeriesPoint]
     contract_changes: list[ContractChange]

@@ -39,6 +39,8 @@ from shapewatch.collector import (
     Store,
     StoreError,
     contract_changes,
+    holds_free_text,
+    looks_personal,
     read_profile,
 )
 
@@ -98,7 +100,8 @@ def _field_row(
 ) -> dict[str, Any]:
     rules = config.rules_for(contract, path)
     new_values: list[str] = []
-    if base is not None and cur is not None and enum_like(base, rules):
+    # free text (ids, names, e-mail addresses) has no new values worth a row: only personal data
+    if base is not None and cur is not None and enum_like(base, rules) and not holds_free_text(cur):
         known = set(rules.allowed) if rules.allowed is not None else set(base.values)
         new_values = sorted((v for v in cur.values if v not in known), key=lambda v: (-cur.values[v], v))[:10]
 
@@ -151,6 +154,8 @@ def _daily_events(store: Store, cohort_id: int, since: datetime, until: datetime
 def _alerts(store: Store, cohort: Cohort, since: datetime, until: datetime) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = {"fired": [], "acknowledged": [], "resolved": []}
     for field, kind, value, severity, state, fired, acked, acked_by, resolved in store.cohort_alert_events(cohort):
+        if value is not None and looks_personal(str(value)):
+            value = "[withheld]"
         item = {"field": field, "kind": kind, "value": value, "severity": severity, "state": state}
         if fired is not None and since <= fired < until:
             out["fired"].append({**item, "at": _iso(fired)})

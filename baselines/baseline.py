@@ -37,6 +37,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from shapewatch.collector import (
+    withhold_free_text,
     FieldError,
     FieldProfile,
     JsonType,
@@ -552,7 +553,9 @@ def freeze_baseline(
         note,
         now or datetime.now(UTC),
         force if found else None,
-        profile.fields,
+        # Values of free-text paths (ids, names, e-mail addresses) serve no rule and are personal
+        # data: a baseline keeps their counts, as overflow, never the values.
+        withhold_free_text(profile.fields),
         profile.checked,
         profile.violations,
     )
