@@ -37,7 +37,6 @@ from typing import Any, NamedTuple
 import orjson
 
 from shapewatch.collector import (
-    withhold_free_text,
     FieldError,
     FieldProfile,
     JsonType,
@@ -46,6 +45,7 @@ from shapewatch.collector import (
     read_profile,
     served_aliases,
     tag_problem,
+    withhold_free_text,
 )
 from shapewatch.collector.store import BASELINES_SCHEMA
 

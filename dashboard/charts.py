@@ -71,7 +71,7 @@ def _x(doc: dict[str, Any]) -> alt.X:
 def shows_values(doc: dict[str, Any]) -> bool:
     """Whether the field's values are a set worth charting (``values_kind`` of the series route;
     a service from before it sent values of enum-like fields only when it had any)."""
-    return doc.get("values_kind", "enum") == "enum"
+    return bool(doc.get("values_kind", "enum") == "enum")
 
 
 def series_frame(doc: dict[str, Any]) -> pd.DataFrame:
