@@ -49,12 +49,15 @@ from .errors import AlertNotFound
 __all__ = [
     "COHORTS_WINDOW",
     "MAX_SERIES_POINTS",
+    "MAX_USAGE_POINTS",
     "acknowledge",
     "activate",
     "alert",
     "alerts",
     "cohort_fields",
     "cohorts",
+    "contract_diff",
+    "contract_usage",
     "events",
     "field_series",
     "freeze",
@@ -561,3 +564,99 @@ def show_contract(store: Store, contract: str, version: str) -> dict[str, Any]:
     from shapewatch.collector import get_contract
 
     return get_contract(store, contract, version).to_json()
+
+
+#: The most steps of a contract's usage series.
+MAX_USAGE_POINTS = 500
+
+
+def contract_diff(store: Store, contract: str, old: str, new: str) -> dict[str, Any]:
+    """The classified changes from registered version ``old`` of ``contract`` to ``new`` (what
+    ``shapewatch contract diff`` prints for two files), with the verdict: the most serious change."""
+    from shapewatch.collector import diff_contracts, diff_verdict, get_contract
+
+    before, after = get_contract(store, contract, old), get_contract(store, contract, new)
+    changes = diff_contracts(before.definition, after.definition)
+    return {
+        "contract": contract,
+        "from": old,
+        "to": new,
+        "verdict": diff_verdict(changes).value,
+        "changes": [c.to_json() for c in changes],
+    }
+
+
+def contract_usage(
+    store: Store, contract: str, *, since: datetime, until: datetime, points: int = 28
+) -> dict[str, Any]:
+    """How each version of ``contract`` was used over ``[since, until)`` in ``points`` steps: per
+    version, the outputs tagged with it and checked, the share of checked ones breaking it per step,
+    whether it is registered, and which cohorts send it (with their outputs). Untagged outputs are
+    version ``""``."""
+    if not 1 <= points <= MAX_USAGE_POINTS:
+        raise BaselineError(f"points must be between 1 and {MAX_USAGE_POINTS}")
+    store.flush_rollups()
+    registered = [r.version for r in store.contract_versions(contract)]
+    cohorts = {r.cohort_id: r for r in store.cohorts() if r.contract == contract}
+    step = (until - since) / points
+    rows = store.contract_status_steps(list(cohorts), since, until, step.total_seconds())
+    per: dict[str, dict[str, Any]] = {}
+
+    def version(v: str) -> dict[str, Any]:
+        if v not in per:
+            per[v] = {
+                "version": v,
+                "registered": v in registered,
+                "outputs": 0,
+                "steps": [{"valid": 0, "invalid": 0, "other": 0} for _ in range(points)],
+                "cohorts": {},
+            }
+        return per[v]
+
+    for v in registered:
+        version(v)
+    for cid, v, i, status, n in rows:
+        if not 0 <= i < points:
+            continue
+        entry = version(v)
+        entry["outputs"] += n
+        slot = entry["steps"][i]
+        slot[status if status in ("valid", "invalid") else "other"] += n
+        entry["cohorts"][cid] = entry["cohorts"].get(cid, 0) + n
+    versions = []
+    for v in [*registered, *sorted(set(per) - set(registered))]:
+        entry = per[v]
+        series = []
+        for i, slot in enumerate(entry["steps"]):
+            checked = slot["valid"] + slot["invalid"]
+            series.append(
+                {
+                    "since": _iso(since + step * i),
+                    "until": _iso(since + step * (i + 1)),
+                    "outputs": checked + slot["other"],
+                    "checked": checked,
+                    "invalid": slot["invalid"],
+                    "violation_rate": round(slot["invalid"] / checked, 6) if checked else None,
+                }
+            )
+        versions.append(
+            {
+                "version": v,
+                "registered": entry["registered"],
+                "outputs": entry["outputs"],
+                "series": series,
+                "cohorts": [
+                    {
+                        "cohort_id": cid,
+                        "cohort": {
+                            "model": cohorts[cid].model,
+                            "prompt_version": cohorts[cid].prompt_version,
+                            "contract": cohorts[cid].contract,
+                        },
+                        "outputs": n,
+                    }
+                    for cid, n in sorted(entry["cohorts"].items(), key=lambda kv: (-kv[1], kv[0]))
+                ],
+            }
+        )
+    return {"contract": contract, "since": _iso(since), "until": _iso(until), "versions": versions}

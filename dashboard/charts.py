@@ -34,6 +34,9 @@ __all__ = [
     "utc_text",
     "values_chart",
     "values_table",
+    "version_outputs_chart",
+    "version_usage_frame",
+    "version_violation_chart",
 ]
 
 Chart = alt.Chart | alt.LayerChart | alt.FacetChart
@@ -288,3 +291,53 @@ def values_table(doc: dict[str, Any]) -> pd.DataFrame:
     ]
     frame = pd.DataFrame(rows, columns=["value", "count (period)", "count (baseline)", "new"])
     return frame.sort_values(["new", "count (period)", "value"], ascending=[False, False, True]).reset_index(drop=True)
+
+
+def version_usage_frame(usage: dict[str, Any]) -> pd.DataFrame:
+    """One row per (version, step) of ``GET /v1/contracts/usage``: time at the step's end, outputs,
+    checked, and the share of checked outputs breaking the version (None when none was checked)."""
+    rows = [
+        {
+            "time": _time(step),
+            WHEN: utc_text(_time(step)),
+            "version": v["version"] or "untagged",
+            "outputs": step["outputs"],
+            "checked": step["checked"],
+            "violations": step["violation_rate"],
+        }
+        for v in usage["versions"]
+        for step in v["series"]
+    ]
+    return pd.DataFrame(rows, columns=["time", WHEN, "version", "outputs", "checked", "violations"])
+
+
+def version_violation_chart(usage: dict[str, Any]) -> Chart:
+    """Share of checked outputs breaking their contract version, one line per version over time."""
+    frame = version_usage_frame(usage).dropna(subset=["violations"])
+    chart: alt.Chart = (
+        alt.Chart(frame)
+        .mark_line(point=True)
+        .encode(
+            x=_x(usage),
+            y=alt.Y("violations:Q", axis=alt.Axis(format=".0%"), title="breaking it", scale=alt.Scale(domainMin=0)),
+            color=alt.Color("version:N", title="version"),
+            tooltip=[_WHEN_TIP, "version:N", alt.Tooltip("violations:Q", format=".1%"), "checked:Q"],
+        )
+    )
+    return chart
+
+
+def version_outputs_chart(usage: dict[str, Any]) -> Chart:
+    """Outputs tagged with each version per step, stacked: a rollout shows as one colour taking over."""
+    frame = version_usage_frame(usage)
+    chart: alt.Chart = (
+        alt.Chart(frame)
+        .mark_area()
+        .encode(
+            x=_x(usage),
+            y=alt.Y("outputs:Q", stack="zero", title="outputs"),
+            color=alt.Color("version:N", title="version"),
+            tooltip=[_WHEN_TIP, "version:N", "outputs:Q", "checked:Q"],
+        )
+    )
+    return chart

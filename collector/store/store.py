@@ -17,6 +17,7 @@ from .alerts import AlertRecords
 from .backend import StoreBackend
 from .baselines import BaselineRecords
 from .connection import _copy_wal, _is_lock_error, _is_wal_error, _wal_refusal
+from .contract_usage import ContractUsage
 from .outbox import OutboxRecords
 from .reads import Reads
 from .registry import ContractVersions
@@ -29,7 +30,9 @@ __all__ = ["Store"]
 log = logging.getLogger(__name__)
 
 
-class Store(Reads, ContractVersions, TieredRollups, AlertRecords, BaselineRecords, OutboxRecords, RunRecords):
+class Store(
+    Reads, ContractVersions, TieredRollups, AlertRecords, BaselineRecords, OutboxRecords, RunRecords, ContractUsage
+):
     """The DuckDB file: opened once per process, written by one thread at a time.
 
     >>> with Store.open(tmp_path / "x.duckdb") as store:   # doctest: +SKIP

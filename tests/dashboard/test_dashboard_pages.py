@@ -288,6 +288,29 @@ def test_field_page_highlights_new_values_and_draws_array_sizes(
     assert any(c.value == "Baseline p50/p90/p99: 1/2/2 items (dashed)." for c in at.caption)
 
 
+def test_a_number_field_that_gets_strings_has_no_values_chart(sample_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # score: numbers in the baseline, a third sent as strings by the new snapshot. Its quoted
+    # numbers are no "new values", and the share of strings is no 100% "unknown".
+    triage = _cohort_id(sample_url, "sample-triage")
+    at = open_page(
+        sample_url, "views/field.py", query={"cohort": str(triage), "field": "score"}, monkeypatch=monkeypatch
+    )
+    heads = [h.value for h in at.subheader]
+    assert "Values" not in heads and "Type shares" in heads
+    assert any("is a number field" in c.value for c in at.caption)
+    with api(sample_url) as c:
+        doc = c.get(f"/v1/cohorts/{triage}/series", params={"field": "score"}).json()
+        tier = c.get(
+            f"/v1/cohorts/{_cohort_id(sample_url, 'sample-intake', 'intake-v3')}/series",
+            params={"field": "priority", "points": 1, "since": _iso(datetime.now(UTC) - timedelta(hours=5))},
+        ).json()
+    assert doc["values_kind"] == "numeric"
+    assert all(p["values"] == {} and p["unknown_share"] is None for p in doc["series"])
+    # the unknown share counts over every value of the field: URGENT is 60 of the last 5 hours' 600
+    assert tier["values_kind"] == "enum"
+    assert tier["series"][0]["unknown_share"] == pytest.approx(0.1, abs=0.005)
+
+
 def test_field_page_without_query_params_picks_a_cohort_and_field(
     sample_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
