@@ -239,6 +239,11 @@ def _compare_and_freeze(s: ui.Session, cohorts: list[dict[str, Any]], baselines:
 
 def _review(s: ui.Session) -> None:
     period = st.selectbox("Review period", ["7d", "14d", "30d"], key="review-period")
+    # Built on demand: the service walks the period day by day for every cohort (about a second
+    # for the sample workspace), which no visit to the baselines list should wait for.
+    if not st.toggle("Build the weekly review", key="review-on"):
+        st.caption("The report compares every cohort's week with its baseline; build it when you need it.")
+        return
     html = s.text("/v1/review", format="html", since=period)
     # The service's Markdown report escapes every stored value itself (analysis.review), so it is
     # rendered as Markdown here: its headings, lists and tables are the report's own.

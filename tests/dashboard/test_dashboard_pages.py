@@ -118,7 +118,7 @@ def test_alerts_page_shows_page_alerts_first_with_their_diff(sample_url: str, mo
     assert "presence 100.0% -> 50.0% (p < 1e-6)" in markdown(at)
     # The presence drop's diff: baseline against current, as a table.
     drop = by_field_kind(sample_url)[("customer.tier", "presence_drop")]
-    tables = [d.value.to_dict("records") for d in at.dataframe]
+    tables = [t.value.reset_index().to_dict("records") for t in at.table]
     assert [
         {"measure": "presence_rate", "baseline": "100.0%", "current": "50.0%"},
         {"measure": "samples", "baseline": "480", "current": "600"},
@@ -130,7 +130,13 @@ def test_alerts_page_shows_page_alerts_first_with_their_diff(sample_url: str, mo
     links = {visible(ln.proto.label): ln.proto.query_string for ln in at.get("page_link")}
     cohort_id = next(c["cohort_id"] for c in api(sample_url).get("/v1/cohorts").json() if c["cohort"] == INTAKE)
     assert links["Charts of customer.tier"] == f"cohort={cohort_id}&field=customer.tier"
-    assert len(at.json) == 6 * 3  # three sample outputs per alert (served_model_change has none: it is no field)
+    # Sample outputs are drawn when asked for (every JSON viewer costs the browser on each load).
+    toggles = [t for t in at.toggle if t.key and t.key.startswith("samples-")]
+    assert len(at.json) == 0 and len(toggles) == 6  # served_model_change has none: it is no field
+    for t in toggles:
+        t.set_value(True)
+    at.run()
+    assert len(at.json) == 6 * 3  # three sample outputs per alert
     outputs = [json.loads(j.proto.body) for j in at.json]
     assert sum(1 for o in outputs if "customer" in o and "tier" not in o["customer"]) >= 3
     # The sample workspace is silenced (never paged), and says so.
@@ -405,6 +411,8 @@ def test_baselines_page_lists_compares_and_renders_the_review(sample_url: str, m
         rows["customer.tier"]["move (points)"],
     ) == ("100.0%", "50.0%", -50.0)
     assert rows["priority"]["new values"] == "URGENT"
+    assert not any(m.startswith("# shapewatch weekly review") for m in markdown(at))  # built on demand
+    at.toggle(key="review-on").set_value(True).run()
     assert any(m.startswith("# shapewatch weekly review") for m in markdown(at))
     (download,) = at.get("download_button")
     assert download.proto.label == "Download the report (HTML)"
