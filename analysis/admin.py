@@ -44,7 +44,7 @@ from shapewatch.collector import (
 
 from .alerts import AlertBook, AlertState
 from .config import AnalyzerConfig, Severity
-from .errors import AlertNotFound
+from .errors import AlertNotFound, SilenceNotFound
 
 __all__ = [
     "COHORTS_WINDOW",
@@ -59,6 +59,7 @@ __all__ = [
     "contract_diff",
     "contract_usage",
     "events",
+    "expire_silence",
     "field_series",
     "freeze",
     "import_document",
@@ -237,6 +238,16 @@ def silence(store: Store, *, duration: timedelta, author: str, reason: str, **ma
     return _silence_json(
         AlertBook(store).silence(starts_at=now, ends_at=now + duration, author=author, reason=reason, **match)
     )
+
+
+def expire_silence(store: Store, silence_id: int) -> dict[str, Any]:
+    """End a silence now (the alerts it held are notified again from the next evaluation)."""
+    if not 0 < silence_id < 2**63 or not store.end_silence(silence_id, datetime.now(UTC)):
+        raise SilenceNotFound(silence_id)
+    found = next((s for s in AlertBook(store).silences(now=None) if s.silence_id == silence_id), None)
+    if found is None:
+        raise SilenceNotFound(silence_id)
+    return _silence_json(found)
 
 
 def silences(store: Store, *, active: bool = True) -> list[dict[str, Any]]:

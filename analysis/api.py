@@ -616,6 +616,16 @@ def list_silences(api: Analysis, active: bool = True) -> Response:
     return json_response(admin.silences(api.store, active=active))
 
 
+@router.post(
+    "/v1/silences/{silence_id}/expire",
+    summary="End a silence now",
+    tags=["alerts"],
+    response_model=Silence,
+)
+def expire_silence(api: Analysis, silence_id: int) -> Response:
+    return json_response(admin.expire_silence(api.store, silence_id))
+
+
 # --- cohorts ----------------------------------------------------------------------------------------
 
 

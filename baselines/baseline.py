@@ -521,7 +521,7 @@ def freeze_baseline(
         raise BaselineError("a baseline needs a note saying why this window is the reference (--note)")
     cid = _cohort_id(store, cohort)
     if cid is None:
-        raise BaselineError(f"no events were ever stored for cohort {cohort}")
+        raise BaselineError(_no_cohort(store, cohort))
     # Where the window's edges fall in hour or day buckets (rollup tiers), the profile holds the
     # buckets that start in the window: the window is aligned to them, and the baseline says so.
     if not store.read_only:
@@ -566,6 +566,23 @@ def freeze_baseline(
         if activate:
             _record(store, con, cohort, "activate", baseline.baseline_id, baseline.created_at, author, note)
     return get_baseline(store, baseline.baseline_id)
+
+
+def _no_cohort(store: Store, cohort: Cohort) -> str:
+    """Why a freeze found nothing, and the cohorts that do exist for the model (the usual miss:
+    a cohort with a contract, frozen without ``--contract``, which means ``default``)."""
+    same = [r for r in store.cohorts() if r.model == cohort.model]
+    text = f"no events were ever stored for cohort {cohort}"
+    if not same:
+        return text + f"; no cohort has model {cohort.model!r}"
+    listed = "; ".join(f"--prompt-version {r.prompt_version} --contract {r.contract}" for r in same[:20])
+    more = f" (and {len(same) - 20} more)" if len(same) > 20 else ""
+    hint = (
+        f"; give --contract (it is {cohort.contract!r} when left out)"
+        if any(r.prompt_version == cohort.prompt_version for r in same)
+        else ""
+    )
+    return f"{text}{hint}. Cohorts of model {cohort.model!r}: {listed}{more}"
 
 
 def _insert(store: Store, con: Any, b: Baseline) -> bool:
