@@ -43,7 +43,7 @@ from shapewatch.collector import (
 )
 
 from .alerts import AlertBook, AlertState
-from .config import AnalyzerConfig, Severity
+from .config import AnalyzerConfig, EnumMode, Severity
 from .errors import AlertNotFound, SilenceNotFound
 
 __all__ = [
@@ -112,11 +112,18 @@ def freeze(
         if open_pages
         else []
     )
+
+    def declared_enum(path: str) -> bool:
+        # an operator's enum keeps its values in the baseline whatever they look like: its rule needs the set
+        rules = config.rules_for(contract, path)
+        return rules.mode is EnumMode.enum or rules.allowed is not None
+
     b = freeze_baseline(
         store,
         cohort,
         since,
         until,
+        keep_values=declared_enum,
         author=author,
         note=note,
         min_samples=config.defaults.min_samples,

@@ -499,8 +499,12 @@ def freeze_baseline(
     force: str | None = None,
     activate: bool = True,
     now: datetime | None = None,
+    keep_values: Callable[[str], bool] | None = None,
 ) -> Baseline:
     """Freeze the profile of ``cohort`` over ``[since, until)``; make it active unless ``activate`` is False.
+
+    The values of free-text paths are not kept (counted as overflow), except at the paths
+    ``keep_values`` names (fields declared an enum, whose rule needs the set).
 
     ``objections`` are reasons found by the caller (open page alerts in the
     window); together with too few samples they refuse the freeze unless
@@ -555,7 +559,7 @@ def freeze_baseline(
         force if found else None,
         # Values of free-text paths (ids, names, e-mail addresses) serve no rule and are personal
         # data: a baseline keeps their counts, as overflow, never the values.
-        withhold_free_text(profile.fields),
+        withhold_free_text(profile.fields, keep_values),
         profile.checked,
         profile.violations,
     )

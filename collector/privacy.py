@@ -67,12 +67,22 @@ def holds_free_text(f: FieldProfile) -> bool:
     return distinct > FREE_TEXT_DISTINCT and sum(f.values.values()) < 10 * distinct
 
 
-def withhold_free_text(fields: Mapping[str, FieldProfile]) -> dict[str, FieldProfile]:
+def withhold_free_text(
+    fields: Mapping[str, FieldProfile], keep: Callable[[str], bool] | None = None
+) -> dict[str, FieldProfile]:
     """``fields`` with the values of every free-text path counted as overflow instead (the counts
-    of the path stay whole: present, types, long strings and values together)."""
+    of the path stay whole: present, types, long strings and values together).
+
+    ``keep`` names paths whose values stay although they look like free text: fields an operator
+    declared an enum, whose rule needs the baseline's set. Values shaped like an e-mail address
+    are withheld all the same."""
+
+    def kept(path: str, f: FieldProfile) -> bool:
+        return keep is not None and keep(path) and not any(looks_personal(v) for v in f.values)
+
     return {
         path: replace(f, values={}, values_overflow=f.values_overflow + sum(f.values.values()))
-        if holds_free_text(f)
+        if holds_free_text(f) and not kept(path, f)
         else f
         for path, f in fields.items()
     }

@@ -159,3 +159,11 @@ def test_mask_output_hides_named_paths_and_addresses_and_keeps_the_shape() -> No
         "cc": ["[withheld]"],
     }
     assert output["customer"]["email"] == "ana@example.com"  # a copy: the original is untouched
+
+
+def test_a_declared_enum_keeps_its_values_unless_they_look_personal() -> None:
+    ids = field({f"c-{i}": 1 for i in range(60)})
+    mails = field({f"u{i}@example.com": 1 for i in range(60)})
+    out = withhold_free_text({"ids": ids, "mails": mails}, keep=lambda p: True)
+    assert out["ids"] is ids  # the operator's enum: its rule needs the set
+    assert out["mails"].values == {} and out["mails"].values_overflow == 60
