@@ -30,6 +30,7 @@ test: $(STAMP)
 		tests/collector/test_accel.py tests/collector/test_envelope.py tests/collector/test_envelope_fast_path.py \
 		tests/collector/test_scanner.py tests/collector/test_flatten.py tests/collector/test_rollup.py \
 		tests/collector/test_number_rollups.py tests/collector/test_store.py tests/collector/test_tiers.py \
+		tests/collector/test_privacy.py \
 		--deselect tests/collector/test_store.py::test_the_memory_limit_grows_with_the_key_index_so_writes_never_run_out \
 		tests/collector/test_ingest_cli.py::test_ingest_stores_every_line_and_a_rerun_adds_nothing \
 		tests/collector/test_ingest_cli.py::test_rejected_lines_go_to_a_quarantine_that_a_rerun_rewrites \

@@ -31,24 +31,38 @@ from shapewatch.baselines import (
 from shapewatch.baselines import (
     import_document as store_document,
 )
-from shapewatch.collector import PRODUCTION, FieldProfile, Store, contract_changes, read_profile, served_aliases
+from shapewatch.collector import (
+    PRODUCTION,
+    FieldProfile,
+    RedactPatterns,
+    Store,
+    contract_changes,
+    holds_free_text,
+    mask_output,
+    read_profile,
+    served_aliases,
+)
 from shapewatch.collector.adapters import WITH_OUTPUT
 
 from .alerts import AlertBook, AlertState
-from .config import AnalyzerConfig, Severity
-from .errors import AlertNotFound
+from .config import AnalyzerConfig, EnumMode, Severity
+from .errors import AlertNotFound, SilenceNotFound
 from .outcome_rates import OUTCOME_KINDS, responses
 
 __all__ = [
     "COHORTS_WINDOW",
     "MAX_SERIES_POINTS",
+    "MAX_USAGE_POINTS",
     "acknowledge",
     "activate",
     "alert",
     "alerts",
     "cohort_fields",
     "cohorts",
+    "contract_diff",
+    "contract_usage",
     "events",
+    "expire_silence",
     "field_series",
     "freeze",
     "import_document",
@@ -102,11 +116,18 @@ def freeze(
         if open_pages
         else []
     )
+
+    def declared_enum(path: str) -> bool:
+        # an operator's enum keeps its values in the baseline whatever they look like: its rule needs the set
+        rules = config.rules_for(contract, path)
+        return rules.mode is EnumMode.enum or rules.allowed is not None
+
     b = freeze_baseline(
         store,
         cohort,
         since,
         until,
+        keep_values=declared_enum,
         author=author,
         note=note,
         min_samples=config.defaults.min_samples,
@@ -232,6 +253,16 @@ def silence(store: Store, *, duration: timedelta, author: str, reason: str, **ma
     )
 
 
+def expire_silence(store: Store, silence_id: int) -> dict[str, Any]:
+    """End a silence now (the alerts it held are notified again from the next evaluation)."""
+    if not 0 < silence_id < 2**63 or not store.end_silence(silence_id, datetime.now(UTC)):
+        raise SilenceNotFound(silence_id)
+    found = next((s for s in AlertBook(store).silences(now=None) if s.silence_id == silence_id), None)
+    if found is None:
+        raise SilenceNotFound(silence_id)
+    return _silence_json(found)
+
+
 def silences(store: Store, *, active: bool = True) -> list[dict[str, Any]]:
     """Silences, oldest first; with ``active`` only those not yet ended."""
     return [_silence_json(s) for s in AlertBook(store).silences(now=datetime.now(UTC) if active else None)]
@@ -333,6 +364,8 @@ def incidents(store: Store, *, open_only: bool = False, limit: int = 100) -> lis
 def cohort_fields(store: Store, cohort_id: int, *, since: datetime, until: datetime) -> dict[str, Any]:
     """The window profile of one cohort, field by field."""
     p = read_profile(store, cohort_id, since, until)
+    redact = _redact(store)
+    withheld = {path for path, f in p.fields.items() if holds_free_text(f) or redact.matches(path)}
     return {
         "cohort_id": cohort_id,
         "cohort": {"model": p.model, "prompt_version": p.prompt_version, "contract": p.contract, "source": p.source},
@@ -343,6 +376,8 @@ def cohort_fields(store: Store, cohort_id: int, *, since: datetime, until: datet
         "fields": [
             {
                 **f.to_json(),
+                # free text or redacted: the values are personal data and serve no rule
+                **({"values": {}, "values_withheld": True} if f.path in withheld else {"values_withheld": False}),
                 "presence_rate": round(f.presence_rate, 6),
                 "filled": f.filled,
                 "array_p50": f.array_percentile(0.5),
@@ -381,6 +416,34 @@ def _rounded(x: float | None) -> float | None:
     return None if x is None else round(x, 6)
 
 
+def _redact(store: Store) -> RedactPatterns:
+    rollup = getattr(store, "rollup", None)
+    return RedactPatterns(tuple(getattr(rollup, "redact_paths", ()) or ()))
+
+
+def _values_kind(
+    path: str, base: FieldProfile | None, period: FieldProfile | None, enum: bool | None, redact: RedactPatterns
+) -> str:
+    """What the values of a field are, for showing them: ``enum`` (shown, with the unknown share),
+    ``free_text`` (withheld: ids, names, addresses; or a redacted path), ``numeric`` (a number
+    field: its values are not a set, whatever strings it gets) or ``none`` (no strings at all)."""
+    if redact.matches(path) or any(f is not None and holds_free_text(f) for f in (base, period)):
+        return "free_text"
+    ref = base if base is not None else period
+    if ref is None:
+        return "none"
+    numbers = ref.types.get("integer", 0) + ref.types.get("number", 0)
+    strings = ref.types.get("string", 0)
+    if numbers and numbers >= strings:
+        return "numeric"
+    if not strings and not (period and period.types.get("string")):
+        return "none"
+    if base is not None:
+        # a baseline without the values of its strings withheld them as free text when frozen
+        return "enum" if enum and base.values else "free_text" if strings and not base.values else "enum"
+    return "enum"
+
+
 def field_series(
     store: Store,
     config: AnalyzerConfig,
@@ -393,7 +456,12 @@ def field_series(
 ) -> dict[str, Any]:
     """One field of one cohort over time, in ``points`` equal steps: presence, type shares, values
     and the unknown share against the cohort's baseline, array-size percentiles; with the baseline's
-    levels, for charts against it. Each step is a window profile (a sum of buckets)."""
+    levels, for charts against it. Each step is a window profile (a sum of buckets).
+
+    Values and the unknown share are given only for a field whose values are a set (``values_kind``
+    ``enum``): never for free text (ids, names, e-mail addresses, or a ``redact_paths`` path),
+    whose values are personal data, nor for a number field. The unknown share counts the values
+    outside the baseline's set over every filled value of the field, whatever its type."""
     from .rules import enum_like
 
     if not 1 <= points <= MAX_SERIES_POINTS:
@@ -404,14 +472,19 @@ def field_series(
     cohort = Cohort(row.model, row.prompt_version, row.contract, row.source)
     resolved = resolve_baseline(store, cohort)
     base = resolved.baseline.fields.get(path) if resolved else None
+    rules = config.rules_for(cohort.contract, path)
     known = set(base.values) if base else set()
     step = (until - since) / points
-    series = []
+    steps: list[tuple[datetime, datetime, FieldProfile | None, Any]] = []
     for i in range(points):
         lo, hi = since + step * i, since + step * (i + 1)
         profile = read_profile(store, cohort_id, lo, hi)
-        f = profile.fields.get(path)
-        strings = f.types.get("string", 0) if f else 0
+        steps.append((lo, hi, profile.fields.get(path), profile))
+    period = _period_field(path, [f for _, _, f, _ in steps if f is not None])
+    kind = _values_kind(path, base, period, enum_like(base, rules) if base else None, _redact(store))
+    shown = kind == "enum"
+    series = []
+    for lo, hi, f, profile in steps:
         broken = max((profile.violations.get(path) or {}).values(), default=0)
         unknown = (
             sum(n for v, n in f.values.items() if v not in known) + f.values_overflow + f.long_strings
@@ -425,8 +498,9 @@ def field_series(
                 "units": f.units if f else 0,
                 "presence_rate": round(f.presence_rate, 6) if f else None,
                 "types": {t: round(f.type_share(t), 6) for t in sorted(f.types)} if f else {},
-                "values": dict(sorted(f.values.items(), key=lambda kv: -kv[1])[:20]) if f else {},
-                "unknown_share": round(unknown / strings, 6) if strings and base else None,
+                "values": dict(sorted(f.values.items(), key=lambda kv: -kv[1])[:20]) if f and shown else {},
+                # over every filled value: a number field's strings are not 100% unknown when 28% are strings
+                "unknown_share": round(unknown / f.filled, 6) if f and f.filled and base and shown else None,
                 # outputs breaking their registered contract at this path, of those checked
                 "violation_rate": round(broken / profile.checked, 6) if profile.checked else None,
                 "array": (
@@ -448,12 +522,11 @@ def field_series(
         b = resolved.baseline
         baseline = {"baseline_id": b.baseline_id, "how": resolved.how, "present": base is not None}
         if base is not None:
-            rules = config.rules_for(cohort.contract, path)
             baseline |= {
                 "presence_rate": round(base.presence_rate, 6),
                 "tolerance": rules.tolerance,
                 "types": {t: round(base.type_share(t), 6) for t in sorted(base.types)},
-                "values": dict(sorted(base.values.items(), key=lambda kv: -kv[1])[:50]),
+                "values": dict(sorted(base.values.items(), key=lambda kv: -kv[1])[:50]) if shown else {},
                 "enum_like": enum_like(base, rules),
                 "array": (
                     {
@@ -478,30 +551,71 @@ def field_series(
         "field": path,
         "since": _iso(since),
         "until": _iso(until),
+        "values_kind": kind,
         "baseline": baseline,
         "series": series,
         "contract_changes": changes,
     }
 
 
+def _period_field(path: str, parts: list[FieldProfile]) -> FieldProfile | None:
+    """The steps' profiles of one path added up (what the whole period held)."""
+    if not parts:
+        return None
+    types: dict[str, int] = {}
+    values: dict[str, int] = {}
+    for f in parts:
+        for t, n in f.types.items():
+            types[t] = types.get(t, 0) + n
+        for v, n in f.values.items():
+            values[v] = values.get(v, 0) + n
+    return FieldProfile(
+        path,
+        parts[0].scope,
+        sum(f.units for f in parts),
+        sum(f.present for f in parts),
+        types,
+        sum(f.long_strings for f in parts),
+        values,
+        sum(f.values_overflow for f in parts),
+    )
+
+
 def events(store: Store, event_ids: list[str]) -> list[dict[str, Any]]:
-    """Stored outputs by event id (samples of an alert), with their tags; unknown ids are left out."""
+    """Stored outputs by event id (samples of an alert), with their tags; unknown ids are left out.
+
+    Strings at free-text paths of the cohort's baseline, at ``redact_paths`` paths, and any string
+    that looks like an e-mail address read ``[withheld]``: a sample shows the shape, not the person."""
     import orjson
 
     if not event_ids or len(event_ids) > 100:
         raise BaselineError("give between 1 and 100 event ids")
-    return [
-        {
-            "event_id": e.event_id,
-            "ts": _iso(e.ts),
-            "cohort": {"model": e.model, "prompt_version": e.prompt_version, "contract": e.contract},
-            "served_model": e.served_model,
-            "contract_version": e.contract_version,
-            "source": e.source,
-            "output": orjson.loads(e.output),
-        }
-        for e in store.events_by_id(event_ids)
-    ]
+    redact = _redact(store)
+    free: dict[tuple[str, str, str], set[str]] = {}
+
+    def hidden(e: Any) -> set[str]:
+        key = (e.model, e.prompt_version, e.contract)
+        if key not in free:
+            resolved = resolve_baseline(store, Cohort(*key))
+            fields = resolved.baseline.fields if resolved else {}
+            free[key] = {p for p, f in fields.items() if holds_free_text(f) or (f.types.get("string") and not f.values)}
+        return free[key]
+
+    out = []
+    for e in store.events_by_id(event_ids):
+        paths = hidden(e)
+        out.append(
+            {
+                "event_id": e.event_id,
+                "ts": _iso(e.ts),
+                "cohort": {"model": e.model, "prompt_version": e.prompt_version, "contract": e.contract},
+                "served_model": e.served_model,
+                "contract_version": e.contract_version,
+                "source": e.source,
+                "output": mask_output(orjson.loads(e.output), lambda p, paths=paths: p in paths or redact.matches(p)),
+            }
+        )
+    return out
 
 
 # --- contracts ------------------------------------------------------------------------------
@@ -530,3 +644,99 @@ def show_contract(store: Store, contract: str, version: str) -> dict[str, Any]:
     from shapewatch.collector import get_contract
 
     return get_contract(store, contract, version).to_json()
+
+
+#: The most steps of a contract's usage series.
+MAX_USAGE_POINTS = 500
+
+
+def contract_diff(store: Store, contract: str, old: str, new: str) -> dict[str, Any]:
+    """The classified changes from registered version ``old`` of ``contract`` to ``new`` (what
+    ``shapewatch contract diff`` prints for two files), with the verdict: the most serious change."""
+    from shapewatch.collector import diff_contracts, diff_verdict, get_contract
+
+    before, after = get_contract(store, contract, old), get_contract(store, contract, new)
+    changes = diff_contracts(before.definition, after.definition)
+    return {
+        "contract": contract,
+        "from": old,
+        "to": new,
+        "verdict": diff_verdict(changes).value,
+        "changes": [c.to_json() for c in changes],
+    }
+
+
+def contract_usage(
+    store: Store, contract: str, *, since: datetime, until: datetime, points: int = 28
+) -> dict[str, Any]:
+    """How each version of ``contract`` was used over ``[since, until)`` in ``points`` steps: per
+    version, the outputs tagged with it and checked, the share of checked ones breaking it per step,
+    whether it is registered, and which cohorts send it (with their outputs). Untagged outputs are
+    version ``""``."""
+    if not 1 <= points <= MAX_USAGE_POINTS:
+        raise BaselineError(f"points must be between 1 and {MAX_USAGE_POINTS}")
+    store.flush_rollups()
+    registered = [r.version for r in store.contract_versions(contract)]
+    cohorts = {r.cohort_id: r for r in store.cohorts() if r.contract == contract}
+    step = (until - since) / points
+    rows = store.contract_status_steps(list(cohorts), since, until, step.total_seconds())
+    per: dict[str, dict[str, Any]] = {}
+
+    def version(v: str) -> dict[str, Any]:
+        if v not in per:
+            per[v] = {
+                "version": v,
+                "registered": v in registered,
+                "outputs": 0,
+                "steps": [{"valid": 0, "invalid": 0, "other": 0} for _ in range(points)],
+                "cohorts": {},
+            }
+        return per[v]
+
+    for v in registered:
+        version(v)
+    for cid, v, i, status, n in rows:
+        if not 0 <= i < points:
+            continue
+        entry = version(v)
+        entry["outputs"] += n
+        slot = entry["steps"][i]
+        slot[status if status in ("valid", "invalid") else "other"] += n
+        entry["cohorts"][cid] = entry["cohorts"].get(cid, 0) + n
+    versions = []
+    for v in [*registered, *sorted(set(per) - set(registered))]:
+        entry = per[v]
+        series = []
+        for i, slot in enumerate(entry["steps"]):
+            checked = slot["valid"] + slot["invalid"]
+            series.append(
+                {
+                    "since": _iso(since + step * i),
+                    "until": _iso(since + step * (i + 1)),
+                    "outputs": checked + slot["other"],
+                    "checked": checked,
+                    "invalid": slot["invalid"],
+                    "violation_rate": round(slot["invalid"] / checked, 6) if checked else None,
+                }
+            )
+        versions.append(
+            {
+                "version": v,
+                "registered": entry["registered"],
+                "outputs": entry["outputs"],
+                "series": series,
+                "cohorts": [
+                    {
+                        "cohort_id": cid,
+                        "cohort": {
+                            "model": cohorts[cid].model,
+                            "prompt_version": cohorts[cid].prompt_version,
+                            "contract": cohorts[cid].contract,
+                        },
+                        "outputs": n,
+                    }
+                    for cid, n in sorted(entry["cohorts"].items(), key=lambda kv: (-kv[1], kv[0]))
+                ],
+            }
+        )
+    return {"contract": contract, "since": _iso(since), "until": _iso(until), "versions": versions}

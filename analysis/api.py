@@ -375,6 +375,7 @@ class FieldWindow(_Open):
     number_p50: float | None
     number_p90: float | None
     number_p99: float | None
+    values_withheld: bool = False  # free text or a redact_paths path: its values are never given
 
 
 class CohortFields(_Open):
@@ -418,6 +419,7 @@ class FieldSeries(_Open):
     field: str
     since: str | None
     until: str | None
+    values_kind: str = "enum"  # enum | free_text | numeric | none: values are given for enum only
     baseline: SeriesBaseline | None
     series: list[SeriesPoint]
     contract_changes: list[ContractChange]
@@ -527,6 +529,52 @@ class ContractItem(ContractSummary):
 
 class ContractRegistered(ContractSummary):
     created: bool
+
+
+class ContractDiffChange(_Open):
+    tool: str | None
+    path: str | None
+    kind: str
+    classification: str  # breaking | behavioral | compatible
+    detail: str
+
+
+class ContractDiff(_Open):
+    contract: str
+    from_: str = Field(alias="from")
+    to: str
+    verdict: str  # the most serious change: breaking | behavioral | compatible | unchanged
+    changes: list[ContractDiffChange]
+
+
+class ContractUsageStep(_Open):
+    since: str | None
+    until: str | None
+    outputs: int
+    checked: int
+    invalid: int
+    violation_rate: float | None
+
+
+class ContractUsageCohort(_Open):
+    cohort_id: int
+    cohort: CohortTags
+    outputs: int
+
+
+class ContractVersionUsage(_Open):
+    version: str
+    registered: bool
+    outputs: int
+    series: list[ContractUsageStep]
+    cohorts: list[ContractUsageCohort]
+
+
+class ContractUsage(_Open):
+    contract: str
+    since: str | None
+    until: str | None
+    versions: list[ContractVersionUsage]
 
 
 class AnalyzerRun(_Open):
@@ -669,6 +717,16 @@ def list_incidents(
     limit: int = Query(100, ge=1, le=1000),
 ) -> Response:
     return json_response(admin.incidents(api.store, open_only=state == "open", limit=limit))
+
+
+@router.post(
+    "/v1/silences/{silence_id}/expire",
+    summary="End a silence now",
+    tags=["alerts"],
+    response_model=Silence,
+)
+def expire_silence(api: Analysis, silence_id: int) -> Response:
+    return json_response(admin.expire_silence(api.store, silence_id))
 
 
 # --- cohorts ----------------------------------------------------------------------------------------
@@ -935,6 +993,44 @@ def list_contracts(api: Analysis, contract: str | None = None) -> Response:
 )
 def get_contract(api: Analysis, contract: str, version: str) -> Response:
     return json_response(admin.show_contract(api.store, contract, version))
+
+
+ContractName = Annotated[str, Query(min_length=1, max_length=256, description="the contract's name")]
+ContractVersion = Annotated[str, Query(min_length=1, max_length=256, description="a registered version")]
+#: The traffic window of ``/v1/contracts/usage`` when none is given.
+USAGE_WINDOW = timedelta(days=7)
+
+
+@router.get(
+    "/v1/contracts/diff",
+    summary="The classified changes between two registered versions of a contract",
+    tags=["contracts"],
+    response_model=ContractDiff,
+)
+def diff_contract_versions(
+    api: Analysis,
+    contract: ContractName,
+    from_version: Annotated[str, Query(alias="from", min_length=1, max_length=256, description="the older version")],
+    to: ContractVersion,
+) -> Response:
+    return json_response(admin.contract_diff(api.store, contract, from_version, to))
+
+
+@router.get(
+    "/v1/contracts/usage",
+    summary="Outputs and violation rates per contract version over time, and the cohorts sending each",
+    tags=["contracts"],
+    response_model=ContractUsage,
+)
+def get_contract_usage(
+    api: Analysis,
+    contract: ContractName,
+    since: When = None,
+    until: When = None,
+    points: int = Query(28, ge=1, le=admin.MAX_USAGE_POINTS, description="steps of the window"),
+) -> Response:
+    start, end = _window(since, until, now=api.clock(), length=USAGE_WINDOW)
+    return json_response(admin.contract_usage(api.store, contract, since=start, until=end, points=points))
 
 
 @router.post(

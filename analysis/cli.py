@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -39,6 +40,7 @@ from ._cli import (
     _fail,
     _settings,
     _token_option,
+    _url_option,
 )
 from .compare_cli import compare
 from .contract_cli import contract
@@ -234,12 +236,20 @@ def _after_start(url: str, token: str | None, sample: bool, dash: Any, dashboard
 @cli.command()
 @click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--db", "db_path", type=click.Path(dir_okay=False), help="DuckDB file (must not be held by a service).")
+@_url_option
+@_token_option
 @click.option(
     "--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True, help="Summary format."
 )
 @click.pass_context
-def ingest(ctx: click.Context, files: tuple[Path, ...], db_path: str | None, fmt: str) -> None:
+def ingest(
+    ctx: click.Context, files: tuple[Path, ...], db_path: str | None, url: str | None, token: str | None, fmt: str
+) -> None:
     """Import JSONL or .jsonl.gz envelopes; rejected lines go to a quarantine file.
+
+    With --url the lines go through a running service (POST /v1/outputs, in batches) instead of
+    into the file it holds: the same ids, summary and exit codes; rejected lines are listed with
+    their line numbers and reasons (the first 100) instead of quarantined.
 
     Exit 0 when every line was stored or was a duplicate, 1 when any line was rejected, 2 on a
     usage or input error: a file that could not be read to its end (the lines before the fault
@@ -247,24 +257,43 @@ def ingest(ctx: click.Context, files: tuple[Path, ...], db_path: str | None, fmt
     quarantine that cannot be written or a store that fails (the import stops; the summary
     says what the files before it added), or a database held by a running service.
     """
-    from .store_access import open_store
-
-    settings = _settings(ctx, db_path=db_path)
-    try:
-        store = open_store(settings, bulk=True)
-    except ShapewatchError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+    if db_path and url:
+        raise click.UsageError("give --db or --url, not both")
     total = sum(f.stat().st_size for f in {f.resolve(): f for f in files}.values())  # a file given twice reads once
     show = sys.stderr.isatty()
     summary = ImportSummary()
     failed: ShapewatchError | None = None
-    try:
-        with store, click.progressbar(length=total, label="importing", file=sys.stderr, hidden=not show) as bar:
-            import_files(list(files), store, limits_from_settings(settings), progress=bar.update, summary=summary)
-    except ShapewatchError as exc:
-        failed = exc  # what the files before it added is still reported
+    listed: list[dict[str, Any]] = []
+    if url:
+        from shapewatch.collector import RemoteImportFailed, send_files
+
+        if not url.startswith(("http://", "https://")) or len(url) > 2000:
+            raise click.BadParameter(f"{url[:80]!r} is not an http(s) URL", param_hint="--url")
+        try:
+            with click.progressbar(length=total, label="sending", file=sys.stderr, hidden=not show) as bar:
+                sent = send_files(list(files), url, token=token, progress=bar.update)
+            summary, listed = sent.summary, sent.rejected_lines
+        except RemoteImportFailed as exc:
+            failed = exc
+            if exc.partial is not None:
+                summary, listed = exc.partial.summary, exc.partial.rejected_lines
+    else:
+        from .store_access import open_store
+
+        settings = _settings(ctx, db_path=db_path)
+        try:
+            store = open_store(settings, bulk=True)
+        except ShapewatchError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(2)
+        try:
+            with store, click.progressbar(length=total, label="importing", file=sys.stderr, hidden=not show) as bar:
+                import_files(list(files), store, limits_from_settings(settings), progress=bar.update, summary=summary)
+        except ShapewatchError as exc:
+            failed = exc  # what the files before it added is still reported
     out = summary.as_dict()
+    if url:
+        out["rejected_lines"] = listed
     if fmt == "json":
         click.echo(orjson.dumps(out).decode())
     else:
@@ -273,6 +302,9 @@ def ingest(ctx: click.Context, files: tuple[Path, ...], db_path: str | None, fmt
             click.echo(f"  rejected ({reason}): {n}")
         for q in out["quarantine"]:
             click.echo(f"  rejected lines with their reasons: {q}")
+        for r in listed:
+            reasons = "; ".join(f"{e.get('path')}: {e.get('reason')}" for e in r["errors"])
+            click.echo(f"  rejected {r['file']}:{r['line']}: {reasons}")
     for unreadable in summary.unreadable:
         click.echo(
             f"error: {unreadable} (the lines read before the fault were imported; once the file is whole, "
@@ -287,8 +319,41 @@ def ingest(ctx: click.Context, files: tuple[Path, ...], db_path: str | None, fmt
 # --- shared options ------------------------------------------------------------------------
 
 
-def _when(text: str | None, option: str, *, ranged: bool = True) -> datetime | None:
-    """An ISO 8601 time with a zone (``2026-11-29T12:00:00Z``), or None; with ``ranged`` in the
+#: How far back a relative time (``2d``) may reach: the longest window anything reads.
+MAX_RELATIVE = timedelta(days=3650)
+_DATE_ONLY = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
+_RELATIVE = re.compile(r"[0-9]+(?:\.[0-9]+)?[smhdw]")
+
+
+def _absolute(text: str, option: str, now: datetime | None = None) -> str:
+    """``text`` as an ISO 8601 time with a zone: ``now``; a duration back from now (``2d``,
+    ``90m``, ``1.5h``: ``2d`` means two days ago); a UTC date (``2026-11-30``: its midnight);
+    anything else as it is, for the ISO parser to judge."""
+    from .config import parse_duration
+    from .errors import ConfigInvalid
+
+    t = text.strip()
+    now = now or datetime.now(UTC)
+    if t.lower() == "now":
+        return now.isoformat()
+    if _RELATIVE.fullmatch(t):
+        try:
+            back = parse_duration(t, key=option, maximum=MAX_RELATIVE)
+        except ConfigInvalid as exc:
+            raise click.BadParameter(exc.problem, param_hint=option) from None
+        return (now - back).isoformat()
+    if _DATE_ONLY.fullmatch(t):
+        try:
+            day = datetime.strptime(t, "%Y-%m-%d").replace(tzinfo=UTC)
+        except ValueError:
+            raise click.BadParameter(f"{t!r} is not a date; write e.g. 2026-11-30", param_hint=option) from None
+        return day.isoformat()
+    return text
+
+
+def _when(text: str | None, option: str, *, ranged: bool = True, now: datetime | None = None) -> datetime | None:
+    """A time, or None: ISO 8601 with a zone (``2026-11-29T12:00:00Z``), a UTC date
+    (``2026-11-30``), a duration back from now (``2d``, ``90m``) or ``now``; with ``ranged`` in the
     times taken (``EARLIEST_TIME`` .. ``LATEST_TIME``). Without it only parsed, for the freeze,
     whose window the baselines package judges."""
     from .config import parse_time
@@ -296,6 +361,11 @@ def _when(text: str | None, option: str, *, ranged: bool = True) -> datetime | N
 
     if text is None:
         return None
+    if len(text) > 100:
+        raise click.BadParameter(
+            f"{len(text)} characters is no time; write e.g. 2026-11-29T12:00:00Z", param_hint=option
+        )
+    text = _absolute(text, option, now)
     if ranged:
         try:
             return parse_time(text, key=option)
@@ -305,7 +375,9 @@ def _when(text: str | None, option: str, *, ranged: bool = True) -> datetime | N
         t = datetime.fromisoformat(text.replace("Z", "+00:00") if text.endswith("Z") else text)
     except ValueError:
         raise click.BadParameter(
-            f"{text!r} is not an ISO 8601 time; write e.g. 2026-11-29T12:00:00Z", param_hint=option
+            f"{text!r} is not an ISO 8601 time, a date or a duration back from now; write e.g. "
+            "2026-11-29T12:00:00Z, 2026-11-29 or 2d",
+            param_hint=option,
         ) from None
     if t.tzinfo is None:
         raise click.BadParameter(f"{text!r} has no time zone; add Z or an offset such as +02:00", param_hint=option)
@@ -391,7 +463,12 @@ def _alert_table(alerts: list[dict[str, Any]]) -> None:
 @click.option(
     "--once", is_flag=True, required=True, help="Run one evaluation and exit (the service runs them on a schedule)."
 )
-@click.option("--at", "at_text", help="Evaluate the window ending at this time (ISO 8601 with a zone; default now).")
+@click.option(
+    "--at",
+    "at_text",
+    help="Evaluate the window ending at this time (ISO 8601 with a zone, a UTC date or a duration back such as 2h; "
+    "default now).",
+)
 @click.option(
     "--window", "window_text", help="Window length, e.g. 24h, at most 400d (default from the configuration: 24h)."
 )
@@ -445,7 +522,7 @@ def analyze(
     sys.exit(1 if firing else 0)
 
 
-@cli.command()
+@cli.group(invoke_without_command=True)
 @_backend_options
 @click.option("--severity", type=click.Choice(["page", "warn"]), help="Only this severity.")
 @click.option("--state", type=click.Choice(["open", "pending", "firing", "resolved"]), help="Only this state.")
@@ -470,7 +547,11 @@ def alerts(
     source: str | None,
     fmt: str,
 ) -> None:
-    """List the alerts the service recorded, page first. Exit 1 when any listed alert is firing."""
+    """List the alerts the service recorded, page first. Exit 1 when any listed alert is firing.
+
+    ``shapewatch alerts ack FINGERPRINT`` acknowledges one."""
+    if ctx.invoked_subcommand is not None:
+        return
     with _backend(ctx, db_path, url, token) as b:
         found = b.alerts(
             severity=severity,
@@ -486,6 +567,150 @@ def alerts(
     else:
         _alert_table(found)
     sys.exit(1 if any(a["state"] == "firing" for a in found) else 0)
+
+
+def _fingerprint(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is not None and not re.fullmatch(r"[0-9A-Za-z_-]{1,128}", value):
+        raise click.BadParameter(
+            f"{value[:40]!r}{'...' if len(value) > 40 else ''} is not an alert fingerprint (letters, digits, - and _, "
+            "at most 128); `shapewatch alerts --format json` lists them"
+        )
+    return value
+
+
+@alerts.command("ack")
+@click.argument("fingerprint", callback=_fingerprint)
+@click.option("--author", help="Who is on it (default SHAPEWATCH_AUTHOR, else $USER).")
+@_backend_options
+@_format_option
+@click.pass_context
+def ack(
+    ctx: click.Context,
+    fingerprint: str,
+    author: str | None,
+    db_path: str | None,
+    url: str | None,
+    token: str | None,
+    fmt: str,
+) -> None:
+    """Acknowledge an alert: someone is on it (its state does not change)."""
+    by = (author or _author()).strip()
+    if not by or len(by) > 256:
+        raise click.BadParameter("give a name of 1 to 256 characters", param_hint="--author")
+    with _backend(ctx, db_path, url, token) as b:
+        done = b.acknowledge(fingerprint, by=by)
+    if fmt == "json":
+        _echo_json(done)
+    else:
+        click.echo(f"acknowledged {done['kind']} on {done['field']} ({fingerprint}) as {by}")
+
+
+# --- silences ------------------------------------------------------------------------------
+
+
+@cli.group()
+def silence() -> None:
+    """Silence matching alerts for a while (create), list silences, end one early (expire)."""
+
+
+@silence.command("create")
+@click.option("--duration", required=True, help="How long, e.g. 30m, 2h, 3d (at most 90d).")
+@click.option("--reason", required=True, help="Why (kept with the silence).")
+@click.option("--fingerprint", callback=_fingerprint, help="Silence this one alert ...")
+@click.option("--model", help="... or every alert matching these (model, prompt version, contract, field, kind).")
+@click.option("--prompt-version", help="Only this prompt version.")
+@click.option("--contract", help="Only this contract.")
+@click.option("--field", help="Only this field path.")
+@click.option("--kind", help="Only this alert kind (e.g. presence_drop).")
+@click.option("--author", help="Who silences (default SHAPEWATCH_AUTHOR, else $USER).")
+@_backend_options
+@_format_option
+@click.pass_context
+def silence_create(
+    ctx: click.Context,
+    duration: str,
+    reason: str,
+    fingerprint: str | None,
+    model: str | None,
+    prompt_version: str | None,
+    contract: str | None,
+    field: str | None,
+    kind: str | None,
+    author: str | None,
+    db_path: str | None,
+    url: str | None,
+    token: str | None,
+    fmt: str,
+) -> None:
+    """Silence the alerts that match for DURATION: they still open and resolve, nobody is paged."""
+    from .config import MAX_SILENCE, AlertKind
+
+    _duration(duration, "--duration", MAX_SILENCE)
+    if not reason.strip():
+        raise click.BadParameter("say why", param_hint="--reason")
+    if kind is not None and kind not in {k.value for k in AlertKind}:
+        raise click.BadParameter(
+            f"{kind[:60]!r} is not an alert kind; one of " + ", ".join(k.value for k in AlertKind), param_hint="--kind"
+        )
+    match = {
+        "fingerprint": fingerprint,
+        "model": model,
+        "prompt_version": prompt_version,
+        "contract": contract,
+        "field": field,
+        "kind": kind,
+    }
+    if not any(match.values()):
+        raise click.UsageError(
+            "say what to silence: --fingerprint, or --model/--prompt-version/--contract/--field/--kind"
+        )
+    for name, value in match.items():
+        if value is not None and not 1 <= len(value) <= 1000:
+            raise click.BadParameter("give 1 to 1,000 characters", param_hint=f"--{name.replace('_', '-')}")
+    with _backend(ctx, db_path, url, token) as b:
+        done = b.silence(duration=duration, author=(author or _author()).strip(), reason=reason.strip(), **match)
+    if fmt == "json":
+        _echo_json(done)
+    else:
+        click.echo(f"silence {done['silence_id']} until {done['ends_at']}")
+
+
+@silence.command("list")
+@click.option("--all", "everything", is_flag=True, help="Ended silences too.")
+@_backend_options
+@_format_option
+@click.pass_context
+def silence_list(
+    ctx: click.Context, everything: bool, db_path: str | None, url: str | None, token: str | None, fmt: str
+) -> None:
+    """Silences still active (with --all, ended ones too), oldest first."""
+    with _backend(ctx, db_path, url, token) as b:
+        found = b.silences(active=not everything)
+    if fmt == "json":
+        click.echo(orjson.dumps(found).decode())
+        return
+    if not found:
+        click.echo("no silence" + ("" if everything else " active"))
+    for x in found:
+        what = ", ".join(f"{k}={v}" for k, v in x["match"].items())
+        click.echo(f"{x['silence_id']:>5}  until {x['ends_at']}  {what}  by {x['author']}: {x['reason']}")
+
+
+@silence.command("expire")
+@click.argument("silence_id", type=click.IntRange(1, 2**63 - 1))
+@_backend_options
+@_format_option
+@click.pass_context
+def silence_expire(
+    ctx: click.Context, silence_id: int, db_path: str | None, url: str | None, token: str | None, fmt: str
+) -> None:
+    """End a silence now: its alerts are notified again from the next evaluation."""
+    with _backend(ctx, db_path, url, token) as b:
+        done = b.expire_silence(silence_id)
+    if fmt == "json":
+        _echo_json(done)
+    else:
+        click.echo(f"silence {silence_id} ended at {done['ends_at']}")
 
 
 # --- baselines -----------------------------------------------------------------------------
@@ -514,8 +739,18 @@ def _cohort_options(f: Any) -> Any:
 
 @baseline.command()
 @_cohort_options
-@click.option("--since", "since_text", required=True, help="Window start (ISO 8601 with a zone).")
-@click.option("--until", "until_text", required=True, help="Window end, exclusive (ISO 8601 with a zone).")
+@click.option(
+    "--since",
+    "since_text",
+    required=True,
+    help="Window start: ISO 8601 with a zone, a UTC date (2026-11-30) or 2d ago.",
+)
+@click.option(
+    "--until",
+    "until_text",
+    required=True,
+    help="Window end, exclusive: ISO 8601 with a zone, a UTC date, a duration back (90m) or now.",
+)
 @click.option("--note", required=True, help="Why this window is the reference (kept with the baseline).")
 @click.option("--force", help="Freeze despite objections (too few samples, open page alerts); give the reason.")
 @click.option("--no-activate", is_flag=True, help="Freeze without making it the cohort's active baseline.")
@@ -730,33 +965,79 @@ def export(
     sys.exit(0 if report.ok else 1)
 
 
+#: The most files one ``baseline import`` reads from the folders it is given.
+MAX_IMPORT_FILES = 10_000
+
+
+def _documents(paths: tuple[Path, ...]) -> list[Path]:
+    """The files to import: each path given, and for a folder (what ``baseline export --out DIR``
+    wrote) every ``*.json`` file under it, sorted, without following links to other folders."""
+    out: list[Path] = []
+    for path in paths:
+        if path.is_dir() and not path.is_symlink():
+            found = []
+            for root, dirs, files in os.walk(path, followlinks=False):
+                dirs.sort()
+                found += [Path(root) / f for f in sorted(files) if f.endswith(".json")]
+                if len(found) > MAX_IMPORT_FILES:
+                    raise click.BadParameter(
+                        f"{path} holds more than {MAX_IMPORT_FILES} .json files; import it in parts", param_hint="PATHS"
+                    )
+            if not found:
+                raise click.BadParameter(f"{path} is a folder without any .json file", param_hint="PATHS")
+            out += found
+        else:
+            out.append(path)
+    return list(dict.fromkeys(out))
+
+
 @baseline.command("import")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option(
+    "--activate",
+    "make_active",
+    is_flag=True,
+    help="Make each imported baseline its cohort's active one (a team that reviews baselines in pull requests).",
+)
 @_backend_options
 @click.pass_context
 def import_(
-    ctx: click.Context, paths: tuple[Path, ...], db_path: str | None, url: str | None, token: str | None
+    ctx: click.Context,
+    paths: tuple[Path, ...],
+    make_active: bool,
+    db_path: str | None,
+    url: str | None,
+    token: str | None,
 ) -> None:
-    """Import exported baseline files; a file already imported is a no-op, a tampered one is refused.
+    """Import exported baseline files, or the folders ``baseline export --out DIR`` wrote; a file
+    already imported is a no-op, a tampered one is refused.
 
-    Only regular files of at most 16 MiB are read (a FIFO, a device, a directory or a link to
-    one is refused unread). Each refused file is named with its reason on standard error and
-    the others are still imported: exit 2 when any was refused.
+    Only regular files of at most 16 MiB are read (a FIFO, a device or a link to one is refused
+    unread; links to folders are not followed). Each refused file is named with its reason on
+    standard error and the others are still imported: exit 2 when any was refused. With
+    ``--activate`` each baseline imported (or already present) becomes its cohort's active one,
+    recorded in the activation history with the file it came from.
     """
     from shapewatch.baselines import read_document
 
+    files = _documents(paths)
     refused = 0
     with _backend(ctx, db_path, url, token, create=True) as b:
-        for path in paths:
+        for path in files:
             try:
                 result = b.import_document(read_document(path), str(path))
+                if make_active:
+                    b.activate(result["baseline_id"], author=_author(), note=f"imported from {path.name}")
             except ShapewatchError as exc:
                 refused += 1
                 click.echo(f"error: {exc}", err=True)
                 continue
-            click.echo(f"{path}: {'imported' if result['imported'] else 'already present'} ({result['baseline_id']})")
-    if refused and len(paths) > 1:
-        click.echo(f"refused {refused} of {len(paths)} files", err=True)
+            click.echo(
+                f"{path}: {'imported' if result['imported'] else 'already present'} ({result['baseline_id']})"
+                + (", active" if make_active else "")
+            )
+    if refused and len(files) > 1:
+        click.echo(f"refused {refused} of {len(files)} files", err=True)
     sys.exit(2 if refused else 0)
 
 

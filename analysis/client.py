@@ -61,6 +61,8 @@ class Backend(Protocol):
     def alerts(self, **filters: str | None) -> list[dict[str, Any]]: ...
     def acknowledge(self, fingerprint: str, *, by: str) -> dict[str, Any]: ...
     def silence(self, *, duration: str, author: str, reason: str, **match: str | None) -> dict[str, Any]: ...
+    def silences(self, *, active: bool = True) -> list[dict[str, Any]]: ...
+    def expire_silence(self, silence_id: int) -> dict[str, Any]: ...
     def cohorts(self) -> list[dict[str, Any]]: ...
     def review(self, since: str) -> dict[str, Any]: ...
     def register_contract(
@@ -180,6 +182,12 @@ class LocalBackend:
             reason=reason,
             **match,
         )
+
+    def silences(self, *, active: bool = True) -> list[dict[str, Any]]:
+        return admin.silences(self.store, active=active)
+
+    def expire_silence(self, silence_id: int) -> dict[str, Any]:
+        return admin.expire_silence(self.store, silence_id)
 
     def cohorts(self) -> list[dict[str, Any]]:
         return admin.cohorts(self.store)
@@ -308,6 +316,14 @@ class RemoteBackend:
             "/v1/silences",
             json={"duration": duration, "author": author, "reason": reason, **{k: v for k, v in match.items() if v}},
         )
+        return result
+
+    def silences(self, *, active: bool = True) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self._call("GET", "/v1/silences", params={"active": str(active).lower()})
+        return result
+
+    def expire_silence(self, silence_id: int) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", f"/v1/silences/{silence_id}/expire")
         return result
 
     def cohorts(self) -> list[dict[str, Any]]:

@@ -20,6 +20,7 @@ __all__ = [
     "NotifyConfigInvalid",
     "ParameterInvalid",
     "ReviewPeriodTooLong",
+    "SilenceNotFound",
 ]
 
 
@@ -100,6 +101,15 @@ class AlertNotFound(AlertError, LookupError):
 
     def __init__(self, fp: str) -> None:
         super().__init__(f"no alert with fingerprint {fp!r}")
+
+
+class SilenceNotFound(AlertError, LookupError):
+    """No silence has that id (404)."""
+
+    status = 404
+
+    def __init__(self, silence_id: int) -> None:
+        super().__init__(f"no silence with id {silence_id}")
 
 
 class CaseNotFound(ShapewatchError, LookupError):

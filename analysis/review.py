@@ -30,6 +30,7 @@ import html
 import logging
 import re
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from shapewatch.baselines import Activation, Cohort, Resolved, activation_history, is_unpinned, resolve_baseline
@@ -39,6 +40,8 @@ from shapewatch.collector import (
     Store,
     StoreError,
     contract_changes,
+    holds_free_text,
+    looks_personal,
     read_profile,
 )
 
@@ -52,6 +55,7 @@ __all__ = ["MAX_REVIEW_PERIOD", "build_review", "render_html", "render_markdown"
 logger = logging.getLogger(__name__)
 
 _MAX_FIELDS = 40  # rows per cohort table: the fields with the largest presence moves first
+_MAX_STEPS = 31  # points of a field's daily series: days, or equal steps of a longer period
 _MAX_ERROR = 500  # characters of a failed cohort's reason: a message may quote a stored value
 
 
@@ -96,10 +100,16 @@ def _field_row(
     config: AnalyzerConfig,
     contract: str,
     declared: dict[str, Any] | None = None,
+    days: list[tuple[str, FieldProfile | None]] | None = None,
 ) -> dict[str, Any]:
     rules = config.rules_for(contract, path)
     new_values: list[str] = []
-    if base is not None and cur is not None and enum_like(base, rules):
+    enum = base is not None and enum_like(base, rules)
+    free = any(f is not None and holds_free_text(f) for f in (base, cur)) or bool(
+        base is not None and base.types.get("string") and not base.values
+    )
+    # free text (ids, names, e-mail addresses) has no new values worth a row: only personal data
+    if base is not None and cur is not None and enum and not free:
         known = set(rules.allowed) if rules.allowed is not None else set(base.values)
         new_values = sorted((v for v in cur.values if v not in known), key=lambda v: (-cur.values[v], v))[:10]
 
@@ -113,15 +123,45 @@ def _field_row(
             return None
         return [f.number_percentile(0.1), f.number_percentile(0.5), f.number_percentile(0.9)]
 
+    # A week's aggregate dilutes one bad day (72% -> 57% when the day was 30%): the daily series,
+    # and the day furthest from the baseline, say what the week hid.
+    rates: list[tuple[str, float | None, int]] = [
+        (day, round(f.presence_rate, 4) if f and f.units else None, f.units if f else 0) for day, f in (days or [])
+    ]
+    daily = [{"day": day, "presence": p, "units": n} for day, p, n in rates]
+    base_rate = base.presence_rate if base is not None else None
+    worst: dict[str, Any] | None = None
+    if base_rate is not None:
+        moves = [(abs(p - base_rate), day, p) for day, p, _ in rates if p is not None]
+        if moves:
+            _, day, p = max(moves, key=lambda m: m[0])
+            worst = {"day": day, "presence": p, "move": round(100 * (p - base_rate), 1)}
+    bt, ct = _types(base), _types(cur)
+    type_move = max((abs(bt.get(t, 0.0) - ct.get(t, 0.0)) for t in set(bt) | set(ct)), default=0.0)
+    week_move = abs((cur.presence_rate if cur else 0.0) - (base_rate or 0.0))
+    status = "new" if base is None else "missing" if cur is None else ""
+    new_share = sum(cur.values.get(v, 0) for v in new_values) / cur.filled if cur is not None and cur.filled else 0.0
+    change = max(
+        week_move,
+        abs(worst["move"]) / 100 if worst else 0.0,
+        type_move,
+        new_share,
+        1.0 if status else 0.0,
+    )
     return {
         "field": path,
         "presence": [round(base.presence_rate, 4) if base else None, round(cur.presence_rate, 4) if cur else None],
         "samples": [base.units if base else 0, cur.units if cur else 0],
-        "types": [_types(base), _types(cur)],
+        "types": [bt, ct],
         "new_values": new_values,
+        # what the values are: enum (new values listed), free_text (withheld), other (numbers, mixed)
+        "values": "free_text" if free else "enum" if enum else "other",
         "arrays": [arrays(base), arrays(cur)],
         "numbers": [numbers(base), numbers(cur)],  # p10, median, p90 (value_shift)
-        "status": "new" if base is None else "missing" if cur is None else "",
+        "daily": daily,
+        "worst_day": worst,
+        "change": round(change, 4),  # the largest move, as a share: the rows are ranked by it
+        "status": status,
         # what the live registered contract expects: required fields always present, optional
         # ones at the baseline's rate
         "declared": (
@@ -132,6 +172,13 @@ def _field_row(
             else None
         ),
     }
+
+
+def _days(since: datetime, until: datetime) -> list[tuple[datetime, datetime]]:
+    """The review period in steps of a day (at most ``_MAX_STEPS`` equal steps for a longer one)."""
+    n = max(1, min(_MAX_STEPS, round((until - since) / timedelta(days=1))))
+    step = (until - since) / n
+    return [(since + step * i, since + step * (i + 1)) for i in range(n)]
 
 
 def _outcome_shares(store: Store, cohort_id: int, outputs: int, since: datetime, until: datetime) -> dict[str, Any]:
@@ -152,6 +199,8 @@ def _daily_events(store: Store, cohort_id: int, since: datetime, until: datetime
 def _alerts(store: Store, cohort: Cohort, since: datetime, until: datetime) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = {"fired": [], "acknowledged": [], "resolved": []}
     for field, kind, value, severity, state, fired, acked, acked_by, resolved in store.cohort_alert_events(cohort):
+        if value is not None and looks_personal(str(value)):
+            value = "[withheld]"
         item = {"field": field, "kind": kind, "value": value, "severity": severity, "state": state}
         if fired is not None and since <= fired < until:
             out["fired"].append({**item, "at": _iso(fired)})
@@ -248,17 +297,22 @@ def _review_cohort(
             "stale": age > max_baseline_age,
         }
         paths = sorted(set(b.fields) | set(profile.fields))
+        steps = [(f"{lo:%Y-%m-%d}", read_profile(store, cid, lo, hi)) for lo, hi in _days(since, until)]
         rows = [
-            _field_row(path, b.fields.get(path), profile.fields.get(path), config, cohort.contract, entry["contracts"])
+            _field_row(
+                path,
+                b.fields.get(path),
+                profile.fields.get(path),
+                config,
+                cohort.contract,
+                entry["contracts"],
+                [(day, p.fields.get(path)) for day, p in steps],
+            )
             for path in paths
             if not config.rules_for(cohort.contract, path).ignore
         ]
-
-        def move(r: dict[str, Any]) -> float:
-            bp, cp = r["presence"]
-            return float(abs((cp or 0.0) - (bp or 0.0))) + (1.0 if r["status"] or r["new_values"] else 0.0)
-
-        entry["fields"] = sorted(rows, key=lambda r: (-move(r), r["field"]))[:_MAX_FIELDS]
+        # ranked by the size of the change, the largest first: the week's, a day's, the types', new values'
+        entry["fields"] = sorted(rows, key=lambda r: (-r["change"], r["field"]))[:_MAX_FIELDS]
     return entry
 
 
@@ -387,6 +441,31 @@ def _md_counts(counts: dict[str, Any]) -> str:
     return ", ".join(f"{_code(k)} ({_md(n)})" for k, n in counts.items())
 
 
+def _share(v: Any, digits: int = 1, missing: str = "-") -> str:
+    """A share as a percentage; anything that is not a number (a crafted document) as escaped text."""
+    if v is None:
+        return missing
+    if isinstance(v, int | float) and not isinstance(v, bool):
+        return f"{100 * v:.{digits}f}" + ("%" if digits else "")
+    return _md(v)
+
+
+def _presence_cell(r: dict[str, Any]) -> str:
+    """``100.0% -> 57.0%; per day 72 70 71 30 69 70 71; worst 2026-11-29 30.0% (-42.0 pts)``; what
+    came from the document other than numbers (the days) is escaped."""
+    b, c = r["presence"]
+    text = f"{_share(b, missing='not in the baseline')} -> {_share(c, missing='absent')}"
+    daily = r.get("daily") or []
+    if daily:
+        text += "; per day " + " ".join(_share(d.get("presence"), 0, "·") for d in daily)
+    w = r.get("worst_day")
+    if w:
+        move = w.get("move")
+        moved = f"{move:+.1f}" if isinstance(move, int | float) and not isinstance(move, bool) else _md(move)
+        text += f"; worst {_md(w.get('day'))} {_share(w.get('presence'))} ({moved} pts)"
+    return text
+
+
 def render_markdown(review: dict[str, Any]) -> str:
     """The review as Markdown; every stored value is escaped text or a code span, every table row
     has its five cells whatever the values hold."""
@@ -461,8 +540,8 @@ def render_markdown(review: dict[str, Any]) -> str:
         if entry["fields"]:
             out += [
                 "",
-                "| field | presence (baseline -> week) | types (baseline -> week) | new enum values "
-                "| array p50/p90/p99 (baseline -> week) |",
+                "| field (largest change first) | presence (baseline -> week; per day; worst day) "
+                "| types (baseline -> week) | new enum values | array p50/p90/p99 (baseline -> week) |",
                 "|---|---|---|---|---|",
             ]
             for r in entry["fields"]:
@@ -470,11 +549,13 @@ def render_markdown(review: dict[str, Any]) -> str:
                     f" ({_md(m)})" for m in (r["status"], r["declared"] and f"{r['declared']} in the contract") if m
                 )
                 out.append(
-                    f"| {_code(r['field'])}{mark} | {_pct(r['presence'][0])} -> "
-                    f"{_pct(r['presence'][1])} | {_md(_type_text(r['types'][0]))} -> "
-                    f"{_md(_type_text(r['types'][1]))} "
-                    f"| {', '.join(_md(v) for v in r['new_values']) or '-'} "
-                    f"| {_arr(r['arrays'][0])} -> {_arr(r['arrays'][1])} |"
+                    # the presence cell holds only numbers and dates this module wrote: no stored value
+                    f"| {_code(r['field'])}{mark} | {_presence_cell(r)} "
+                    f"| {_md(_type_text(r['types'][0]) if r['types'][0] else 'none filled')} -> "
+                    f"{_md(_type_text(r['types'][1]) if r['types'][1] else 'none filled')} "
+                    f"| {', '.join(_md(v) for v in r['new_values']) or _md(_values_text(r))} "
+                    f"| {_md(_arr(r['arrays'][0]) if r['arrays'][0] else 'not an array')} -> "
+                    f"{_md(_arr(r['arrays'][1]) if r['arrays'][1] else 'not an array')} |"
                 )
         out.append("")
     out += ["## Cohorts without a baseline", ""]
@@ -526,113 +607,94 @@ def _presence_bars(b: float | None, c: float | None) -> str:
 _CSS = """body{font:14px system-ui,sans-serif;margin:2em;color:#222}table{border-collapse:collapse;margin:.5em 0}
 td,th{border:1px solid #ddd;padding:3px 6px;text-align:left;vertical-align:top}th{background:#f4f4f4}
 .spark rect{fill:#6b8cce}.bars .base{fill:#bbb}.bars .cur{fill:#2f6fdf}.warn{color:#a05a00}.page{color:#b00020}
-.tag{display:inline-block;padding:0 6px;border-radius:8px;background:#fde9c9;font-size:12px}code{font-size:13px}"""
+.tag{display:inline-block;padding:0 6px;border-radius:8px;background:#fde9c9;font-size:12px}code{font-size:13px}
+.daily polyline{fill:none;stroke:#2f6fdf;stroke-width:1.5}.daily .level{stroke:#888;stroke-dasharray:4 3}
+.daily .dot{fill:#2f6fdf}.daily .worst{fill:#b00020}"""
+
+
+def _daily_chart(daily: list[dict[str, Any]], base: float | None, width: int = 168, height: int = 34) -> str:
+    """Presence per day as a line (a gap where a day had no output), the baseline as a dashed level;
+    a point per day, the worst one red. Inline SVG, no script."""
+    if not daily:
+        return ""
+    n = len(daily)
+    x = (lambda i: width / 2) if n == 1 else (lambda i: 4 + i * (width - 8) / (n - 1))
+
+    def y(v: float) -> float:
+        return 2 + (1 - v) * (height - 4)
+
+    parts = []
+    if base is not None:
+        parts.append(f'<line class="level" x1="0" x2="{width}" y1="{y(base):.1f}" y2="{y(base):.1f}"/>')
+    run: list[str] = []
+    for i, d in enumerate(daily):
+        if d["presence"] is None:
+            if len(run) > 1:
+                parts.append(f'<polyline points="{" ".join(run)}"/>')
+            run = []
+            continue
+        run.append(f"{x(i):.1f},{y(d['presence']):.1f}")
+    if len(run) > 1:
+        parts.append(f'<polyline points="{" ".join(run)}"/>')
+    moves = [abs(d["presence"] - base) if base is not None and d["presence"] is not None else -1.0 for d in daily]
+    worst = max(range(n), key=lambda i: moves[i]) if base is not None else -1
+    for i, d in enumerate(daily):
+        if d["presence"] is not None:
+            cls = "worst" if i == worst and moves[i] > 0 else "dot"
+            parts.append(
+                f'<circle class="{cls}" cx="{x(i):.1f}" cy="{y(d["presence"]):.1f}" r="2">'
+                f"<title>{_e(d['day'])}: {_pct(d['presence'])}</title></circle>"
+            )
+    return (
+        f'<svg class="daily" width="{width}" height="{height}" role="img" aria-label="presence per day">'
+        + "".join(parts)
+        + "</svg>"
+    )
+
+
+def _values_text(r: dict[str, Any]) -> str:
+    if r["new_values"]:
+        return ", ".join(r["new_values"])
+    return {"free_text": "withheld (free text)", "other": "not an enum"}.get(r.get("values", "enum"), "none")
+
+
+def _presence_text(v: float | None, missing: str) -> str:
+    return missing if v is None else f"{100 * v:.1f}%"
+
+
+_TEMPLATES = Path(__file__).resolve().parent / "templates"
+
+
+def _environment() -> Any:
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(_TEMPLATES),
+        autoescape=True,  # every stored value is text in the page, never markup
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    from markupsafe import Markup as markup
+
+    env.globals.update(
+        css=markup(_CSS),
+        cohort_name=_cohort_name,
+        spark=lambda days: markup(_spark([int(n) for _, n in days])),
+        presence_bars=lambda b, c: markup(_presence_bars(b, c)),
+        daily_chart=lambda daily, base: markup(_daily_chart(daily, base)),
+        presence_text=_presence_text,
+        type_text=lambda t: _type_text(t) if t else "none filled",
+        arr_text=lambda a: _arr(a) if a is not None else "not an array",
+        values_text=_values_text,
+        change_text=lambda r: f"{100 * float(r.get('change') or 0):.1f} pts",
+        worst_text=lambda w: (
+            f"{w.get('day')}: {_presence_text(w.get('presence'), '-')} ({float(w.get('move') or 0):+.1f} pts)"
+        ),
+    )
+    return env
 
 
 def render_html(review: dict[str, Any]) -> str:
-    parts = [
-        '<!doctype html><html lang="en"><head><meta charset="utf-8">',
-        "<title>shapewatch weekly review</title>",
-        f"<style>{_CSS}</style></head><body>",
-        "<h1>shapewatch weekly review</h1>",
-        f"<p>Period {_e(review['since'])} .. {_e(review['until'])}</p>",
-    ]
-    for entry in review["cohorts"]:
-        c = entry["cohort"]
-        parts.append(
-            f'<section class="cohort"><h2>{_e(_cohort_name(c))}'
-            + (' <span class="tag">unpinned alias</span>' if entry["unpinned"] else "")
-            + "</h2>"
-        )
-        parts.append(f"<p>{_e(entry['events'])} events {_spark([int(n) for _, n in entry['daily_events']])}</p>")
-        if entry["served_models"]:
-            parts.append(
-                "<p>served models: "
-                + ", ".join(f"<code>{_e(m)}</code> ({_e(n)})" for m, n in entry["served_models"].items())
-                + "</p>"
-            )
-        k = entry["contracts"]
-        if k["window"]:
-            parts.append(
-                "<p>contract versions: "
-                + ", ".join(f"<code>{_e(v)}</code> ({_e(n)})" for v, n in k["window"].items())
-                + (
-                    f"; registered <code>{_e(k['live'])}</code> checked {_e(k['checked'])} outputs"
-                    if k["live"]
-                    else "; none registered"
-                )
-                + "".join(
-                    f'; <span class="tag">{_e(c["version"])} went out {_e(c["first_seen"])}</span>'
-                    for c in k["changes"]
-                )
-                + (
-                    "; breaking it: " + ", ".join(f"<code>{_e(p)}</code> {_e(n)}" for p, n in k["violations"].items())
-                    if k["violations"]
-                    else ""
-                )
-                + "</p>"
-            )
-        b = entry["baseline"]
-        if b is None:
-            parts.append("<p><strong>no baseline</strong>: this cohort is not judged</p>")
-        else:
-            inherited = "" if b["how"] == "own" else f" (inherited from {_e(_cohort_name(b['cohort']))})"
-            parts.append(
-                f"<p>baseline <code>{_e(b['baseline_id'])}</code>{inherited}, {_e(b['age_days'])} days old, "
-                f"by {_e(b['author'])}: {_e(b['note'])}"
-                + (' <span class="tag">older than the configured age</span>' if b["stale"] else "")
-                + "</p>"
-            )
-        parts.append("<ul>")
-        for what in ("fired", "acknowledged", "resolved"):
-            items = entry["alerts"][what]
-            parts.append(
-                f"<li>alerts {what}: {len(items)} "
-                + " ".join(
-                    f'<span class="{_e(a["severity"])}">{_e(a["kind"])} on <code>{_e(a["field"])}</code></span>'
-                    for a in items[:10]
-                )
-                + "</li>"
-            )
-        cand = entry["candidate"]
-        parts.append(
-            f"<li>suggested candidate window: {_e(cand['since'])} .. {_e(cand['until'])} "
-            f"({_e(cand['samples'])} samples)"
-            + ("; freezing it would accept: " + _e("; ".join(cand["differs"][:10])) if cand.get("differs") else "")
-            + "</li>"
-            if cand
-            else "<li>suggested candidate window: none</li>"
-        )
-        parts.append("</ul>")
-        if entry["fields"]:
-            parts.append(
-                "<table><tr><th>field</th><th>presence</th><th></th><th>types</th><th>new enum values</th>"
-                "<th>array p50/p90/p99</th></tr>"
-            )
-            for r in entry["fields"]:
-                bp, cp = r["presence"]
-                parts.append(
-                    f"<tr><td><code>{_e(r['field'])}</code> {_e(r['status'])} {_e(r['declared'] or '')}</td>"
-                    f"<td>{_pct(bp)} &rarr; {_pct(cp)}</td><td>{_presence_bars(bp, cp)}</td>"
-                    f"<td>{_e(_type_text(r['types'][0]))} &rarr; {_e(_type_text(r['types'][1]))}</td>"
-                    f"<td>{_e(', '.join(r['new_values']))}</td>"
-                    f"<td>{_e(_arr(r['arrays'][0]))} &rarr; {_e(_arr(r['arrays'][1]))}</td></tr>"
-                )
-            parts.append("</table>")
-        parts.append("</section>")
-    parts.append("<h2>Cohorts without a baseline</h2><ul>")
-    parts += [
-        f"<li>{_e(_cohort_name(w['cohort']))}: {_e(w['events'])} events</li>" for w in review["without_baseline"]
-    ] or ["<li>none</li>"]
-    parts.append(f"</ul><h2>Baselines older than {_e(review['max_baseline_age_days'])} days</h2><ul>")
-    parts += [
-        f"<li>{_e(_cohort_name(s['cohort']))}: <code>{_e(s['baseline_id'])}</code>, {_e(s['age_days'])} days</li>"
-        for s in review["stale_baselines"]
-    ] or ["<li>none</li>"]
-    parts.append("</ul>")
-    if review.get("errors"):
-        parts.append("<h2>Cohorts that could not be reviewed</h2><ul>")
-        parts += [f"<li>{_e(_cohort_name(e['cohort']))}: {_e(e['error'])}</li>" for e in review["errors"]]
-        parts.append("</ul>")
-    parts.append("</body></html>")
-    return "\n".join(parts) + "\n"
+    """The review as one HTML page (templates/review.html.j2): every stored value escaped by the
+    template engine, charts as inline SVG, no script."""
+    return str(_environment().get_template("review.html.j2").render(review=review))

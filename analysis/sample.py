@@ -19,7 +19,10 @@ The story, relative to the current minute:
   snapshot (warn: ``served_model_change``) that sends ``score`` as a string (page), returns
   longer ``labels`` arrays and fills a new ``rationale`` key (warn); ``sample-invoice`` stays stable;
   an ``intake-v4`` rollout with a little traffic is compared against the
-  previous prompt version's baseline.
+  previous prompt version's baseline;
+- every sample contract has a registered version ``1`` (the one the outputs are tagged with), and
+  ``sample-intake`` a version ``2`` nobody sends yet, for the Contracts page's diff. The intake
+  outputs carry ``customer.email``: free text no page, baseline or review ever shows.
 
 >>> summary = seed_sample("http://127.0.0.1:8000")      # doctest: +SKIP
 >>> summary.seeded, summary.events
@@ -39,6 +42,7 @@ import httpx
 __all__ = [
     "SAMPLE_AUTHOR",
     "SAMPLE_COHORTS",
+    "SAMPLE_CONTRACTS",
     "SampleCohort",
     "SampleError",
     "SampleSummary",
@@ -90,7 +94,8 @@ def _output(contract: str, i: int, drift: bool) -> dict[str, Any]:
         out: dict[str, Any] = {
             "intent": _INTENTS[i % 4],
             "priority": _PRIORITIES[i % 3],
-            "customer": {"tier": _TIERS[i % 3], "id": f"c-{i % 97}"},
+            # free text that is personal data: never shown, never kept in a baseline (collector/privacy.py)
+            "customer": {"tier": _TIERS[i % 3], "id": f"c-{i % 97}", "email": f"customer{i}@example.com"},
             "tags": ["billing"] * (i % 3),
         }
         if drift:
@@ -192,9 +197,69 @@ def seed_sample(
         raise SampleError("cannot reach the service", f"{type(exc).__name__}: {exc}") from exc
 
 
+def _schema(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    return {"type": "object", "properties": properties, "required": required}
+
+
+_S = {"type": "string"}
+_INTAKE_V1 = _schema(
+    {
+        "intent": _S,
+        "priority": _S,
+        "customer": {"type": "object", "properties": {"tier": _S, "id": _S, "email": _S}},
+        "tags": {"type": "array", "items": _S},
+    },
+    ["intent", "priority"],
+)
+# Version 2: a new optional field, an address format, and the customer now required (breaking).
+_INTAKE_V2 = _schema(
+    {
+        "intent": _S,
+        "priority": {**_S, "description": "how soon a human must answer"},
+        "customer": {
+            "type": "object",
+            "properties": {"tier": _S, "id": _S, "email": {**_S, "format": "email"}},
+        },
+        "tags": {"type": "array", "items": _S},
+        "channel": {"type": "string", "enum": ["mail", "chat", "phone"]},
+    },
+    ["intent", "priority", "customer"],
+)
+SAMPLE_CONTRACTS: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    ("sample-intake", "1", _INTAKE_V1),
+    ("sample-intake", "2", _INTAKE_V2),
+    (
+        "sample-triage",
+        "1",
+        _schema(
+            {"category": _S, "score": {"type": ["number", "string"]}, "labels": {"type": "array", "items": _S}},
+            ["category"],
+        ),
+    ),
+    (
+        "sample-invoice",
+        "1",
+        _schema(
+            {"invoice_number": _S, "total": {"type": "number"}, "currency": _S, "lines": {"type": "array"}},
+            ["invoice_number", "total"],
+        ),
+    ),
+)
+
+
 def _seed(c: httpx.Client, now: datetime, silence: bool) -> SampleSummary:
     if _check(c.get("/v1/cohorts"), "listing cohorts"):
         return SampleSummary(False)
+    for contract, version, document in SAMPLE_CONTRACTS:  # before the outputs, so they are checked
+        _check(
+            c.post(
+                "/v1/contracts",
+                json={"contract": contract, "version": version, "document": document, "author": SAMPLE_AUTHOR},
+            ),
+            "registering a sample contract",
+            200,
+            201,
+        )
     batch: list[dict[str, Any]] = []
     events = 0
     for env in sample_envelopes(now):

@@ -27,6 +27,7 @@ def open_store(settings: Settings, *, read_only: bool = False, bulk: bool = Fals
             enum_value_max_length=settings.enum_value_max_length,
             enum_values_per_path=settings.enum_values_per_path,
             free_text_min_distinct=settings.free_text_min_distinct,
+            redact_paths=settings.redact_paths,
             max_depth=settings.max_depth,
             contract_checks_per_bucket=settings.contract_checks_per_bucket,
             contract_check_ms=settings.contract_check_ms,

@@ -47,6 +47,7 @@ from shapewatch.collector import (
     read_profile,
     served_aliases,
     tag_problem,
+    withhold_free_text,
 )
 from shapewatch.collector.adapters import WITH_OUTPUT, OutcomeKind
 from shapewatch.collector.store import BASELINES_SCHEMA
@@ -545,8 +546,12 @@ def freeze_baseline(
     force: str | None = None,
     activate: bool = True,
     now: datetime | None = None,
+    keep_values: Callable[[str], bool] | None = None,
 ) -> Baseline:
     """Freeze the profile of ``cohort`` over ``[since, until)``; make it active unless ``activate`` is False.
+
+    The values of free-text paths are not kept (counted as overflow), except at the paths
+    ``keep_values`` names (fields declared an enum, whose rule needs the set).
 
     ``objections`` are reasons found by the caller (open page alerts in the
     window); together with too few samples they refuse the freeze unless
@@ -567,7 +572,7 @@ def freeze_baseline(
         raise BaselineError("a baseline needs a note saying why this window is the reference (--note)")
     cid = _cohort_id(store, cohort)
     if cid is None:
-        raise BaselineError(f"no events were ever stored for cohort {cohort}")
+        raise BaselineError(_no_cohort(store, cohort))
     # Where the window's edges fall in hour or day buckets (rollup tiers), the profile holds the
     # buckets that start in the window: the window is aligned to them, and the baseline says so.
     if not store.read_only:
@@ -600,7 +605,9 @@ def freeze_baseline(
         note,
         now or datetime.now(UTC),
         force if found else None,
-        profile.fields,
+        # Values of free-text paths (ids, names, e-mail addresses) serve no rule and are personal
+        # data: a baseline keeps their counts, as overflow, never the values.
+        withhold_free_text(profile.fields, keep_values),
         profile.checked,
         profile.violations,
         dict(sorted(outcomes.items())),
@@ -612,6 +619,23 @@ def freeze_baseline(
         if activate:
             _record(store, con, cohort, "activate", baseline.baseline_id, baseline.created_at, author, note)
     return get_baseline(store, baseline.baseline_id)
+
+
+def _no_cohort(store: Store, cohort: Cohort) -> str:
+    """Why a freeze found nothing, and the cohorts that do exist for the model (the usual miss:
+    a cohort with a contract, frozen without ``--contract``, which means ``default``)."""
+    same = [r for r in store.cohorts() if r.model == cohort.model]
+    text = f"no events were ever stored for cohort {cohort}"
+    if not same:
+        return text + f"; no cohort has model {cohort.model!r}"
+    listed = "; ".join(f"--prompt-version {r.prompt_version} --contract {r.contract}" for r in same[:20])
+    more = f" (and {len(same) - 20} more)" if len(same) > 20 else ""
+    hint = (
+        f"; give --contract (it is {cohort.contract!r} when left out)"
+        if any(r.prompt_version == cohort.prompt_version for r in same)
+        else ""
+    )
+    return f"{text}{hint}. Cohorts of model {cohort.model!r}: {listed}{more}"
 
 
 def _insert(store: Store, con: Any, b: Baseline) -> bool:

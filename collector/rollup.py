@@ -87,6 +87,9 @@ class RollupConfig:
     # A merge keeps no values of a path that holds more distinct short strings than this for a
     # cohort, each repeated fewer than ten times on average (free text: store/merge.py); 0 keeps all.
     free_text_min_distinct: int = 200
+    # Paths whose values are never stored (the redact_paths setting; privacy.RedactPatterns): a
+    # merge drops their values and number bins before writing and counts them as overflow.
+    redact_paths: tuple[str, ...] = ()
     max_depth: int = 32
     # Outputs checked against their registered contract per cohort, contract version and bucket
     # (0: every output). A check costs about 0.1-1 ms in jsonschema (measured: 0.8 ms for a

@@ -212,6 +212,12 @@ class Settings:
         "count as overflow (0: keep the values of every path).",
         min=0,
     )
+    redact_paths: tuple[str, ...] = _s(
+        (),
+        "Field paths whose values are never stored in rollups, nor shown in sample outputs (comma-separated "
+        "in the environment): `customer.email`, `messages[].text`, `*` for any run of characters "
+        "(`*.email`). Presence and type counts of the path are kept.",
+    )
     contract_checks_per_bucket: int = _s(
         500,
         "Outputs checked against their registered contract version per cohort, version and time bucket; "
@@ -315,6 +321,9 @@ class Settings:
             raise SettingsInvalid(
                 "tokens", "two entries share a secret; give each secret once, with all its scopes (SCOPE+SCOPE:SECRET)"
             )
+        from .privacy import RedactPatterns
+
+        RedactPatterns.parse(self.redact_paths)
         for name in ("memory_limit", "import_memory_limit", "checkpoint_threshold"):
             if not _SIZE.fullmatch(getattr(self, name)):
                 raise SettingsInvalid(

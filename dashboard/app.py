@@ -40,6 +40,7 @@ pages = [
     st.Page("views/cohorts.py", title="Cohorts", icon=":material/group_work:", url_path="cohorts"),
     st.Page("views/field.py", title="Field detail", icon=":material/show_chart:", url_path="field"),
     st.Page("views/baselines.py", title="Baselines and review", icon=":material/fact_check:", url_path="baselines"),
+    st.Page("views/contracts.py", title="Contracts", icon=":material/description:", url_path="contracts"),
     st.Page("views/runs.py", title="Agent runs", icon=":material/timeline:", url_path="runs"),
     st.Page("views/cases.py", title="Cases to review", icon=":material/rule:", url_path="cases"),
     st.Page("views/ingestion.py", title="Ingestion health", icon=":material/input:", url_path="ingestion"),

@@ -5,6 +5,12 @@ chart, so the page only places them. The baseline is drawn as a level (a
 rule) and, for presence, a tolerance band around it: a point outside the band
 is what the analyzer judges (with significance and persistence on top).
 
+A point stands at the END of its step (the newest step ends now, so its point is at the right
+edge, not a step early), and time reads in UTC on every axis and tooltip, whatever the
+browser's zone: the alerts and the API speak UTC too. Values are charted only for a field whose
+values are a set (``values_kind`` ``enum``): a number field's strings or free text have none
+worth a bar, and free text is personal data the service never sends.
+
 >>> frame = series_frame(doc)                 # doctest: +SKIP
 >>> st.altair_chart(presence_chart(doc))      # doctest: +SKIP
 """
@@ -22,10 +28,15 @@ __all__ = [
     "array_chart",
     "presence_chart",
     "series_frame",
+    "shows_values",
     "type_chart",
     "unknown_chart",
+    "utc_text",
     "values_chart",
     "values_table",
+    "version_outputs_chart",
+    "version_usage_frame",
+    "version_violation_chart",
 ]
 
 Chart = alt.Chart | alt.LayerChart | alt.FacetChart
@@ -33,13 +44,37 @@ Chart = alt.Chart | alt.LayerChart | alt.FacetChart
 TOLERANCE = 0.10  # the analyzer's default tolerance (10 points), used when the series carries none
 
 
+TIME_TITLE = "time (UTC)"
+WHEN = "when_utc"  # the tooltip's time, as text: Vega would show the browser's zone
+
+
+_WHEN_TIP = alt.Tooltip(f"{WHEN}:N", title="time (UTC)")
+
+
 def _time(item: dict[str, Any]) -> pd.Timestamp:
-    return pd.Timestamp(item["since"])
+    """Where a step's point stands: the end of the step (what it counted is all before it)."""
+    return pd.Timestamp(item.get("until") or item["since"])
+
+
+def utc_text(t: Any) -> str:
+    """``2026-11-30 12:00 UTC``."""
+    return f"{pd.Timestamp(t).tz_convert('UTC'):%Y-%m-%d %H:%M} UTC"
 
 
 def _x(doc: dict[str, Any]) -> alt.X:
-    """Time over the whole requested period, the same on every chart of the page."""
-    return alt.X("time:T", title=None, scale=alt.Scale(domain=[doc["since"], doc["until"]]))
+    """Time over the whole requested period in UTC, the same on every chart of the page."""
+    return alt.X(
+        "time:T",
+        title=TIME_TITLE,
+        scale=alt.Scale(type="utc", domain=[doc["since"], doc["until"]]),
+        axis=alt.Axis(format="%d %b %H:%M"),
+    )
+
+
+def shows_values(doc: dict[str, Any]) -> bool:
+    """Whether the field's values are a set worth charting (``values_kind`` of the series route;
+    a service from before it sent values of enum-like fields only when it had any)."""
+    return bool(doc.get("values_kind", "enum") == "enum")
 
 
 def series_frame(doc: dict[str, Any]) -> pd.DataFrame:
@@ -50,6 +85,7 @@ def series_frame(doc: dict[str, Any]) -> pd.DataFrame:
         rows.append(
             {
                 "time": _time(item),
+                WHEN: utc_text(_time(item)),
                 "units": item["units"],
                 "presence": item.get("presence_rate"),
                 "unknown share": item.get("unknown_share"),
@@ -60,17 +96,17 @@ def series_frame(doc: dict[str, Any]) -> pd.DataFrame:
             }
         )
     return pd.DataFrame(
-        rows, columns=["time", "units", "presence", "unknown share", "p50", "p90", "p99", "empty share"]
+        rows, columns=["time", WHEN, "units", "presence", "unknown share", "p50", "p90", "p99", "empty share"]
     )
 
 
 def contract_changes_frame(doc: dict[str, Any]) -> pd.DataFrame:
     """Contract versions first seen inside the range (``contract_changes`` of the series route)."""
     rows = [
-        {"time": pd.Timestamp(c["at"]), "contract": f"contract {c['version']}"}
+        {"time": pd.Timestamp(c["at"]), WHEN: utc_text(c["at"]), "contract": f"contract {c['version']}"}
         for c in doc.get("contract_changes") or []
     ]
-    return pd.DataFrame(rows, columns=["time", "contract"])
+    return pd.DataFrame(rows, columns=["time", WHEN, "contract"])
 
 
 def with_contract_changes(doc: dict[str, Any], chart: Chart) -> Chart:
@@ -81,7 +117,7 @@ def with_contract_changes(doc: dict[str, Any], chart: Chart) -> Chart:
     rules = (
         alt.Chart(frame)
         .mark_rule(color="#7a3db8", strokeDash=[2, 2])
-        .encode(x="time:T", tooltip=["time:T", "contract:N"])
+        .encode(x="time:T", tooltip=[_WHEN_TIP, "contract:N"])
     )
     labels = (
         alt.Chart(frame)
@@ -94,11 +130,11 @@ def with_contract_changes(doc: dict[str, Any], chart: Chart) -> Chart:
 def violation_chart(doc: dict[str, Any]) -> Chart:
     """Share of checked outputs breaking the registered contract at this field, per step."""
     rows = [
-        {"time": _time(item), "violations": item.get("violation_rate")}
+        {"time": _time(item), WHEN: utc_text(_time(item)), "violations": item.get("violation_rate")}
         for item in doc["series"]
         if item.get("violation_rate") is not None
     ]
-    frame = pd.DataFrame(rows, columns=["time", "violations"])
+    frame = pd.DataFrame(rows, columns=["time", WHEN, "violations"])
     chart: alt.Chart = (
         alt.Chart(frame)
         .mark_line(point=True, color="#7a3db8")
@@ -107,7 +143,7 @@ def violation_chart(doc: dict[str, Any]) -> Chart:
             y=alt.Y(
                 "violations:Q", axis=alt.Axis(format=".0%"), title="breaking the contract", scale=alt.Scale(domainMin=0)
             ),
-            tooltip=["time:T", alt.Tooltip("violations:Q", format=".1%")],
+            tooltip=[_WHEN_TIP, alt.Tooltip("violations:Q", format=".1%")],
         )
     )
     return with_contract_changes(doc, chart)
@@ -115,14 +151,14 @@ def violation_chart(doc: dict[str, Any]) -> Chart:
 
 def presence_chart(doc: dict[str, Any], tolerance: float = TOLERANCE) -> Chart:
     """Presence per step; the baseline level and a +/- tolerance band when there is a baseline."""
-    frame = series_frame(doc)[["time", "presence", "units"]]
+    frame = series_frame(doc)[["time", WHEN, "presence", "units"]]
     line = (
         alt.Chart(frame)
         .mark_line(point=True)
         .encode(
             x=_x(doc),
             y=alt.Y("presence:Q", title="presence", axis=alt.Axis(format="%"), scale=alt.Scale(domain=[0, 1])),
-            tooltip=[alt.Tooltip("time:T"), alt.Tooltip("presence:Q", format=".1%"), alt.Tooltip("units:Q")],
+            tooltip=[_WHEN_TIP, alt.Tooltip("presence:Q", format=".1%"), alt.Tooltip("units:Q")],
         )
     )
     layers: list[Any] = []
@@ -147,11 +183,11 @@ def presence_chart(doc: dict[str, Any], tolerance: float = TOLERANCE) -> Chart:
 def type_chart(doc: dict[str, Any]) -> Chart:
     """Type shares per step, stacked (shares of the present values)."""
     rows = [
-        {"time": _time(item), "type": t, "share": share}
+        {"time": _time(item), WHEN: utc_text(_time(item)), "type": t, "share": share}
         for item in doc["series"]
         for t, share in (item.get("types") or {}).items()
     ]
-    frame = pd.DataFrame(rows, columns=["time", "type", "share"])
+    frame = pd.DataFrame(rows, columns=["time", WHEN, "type", "share"])
     chart: alt.Chart = (
         alt.Chart(frame)
         .mark_area()
@@ -159,15 +195,16 @@ def type_chart(doc: dict[str, Any]) -> Chart:
             x=_x(doc),
             y=alt.Y("share:Q", stack="zero", axis=alt.Axis(format="%"), title="share"),
             color=alt.Color("type:N"),
-            tooltip=["time:T", "type:N", alt.Tooltip("share:Q", format=".1%")],
+            tooltip=[_WHEN_TIP, "type:N", alt.Tooltip("share:Q", format=".1%")],
         )
     )
     return with_contract_changes(doc, chart)
 
 
 def unknown_chart(doc: dict[str, Any]) -> Chart:
-    """Share of string values outside the baseline's set, per step (0 in the baseline by definition)."""
-    frame = series_frame(doc)[["time", "unknown share"]]
+    """Share of the field's filled values outside the baseline's set, per step (0 in the baseline by
+    definition)."""
+    frame = series_frame(doc)[["time", WHEN, "unknown share"]]
     chart: alt.Chart = (
         alt.Chart(frame)
         .mark_line(point=True, color="#b00020")
@@ -176,7 +213,7 @@ def unknown_chart(doc: dict[str, Any]) -> Chart:
             y=alt.Y(
                 "unknown share:Q", axis=alt.Axis(format=".0%"), title="unknown share", scale=alt.Scale(domainMin=0)
             ),
-            tooltip=["time:T", alt.Tooltip("unknown share:Q", format=".1%")],
+            tooltip=[_WHEN_TIP, alt.Tooltip("unknown share:Q", format=".1%")],
         )
     )
     return with_contract_changes(doc, chart)
@@ -186,7 +223,7 @@ def array_chart(doc: dict[str, Any]) -> Chart:
     """Array-size p50/p90/p99 per step, with the baseline's levels as dashed rules."""
     frame = series_frame(doc)
     long = frame.melt(
-        id_vars=["time"], value_vars=["p50", "p90", "p99"], var_name="percentile", value_name="length"
+        id_vars=["time", WHEN], value_vars=["p50", "p90", "p99"], var_name="percentile", value_name="length"
     ).dropna()
     lines = (
         alt.Chart(long)
@@ -195,7 +232,7 @@ def array_chart(doc: dict[str, Any]) -> Chart:
             x=_x(doc),
             y=alt.Y("length:Q", title="items"),
             color=alt.Color("percentile:N"),
-            tooltip=["time:T", "percentile:N", "length:Q"],
+            tooltip=[_WHEN_TIP, "percentile:N", "length:Q"],
         )
     )
     layers: list[Any] = [lines]
@@ -254,3 +291,53 @@ def values_table(doc: dict[str, Any]) -> pd.DataFrame:
     ]
     frame = pd.DataFrame(rows, columns=["value", "count (period)", "count (baseline)", "new"])
     return frame.sort_values(["new", "count (period)", "value"], ascending=[False, False, True]).reset_index(drop=True)
+
+
+def version_usage_frame(usage: dict[str, Any]) -> pd.DataFrame:
+    """One row per (version, step) of ``GET /v1/contracts/usage``: time at the step's end, outputs,
+    checked, and the share of checked outputs breaking the version (None when none was checked)."""
+    rows = [
+        {
+            "time": _time(step),
+            WHEN: utc_text(_time(step)),
+            "version": v["version"] or "untagged",
+            "outputs": step["outputs"],
+            "checked": step["checked"],
+            "violations": step["violation_rate"],
+        }
+        for v in usage["versions"]
+        for step in v["series"]
+    ]
+    return pd.DataFrame(rows, columns=["time", WHEN, "version", "outputs", "checked", "violations"])
+
+
+def version_violation_chart(usage: dict[str, Any]) -> Chart:
+    """Share of checked outputs breaking their contract version, one line per version over time."""
+    frame = version_usage_frame(usage).dropna(subset=["violations"])
+    chart: alt.Chart = (
+        alt.Chart(frame)
+        .mark_line(point=True)
+        .encode(
+            x=_x(usage),
+            y=alt.Y("violations:Q", axis=alt.Axis(format=".0%"), title="breaking it", scale=alt.Scale(domainMin=0)),
+            color=alt.Color("version:N", title="version"),
+            tooltip=[_WHEN_TIP, "version:N", alt.Tooltip("violations:Q", format=".1%"), "checked:Q"],
+        )
+    )
+    return chart
+
+
+def version_outputs_chart(usage: dict[str, Any]) -> Chart:
+    """Outputs tagged with each version per step, stacked: a rollout shows as one colour taking over."""
+    frame = version_usage_frame(usage)
+    chart: alt.Chart = (
+        alt.Chart(frame)
+        .mark_area()
+        .encode(
+            x=_x(usage),
+            y=alt.Y("outputs:Q", stack="zero", title="outputs"),
+            color=alt.Color("version:N", title="version"),
+            tooltip=[_WHEN_TIP, "version:N", "outputs:Q", "checked:Q"],
+        )
+    )
+    return chart

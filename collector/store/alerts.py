@@ -177,6 +177,16 @@ class AlertRecords(StoreCore):
         cond, params = ("WHERE ends_at > ?", [ending_after]) if ending_after else ("", [])
         return self.query(f"SELECT silence_id, {_SILENCE} FROM silences {cond} ORDER BY silence_id", params)
 
+    def end_silence(self, silence_id: int, at: datetime) -> bool:
+        """End a silence at ``at`` (one that ended before stays as it was); False when there is
+        no silence ``silence_id``."""
+        with self.transaction("ending a silence") as con:
+            found = con.execute(
+                "UPDATE silences SET ends_at = least(ends_at, ?) WHERE silence_id = ? RETURNING silence_id",
+                [at, silence_id],
+            ).fetchone()
+        return found is not None
+
     def open_page_alerts(
         self, cohort: Sequence[str], window: timedelta, until: datetime
     ) -> list[tuple[str, str, str, datetime]]:

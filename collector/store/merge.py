@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute
 
+from ..privacy import RedactPatterns
 from ..rollup import _FIELD_COLS, ROLLUP_TABLES, RollupBatch, RollupConfig, summed
 
 __all__ = ["compact_rollups", "merge_rollups"]
@@ -91,6 +92,34 @@ def _drop_free_text(g: pa.Table, f: pa.Table, v: pa.Table, cfg: RollupConfig) ->
     return f.append_column("dropped", pa.array(dropped)), v.filter(pa.compute.invert(out))
 
 
+def _drop_redacted(f: pa.Table, v: pa.Table, nums: pa.Table, cfg: RollupConfig) -> tuple[pa.Table, ...]:
+    """Leave out every value and number bin of the paths ``cfg.redact_paths`` names, before any
+    is written; their values count as overflow in ``dropped`` (``f`` carries it already, from
+    ``_drop_free_text``), so the path's presence and type counts stay whole.
+
+    The accelerator (C or its Python twin) counts values without knowing the setting: the drop
+    happens here, the one place every batch's counts pass through on their way to the tables.
+    """
+    patterns = RedactPatterns(cfg.redact_paths)
+    if not patterns or not f.num_rows:
+        return f, v, nums
+    paths = pa.compute.unique(f["path"]).to_pylist()
+    hidden = [p for p in paths if patterns.matches(p)]
+    if not hidden:
+        return f, v, nums
+    redacted_slot = pa.compute.is_in(f["path"], value_set=pa.array(hidden, pa.string()))
+    slots = pa.array(np.flatnonzero(redacted_slot.to_numpy(zero_copy_only=False)), pa.int64())
+    out = pa.compute.is_in(v["slot"], value_set=slots)
+    gone = v.filter(out)
+    extra = np.bincount(
+        gone["slot"].to_numpy(), weights=gone["n"].to_numpy().astype(np.float64), minlength=f.num_rows
+    ).astype(np.int64)
+    col = f.schema.get_field_index("dropped")
+    f = f.set_column(col, "dropped", pa.compute.add(f["dropped"], pa.array(extra)))
+    keep_nums = pa.compute.invert(pa.compute.is_in(nums["slot"], value_set=slots))
+    return f, v.filter(pa.compute.invert(out)), nums.filter(keep_nums)
+
+
 def merge_rollups(
     con: duckdb.DuckDBPyConnection, batches: list[RollupBatch], cfg: RollupConfig, *, keyed: bool = True
 ) -> None:
@@ -109,6 +138,7 @@ def merge_rollups(
         return
     g, f, v, a, served, nums, checks, violations = _combined(batches)
     f, v = _drop_free_text(g, f, v, cfg)
+    f, v, nums = _drop_redacted(f, v, nums, cfg)
     con.register("_rg", g)
     con.register("_rf", f)
     con.register("_rv", v)

@@ -17,6 +17,7 @@ from .alerts import AlertRecords
 from .backend import StoreBackend
 from .baselines import BaselineRecords
 from .connection import _copy_wal, _is_lock_error, _is_wal_error, _wal_refusal
+from .contract_usage import ContractUsage
 from .incidents import IncidentRecords
 from .outbox import OutboxRecords
 from .probes import PROBES_SCHEMA, ProbeRecords
@@ -41,6 +42,7 @@ class Store(
     RunRecords,
     IncidentRecords,
     ProbeRecords,
+    ContractUsage,
 ):
     """The DuckDB file: opened once per process, written by one thread at a time.
 

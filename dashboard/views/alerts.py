@@ -157,7 +157,8 @@ def _alert_card(
             st.markdown(" · ".join(notes))
         left, right = st.columns([3, 2])
         with left:
-            st.dataframe(pd.DataFrame(alert_diff_rows(a)), hide_index=True)
+            # a static table: a few rows need no interactive grid, which costs the browser most of a card
+            st.table(pd.DataFrame(alert_diff_rows(a)).set_index("measure"))
         with right:
             p, q = a.get("p_value"), a.get("q_value")
             st.markdown(
@@ -176,7 +177,8 @@ def _alert_card(
                     query_params={"cohort": str(cid), "field": a["field"]},
                 )
         samples = [events[i] for i in a.get("samples") or [] if i in events]
-        with st.expander(f"Sample outputs ({len(samples)})"):
+        # Drawn only when asked for: every JSON viewer on the page costs the browser, on every load.
+        if samples and st.toggle(f"Sample outputs ({len(samples)})", key=f"samples-{a['fingerprint']}"):
             for e in samples:
                 st.caption(
                     f"{ui.literal(e['event_id'])} · {ui.literal(e['ts'])} · served by {ui.literal(e.get('served_model') or '-')}"

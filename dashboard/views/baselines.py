@@ -36,29 +36,46 @@ def _parse(text: str) -> datetime | None:
     return t if t.tzinfo is not None else None
 
 
+def _short(iso: str | None) -> str:
+    """``2026-11-29 12:00`` (UTC) from an ISO time; the text as it is when it is none."""
+    t = _parse(iso or "")
+    return f"{t.astimezone(UTC):%Y-%m-%d %H:%M}" if t else str(iso or "")
+
+
+def baseline_rows(baselines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The listing's rows, the columns a reviewer decides on first (who froze what, when): at
+    1,400 px the author and the note must not fall off the right edge."""
+    return [
+        {
+            "baseline": b["baseline_id"],
+            "active": "active" if b["active"] else "",
+            "cohort": ui.cohort_label(b["cohort"]),
+            "author": b["author"],
+            "frozen (UTC)": _short(b["created_at"]),
+            "window (UTC)": f"{_short(b['window']['since'])} .. {_short(b['window']['until'])}",
+            "samples": b["samples"],
+            "note": b["note"],
+            "unpinned model": "⚠ unpinned" if b.get("unpinned") else "",
+            "forced": b.get("forced") or "",
+        }
+        for b in baselines
+    ]
+
+
 def _listing(baselines: list[dict[str, Any]]) -> None:
     if not baselines:
         st.info("No baseline yet. Pick a cohort and a calm window below, compare it, and freeze it.")
         return
     st.dataframe(
-        pd.DataFrame(
-            [
-                {
-                    "baseline": b["baseline_id"],
-                    "active": "active" if b["active"] else "",
-                    "cohort": ui.cohort_label(b["cohort"]),
-                    "window": f"{b['window']['since']} .. {b['window']['until']}",
-                    "samples": b["samples"],
-                    "author": b["author"],
-                    "note": b["note"],
-                    "frozen": b["created_at"],
-                    "unpinned model": "⚠ unpinned" if b.get("unpinned") else "",
-                    "forced": b.get("forced") or "",
-                }
-                for b in baselines
-            ]
-        ),
+        pd.DataFrame(baseline_rows(baselines)),
         hide_index=True,
+        column_config={
+            "baseline": st.column_config.TextColumn(width="small"),
+            "active": st.column_config.TextColumn(width="small"),
+            "author": st.column_config.TextColumn(width="small"),
+            "samples": st.column_config.NumberColumn(width="small"),
+            "note": st.column_config.TextColumn(width="medium"),
+        },
     )
 
 
@@ -223,6 +240,11 @@ def _compare_and_freeze(s: ui.Session, cohorts: list[dict[str, Any]], baselines:
 
 def _review(s: ui.Session) -> None:
     period = st.selectbox("Review period", ["7d", "14d", "30d"], key="review-period")
+    # Built on demand: the service walks the period day by day for every cohort (about a second
+    # for the sample workspace), which no visit to the baselines list should wait for.
+    if not st.toggle("Build the weekly review", key="review-on"):
+        st.caption("The report compares every cohort's week with its baseline; build it when you need it.")
+        return
     html = s.text("/v1/review", format="html", since=period)
     # The service's Markdown report escapes every stored value itself (analysis.review), so it is
     # rendered as Markdown here: its headings, lists and tables are the report's own.

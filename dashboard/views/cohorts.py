@@ -21,39 +21,55 @@ SOURCES = ["production", "probe", "shadow"]
 
 
 def cohort_rows(cohorts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per cohort, what on-call reads first on the left (which cohort, what is firing, is
+    traffic arriving): at 1,400 px the firing columns must never be off the right edge."""
     rows = []
     for c in cohorts:
         b = c.get("baseline")
         firing = c.get("alerts_firing") or {}
-        rows.append(
-            {
-                "id": c["cohort_id"],
-                "model": c["cohort"]["model"],
-                "pinned": UNPINNED if c.get("unpinned") else "pinned",
-                "prompt version": c["cohort"]["prompt_version"],
-                "contract": c["cohort"]["contract"],
-                "events (7 days)": c["events"],
-                "served models": ", ".join(f"{m} ({n})" for m, n in (c.get("served_models") or {}).items()) or "-",
-                # a served cohort also holds the outputs this model gave under these aliases
-                "answers for alias": ", ".join(c.get("answered_for") or []) or "-",
-                "baseline": b["baseline_id"] if b else "none: not judged",
-                "baseline how": ""
-                if not b
-                else "own"
-                if b["how"] == "own"
-                else f"inherited ({b['how'].replace('_', ' ')}: {ui.cohort_label(b['cohort'])})",
-                "baseline age (days)": b["age_days"] if b else None,
-                "baseline samples": b["samples"] if b else None,
-                "page firing": firing.get("page", 0),
-                "warn firing": firing.get("warn", 0),
-                "truncated / refused outputs": ", ".join(
-                    f"{k} {n}" for k, n in (c.get("provider_outcomes") or {}).items()
-                )
-                or "-",
-                "first seen": c.get("first_seen"),
-            }
-        )
+        row: dict[str, Any] = {
+            "id": c["cohort_id"],
+            "model": c["cohort"]["model"],
+            "prompt version": c["cohort"]["prompt_version"],
+            "contract": c["cohort"]["contract"],
+            "page firing": firing.get("page", 0),
+            "warn firing": firing.get("warn", 0),
+            "events (7 days)": c["events"],
+        }
+        if "last_event" in c:  # services that know each cohort's newest event say so
+            row["last event"] = ui.relative(c.get("last_event")) if c.get("last_event") else "-"
+        row |= {
+            "pinned": UNPINNED if c.get("unpinned") else "pinned",
+            "baseline": b["baseline_id"] if b else "none: not judged",
+            "baseline how": ""
+            if not b
+            else "own"
+            if b["how"] == "own"
+            else f"inherited ({b['how'].replace('_', ' ')}: {ui.cohort_label(b['cohort'])})",
+            "baseline age (days)": b["age_days"] if b else None,
+            "baseline samples": b["samples"] if b else None,
+            "served models": ", ".join(f"{m} ({n})" for m, n in (c.get("served_models") or {}).items()) or "-",
+            # a served cohort also holds the outputs this model gave under these aliases
+            "answers for alias": ", ".join(c.get("answered_for") or []) or "-",
+            "contract versions": ", ".join(
+                f"{v or 'untagged'} ({n})" for v, n in (c.get("contract_versions") or {}).items()
+            )
+            or "-",
+            "truncated / refused outputs": ", ".join(f"{k} {n}" for k, n in (c.get("provider_outcomes") or {}).items())
+            or "-",
+            "first seen": c.get("first_seen"),
+        }
+        rows.append(row)
     return rows
+
+
+COLUMNS = {
+    "id": st.column_config.NumberColumn(width="small"),
+    "page firing": st.column_config.NumberColumn(width="small"),
+    "warn firing": st.column_config.NumberColumn(width="small"),
+    "events (7 days)": st.column_config.NumberColumn(width="small"),
+    "last event": st.column_config.TextColumn(width="small"),
+}
 
 
 def render(s: ui.Session) -> None:
@@ -70,7 +86,7 @@ def render(s: ui.Session) -> None:
     cols[1].metric("Without a baseline", len(without))
     cols[2].metric("On an unpinned alias", len(unpinned))
     cols[3].metric("Page alerts firing", sum((c.get("alerts_firing") or {}).get("page", 0) for c in cohorts))
-    st.dataframe(pd.DataFrame(cohort_rows(cohorts)), hide_index=True)
+    st.dataframe(pd.DataFrame(cohort_rows(cohorts)), hide_index=True, column_config=COLUMNS)
     if unpinned:
         st.caption(
             f"{UNPINNED}: "

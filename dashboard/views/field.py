@@ -42,7 +42,7 @@ def _field_table(fields: dict[str, Any]) -> pd.DataFrame:
                 "filled": f["filled"],
                 "presence": f["presence_rate"],
                 "types": ", ".join(f"{t} {n}" for t, n in sorted(f["types"].items()) if n),
-                "distinct values": len(f.get("values") or {}),
+                "distinct values": "withheld" if f.get("values_withheld") else len(f.get("values") or {}),
                 "array p50": f.get("array_p50"),
                 "array p90": f.get("array_p90"),
                 "array p99": f.get("array_p99"),
@@ -132,8 +132,9 @@ def render(s: ui.Session) -> None:
     if base and base.get("types"):
         st.caption("Baseline: " + ", ".join(f"{ui.literal(t)} {100 * v:.1f}%" for t, v in base["types"].items()))
 
-    values = charts.values_table(doc)
-    if len(values):
+    kind = doc.get("values_kind", "enum")
+    values = charts.values_table(doc) if charts.shows_values(doc) else None
+    if values is not None and len(values):
         st.subheader("Values")
         new = values[values["new"]]
         if len(new):
@@ -144,8 +145,18 @@ def render(s: ui.Session) -> None:
         st.altair_chart(charts.values_chart(values))
         st.dataframe(values, hide_index=True)
         if any(item.get("unknown_share") is not None for item in doc["series"]):
-            st.markdown("Share of values outside the baseline's set")
+            st.markdown("Share of the field's values outside the baseline's set")
             st.altair_chart(charts.unknown_chart(doc))
+    elif kind == "free_text":
+        st.caption(
+            "Values: withheld. This field holds free text (ids, names, addresses) or is named in "
+            "redact_paths: its values are personal data, never shown; presence and types above say how it moves."
+        )
+    elif kind == "numeric":
+        st.caption(
+            "Values: this is a number field, so its values are no set to compare; the type shares show "
+            "numbers arriving as strings, and value_shift judges the numbers."
+        )
 
     if any(item.get("violation_rate") for item in doc["series"]):
         st.subheader("Outputs breaking the contract")

@@ -509,7 +509,7 @@ def test_unknown_ids_answer_404_in_the_error_shape(client: TestClient) -> None:
     assert_error(
         client.post("/v1/baselines", json={**freeze_body(*times().base_window), "model": "nobody"}),
         422,
-        f"no events were ever stored for cohort nobody / {PROMPT} / {CONTRACT}",
+        f"no events were ever stored for cohort nobody / {PROMPT} / {CONTRACT}; no cohort has model 'nobody'",
     )
 
 

@@ -84,6 +84,9 @@ OPERATIONS = {
     ("GET", "/v1/contracts"): ("list_contracts", "contracts"),
     ("GET", "/v1/contracts/item"): ("get_contract", "contracts"),
     ("POST", "/v1/contracts"): ("register_contract", "contracts"),
+    ("GET", "/v1/contracts/diff"): ("diff_contract_versions", "contracts"),
+    ("POST", "/v1/silences/{silence_id}/expire"): ("expire_silence", "alerts"),
+    ("GET", "/v1/contracts/usage"): ("get_contract_usage", "contracts"),
     ("GET", "/v1/analyzer/runs"): ("list_analyzer_runs", "admin"),
     ("POST", "/v1/analyzer/run"): ("run_analyzer", "admin"),
 }
@@ -325,7 +328,8 @@ def test_every_2xx_body_keeps_to_its_schema(sample: Service) -> None:
         fp = {"fingerprint": firing["fingerprint"]}
         call("GET", "/v1/alerts/{fingerprint}", path=fp)
         call("POST", "/v1/alerts/{fingerprint}/ack", path=fp, json={"author": "ana"})
-        call("POST", "/v1/silences", 201, json={"duration": "1h", "author": "ana", "reason": "r", **fp})
+        made = call("POST", "/v1/silences", 201, json={"duration": "1h", "author": "ana", "reason": "r", **fp})
+        assert call("POST", "/v1/silences/{silence_id}/expire", path={"silence_id": made["silence_id"]})
         assert call("GET", "/v1/silences", params={"active": "false"})
         cohorts = call("GET", "/v1/cohorts")
         judged = next(c for c in cohorts if c["baseline"] is not None)
@@ -362,6 +366,10 @@ def test_every_2xx_body_keeps_to_its_schema(sample: Service) -> None:
         assert (created["created"], again["created"]) == (True, False)
         assert [x["version"] for x in call("GET", "/v1/contracts", params={"contract": "openapi-c"})] == ["1"]
         assert call("GET", "/v1/contracts/item", params=contract)["document"] == schema
+        diff = call("GET", "/v1/contracts/diff", params={"contract": "sample-intake", "from": "1", "to": "2"})
+        assert diff["verdict"] == "breaking"
+        usage = call("GET", "/v1/contracts/usage", params={"contract": "sample-intake", "points": 3})
+        assert [v["version"] for v in usage["versions"]] == ["1", "2"]
         assert len(call("GET", "/v1/analyzer/runs")) >= 2
         span = {
             "traceId": "ab" * 16,

@@ -154,7 +154,8 @@ def test_the_markdown_report_says_it_in_words(seeded: Path) -> None:
     assert "## `claude-sonnet-4-5-20250929` / `intake-v3` / `intake`" in text
     assert "by ana: after the v3 rollout" in text
     assert "page unknown\\_enum\\_growth on `priority`" in text
-    assert "| `priority` | 100.0% -> 100.0% |" in text and "| URGENT |" in text
+    assert "| `priority` | 100.0% -> 100.0%; per day " in text and "| URGENT |" in text
+    assert "- -> -" not in text and "| - |" not in text  # a real value in every cell
     assert "**unpinned model alias**: `gpt-4o` has no dated version; served models: `gpt-4o-2024-11-20` (2400)" in text
     assert (
         "## Cohorts without a baseline\n\n- `claude-sonnet-4-5-20250929` / `summary-v1` / `summary`: 900 events" in text
@@ -213,3 +214,57 @@ def test_the_review_is_served_in_each_format(seeded: Path, tmp_path: Path) -> No
     assert md.headers["content-type"].startswith("text/markdown") and "# shapewatch weekly review" in md.text
     assert page.headers["content-type"].startswith("text/html") and page.text.count('<section class="cohort">') == 3
     assert bad.status_code == 422 and "not a duration" in bad.json()["error"]["message"]
+
+
+def test_one_bad_day_stands_out_and_rows_rank_by_change(tmp_path: Path) -> None:
+    # customer.email is filled in 72% of outputs, every day but one, when 30% were: the week's
+    # aggregate (about 66%) hides it; the daily series and the worst day do not.
+    cohort = Cohort("m-2025-01-01", "p1", "c")
+    base_day = NOW - timedelta(days=10)
+
+    def day(start: datetime, filled: float, n: int = 400) -> list[Any]:
+        out = []
+        for i in range(n):
+            output: dict[str, Any] = {"tier": ("gold", "silver")[i % 2]}
+            if i < filled * n:
+                output["customer"] = {"email": "x"}
+            out.append(
+                parse_envelope(
+                    orjson.dumps(
+                        make_envelope(
+                            ts=(start + i * timedelta(days=1) / n).isoformat(),
+                            model=cohort.model,
+                            prompt_version=cohort.prompt_version,
+                            contract=cohort.contract,
+                            served_model=cohort.model,
+                            output=output,
+                        )
+                    ),
+                    LIMITS,
+                )
+            )
+        return out
+
+    with Store.open(tmp_path / "r.duckdb", schemas=[BASELINES_SCHEMA, ALERTS_SCHEMA]) as store:
+        batch = day(base_day, 0.72)
+        for k in range(7, 0, -1):
+            batch += day(NOW - timedelta(days=k), 0.30 if k == 4 else 0.72)
+        store.write_batch(batch)
+        freeze_baseline(store, cohort, base_day, base_day + timedelta(days=1), author="ana", note="n", now=NOW)
+        review = build_review(store, AnalyzerConfig(), now=NOW, period=timedelta(days=7))
+    (entry,) = review["cohorts"]
+    # the largest change ranks first: the email and the object holding it moved together
+    assert {r["field"] for r in entry["fields"][:2]} == {"customer", "customer.email"}
+    first = next(r for r in entry["fields"] if r["field"] == "customer.email")
+    assert [r["change"] for r in entry["fields"]] == sorted((r["change"] for r in entry["fields"]), reverse=True)
+    assert [d["presence"] for d in first["daily"]] == [0.72, 0.72, 0.72, 0.3, 0.72, 0.72, 0.72]
+    assert first["worst_day"] == {"day": f"{NOW - timedelta(days=4):%Y-%m-%d}", "presence": 0.3, "move": -42.0}
+    assert 0.60 < first["presence"][1] < 0.70  # what the week alone said
+    assert first["change"] == pytest.approx(0.42)
+    text = render_markdown(review)
+    assert f"worst {NOW - timedelta(days=4):%Y-%m-%d} 30.0% (-42.0 pts)" in text
+    assert "per day 72 72 72 30 72 72 72" in text
+    page = render_html(review)
+    assert page.count('<svg class="daily"') == len(entry["fields"])
+    assert '<circle class="worst"' in page and "-42.0 pts" in page
+    assert "- &rarr; -" not in page

@@ -179,6 +179,9 @@ def test_the_service_reviews_every_other_cohort_when_one_baseline_is_broken(seed
         "code",
         "svg",
         "rect",
+        "line",  # the daily chart's baseline level
+        "polyline",  # ... its line
+        "circle",  # ... and its days
         "ul",
         "li",
         "strong",

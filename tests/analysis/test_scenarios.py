@@ -34,6 +34,7 @@ from synth import (
     write_outputs,
 )
 
+from shapewatch.analysis.admin import freeze
 from shapewatch.analysis.alerts import ALERTS_SCHEMA, Alert, step
 from shapewatch.analysis.analyzer import analyze_once, evaluate
 from shapewatch.analysis.config import AlertKind, AnalyzerConfig, ConfigInvalid, parse_config
@@ -500,8 +501,21 @@ def test_free_text_never_raises_enum_alerts_unless_declared_an_enum(store: Store
     assert alerts == []
     assert [c.kind for c in evaluation.cohorts[0].checks if c.field == "summary"] == [AlertKind.presence_drop]
 
-    # Declared an enum: the values the baseline could not keep (overflow) and every new one are unknown.
+    # The baseline kept no value of this free text (collector/privacy.py): declared an enum, the
+    # field's values are kept by a freeze that knows it (analysis.admin.freeze passes the rules).
+    assert get_baseline(store, template.baseline_id).fields["summary"].values == {}
     config = parse_config(tomllib.loads('[contracts.intake.fields.summary]\nmode = "enum"\n'))
+    freeze(
+        store,
+        config,
+        **COHORT._asdict(),
+        since=day(0),
+        until=day(1),
+        author="ana",
+        note="summary declared an enum",
+        now=day(1) + HOUR,
+    )
+    # Declared an enum: the values the baseline could not keep (overflow) and every new one are unknown.
     _, alerts = analyze_once(store, config, at(7))
     assert overflow == 6_000
     assert [whole(a) for a in alerts] == [

@@ -221,6 +221,7 @@ def test_the_review_shown_on_the_dashboard_holds_no_live_markdown(
     hostile_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     at = _open(hostile_url, "views/baselines.py", monkeypatch)
+    at.toggle(key="review-on").set_value(True).run()  # the review is built on demand
     (review,) = [m.value for m in at.markdown if m.value.startswith("# shapewatch weekly review")]
     _assert_inert([review])
     rows = [line for line in review.splitlines() if line.startswith("| ") and "---" not in line]

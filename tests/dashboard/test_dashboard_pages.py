@@ -121,7 +121,7 @@ def test_alerts_page_shows_page_alerts_first_with_their_diff(sample_url: str, mo
     assert "presence 100.0% -> 50.0% (p < 1e-6)" in markdown(at)
     # The presence drop's diff: baseline against current, as a table.
     drop = by_field_kind(sample_url)[("customer.tier", "presence_drop")]
-    tables = [d.value.to_dict("records") for d in at.dataframe]
+    tables = [t.value.reset_index().to_dict("records") for t in at.table]
     assert [
         {"measure": "presence_rate", "baseline": "100.0%", "current": "50.0%"},
         {"measure": "samples", "baseline": "480", "current": "600"},
@@ -133,7 +133,13 @@ def test_alerts_page_shows_page_alerts_first_with_their_diff(sample_url: str, mo
     links = {visible(ln.proto.label): ln.proto.query_string for ln in at.get("page_link")}
     cohort_id = next(c["cohort_id"] for c in api(sample_url).get("/v1/cohorts").json() if c["cohort"] == INTAKE)
     assert links["Charts of customer.tier"] == f"cohort={cohort_id}&field=customer.tier"
-    assert len(at.json) == 5 * 3  # three sample outputs per alert (served_model_change has none: it is no field)
+    # Sample outputs are drawn when asked for (every JSON viewer costs the browser on each load).
+    toggles = [t for t in at.toggle if t.key and t.key.startswith("samples-")]
+    assert len(at.json) == 0 and len(toggles) == 5  # served_model_change has none: it is no field
+    for t in toggles:
+        t.set_value(True)
+    at.run()
+    assert len(at.json) == 5 * 3  # three sample outputs per alert
     outputs = [json.loads(j.proto.body) for j in at.json]
     assert sum(1 for o in outputs if "customer" in o and "tier" not in o["customer"]) >= 3
     # The sample workspace is silenced (never paged), and says so.
@@ -295,6 +301,29 @@ def test_field_page_highlights_new_values_and_draws_array_sizes(
     assert any(c.value == "Baseline p50/p90/p99: 1/2/2 items (dashed)." for c in at.caption)
 
 
+def test_a_number_field_that_gets_strings_has_no_values_chart(sample_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # score: numbers in the baseline, a third sent as strings by the new snapshot. Its quoted
+    # numbers are no "new values", and the share of strings is no 100% "unknown".
+    triage = _cohort_id(sample_url, "sample-triage")
+    at = open_page(
+        sample_url, "views/field.py", query={"cohort": str(triage), "field": "score"}, monkeypatch=monkeypatch
+    )
+    heads = [h.value for h in at.subheader]
+    assert "Values" not in heads and "Type shares" in heads
+    assert any("is a number field" in c.value for c in at.caption)
+    with api(sample_url) as c:
+        doc = c.get(f"/v1/cohorts/{triage}/series", params={"field": "score"}).json()
+        tier = c.get(
+            f"/v1/cohorts/{_cohort_id(sample_url, 'sample-intake', 'intake-v3')}/series",
+            params={"field": "priority", "points": 1, "since": _iso(datetime.now(UTC) - timedelta(hours=5))},
+        ).json()
+    assert doc["values_kind"] == "numeric"
+    assert all(p["values"] == {} and p["unknown_share"] is None for p in doc["series"])
+    # the unknown share counts over every value of the field: URGENT is 60 of the last 5 hours' 600
+    assert tier["values_kind"] == "enum"
+    assert tier["series"][0]["unknown_share"] == pytest.approx(0.1, abs=0.005)
+
+
 def test_field_page_without_query_params_picks_a_cohort_and_field(
     sample_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -389,6 +418,8 @@ def test_baselines_page_lists_compares_and_renders_the_review(sample_url: str, m
         rows["customer.tier"]["move (points)"],
     ) == ("100.0%", "50.0%", -50.0)
     assert rows["priority"]["new values"] == "URGENT"
+    assert not any(m.startswith("# shapewatch weekly review") for m in markdown(at))  # built on demand
+    at.toggle(key="review-on").set_value(True).run()
     assert any(m.startswith("# shapewatch weekly review") for m in markdown(at))
     (download,) = at.get("download_button")
     assert download.proto.label == "Download the report (HTML)"

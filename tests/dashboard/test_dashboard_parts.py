@@ -7,7 +7,7 @@ import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
 from dashboard_live import free_port
@@ -302,7 +302,13 @@ def test_a_contract_version_going_out_is_marked_on_every_time_chart() -> None:
         "contract_changes": [{"version": "4", "at": "2026-11-29T01:10:00Z"}],
     }
     frame = charts.contract_changes_frame(doc)
-    assert frame.to_dict("records") == [{"time": charts.pd.Timestamp("2026-11-29T01:10:00Z"), "contract": "contract 4"}]
+    assert frame.to_dict("records") == [
+        {
+            "time": charts.pd.Timestamp("2026-11-29T01:10:00Z"),
+            "when_utc": "2026-11-29 01:10 UTC",
+            "contract": "contract 4",
+        }
+    ]
     for chart in (
         charts.presence_chart(doc),
         charts.type_chart(doc),
@@ -324,3 +330,104 @@ def test_a_contract_version_going_out_is_marked_on_every_time_chart() -> None:
         {"window": {"3": 10, "4": 5}, "baseline": {"3": 100}, "changes": [{"version": "4", "first_seen": None}]}
     ) == ("contract 3 (10 outputs), 4 (5 outputs); baseline on 3; **4 went out \\-**  \n")  # values escaped
     assert contract_line({}) == ""
+
+
+def _series_doc(**extra: Any) -> dict[str, Any]:
+    return {
+        "since": "2026-11-29T00:00:00Z",
+        "until": "2026-11-29T02:00:00Z",
+        "baseline": {"presence_rate": 0.7, "present": True, "values": {"low": 1}},
+        "series": [
+            {
+                "since": f"2026-11-29T0{h}:00:00Z",
+                "until": f"2026-11-29T0{h + 1}:00:00Z",
+                "units": 10,
+                "presence_rate": 0.5 + 0.1 * h,
+                "types": {"string": 1.0},
+                "values": {"low": 3},
+                "unknown_share": 0.0,
+                "violation_rate": None,
+                "array": {"p50": 1, "p90": 2, "p99": 3, "empty_share": 0.0},
+            }
+            for h in (0, 1)
+        ],
+        "contract_changes": [],
+        **extra,
+    }
+
+
+def test_points_stand_at_the_end_of_their_step_and_time_reads_in_utc() -> None:
+    from shapewatch.dashboard import charts
+
+    doc = _series_doc()
+    frame = charts.series_frame(doc)
+    # the step 00:00-01:00 is drawn at 01:00: the newest step's point is at the right edge, now
+    assert list(frame["time"]) == [
+        charts.pd.Timestamp("2026-11-29T01:00:00Z"),
+        charts.pd.Timestamp("2026-11-29T02:00:00Z"),
+    ]
+    assert list(frame["when_utc"]) == ["2026-11-29 01:00 UTC", "2026-11-29 02:00 UTC"]
+    for chart in (
+        charts.presence_chart(doc),
+        charts.type_chart(doc),
+        charts.array_chart(doc),
+        charts.unknown_chart(doc),
+    ):
+        spec = chart.to_dict()
+        layers = spec.get("layer", [spec])
+        xs = [
+            layer["encoding"]["x"]
+            for layer in layers
+            if "x" in layer.get("encoding", {}) and "scale" in layer["encoding"]["x"]
+        ]
+        assert xs, spec
+        for x in xs:
+            assert x["title"] == "time (UTC)"
+            assert x["scale"]["type"] == "utc"
+            assert x["scale"]["domain"] == ["2026-11-29T00:00:00Z", "2026-11-29T02:00:00Z"]
+        tips = [t for layer in layers for t in layer.get("encoding", {}).get("tooltip", [])]
+        assert all(t.get("type") != "temporal" for t in tips), tips  # a browser-zone time in no tooltip
+
+
+def test_values_are_charted_for_enum_fields_only() -> None:
+    from shapewatch.dashboard import charts
+
+    assert charts.shows_values(_series_doc(values_kind="enum"))
+    assert not charts.shows_values(_series_doc(values_kind="free_text"))
+    assert not charts.shows_values(_series_doc(values_kind="numeric"))
+    assert charts.shows_values(_series_doc())  # an older service sends no values_kind
+
+
+def test_contract_usage_frame_has_a_row_per_version_and_step() -> None:
+    from shapewatch.dashboard import charts
+
+    usage = {
+        "since": "2026-11-29T00:00:00Z",
+        "until": "2026-11-29T02:00:00Z",
+        "versions": [
+            {
+                "version": v,
+                "series": [
+                    {
+                        "since": f"2026-11-29T0{h}:00:00Z",
+                        "until": f"2026-11-29T0{h + 1}:00:00Z",
+                        "outputs": 10,
+                        "checked": c,
+                        "violation_rate": r,
+                    }
+                    for h, c, r in ((0, 10, 0.1), (1, 0, None))
+                ],
+            }
+            for v in ("1", "")
+        ],
+    }
+    frame = charts.version_usage_frame(usage)
+    rows = frame[["version", "checked", "violations"]].astype(object).where(frame.notna(), None)
+    assert rows.to_dict("records") == [
+        {"version": "1", "checked": 10, "violations": 0.1},
+        {"version": "1", "checked": 0, "violations": None},
+        {"version": "untagged", "checked": 10, "violations": 0.1},
+        {"version": "untagged", "checked": 0, "violations": None},
+    ]
+    spec = charts.version_violation_chart(usage).to_dict()
+    assert spec["encoding"]["x"]["scale"]["type"] == "utc"
