@@ -22,7 +22,12 @@ from shapewatch.analysis.sample import seed_sample
 
 APP = ROOT / "dashboard" / "app.py"
 ADDRESS = b"@example.com"
-INTAKE = {"model": "claude-sonnet-4-5-20250929", "prompt_version": "intake-v3", "contract": "sample-intake"}
+INTAKE = {
+    "model": "claude-sonnet-4-5-20250929",
+    "prompt_version": "intake-v3",
+    "contract": "sample-intake",
+    "source": "production",
+}
 
 
 @pytest.fixture(scope="module")
