@@ -20,6 +20,15 @@ UNPINNED = "⚠ unpinned alias"
 SOURCES = ["production", "probe", "shadow"]
 
 
+_RATE_NAMES = {"truncation_rate": "truncated", "refusal_rate": "refused", "invalid_output_rate": "invalid"}
+
+
+def outcome_rates_text(rates: dict[str, float]) -> str:
+    """``truncated 4.0%, invalid 0.2%``: the non-zero outcome rates of a cohort's responses; "-" without."""
+    shown = [f"{_RATE_NAMES.get(k, k)} {100 * v:.1f}%" for k, v in rates.items() if v]
+    return ", ".join(shown) or "-"
+
+
 def cohort_rows(cohorts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per cohort, what on-call reads first on the left (which cohort, what is firing, is
     traffic arriving): at 1,400 px the firing columns must never be off the right edge."""
@@ -55,6 +64,8 @@ def cohort_rows(cohorts: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 f"{v or 'untagged'} ({n})" for v, n in (c.get("contract_versions") or {}).items()
             )
             or "-",
+            # the shares the outcome-rate rules judge (truncated, refused or filtered, invalid)
+            "outcome rates": outcome_rates_text(c.get("outcome_rates") or {}),
             "truncated / refused outputs": ", ".join(f"{k} {n}" for k, n in (c.get("provider_outcomes") or {}).items())
             or "-",
             "first seen": c.get("first_seen"),

@@ -104,3 +104,13 @@ def test_the_cohorts_read_gives_outcome_rates_of_responses(store: Store) -> None
     (row,) = admin.cohorts(store, since=T0, until=T0 + HOUR)
     # 200 outputs and 50 responses without one: 250 responses
     assert row["outcome_rates"] == {"truncation_rate": 0.04, "refusal_rate": 0.004, "invalid_output_rate": 0.2}
+
+
+def test_the_cohorts_page_shows_the_non_zero_rates() -> None:
+    from shapewatch.dashboard.views.cohorts import outcome_rates_text
+
+    assert outcome_rates_text({"truncation_rate": 0.04, "refusal_rate": 0.0, "invalid_output_rate": 0.2}) == (
+        "truncated 4.0%, invalid 20.0%"
+    )
+    assert outcome_rates_text({"truncation_rate": 0.0}) == "-"
+    assert outcome_rates_text({}) == "-"
