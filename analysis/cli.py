@@ -969,26 +969,29 @@ def export(
 MAX_IMPORT_FILES = 10_000
 
 
-def _documents(paths: tuple[Path, ...]) -> list[Path]:
+def _documents(paths: tuple[Path, ...]) -> tuple[list[Path], list[str]]:
     """The files to import: each path given, and for a folder (what ``baseline export --out DIR``
-    wrote) every ``*.json`` file under it, sorted, without following links to other folders."""
+    wrote) every ``*.json`` file under it, sorted, without following links to other folders;
+    and the folders refused (none inside, or too many), each with its reason."""
     out: list[Path] = []
+    refused: list[str] = []
     for path in paths:
         if path.is_dir() and not path.is_symlink():
-            found = []
+            found: list[Path] = []
             for root, dirs, files in os.walk(path, followlinks=False):
                 dirs.sort()
                 found += [Path(root) / f for f in sorted(files) if f.endswith(".json")]
                 if len(found) > MAX_IMPORT_FILES:
-                    raise click.BadParameter(
-                        f"{path} holds more than {MAX_IMPORT_FILES} .json files; import it in parts", param_hint="PATHS"
-                    )
-            if not found:
-                raise click.BadParameter(f"{path} is a folder without any .json file", param_hint="PATHS")
-            out += found
+                    break
+            if len(found) > MAX_IMPORT_FILES:
+                refused.append(f"{path}: holds more than {MAX_IMPORT_FILES} .json files; import it in parts")
+            elif not found:
+                refused.append(f"{path}: is a folder without any .json file")
+            else:
+                out += found
         else:
             out.append(path)
-    return list(dict.fromkeys(out))
+    return list(dict.fromkeys(out)), refused
 
 
 @baseline.command("import")
@@ -1020,8 +1023,10 @@ def import_(
     """
     from shapewatch.baselines import read_document
 
-    files = _documents(paths)
-    refused = 0
+    files, bad_folders = _documents(paths)
+    for problem in bad_folders:
+        click.echo(f"error: {problem}", err=True)
+    refused = len(bad_folders)
     with _backend(ctx, db_path, url, token, create=True) as b:
         for path in files:
             try:
@@ -1036,8 +1041,8 @@ def import_(
                 f"{path}: {'imported' if result['imported'] else 'already present'} ({result['baseline_id']})"
                 + (", active" if make_active else "")
             )
-    if refused and len(files) > 1:
-        click.echo(f"refused {refused} of {len(files)} files", err=True)
+    if refused and len(files) + len(bad_folders) > 1:
+        click.echo(f"refused {refused} of {len(files) + len(bad_folders)} files", err=True)
     sys.exit(2 if refused else 0)
 
 
