@@ -45,8 +45,8 @@ def cohort_rows(cohorts: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "warn firing": firing.get("warn", 0),
             "events (7 days)": c["events"],
         }
-        if "last_event" in c:  # services that know each cohort's newest event say so
-            row["last event"] = ui.relative(c.get("last_event")) if c.get("last_event") else "-"
+        if "last_event_at" in c:  # services that know each cohort's newest event say so
+            row["last event"] = ui.relative(c.get("last_event_at")) if c.get("last_event_at") else "-"
         row |= {
             "pinned": UNPINNED if c.get("unpinned") else "pinned",
             "baseline": b["baseline_id"] if b else "none: not judged",
