@@ -399,6 +399,36 @@ def _arr(a: list[int | None] | None) -> str:
     return "-" if a is None else "/".join("-" if x is None else str(x) for x in a)
 
 
+def _nums(a: list[float | None] | None) -> str:
+    """p10/median/p90 of a number field, or what the field held instead."""
+    return "no numbers" if a is None else "/".join("-" if x is None else f"{x:g}" for x in a)
+
+
+_OUTCOME_NAMES = {
+    "truncated": "truncated",
+    "output:truncated": "cut at the token limit",
+    "refusal": "refused",
+    "output:refusal": "refused (with output)",
+    "content_filter": "filtered",
+    "output:content_filter": "filtered (with output)",
+    "invalid_json": "invalid JSON",
+    "not_an_object": "not an object",
+    "no_structured_output": "no structured output",
+}
+
+
+def _outcomes_text(outcomes: dict[str, Any] | None) -> str:
+    """``truncated 4.0% (80), refused 0.2% (4) of 2,000 responses``; "" when none."""
+    if not outcomes or not outcomes.get("counts"):
+        return ""
+    shares = outcomes.get("shares") or {}
+    parts = [
+        f"{_OUTCOME_NAMES.get(k, k)} {100 * float(shares.get(k, 0)):.1f}% ({int(n):,})"
+        for k, n in outcomes["counts"].items()
+    ]
+    return f"{', '.join(parts)} of {int(outcomes.get('responses') or 0):,} responses"
+
+
 # Control characters shown as their Unicode control pictures (U+2400 + code, U+2421 for DEL): a
 # newline in a stored value can then start no line, block or table row of the report.
 _CONTROL_PICTURES = {**{c: 0x2400 + c for c in range(0x20)}, 0x7F: 0x2421}
@@ -484,6 +514,8 @@ def render_markdown(review: dict[str, Any]) -> str:
             out.append(f"- **unpinned model alias**: {_code(c['model'])} has no dated version; served models: {served}")
         elif entry["served_models"]:
             out.append("- served models: " + _md_counts(entry["served_models"]))
+        if _outcomes_text(entry.get("outcomes")):
+            out.append("- responses without a usable output: " + _md(_outcomes_text(entry.get("outcomes"))))
         k = entry["contracts"]
         if k["window"]:
             out.append(
@@ -541,8 +573,9 @@ def render_markdown(review: dict[str, Any]) -> str:
             out += [
                 "",
                 "| field (largest change first) | presence (baseline -> week; per day; worst day) "
-                "| types (baseline -> week) | new enum values | array p50/p90/p99 (baseline -> week) |",
-                "|---|---|---|---|---|",
+                "| types (baseline -> week) | new enum values | array p50/p90/p99 (baseline -> week) "
+                "| numbers p10/median/p90 (baseline -> week) |",
+                "|---|---|---|---|---|---|",
             ]
             for r in entry["fields"]:
                 mark = "".join(
@@ -555,7 +588,8 @@ def render_markdown(review: dict[str, Any]) -> str:
                     f"{_md(_type_text(r['types'][1]) if r['types'][1] else 'none filled')} "
                     f"| {', '.join(_md(v) for v in r['new_values']) or _md(_values_text(r))} "
                     f"| {_md(_arr(r['arrays'][0]) if r['arrays'][0] else 'not an array')} -> "
-                    f"{_md(_arr(r['arrays'][1]) if r['arrays'][1] else 'not an array')} |"
+                    f"{_md(_arr(r['arrays'][1]) if r['arrays'][1] else 'not an array')} "
+                    f"| {_md(_nums(r.get('numbers', [None, None])[0]))} -> {_md(_nums(r.get('numbers', [None, None])[1]))} |"
                 )
         out.append("")
     out += ["## Cohorts without a baseline", ""]
@@ -685,6 +719,8 @@ def _environment() -> Any:
         presence_text=_presence_text,
         type_text=lambda t: _type_text(t) if t else "none filled",
         arr_text=lambda a: _arr(a) if a is not None else "not an array",
+        num_text=_nums,
+        outcomes_text=_outcomes_text,
         values_text=_values_text,
         change_text=lambda r: f"{100 * float(r.get('change') or 0):.1f} pts",
         worst_text=lambda w: (

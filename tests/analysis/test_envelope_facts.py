@@ -236,3 +236,27 @@ def test_a_run_step_is_kept_once_however_often_its_event_is_sent(store: Store) -
         "booking",
         arguments_hash({"q": 1}),
     )
+
+
+def test_the_weekly_review_shows_number_levels_and_outcome_shares(store: Store) -> None:
+    from shapewatch.analysis.review import build_review, render_html, render_markdown
+
+    day_of_outputs(store, 0, 400, 8, seed=1)  # 2% cut at the token limit
+    freeze_baseline(store, COHORT, T0, T0 + DAY, author="ana", note="reference", now=T0 + DAY)
+    day_of_outputs(store, 3, 400, 40, seed=2)  # 10% in the week
+    review = build_review(store, AnalyzerConfig(), now=T0 + 9 * DAY)  # the week holds day 3 only
+    (entry,) = review["cohorts"]
+    assert entry["outcomes"] == {
+        "responses": 400,
+        "counts": {"output:truncated": 40},
+        "shares": {"output:truncated": 0.1},
+    }
+    (confidence,) = [r for r in entry["fields"] if r["field"] == "confidence"]
+    assert confidence["numbers"][0] is not None and len(confidence["numbers"][0]) == 3
+    text = render_markdown(review)
+    # every punctuation character of the line escaped, as the review escapes what it prints
+    assert "- responses without a usable output: cut at the token limit 10\\.0\\% \\(40\\) of 400 responses" in text
+    html = render_html(review)
+    assert "responses without a usable output: cut at the token limit 10.0% (40) of 400 responses" in html
+    p10, p50, p90 = confidence["numbers"][1]
+    assert f"{p10:g}/{p50:g}/{p90:g}" in html

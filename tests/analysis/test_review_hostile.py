@@ -123,11 +123,11 @@ def _assert_markdown_is_inert(text: str) -> None:
     tokens = _PARSER.parse(text)
     assert not [t for t in tokens if t.type in ("html_block", "html_inline")]
     assert not [c.type for t in tokens for c in t.children or [] if c.type in ("image", "link_open", "html_inline")]
-    # Every table row, header included, has the five cells of the header.
+    # Every table row, header included, has the six cells of the header.
     rows = [line for line in text.splitlines() if line.startswith("| ")]
-    assert rows and all(len(_cells(r)) == 5 for r in rows), rows
+    assert rows and all(len(_cells(r)) == 6 for r in rows), rows
     types = [t.type for t in tokens]
-    assert types.count("th_open") + types.count("td_open") == 5 * types.count("tr_open") > 0
+    assert types.count("th_open") + types.count("td_open") == 6 * types.count("tr_open") > 0
 
 
 def test_the_cli_markdown_review_escapes_every_value_and_keeps_every_table_row(seeded: Path) -> None:
