@@ -22,9 +22,12 @@ import pyarrow.compute as pc
 
 from ..adapters import FINISH_OUTCOMES, WITH_OUTPUT
 from ..otlp import StepKind, arguments_hash
+from ..rules import SOURCES
 
 __all__ = ["RUN_CONTRACT", "STEP_OF_EVENT", "TOOL_CALL_FINISHES", "outcome_counts", "run_steps_of"]
 
+PROBE = "probe"
+assert PROBE in SOURCES
 _FINISHES: list[pa.Array] = []  # made at first use: pa.array() of a list imports pandas (bulk import never needs it)
 #: Finish reasons that say the model decided on a tool call: an envelope with a ``run_id`` and one
 #: of these is a ``tool_call`` step of its run (its contract the tool); any other is an ``output``.
@@ -84,7 +87,13 @@ def run_steps_of(
     run_ids = table["run_id"]
     if run_ids.null_count == len(run_ids):
         return None
-    named = table.filter(pc.is_valid(run_ids)).to_pylist()
+    # A probe suite's envelopes name its run (one run of the suite, not an agent's run: its cases
+    # are independent first decisions, and as steps of one run they would read as a retry loop).
+    named = table.filter(
+        pc.and_(pc.is_valid(run_ids), pc.fill_null(pc.not_equal(table["source"], PROBE), True))
+    ).to_pylist()
+    if not named:
+        return None
     steps: list[tuple[Any, ...]] = []
     per_run: dict[str, tuple[datetime, datetime]] = {}
     for r in named:

@@ -260,3 +260,14 @@ def test_the_weekly_review_shows_number_levels_and_outcome_shares(store: Store) 
     assert "responses without a usable output: cut at the token limit 10.0% (40) of 400 responses" in html
     p10, p50, p90 = confidence["numbers"][1]
     assert f"{p10:g}/{p50:g}/{p90:g}" in html
+
+
+def test_a_probe_suites_envelopes_make_no_agent_run(store: Store) -> None:
+    """A probe run's cases are independent first decisions: as steps of one run they would read
+    as a run calling tools 30 times."""
+    envs = run_envelopes("probe-run-1", "1.0", T0, [{"id": f"A{i}"} for i in range(30)])
+    store.write_batch([validate_envelope({**e, "source": "probe"}, Limits()) for e in envs], now=T0 + HOUR)
+    assert store.run("probe-run-1") is None
+    shadow = run_envelopes("shadow-run-1", "1.0", T0, [{"id": "A"}])
+    store.write_batch([validate_envelope({**e, "source": "shadow"}, Limits()) for e in shadow], now=T0 + HOUR)
+    assert store.run("shadow-run-1").steps == 2  # type: ignore[union-attr]
