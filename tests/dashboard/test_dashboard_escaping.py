@@ -226,4 +226,4 @@ def test_the_review_shown_on_the_dashboard_holds_no_live_markdown(
     _assert_inert([review])
     rows = [line for line in review.splitlines() if line.startswith("| ") and "---" not in line]
     assert len(rows) >= 3  # the header and the hostile cohort's fields
-    assert all(len(re.split(r"(?<!\\)\|", row)) == 7 for row in rows), rows  # five cells each
+    assert all(len(re.split(r"(?<!\\)\|", row)) == 8 for row in rows), rows  # six cells each
