@@ -103,6 +103,7 @@ def test_every_route_wants_a_token_with_its_scope(tmp_path: Path, report: dict[s
     _run(tmp_path, report, BAD_HEADERS, (b"{}", b"{not json", None))
 
 
+@pytest.mark.slow
 def test_every_route_wants_a_token_with_its_scope_smoke(tmp_path: Path, report: dict[str, object]) -> None:
     """Authentication, smoke: every route, no token -> 401, other scope -> 403"""
     _run(tmp_path, report, BAD_HEADERS[:1], (b"{not json",))

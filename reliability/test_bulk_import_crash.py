@@ -241,6 +241,7 @@ def _scenario(
     )
 
 
+@pytest.mark.slow
 def test_bulk_import_killed_once_smoke(tmp_path: Path, report: dict[str, object]) -> None:
     """Bulk import under crash (smoke: one SIGKILL, then reruns)"""
     _scenario(tmp_path, report, lines=30_000, kills=1, seed=11, min_offset=0.02, max_offset=0.2)

@@ -167,6 +167,7 @@ def test_contract_traps_stall_no_other_client(
     _contract_traps(tmp_path, report, schema_server, seconds=30, unrelated_requests=1000, p99_bar=0.100)
 
 
+@pytest.mark.slow
 def test_contract_traps_smoke(tmp_path: Path, report: dict[str, object], schema_server: SchemaServer) -> None:
     """Contract traps, smoke: the same for 500 requests, every one answered (latency measured, not judged)"""
     _contract_traps(tmp_path, report, schema_server, seconds=5, unrelated_requests=500, p99_bar=None)
@@ -220,6 +221,7 @@ def test_invalid_batches_leave_memory_bounded(tmp_path: Path, report: dict[str, 
     _rejection_amplification(tmp_path, report, batches=6, size=13_000_000)
 
 
+@pytest.mark.slow
 def test_invalid_batches_smoke(tmp_path: Path, report: dict[str, object]) -> None:
     """Rejection amplification, smoke: two concurrent 3 MB batches"""
     _rejection_amplification(tmp_path, report, batches=2, size=3_000_000)
@@ -321,6 +323,7 @@ def test_half_open_connections_do_not_blind_healthz(tmp_path: Path, report: dict
     _half_open(tmp_path, report, connections=20_000, procs=2, judge_latency=True)
 
 
+@pytest.mark.slow
 def test_half_open_connections_smoke(tmp_path: Path, report: dict[str, object]) -> None:
     """Half-open connections, smoke: 3,000 half-sent request heads; every probe answered (latency measured)"""
     _half_open(tmp_path, report, connections=3_000, procs=1, judge_latency=False)
@@ -376,6 +379,7 @@ def _spoil(doc: Any) -> bool:
     return False
 
 
+@pytest.mark.slow
 def test_hostile_matrix(tmp_path: Path, report: dict[str, object]) -> None:
     """Hostile matrix II: a crafted baseline, out-of-range and costly parameters, a re-serialized retry, stored
     Markdown, huge and stalled admin bodies; each answered as it should, no 5xx, every cohort judged"""

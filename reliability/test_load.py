@@ -192,6 +192,7 @@ def _scenario(tmp_path: Path, report: dict[str, object], *, seconds: float, inte
     assert any(int(r["checks"] or 0) > 0 for r in runs), "no evaluation compared anything"
 
 
+@pytest.mark.slow
 def test_load_smoke(tmp_path: Path, report: dict[str, object]) -> None:
     """Load (smoke, 10 s): steady ingest while the analyzer runs and the dashboard polls"""
     _scenario(tmp_path, report, seconds=10, interval=3)

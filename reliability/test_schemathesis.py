@@ -93,6 +93,7 @@ def _failure_text(st: dict[str, Any]) -> str:
     return out[out.find("FAILURES") :][-6000:] if "FAILURES" in out else out[-3000:]
 
 
+@pytest.mark.slow
 def test_schemathesis_finds_nothing_on_the_ingest_routes(tmp_path: Path, report: dict[str, object]) -> None:
     """Schemathesis, smoke: the ingest routes (OTLP's too) and /healthz, every check, few examples"""
     st = run_schemathesis(

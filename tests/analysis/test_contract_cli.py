@@ -227,6 +227,7 @@ def test_listing_a_database_that_does_not_exist_is_an_input_error(tmp_path: Path
     assert not (tmp_path / "none.duckdb").exists()
 
 
+@pytest.mark.slow
 def test_register_list_show_and_diff_through_a_running_service_with_scoped_tokens(tmp_path: Path) -> None:
     # The service holds the database: the CLI goes through POST/GET /v1/contracts (--url), and a
     # token without the admin scope may read the registry but not write it.

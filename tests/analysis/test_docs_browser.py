@@ -50,6 +50,7 @@ def page_requests(net_log: Path, origin: str) -> set[str]:
     return urls
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium) on PATH")
 def test_docs_render_every_operation_without_the_network(tmp_path: Path) -> None:
     assert CHROMIUM is not None

@@ -163,6 +163,7 @@ def test_the_markdown_report_says_it_in_words(seeded: Path) -> None:
     assert "**(older than the configured age)**" in text
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     ensure_tool("chromium") is None, reason="chromium missing and not installable here (Debian package chromium)"
 )

@@ -149,7 +149,8 @@ def test_a_release_whose_runs_loop_on_one_tool_pages_retry_loop_rate(store: Stor
     ]
 
 
-@pytest.mark.parametrize("seed", range(20))
+# 5 seeds by default, all 20 in the slow run
+@pytest.mark.parametrize("seed", [*range(5), *(pytest.param(s, marks=pytest.mark.slow) for s in range(5, 20))])
 def test_steady_runs_under_a_new_release_raise_nothing(store: Store, seed: int) -> None:
     baseline(store, seed=1000 + seed)
     start = T0 + 24 * HOUR

@@ -366,6 +366,7 @@ def _no_alerts_for_seeds(store: Store, seeds: list[int]) -> None:
         assert (seed, breaches, [brief(a) for a in alerts]) == (seed, [], [])
 
 
+@pytest.mark.slow
 def test_a_window_of_the_baseline_distribution_fires_nothing(store: Store) -> None:
     _no_alerts_for_seeds(store, [101, 102, 103])
 

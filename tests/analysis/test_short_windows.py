@@ -101,6 +101,7 @@ def test_a_vanishing_field_pages_within_15_minutes_on_the_15_minute_window(store
     assert "over the last 15m" in got["detail"]
 
 
+@pytest.mark.slow
 def test_a_vanished_field_stays_one_alert_as_the_short_window_empties(store: Store) -> None:
     changed(store, Drift(language_presence=0.0))
     analyzer = Analyzer(store, AnalyzerConfig(), registry=CollectorRegistry())
@@ -112,6 +113,7 @@ def test_a_vanished_field_stays_one_alert_as_the_short_window_empties(store: Sto
     assert alerts[0].diff["detail"].startswith("presence 100.0% -> 0.0% (absent from the window) over the last")
 
 
+@pytest.mark.slow
 def test_without_short_windows_the_same_field_pages_hours_later(store: Store) -> None:
     changed(store, Drift(language_presence=0.0))
     got = run_until(store, replace(AnalyzerConfig(), short_windows=()), "language", {AlertKind.presence_drop}, 60)

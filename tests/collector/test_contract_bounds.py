@@ -222,6 +222,7 @@ def test_slow_checks_count_as_unchecked_with_their_reason() -> None:
     assert dict(batch.unchecked) == {"slow": 2, "budget": 3}
 
 
+@pytest.mark.slow
 def test_a_hostile_pattern_contract_through_the_service_stalls_nobody(tmp_path: Path) -> None:
     # Register a backtracking pattern and a remote reference through the real service, then send
     # outputs that would trigger them beside an unrelated client's: every request is answered,

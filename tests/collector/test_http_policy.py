@@ -163,6 +163,7 @@ def test_half_open_connections_beyond_the_cap_cannot_starve_the_service(svc: Ser
             s.close()
 
 
+@pytest.mark.slow
 def test_beyond_the_cap_with_every_connection_busy_a_new_one_gets_503(tmp_path: Path) -> None:
     svc = start_service(
         tmp_path / "busy.duckdb", env={"SHAPEWATCH_MAX_CONNECTIONS": "2", "SHAPEWATCH_BODY_IDLE_SECONDS": "30"}

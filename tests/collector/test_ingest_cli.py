@@ -104,6 +104,7 @@ def test_ingest_table_format_prints_a_summary(tmp_path: Path, db: Path) -> None:
     assert proc.stdout.splitlines()[0] == "accepted 4, duplicate 0, rejected 0"
 
 
+@pytest.mark.slow
 def test_rejected_lines_go_to_a_quarantine_that_a_rerun_rewrites(tmp_path: Path, db: Path) -> None:
     good = valid_lines()
     bad_output = json.dumps(make_envelope(output=["not", "an", "object"]))
@@ -179,6 +180,7 @@ def test_rejected_lines_go_to_a_quarantine_that_a_rerun_rewrites(tmp_path: Path,
     assert len(stored(db)) == 3
 
 
+@pytest.mark.slow
 def test_a_conflicting_line_is_quarantined_too(tmp_path: Path, db: Path) -> None:
     env = make_envelope()
     reused = json.dumps({**env, "output": {"intent": "other"}})
@@ -219,6 +221,7 @@ def test_inputs_with_the_same_name_keep_their_own_quarantine(tmp_path: Path, db:
     assert sorted(kept) == sorted([str(a), str(b)])
 
 
+@pytest.mark.slow
 def test_a_db_held_by_a_service_exits_2_saying_so(tmp_path: Path, service_factory: Callable[..., Service]) -> None:
     svc = service_factory(tmp_path / "held.duckdb")
     src = write_lines(tmp_path / "o.jsonl", valid_lines())
@@ -346,6 +349,7 @@ def test_a_line_that_is_not_utf8_is_quarantined_byte_for_byte(tmp_path: Path, db
     assert summary_of(proc)["rejected_by_reason"] == {held["errors"][0]["code"]: 1}
 
 
+@pytest.mark.slow
 def test_same_named_files_in_different_folders_do_not_collide(tmp_path: Path, db: Path) -> None:
     line = json.dumps(make_envelope(event_id=None, ts=None))  # no id, no ts: ids come from the file
     (tmp_path / "day1").mkdir()

@@ -318,6 +318,7 @@ def test_the_run_routes_refuse_unknown_and_overlong_ids(http: httpx.Client) -> N
     assert http.get("/v1/runs", params={"limit": 0}).status_code == 422
 
 
+@pytest.mark.slow
 def test_events_keep_run_id_agent_release_served_model_and_finish_reason(tmp_path: Any) -> None:
     svc = start_service(tmp_path / "kept.duckdb")
     try:
@@ -339,6 +340,7 @@ def test_events_keep_run_id_agent_release_served_model_and_finish_reason(tmp_pat
     ]
 
 
+@pytest.mark.slow
 def test_run_show_prints_the_steps_in_order_from_the_service_and_from_the_file(tmp_path: Any) -> None:
     import subprocess
 

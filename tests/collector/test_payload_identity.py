@@ -276,6 +276,7 @@ def test_stored_identities_migrate_to_the_hash_of_the_canonical_payload(db_path:
         assert store.healthcheck()["events"] == len(OLD)
 
 
+@pytest.mark.slow
 def test_a_migrated_file_dedups_through_the_service_and_the_bulk_import(tmp_path: Path) -> None:
     db = tmp_path / "old.duckdb"
     old_file(db, OLD)

@@ -18,6 +18,7 @@ def _body(ndjson: bool, items: list[dict[str, object]]) -> tuple[bytes, str]:
     return json.dumps(items).encode(), "application/json"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ndjson", [False, True], ids=["array", "ndjson"])
 def test_a_batch_of_invalid_envelopes_gets_a_bounded_reply(service: Service, ndjson: bool) -> None:
     valid = [make_envelope(), make_envelope()]

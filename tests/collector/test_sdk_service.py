@@ -63,6 +63,7 @@ def test_sdk_delivers_500_outputs_once(service: Service, tmp_path: Path, clients
     assert stored(service.db_path) == dict.fromkeys(ids, 1)
 
 
+@pytest.mark.slow
 def test_sdk_survives_a_sigkill_of_the_service_mid_stream(tmp_path: Path, clients: list[Client]) -> None:
     db, port = tmp_path / "sdk.duckdb", free_port()
     svc = start_service(db, port=port)

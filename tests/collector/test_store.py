@@ -950,6 +950,7 @@ def test_string_column_packs_str_or_none_items_as_an_arrow_column() -> None:
         string_column([("a", "b")], 2)
 
 
+@pytest.mark.slow
 def test_the_memory_limit_grows_with_the_key_index_so_writes_never_run_out(tmp_path: Path) -> None:
     """DuckDB keeps the idempotency key's index in memory, and a write past memory_limit fails
     (with 16MB, after about 150,000 keys). The store adds room for the index of the stored

@@ -19,9 +19,11 @@ from pathlib import Path
 
 import duckdb
 import httpx
+import pytest
 from harness import ROOT, SHAPEWATCH, free_port, start_service
 
 
+@pytest.mark.slow
 def test_an_invalidated_database_stops_the_service_and_a_restart_recovers_it(tmp_path: Path) -> None:
     db, port = tmp_path / "full.duckdb", free_port()
     log = tmp_path / "serve.log"

@@ -13,6 +13,7 @@ from typing import Any
 
 import duckdb
 import httpx
+import pytest
 from harness import ROOT, SHAPEWATCH, make_envelope, start_service
 
 from shapewatch.collector import quarantine_path
@@ -43,6 +44,7 @@ def post(c: httpx.Client, body: Any) -> httpx.Response:
     return c.post("/v1/outputs", content=json.dumps(body).encode(), headers=JSON)
 
 
+@pytest.mark.slow
 def test_the_service_refuses_ts_outside_the_range_naming_it(tmp_path: Path) -> None:
     svc = start_service(tmp_path / "svc.duckdb")
     try:

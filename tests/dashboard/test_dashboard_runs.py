@@ -83,6 +83,7 @@ def open_page(url: str, page: str, monkeypatch: pytest.MonkeyPatch, query: dict[
     return at
 
 
+@pytest.mark.slow
 def test_the_runs_page_shows_a_runs_steps_in_order(runs_url: tuple[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
     url, looping = runs_url
     at = open_page(url, "views/runs.py", monkeypatch, {"run": looping})
