@@ -208,6 +208,7 @@ def _fuzz_flatten(cfg: settings, report: dict[str, object]) -> None:
     assert tally.outcomes == {"ok": report["inputs tried"]}
 
 
+@pytest.mark.slow
 def test_fuzz_flattener_smoke(report: dict[str, object]) -> None:
     """Fuzz, smoke: the flattener never raises and sees every value once"""
     _fuzz_flatten(_SMOKE, report)

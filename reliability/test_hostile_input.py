@@ -139,6 +139,7 @@ def test_hostile_inputs_are_refused_and_odd_ones_round_trip(tmp_path: Path, repo
     _run(tmp_path, report, HOSTILE)
 
 
+@pytest.mark.slow
 def test_hostile_inputs_smoke(tmp_path: Path, report: dict[str, object]) -> None:
     """Hostile input matrix, smoke: the small hostile bodies, and the odd values round-trip"""
     _run(tmp_path, report, [h for h in HOSTILE if not h[0].startswith(("oversized", "million", "1 MB"))])

@@ -41,6 +41,7 @@ def cases_of(c: httpx.Client, run_id: str, timeout: float = 60.0) -> list[dict[s
     raise AssertionError(f"no case for run {run_id} within {timeout}s")
 
 
+@pytest.mark.slow
 def test_a_looping_run_is_mined_and_accepted_as_a_probe_case(svc: Service) -> None:
     exporter = OTLPSpanExporter(endpoint=f"{svc.url}/v1/traces", headers={"Authorization": f"Bearer {ADMIN}"})
     provider, memory = tracer_provider("2.0.0", exporter)

@@ -475,6 +475,7 @@ def test_alerts_lists_what_the_evaluations_recorded(db: Path) -> None:
 # --- --url against a running service, --db on the same file ---------------------------------------
 
 
+@pytest.mark.slow
 def test_url_and_db_give_the_same_answers(db: Path, service_factory: Callable[..., Service]) -> None:
     svc = service_factory(db)
     result = run(

@@ -178,6 +178,7 @@ def _quiet(store: Store, seeds: list[int]) -> None:
             assert (seed, minutes, breaches, [a.fingerprint for a in alerts]) == (seed, minutes, [], [])
 
 
+@pytest.mark.slow
 def test_stable_traffic_raises_nothing_on_any_window(store: Store) -> None:
     _quiet(store, [201, 202])
 

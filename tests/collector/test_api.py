@@ -561,6 +561,7 @@ def test_metrics_count_a_rejected_event_once_whatever_its_faults(service: Servic
     }
 
 
+@pytest.mark.slow
 def test_metrics_label_sets_stay_bounded_with_10000_models(service: Service) -> None:
     n = 10_000
     with service.client() as c:

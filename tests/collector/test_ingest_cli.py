@@ -260,6 +260,7 @@ def test_unreadable_inputs_are_listed_and_the_other_files_imported(tmp_path: Pat
     assert not quarantine_path(db, not_gzip).exists()
 
 
+@pytest.mark.slow
 def test_a_truncated_gzip_keeps_every_line_read_before_the_cut(tmp_path: Path, db: Path) -> None:
     # GzipFile dropped what a read had decompressed when the stream broke: a file under 4 MiB
     # unpacked gave no line at all

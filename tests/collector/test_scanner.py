@@ -17,6 +17,7 @@ from functools import partial
 from typing import Any
 
 import orjson
+import pytest
 from harness import make_envelope
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -375,6 +376,7 @@ def test_add_json_counts_what_add_counts(outputs: list[dict[str, Any]], how: int
     assert (_state(text), text_names) == (_state(parsed), parsed_names)
 
 
+@pytest.mark.slow
 @PROPERTY
 @given(outputs=st.lists(st.dictionaries(_TEXT, _VALUES, max_size=5), min_size=1, max_size=6))
 def test_values_and_lengths_are_counted_as_a_python_walk_counts_them(outputs: list[dict[str, Any]]) -> None:

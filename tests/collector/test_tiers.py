@@ -183,7 +183,7 @@ def bounds_by_id(store: Store) -> dict[int, tuple[int, int]]:
     return {i: (int(m.timestamp()), int(h.timestamp())) for i, (m, h) in store.tier_bounds().items()}
 
 
-@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("seed", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_folded_tiers_hold_the_sums_of_the_minute_buckets_they_replace(
     tmp_path: Path, envelope: MakeEnvelope, seed: int
 ) -> None:

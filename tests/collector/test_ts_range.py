@@ -75,6 +75,7 @@ def test_the_service_refuses_ts_outside_the_range_naming_it(tmp_path: Path) -> N
         ]
 
 
+@pytest.mark.slow
 def test_bulk_import_quarantines_ts_outside_the_range_naming_it(tmp_path: Path) -> None:
     lines = [json.dumps(make_envelope(event_id=f"e{i}", ts=ts)) for i, ts in enumerate(INSIDE + OUTSIDE)]
     src = tmp_path / "in.jsonl"
