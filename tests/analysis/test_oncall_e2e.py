@@ -174,7 +174,7 @@ timeout_seconds = 5
             (incident,) = c.get("/v1/incidents").json()
             assert {a["incident_id"] for a in pages} == {incident["incident_id"]}
             assert sorted(incident["fingerprints"]) == sorted(a["fingerprint"] for a in pages)
-            assert incident["group"] == [ALIAS, PROMPT, CONTRACT] and incident["resolved_at"] is None
+            assert incident["group"] == [ALIAS, PROMPT, CONTRACT, "production"] and incident["resolved_at"] is None
 
             wait_for("the page delivered", lambda: len(pager.requests) >= 1 and pending(c) == 0)
             assert c.post("/v1/analyzer/run").status_code == 200  # still firing: nothing new for the pager
