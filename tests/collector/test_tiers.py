@@ -439,6 +439,31 @@ def test_a_long_history_folds_in_steps_that_each_move_the_boundaries_a_bounded_w
         assert store.fold_tiers() == 0
 
 
+def test_history_counted_coarse_as_it_arrived_folds_in_one_step_that_rewrites_no_row(
+    tmp_path: Path, envelope: MakeEnvelope
+) -> None:
+    """An import learns each cohort's newest data first and counts older history straight into
+    hours and days: the fold after it has nothing to move, so it reaches the tiers in one step
+    (however long the history) and leaves every row as it was. (No alias here: an alias's
+    served cohort takes the finer tier of the two, which its fold then moves.)"""
+    raws = sorted(({**r, "served_model": r["model"]} for r in history(envelope, 1500, 5)), key=lambda r: r["ts"])
+    cfg = RollupConfig(enum_values_per_path=1000)
+    with Store.open(tmp_path / "imported.duckdb", rollup=cfg, tiers=POLICY) as store:
+        assert store.horizons is not None
+        newest: dict[tuple[str, str, str, str], int] = {}
+        for r in raws:
+            start = int(datetime.fromisoformat(r["ts"]).timestamp()) // 60 * 60
+            cohort = (r["model"], "intake-v3", "intake", "production")
+            newest[cohort] = max(newest.get(cohort, 0), start)
+        store.horizons.raise_to(newest)  # as the import does, from the end of its file
+        store.write_batch([parse(r) for r in raws])
+        rows = {t: sorted(store.query(f"SELECT * FROM {t}"), key=repr) for t in FOLDED}
+        assert store.fold_tiers(step=timedelta(days=2), max_steps=1) == 0
+        ids = {m: i for i, m in store.query("SELECT cohort_id, model FROM cohorts")}
+        assert bounds_by_id(store) == {ids[c[0]]: POLICY.bounds(n) for c, n in newest.items()}  # all the way
+        assert {t: sorted(store.query(f"SELECT * FROM {t}"), key=repr) for t in FOLDED} == rows
+
+
 def test_an_output_dated_1971_does_not_make_the_fold_step_through_fifty_years(
     tmp_path: Path, envelope: MakeEnvelope
 ) -> None:
