@@ -103,17 +103,26 @@ class Horizons:
         """
         latest: dict[Cohort, int] = {}
         for model, prompt_version, contract, source, served, start in keys:
-            for name in (model, served):
-                if name is not None and start > latest.get((name, prompt_version, contract, source), start - 1):
-                    latest[(name, prompt_version, contract, source)] = start
+            cohort = (model, prompt_version, contract, source)
+            if start > latest.get(cohort, start - 1):
+                latest[cohort] = start
+            if served is not None:
+                cohort = (served, prompt_version, contract, source)
+                if start > latest.get(cohort, start - 1):
+                    latest[cohort] = start
         self.raise_to(latest)
-        known = self._newest
-        policy = self.policy
+        # Each cohort's bounds once per call (a call holds a few cohorts and many minutes).
+        bounds = {cohort: self.policy.bounds(self._newest[cohort]) for cohort in latest}
         out = []
         for model, prompt_version, contract, source, served, start in keys:
-            b, coarse = policy.start(start, known[(model, prompt_version, contract, source)])
-            if served is not None:
-                b2, coarse2 = policy.start(start, known[(served, prompt_version, contract, source)])
-                b, coarse = max(b, b2), coarse and coarse2
-            out.append((b, coarse))
+            minute_from, hour_from = bounds[(model, prompt_version, contract, source)]
+            if served is not None:  # the finer tier of the two cohorts
+                m2, h2 = bounds[(served, prompt_version, contract, source)]
+                minute_from, hour_from = min(minute_from, m2), min(hour_from, h2)
+            if start >= minute_from:
+                out.append((start, False))
+            elif start >= hour_from:
+                out.append((start - start % HOUR, True))
+            else:
+                out.append((start - start % DAY, True))
         return out
