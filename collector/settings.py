@@ -137,7 +137,7 @@ class Settings:
         "for the idempotency index, which DuckDB keeps in memory.",
     )
     import_memory_limit: str = _s(
-        "384MB",
+        "256MB",
         "DuckDB working memory of bulk import (shapewatch ingest), which needs little cache; "
         "plus the index, as for memory_limit.",
     )
