@@ -49,6 +49,7 @@ from .errors import (
     StoreUnavailable,
 )
 from .metrics import CollectorMetrics
+from .rules import PRODUCTION
 from .settings import Scope, parse_token
 from .store import Store, WriteResult, WriteStatus
 from .writer import Writer
@@ -842,6 +843,7 @@ async def ingest_provider_response(
                 [(o.model, o.prompt_version, o.contract, now, o.kind.value) for o in countable],
                 keys=[o.key for o in countable],
                 served=[_served_cohort(o, api.limits) for o in countable],
+                source=PRODUCTION if source is None else source,
             )
             for o, new in zip(countable, counted, strict=True):
                 if new:

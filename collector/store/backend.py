@@ -55,6 +55,7 @@ class StoreBackend(Protocol):
         *,
         keys: Sequence[str | None] | None = None,
         served: Sequence[str | None] | None = None,
+        source: str = ...,
     ) -> list[bool]: ...
 
     # --- rollup merge ---------------------------------------------------------------------------

@@ -41,6 +41,7 @@ class Outcomes(Writes):
         *,
         keys: Sequence[str | None] | None = None,
         served: Sequence[str | None] | None = None,
+        source: str = PRODUCTION,
     ) -> list[bool]:
         """Count provider outcomes, (model, prompt_version, contract, ts, kind) each; returns,
         in order, whether each was counted.
@@ -48,6 +49,8 @@ class Outcomes(Writes):
         An outcome with a key (``keys``, parallel to ``outcomes``) already recorded is
         not counted again: a re-posted response counts once, and a response posted again
         with more outcomes counts only the new ones (the caller's metrics need to know which).
+        They count in cohorts of ``source`` (the response's, as its outputs do: a probe's
+        truncations must not count against production).
         An outcome whose response was answered by another model than the one requested
         (``served``, parallel too) also counts in that model's cohort, as its outputs do.
         """
@@ -69,8 +72,6 @@ class Outcomes(Writes):
                     if fresh_keys:
                         con.execute("INSERT INTO outcome_keys SELECT unnest($keys), now()", {"keys": fresh_keys})
                     new = set(fresh_keys)
-                # Provider outcomes come from the provider routes, which carry no source: they
-                # count in production cohorts.
                 counts: dict[tuple[tuple[str, str, str, str], int, str], int] = {}
                 first_ts: dict[tuple[str, str, str, str], datetime] = {}
                 counted = [False] * len(outcomes)
@@ -84,7 +85,7 @@ class Outcomes(Writes):
                     counted[i] = True
                     epoch = int(ts.timestamp())
                     for m in (model,) if other is None or other == model else (model, other):
-                        cohort = (m, prompt_version, contract, PRODUCTION)
+                        cohort = (m, prompt_version, contract, source)
                         first_ts.setdefault(cohort, ts)
                         bucket_key = (cohort, epoch - epoch % step, kind)
                         counts[bucket_key] = counts.get(bucket_key, 0) + 1

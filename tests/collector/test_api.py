@@ -654,12 +654,30 @@ def test_an_alias_outcome_counts_in_the_cohort_of_the_model_that_answered(servic
         r = _provider_post(c, "openai", "openai_chat_truncated.json", prompt_version="alias-outcome", model="gpt-4o")
         assert r.status_code == 200, r.text
         assert [o["kind"] for o in r.json()["outcomes"]] == ["truncated"]
+        # the same response from a probe run (another id): its outcome counts in the probe's cohorts
+        r = _provider_post(
+            c,
+            "openai",
+            "openai_chat_truncated.json",
+            prompt_version="alias-outcome",
+            model="gpt-4o",
+            source="probe",
+            event_id="probe-run-1",
+        )
+        assert r.status_code == 200, r.text
+        assert [(o["kind"], o["counted"]) for o in r.json()["outcomes"]] == [("truncated", True)]
     service.stop()
     with duckdb.connect(str(service.db_path), read_only=True) as con:
-        rows = con.execute("""SELECT c.model, o.kind, o.n FROM outcomes o JOIN cohorts c USING (cohort_id)
-                              WHERE c.prompt_version = 'alias-outcome' ORDER BY 1""").fetchall()
-    # as its outputs would: in the cohort asked for, and in the dated model's that answered
-    assert rows == [("gpt-4o", "truncated", 1), ("gpt-4o-2024-08-06", "truncated", 1)]
+        rows = con.execute("""SELECT c.model, c.source, o.kind, o.n FROM outcomes o JOIN cohorts c USING (cohort_id)
+                              WHERE c.prompt_version = 'alias-outcome' ORDER BY 1, 2""").fetchall()
+    # as its outputs would: in the cohort asked for, and in the dated model's that answered, each
+    # of the source it was sent with (a probe's truncation never counts against production)
+    assert rows == [
+        ("gpt-4o", "probe", "truncated", 1),
+        ("gpt-4o", "production", "truncated", 1),
+        ("gpt-4o-2024-08-06", "probe", "truncated", 1),
+        ("gpt-4o-2024-08-06", "production", "truncated", 1),
+    ]
 
 
 def test_provider_unknown_name_is_404(http: httpx.Client) -> None:
