@@ -197,6 +197,7 @@ def test_beyond_the_cap_with_every_connection_busy_a_new_one_gets_503(tmp_path: 
         svc.stop()
 
 
+@pytest.mark.slow  # a service of its own with tokens (about 10 s)
 def test_a_request_without_its_token_is_refused_before_its_body_is_read(tmp_path: Path) -> None:
     svc = start_service(tmp_path / "auth.duckdb", env={"SHAPEWATCH_TOKENS": "s3cret"})
     try:

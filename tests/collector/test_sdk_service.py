@@ -36,6 +36,7 @@ def clients(tmp_path: Path) -> Iterator[list[Client]]:
         c.close(timeout=1)
 
 
+@pytest.mark.slow  # a service and 500 outputs through the SDK's retries (about 10 s)
 def test_sdk_delivers_500_outputs_once(service: Service, tmp_path: Path, clients: list[Client]) -> None:
     client = Client(service.url, spill_dir=tmp_path / "spill", batch_size=64, flush_interval=0.05)
     clients.append(client)

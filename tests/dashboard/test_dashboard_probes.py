@@ -21,6 +21,9 @@ from shapewatch.analysis.store_access import SCHEMAS
 from shapewatch.collector import Store
 from shapewatch.collector.envelope import LIMITS, parse_envelope
 
+# A real Streamlit server and service per module (10-20 s): the slow suite (make test-slow, in CI).
+pytestmark = pytest.mark.slow
+
 APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
 HOSTILE_SUITE = "suite **bold** <b>x</b>"
 NOW = datetime.now(UTC).replace(microsecond=0)

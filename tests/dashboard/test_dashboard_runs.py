@@ -20,6 +20,9 @@ from otlp_agent import run_agent, tracer_provider
 from streamlit.testing.v1 import AppTest
 from test_dashboard_escaping import _assert_inert, markdown_strings, visible
 
+# A real Streamlit server and service per module (10-20 s): the slow suite (make test-slow, in CI).
+pytestmark = pytest.mark.slow
+
 APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
 HOSTILE_TOOL = "t ![x](http://127.0.0.1:9/x.png)"
 HOSTILE_RUN = "run [link](http://evil) <img src=x onerror=alert(1)>"

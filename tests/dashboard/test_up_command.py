@@ -60,7 +60,9 @@ def _wait_for(q: queue.Queue[str], prefix: str, seen: list[str], timeout: float 
 
 
 @pytest.mark.parametrize(
-    "stop", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)], ids=["ctrl-c", "sigterm"]
+    "stop",
+    [pytest.param(signal.SIGINT, marks=pytest.mark.slow), pytest.param(signal.SIGTERM, marks=pytest.mark.slow)],
+    ids=["ctrl-c", "sigterm"],
 )
 def test_up_runs_the_service_and_the_dashboard_with_the_sample_and_a_signal_stops_both(
     tmp_path: Path, stop: signal.Signals
