@@ -182,11 +182,14 @@ def create_app(
     config: AnalyzerConfig | None = None,
     registry: CollectorRegistry | None = None,
     analyze: bool = True,
+    leader: Callable[[], bool] | None = None,
 ) -> FastAPI:
     """The service's ASGI app; opens the store now (so a locked file fails at start-up).
 
     ``analyze=False`` leaves the analyzer and notifier jobs out of the scheduler
     (tests that drive evaluations themselves through ``POST /v1/analyzer/run``).
+    ``leader``: the analyzer's jobs (evaluations, runs, notifications, probes, digest) run only
+    while it answers True (scale-out mode: every node serves the API, the elected one analyzes).
     """
     registry = registry or CollectorRegistry()
     config = config or AnalyzerConfig()
@@ -219,7 +222,7 @@ def create_app(
             # One evaluation at a time; a missed one is run once (coalesced) if it is at most
             # one interval late, else skipped: the next one judges the same window anyway.
             scheduler.add_job(
-                analyzer.run,
+                _when(leader, analyzer.run),
                 "interval",
                 seconds=seconds,
                 id="analyze",
@@ -229,7 +232,7 @@ def create_app(
                 next_run_time=datetime.now(UTC) + timedelta(seconds=min(30.0, seconds)),
             )
             scheduler.add_job(
-                _runs_job(store, settings),
+                _when(leader, _runs_job(store, settings)),
                 "interval",
                 seconds=max(5.0, min(60.0, settings.run_idle_seconds / 2)),
                 id="judge-runs",
@@ -238,7 +241,7 @@ def create_app(
                 misfire_grace_time=60,
             )
             scheduler.add_job(
-                _guarded_deliver(notifier),
+                _when(leader, _guarded_deliver(notifier)),
                 "interval",
                 seconds=10,
                 id="notify",
@@ -250,7 +253,7 @@ def create_app(
                 # Suites run daily, and at the first tick after a served-model change behind their
                 # alias or a behavioral/breaking contract version (probes/schedule.py).
                 scheduler.add_job(
-                    probes.tick,
+                    _when(leader, probes.tick),
                     "interval",
                     seconds=config.probe_tick.total_seconds(),
                     id="probes",
@@ -260,7 +263,7 @@ def create_app(
                 )
             if digest_url:
                 scheduler.add_job(
-                    _digest_job(store, digest_url),
+                    _when(leader, _digest_job(store, digest_url)),
                     "cron",
                     hour=8,
                     minute=0,
@@ -349,6 +352,18 @@ _TAGS = [
     {"name": "admin", "description": "Analyzer runs"},
     {"name": "health", "description": "Liveness (open) and Prometheus metrics"},
 ]
+
+
+def _when(leader: Callable[[], bool] | None, job: Callable[[], Any]) -> Callable[[], None]:
+    """``job``, run only while ``leader()`` says so (always without ``leader``)."""
+    if leader is None:
+        return job
+
+    def gated() -> None:
+        if leader():
+            job()
+
+    return gated
 
 
 def _digest_job(store: Store, url: str) -> Callable[[], None]:
