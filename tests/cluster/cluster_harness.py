@@ -380,8 +380,19 @@ ack_wait_seconds = 20
         more = [] if rules is None else ["--rules", str(rules)]
         return shapewatch_proc(
             f"api-{name}",
-            ["scaleout", "api", "--config", str(self.config), "--state", str(state), "--name", name]
-            + ["--port", str(port), *more],
+            [
+                "scaleout",
+                "api",
+                "--config",
+                str(self.config),
+                "--state",
+                str(state),
+                "--name",
+                name,
+                "--port",
+                str(port),
+                *more,
+            ],
             self.root / f"api-{name}.log",
             port,
         )
