@@ -24,15 +24,18 @@ import time
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import click
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CollectorRegistry
+from starlette.middleware import Middleware
 from starlette.middleware.base import BaseHTTPMiddleware
 
 from shapewatch.collector.api import ApiError, error_body, json_response
 from shapewatch.collector.errors import ShapewatchError, StoreError
+from shapewatch.collector.http_policy import BodyRefused
 from shapewatch.collector.scaleout import LOCK_ANALYZER, ScaleOutConfig, collector_app, run_worker
 from shapewatch.collector.settings import Scope
 from shapewatch.collector.store.lake import LakeBoundStore
@@ -223,7 +226,9 @@ def scaleout_api_app(
         Settings(), db_path=store.path, host=host, port=port, tokens=cfg.tokens, max_body_bytes=cfg.max_body_bytes
     )
     app = create_app(settings, store=store, config=config, leader=lambda: store.is_leader)
-    app.add_middleware(SharedStateRouting, store=store, max_body_bytes=settings.max_body_bytes)
+    # Inside the service's body policy (the last middleware is the innermost): a forwarded body
+    # is read under the same limits, timeouts and refusals as one a route reads.
+    app.user_middleware.append(Middleware(SharedStateRouting, store=store))
     return app
 
 
@@ -244,9 +249,9 @@ class SharedStateRouting(BaseHTTPMiddleware):
     elected one would); its scopes are the elected one's to judge. The elected node itself
     serves everything directly."""
 
-    def __init__(self, app: Any, *, store: LakeBoundStore, max_body_bytes: int) -> None:
+    def __init__(self, app: Any, *, store: LakeBoundStore) -> None:
         super().__init__(app)
-        self.store, self.max_body_bytes = store, max_body_bytes
+        self.store = store
 
     async def dispatch(self, request: Request, call_next: Any) -> Response:
         path = request.url.path
@@ -270,6 +275,12 @@ class SharedStateRouting(BaseHTTPMiddleware):
             if exc.status == 401:
                 return json_response(error_body(401, exc.message, exc.fields), 401, exc.headers)
         try:
+            body = await request.body()
+        except BodyRefused as exc:  # the service's body policy: 408, 413 or 503, as a route answers
+            return json_response(
+                error_body(exc.status_code, str(exc.detail), exc.fields), exc.status_code, dict(exc.headers or {})
+            )
+        try:
             leader, url = await asyncio.to_thread(self.store.leader_url)
         except StoreError as exc:
             return json_response(error_body(503, str(exc)), 503, {"Retry-After": "1"})
@@ -284,16 +295,11 @@ class SharedStateRouting(BaseHTTPMiddleware):
                 503,
                 {"Retry-After": "1"},
             )
-        body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > self.max_body_bytes:
-                return json_response(error_body(413, f"the body is over the limit of {self.max_body_bytes} bytes"), 413)
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS]
         target = url.rstrip("/") + request.url.path + (f"?{request.url.query}" if request.url.query else "")
         try:
             async with httpx.AsyncClient(timeout=120) as client:
-                reply = await client.request(request.method, target, content=bytes(body), headers=headers)
+                reply = await client.request(request.method, target, content=body, headers=headers)
         except httpx.HTTPError as exc:
             return json_response(
                 error_body(
@@ -386,8 +392,29 @@ _rules_option = click.option(
     "the embedded service's tables). Every analyzer should be given the same file.",
 )
 _host_option = click.option("--host", default="127.0.0.1", show_default=True, help="Address of the API (with --port).")
+
+
+def _check_url(_: click.Context, __: click.Parameter, value: str | None) -> str | None:
+    if value is None:
+        return None
+    parts = urlsplit(value)
+    if (
+        len(value) > 2048
+        or parts.scheme not in ("http", "https")
+        or not parts.hostname
+        or parts.query
+        or parts.fragment
+    ):
+        raise click.BadParameter(
+            "must be an http:// or https:// URL with a host, at most 2048 characters, without query or "
+            "fragment (e.g. http://analyzer-1:8000)"
+        )
+    return value
+
+
 _advertise_option = click.option(
     "--advertise-url",
+    callback=_check_url,
     help="The URL other nodes reach this one's API at once it is elected (default http://HOST:PORT).",
 )
 

@@ -13,6 +13,7 @@ the pager, which heard the incident's trigger once, hears nothing more.
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import time
 import uuid
@@ -23,10 +24,12 @@ from typing import Any
 
 import httpx
 import pytest
-from cluster_harness import Cluster, Proc, free_port, missing_tools
+from cluster_harness import SHAPEWATCH, Cluster, Proc, free_port, missing_tools, shapewatch_proc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "analysis"))
 from pager_receiver import PagerReceiver
+
+from shapewatch.collector import Settings
 
 pytestmark = [
     pytest.mark.cluster,
@@ -126,6 +129,86 @@ def shared_view(node: Node) -> dict[str, Any]:
         "silences": node.get("/v1/silences"),
         "baselines": node.get("/v1/baselines"),
     }
+
+
+def test_an_api_node_refuses_what_it_cannot_forward_naming_the_reason(cluster: Cluster, tmp_path: Path) -> None:
+    """Run first (no analyzer elected yet in this cluster): an API node behind tokens checks the
+    token and the body itself, and answers a write it has nowhere to send with 503."""
+    assert cluster.config is not None
+    conf = tmp_path / "tokens.toml"
+    conf.write_text(cluster.config.read_text() + 'tokens = ["read:r-secret", "admin:a-secret"]\n')
+    port = free_port()
+    proc = shapewatch_proc(
+        "api-tokens",
+        ["scaleout", "api", "--config", str(conf), "--state", str(tmp_path / "t.duckdb"), "--port", str(port)],
+        tmp_path / "api-tokens.log",
+        port,
+    )
+    proc.start()
+    url = f"http://127.0.0.1:{port}"
+    silence = {"field": "language", "duration": "1h", "author": "carol", "reason": "r"}
+    try:
+        proc.wait_ready(120)
+        cases: list[tuple[httpx.Response, int, str]] = [
+            (httpx.get(f"{url}/v1/alerts", timeout=30), 401, "authentication required"),
+            (httpx.post(f"{url}/v1/silences", json=silence, timeout=30), 401, "authentication required"),
+            (
+                httpx.post(f"{url}/v1/silences", json=silence, headers={"authorization": "Bearer nope"}, timeout=30),
+                401,
+                "missing or invalid bearer token",
+            ),
+            (
+                httpx.post(
+                    f"{url}/v1/silences",
+                    content=b"{" + b" " * (2 << 20) + b"}",
+                    headers={"authorization": "Bearer a-secret", "content-type": "application/json"},
+                    timeout=30,
+                ),
+                413,
+                f"body is {(2 << 20) + 2} bytes; the limit is {Settings().max_admin_body_bytes}",
+            ),
+            (
+                httpx.post(
+                    f"{url}/v1/silences", json=silence, headers={"authorization": "Bearer a-secret"}, timeout=30
+                ),
+                503,
+                "no analyzer is elected yet: writes (acknowledgements, silences, baselines) go to the elected analyzer",
+            ),
+        ]
+        for r, status, message in cases:
+            assert (r.status_code, r.json()["error"]["message"]) == (status, message), r.text[:300]
+        assert cases[-1][0].headers["retry-after"] == "1"
+        assert cases[3][0].json()["error"]["fields"] == [{"path": "body", "reason": "too large"}]
+        read = httpx.get(f"{url}/v1/alerts", headers={"authorization": "Bearer r-secret"}, timeout=30)
+        assert (read.status_code, read.json()) == (200, [])
+    finally:
+        proc.kill()
+
+    # Options refused at start, naming the option and the reason.
+    bad_url = subprocess.run(
+        [
+            *SHAPEWATCH,
+            *("scaleout", "analyzer", "--config", str(conf), "--state", str(tmp_path / "x.duckdb")),
+            *("--port", str(free_port()), "--advertise-url", "ftp://analyzer-1"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad_url.returncode == 2
+    assert "Invalid value for '--advertise-url': must be an http:// or https:// URL with a host" in bad_url.stderr
+    no_rules = subprocess.run(
+        [
+            *SHAPEWATCH,
+            *("scaleout", "api", "--config", str(conf), "--state", str(tmp_path / "x.duckdb")),
+            *("--rules", str(tmp_path / "missing.toml")),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert no_rules.returncode == 2
+    assert f"{tmp_path / 'missing.toml'}" in no_rules.stderr and "cannot read the rules file" in no_rules.stderr
 
 
 def test_every_node_answers_the_shared_records_and_a_takeover_keeps_them_without_paging_again(
