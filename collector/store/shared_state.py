@@ -19,10 +19,12 @@ copy every node sees:
 - **A takeover** raises the epoch, pulls everything, and moves each local sequence past the
   largest id pulled, so the first write of the new leader continues the numbering.
 
-A table is copied whole (the state is small: thousands of rows, not the events), and only when
-its content changed since the last push (row count and two order-independent sums of row
-hashes, computed locally). DuckDB's postgres extension does the copying, so the types are
-DuckDB's own on both sides.
+A table is copied only when its content changed since the last push (row count and two
+order-independent sums of row hashes, computed locally): whole (the records are small:
+thousands of rows, not the events), except the two that grow with every evaluation and are only
+ever appended to (``APPEND_ONLY``: alert history, analyzer runs), of which only the new rows
+are copied. DuckDB's postgres extension does the copying, so the types are DuckDB's own on
+both sides.
 """
 
 from __future__ import annotations
@@ -56,6 +58,11 @@ _META_DDL = f"""CREATE TABLE IF NOT EXISTS {PG_SCHEMA}.state_meta (
     leader TEXT, api_url TEXT, elected_at TIMESTAMPTZ, pushed_at TIMESTAMPTZ)"""
 
 
+#: Tables only ever appended to, by an increasing key: copied by their new rows only (they grow
+#: with every evaluation; the others are rewritten whole when they change).
+APPEND_ONLY = {"alert_history": "seq", "analyzer_runs": "run_id"}
+
+
 class NotLeader(StoreUnavailable):
     """This node's epoch is no longer PostgreSQL's: another analyzer was elected since."""
 
@@ -80,6 +87,9 @@ class SharedState:
         self.version = -1  # the version of PostgreSQL's copy the local tables hold
         self._digests: dict[str, tuple[Any, ...]] = {}
         self._columns: dict[str, list[str]] = {}
+        # A node that wrote (was elected) may hold rows PostgreSQL never got: its next pull
+        # rewrites every table, append-only ones included.
+        self._full_pull = True
         self._pg: Any = None  # psycopg connection for meta()
         self._meta_lock = threading.Lock()
 
@@ -161,8 +171,19 @@ class SharedState:
                 if now == self.version:
                     con.execute("ROLLBACK")
                     return False
+                full = self._full_pull
                 for table in self.tables:
                     cols = ", ".join(f'"{c}"' for c in self._shared_columns(table))
+                    key = APPEND_ONLY.get(table)
+                    if key is not None and not full:  # the rows after the last one held
+                        top = con.execute(f'SELECT coalesce(max("{key}"), 0) FROM main.{table}').fetchone()
+                        # a constant, so the filter reaches PostgreSQL (a subquery would not)
+                        con.execute(
+                            f"""INSERT INTO main.{table} ({cols}) SELECT {cols} FROM {STATE_ALIAS}.{table}
+                                WHERE "{key}" > ?""",
+                            [top[0] if top else 0],
+                        )
+                        continue
                     con.execute(f"DELETE FROM main.{table}")
                     con.execute(f"INSERT INTO main.{table} ({cols}) SELECT {cols} FROM {STATE_ALIAS}.{table}")
                 con.execute("COMMIT")
@@ -175,6 +196,7 @@ class SharedState:
         except duckdb.Error as exc:
             raise StoreUnavailable(f"copying the shared analyzer state from PostgreSQL: {exc}") from exc
         self.version = now
+        self._full_pull = False
         self._digests.clear()  # the next push compares with what was pulled
         return True
 
@@ -201,10 +223,11 @@ class SharedState:
         except psycopg.Error as exc:
             raise StoreUnavailable(f"taking over the shared analyzer state: {exc}") from exc
         assert row is not None
-        self.version = -1
+        self.version, self._full_pull = -1, True
         self.pull()
         self._advance_sequences()
         self.epoch = int(row[0])
+        self._full_pull = True  # from now on its local rows may run ahead of PostgreSQL's
         return self.epoch
 
     def _advance_sequences(self) -> None:
@@ -255,6 +278,15 @@ class SharedState:
                         con.execute(f"DROP TABLE {STATE_ALIAS}.{table}")
                         con.execute(f"CREATE TABLE {STATE_ALIAS}.{table} AS FROM main.{table} LIMIT 0")
                     cols = ", ".join(f'"{c}"' for c in self._columns[table])
+                    key = APPEND_ONLY.get(table)
+                    if key is not None:  # the rows PostgreSQL does not have yet
+                        top = con.execute(f'SELECT coalesce(max("{key}"), 0) FROM {STATE_ALIAS}.{table}').fetchone()
+                        con.execute(
+                            f"""INSERT INTO {STATE_ALIAS}.{table} ({cols}) SELECT {cols} FROM main.{table}
+                                WHERE "{key}" > ?""",
+                            [top[0] if top else 0],
+                        )
+                        continue
                     con.execute(f"DELETE FROM {STATE_ALIAS}.{table}")
                     con.execute(f"INSERT INTO {STATE_ALIAS}.{table} ({cols}) SELECT {cols} FROM main.{table}")
                 row = con.execute(f"SELECT version FROM {STATE_ALIAS}.state_meta").fetchone()
