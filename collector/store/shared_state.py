@@ -162,6 +162,15 @@ class SharedState:
         (``version``: PostgreSQL's, when the caller just read it); True when it did."""
         if version is not None and version == self.version:
             return False
+        try:
+            return self._pull()
+        except StoreUnavailable:
+            # DuckDB caches PostgreSQL's catalog: a table the leader recreated (a release added a
+            # column) is read again after the cache is dropped.
+            self.con.execute("CALL pg_clear_cache()")
+            return self._pull()
+
+    def _pull(self) -> bool:
         con = self.con
         try:
             con.execute("BEGIN TRANSACTION")
