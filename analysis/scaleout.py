@@ -150,7 +150,7 @@ def run_analyzer(
         import uvicorn
 
         url = advertise_url or f"http://{serve[0]}:{serve[1]}"
-        app = scaleout_api_app(cfg, store, config=config, host=serve[0], port=serve[1])
+        app = scaleout_api_app(cfg, store, config=config, host=serve[0], port=serve[1], advertise_url=url)
         campaign = None
         if elect:
             campaign = threading.Thread(
@@ -211,7 +211,13 @@ def _analyze_when_elected(
 
 
 def scaleout_api_app(
-    cfg: ScaleOutConfig, store: LakeBoundStore, *, config: AnalyzerConfig, host: str, port: int
+    cfg: ScaleOutConfig,
+    store: LakeBoundStore,
+    *,
+    config: AnalyzerConfig,
+    host: str,
+    port: int,
+    advertise_url: str | None = None,
 ) -> FastAPI:
     """The embedded service's app on the lake and the shared records, any node: its analyzer
     jobs run only while this node is the elected analyzer, and ``SharedStateRouting`` brings a
@@ -226,9 +232,10 @@ def scaleout_api_app(
         Settings(), db_path=store.path, host=host, port=port, tokens=cfg.tokens, max_body_bytes=cfg.max_body_bytes
     )
     app = create_app(settings, store=store, config=config, leader=lambda: store.is_leader)
+    own = advertise_url or f"http://{host}:{port}"
     # Inside the service's body policy (the last middleware is the innermost): a forwarded body
     # is read under the same limits, timeouts and refusals as one a route reads.
-    app.user_middleware.append(Middleware(SharedStateRouting, store=store))
+    app.user_middleware.append(Middleware(SharedStateRouting, store=store, own_url=own))
     return app
 
 
@@ -249,9 +256,9 @@ class SharedStateRouting(BaseHTTPMiddleware):
     elected one would); its scopes are the elected one's to judge. The elected node itself
     serves everything directly."""
 
-    def __init__(self, app: Any, *, store: LakeBoundStore) -> None:
+    def __init__(self, app: Any, *, store: LakeBoundStore, own_url: str | None = None) -> None:
         super().__init__(app)
-        self.store = store
+        self.store, self.own_url = store, own_url
 
     async def dispatch(self, request: Request, call_next: Any) -> Response:
         path = request.url.path
@@ -294,6 +301,10 @@ class SharedStateRouting(BaseHTTPMiddleware):
                 error_body(503, f"{why}: writes (acknowledgements, silences, baselines) go to the elected analyzer"),
                 503,
                 {"Retry-After": "1"},
+            )
+        if url == self.own_url:  # elected a moment ago: the records are being taken over
+            return json_response(
+                error_body(503, "this node is taking over as the elected analyzer; retry"), 503, {"Retry-After": "1"}
             )
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS]
         target = url.rstrip("/") + request.url.path + (f"?{request.url.query}" if request.url.query else "")
