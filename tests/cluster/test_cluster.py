@@ -254,9 +254,12 @@ def test_kills_during_ingest_lose_nothing_and_store_nothing_twice(cluster: Clust
     # The analyzer on the lake and on the embedded store, over the events the clients sent.
     from shapewatch.analysis.scaleout import open_lake_store
     from shapewatch.collector.scaleout import ScaleOutConfig
+    from shapewatch.collector.store.lake import LakeBoundStore
 
     assert cluster.config is not None
     with open_lake_store(ScaleOutConfig.from_toml(cluster.config), tmp_path / "analyzer.duckdb") as lake_store:
+        assert isinstance(lake_store, LakeBoundStore)
+        lake_store.take_over("cluster-test", None)  # the writer of the shared records, as if elected
         lake_alerts = _alerts(lake_store)
     with Store.open(tmp_path / "embedded.duckdb", schemas=SCHEMAS) as embedded:
         lim = Limits()
