@@ -121,6 +121,24 @@ class Node:
         return self.proc.log.read_text(errors="replace")
 
 
+DASHBOARD = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
+DASHBOARD_PAGES = ["views/cohorts.py", "views/field.py", "views/baselines.py", "views/ingestion.py"]
+
+
+def dash(url: str, monkeypatch: pytest.MonkeyPatch, page: str | None = None) -> Any:
+    """The dashboard (Streamlit's AppTest, in this process) reading the node at ``url``."""
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("SHAPEWATCH_URL", url)
+    monkeypatch.setenv("SHAPEWATCH_AUTHOR", "ana")
+    monkeypatch.delenv("SHAPEWATCH_TOKEN", raising=False)
+    at = AppTest.from_file(DASHBOARD, default_timeout=60).run()
+    assert not at.exception, [e.value for e in at.exception]
+    if page is not None:
+        at.switch_page(page).run()
+    return at
+
+
 def shared_view(node: Node) -> dict[str, Any]:
     """What every node must answer alike: alerts, incidents, silences, baselines."""
     return {
@@ -212,7 +230,7 @@ def test_an_api_node_refuses_what_it_cannot_forward_naming_the_reason(cluster: C
 
 
 def test_every_node_answers_the_shared_records_and_a_takeover_keeps_them_without_paging_again(
-    cluster: Cluster, tmp_path: Path
+    cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     now = datetime.now(UTC).replace(second=0, microsecond=0)
     t0 = now - timedelta(hours=5)
@@ -322,6 +340,21 @@ timeout_seconds = 5
                 if line.startswith("shapewatch_notifications_pending")
             ]
             assert notifications == ['shapewatch_notifications_pending{target="pd"} 0.0'], notifications
+
+            # The dashboard pointed at the API node: every page opens, the alerts page lists what
+            # it lists pointed at the elected analyzer, and an acknowledgement from it lands there.
+            dash(api.url, monkeypatch)
+            for page in DASHBOARD_PAGES:
+                assert not dash(api.url, monkeypatch, page).exception, page
+            heads = [h.value for h in dash(api.url, monkeypatch).subheader]
+            assert heads == [h.value for h in dash(a2.url, monkeypatch).subheader]
+            assert heads[0] == "Page (4)", heads
+            other = next(a for a in pages[1:] if a["field"] != "language")
+            at = dash(api.url, monkeypatch)
+            at.button(key=f"ack-{other['fingerprint']}").click().run()
+            assert not at.exception, [e.value for e in at.exception]
+            assert a2.get(f"/v1/alerts/{other['fingerprint']}")["acknowledged_by"] == "ana"
+            assert api.get(f"/v1/alerts/{other['fingerprint']}")["acknowledged_by"] == "ana"
 
             # A write to the dead analyzer's old address is gone; the standby answers it now.
             expire = a2.post(f"/v1/silences/{before['silences'][0]['silence_id']}/expire")
