@@ -147,7 +147,7 @@ def run_analyzer(
         if serve is None:
             _analyze_when_elected(cfg, store, name=name, config=config, compact_every=compact_every, stop=stop)
             return
-        import uvicorn
+        from .service import server_for
 
         url = advertise_url or f"http://{serve[0]}:{serve[1]}"
         app = scaleout_api_app(cfg, store, config=config, host=serve[0], port=serve[1], advertise_url=url)
@@ -158,7 +158,8 @@ def run_analyzer(
             )
             campaign.start()
         try:
-            uvicorn.run(app, host=serve[0], port=serve[1], log_level="warning")
+            # the embedded service's server: header timeout, keep-alive and connection limits
+            server_for(app, app.state.settings).run()
         finally:
             stop.set()
             if campaign is not None:
@@ -236,6 +237,7 @@ def scaleout_api_app(
     # Inside the service's body policy (the last middleware is the innermost): a forwarded body
     # is read under the same limits, timeouts and refusals as one a route reads.
     app.user_middleware.append(Middleware(SharedStateRouting, store=store, own_url=own))
+    app.state.settings = settings
     return app
 
 

@@ -83,7 +83,7 @@ from .probes_api import probes_router
 from .runs import judge_complete_runs
 from .store_access import open_store
 
-__all__ = ["create_app", "open_store", "run"]
+__all__ = ["create_app", "open_store", "run", "server_for"]
 
 log = logging.getLogger(__name__)
 
@@ -439,15 +439,9 @@ class RepeatedLogLimit(logging.Filter):
         return True
 
 
-def run(settings: Settings, config: AnalyzerConfig | None = None) -> None:
-    """Serve until interrupted (SIGINT/SIGTERM commit what is queued, then exit).
-
-    Raises StoreInvalidated after stopping when DuckDB invalidated the database (a checkpoint
-    that could not write the file): every later write would fail, so the service stops
-    rather than answer 503 forever; a restart recovers the file.
-    """
-    app = create_app(settings, config=config)
-    server = uvicorn.Server(
+def server_for(app: FastAPI, settings: Settings) -> uvicorn.Server:
+    """The uvicorn server of ``app`` on the settings' address, with the connection's own limits."""
+    return uvicorn.Server(
         uvicorn.Config(
             app,
             host=settings.host,
@@ -461,6 +455,17 @@ def run(settings: Settings, config: AnalyzerConfig | None = None) -> None:
             h11_max_incomplete_event_size=16 * 1024,
         )
     )
+
+
+def run(settings: Settings, config: AnalyzerConfig | None = None) -> None:
+    """Serve until interrupted (SIGINT/SIGTERM commit what is queued, then exit).
+
+    Raises StoreInvalidated after stopping when DuckDB invalidated the database (a checkpoint
+    that could not write the file): every later write would fail, so the service stops
+    rather than answer 503 forever; a restart recovers the file.
+    """
+    app = create_app(settings, config=config)
+    server = server_for(app, settings)
     store: Store = app.state.store
     store.on_invalidated = lambda _: setattr(server, "should_exit", True)  # a graceful stop, as on SIGTERM
     logging.getLogger("asyncio").addFilter(RepeatedLogLimit("socket.accept() out of system resource"))
