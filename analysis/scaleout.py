@@ -35,7 +35,7 @@ from starlette.middleware.base import BaseHTTPMiddleware
 
 from shapewatch.collector.api import ApiError, error_body, json_response
 from shapewatch.collector.errors import ShapewatchError, StoreError
-from shapewatch.collector.http_policy import BodyRefused
+from shapewatch.collector.http_policy import BodyRefused, server_for
 from shapewatch.collector.scaleout import LOCK_ANALYZER, ScaleOutConfig, collector_app, run_worker
 from shapewatch.collector.settings import Scope
 from shapewatch.collector.store.lake import LakeBoundStore
@@ -147,8 +147,6 @@ def run_analyzer(
         if serve is None:
             _analyze_when_elected(cfg, store, name=name, config=config, compact_every=compact_every, stop=stop)
             return
-        from .service import server_for
-
         url = advertise_url or f"http://{serve[0]}:{serve[1]}"
         app = scaleout_api_app(cfg, store, config=config, host=serve[0], port=serve[1], advertise_url=url)
         campaign = None
@@ -361,10 +359,13 @@ def scaleout() -> None:
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535), help="Port to listen on.")
 def collector(config_path: Path, host: str, port: int) -> None:
     """Validate envelopes and publish them to JetStream; 200 only after JetStream acknowledged."""
-    import uvicorn
+    import dataclasses
+
+    from shapewatch.collector import Settings
 
     cfg = _config(config_path)
-    uvicorn.run(collector_app(cfg), host=host, port=port, log_level="warning")
+    # the embedded service's server: header timeout, keep-alive and connection limits
+    server_for(collector_app(cfg), dataclasses.replace(Settings(), host=host, port=port)).run()
 
 
 @scaleout.command()

@@ -25,7 +25,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import uvicorn
 from fastapi import APIRouter, FastAPI, Request, Security
 from fastapi.openapi.docs import get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
 from fastapi.responses import HTMLResponse, PlainTextResponse, Response
@@ -42,7 +41,6 @@ from shapewatch.collector import (
     Store,
     UncheckedOutputs,
     Writer,
-    guarded_protocol,
     install_error_handlers,
     limits_from_settings,
     require_token,
@@ -57,6 +55,7 @@ from shapewatch.collector.api import (
     operation_id,
     publish_limits,
 )
+from shapewatch.collector.http_policy import server_for
 from shapewatch.collector.otlp import OtlpMapping
 from shapewatch.collector.traces import runs_router, traces_router
 
@@ -83,7 +82,7 @@ from .probes_api import probes_router
 from .runs import judge_complete_runs
 from .store_access import open_store
 
-__all__ = ["create_app", "open_store", "run", "server_for"]
+__all__ = ["create_app", "open_store", "run"]
 
 log = logging.getLogger(__name__)
 
@@ -437,24 +436,6 @@ class RepeatedLogLimit(logging.Filter):
             record.msg = f"{record.msg} (and {self._held} more like it in the last {self.every:.0f} s)"
         self._held, self._next = 0, now + self.every
         return True
-
-
-def server_for(app: FastAPI, settings: Settings) -> uvicorn.Server:
-    """The uvicorn server of ``app`` on the settings' address, with the connection's own limits."""
-    return uvicorn.Server(
-        uvicorn.Config(
-            app,
-            host=settings.host,
-            port=settings.port,
-            log_level="warning",
-            access_log=False,
-            # The connection's own limits (http_policy.py): a request head within the header
-            # timeout and at most 16 KiB, idle keep-alive closed, at most max_connections held.
-            http=guarded_protocol(settings.header_timeout_seconds, settings.max_connections),
-            timeout_keep_alive=settings.keep_alive_seconds,
-            h11_max_incomplete_event_size=16 * 1024,
-        )
-    )
 
 
 def run(settings: Settings, config: AnalyzerConfig | None = None) -> None:
