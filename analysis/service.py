@@ -25,7 +25,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import uvicorn
 from fastapi import APIRouter, FastAPI, Request, Security
 from fastapi.openapi.docs import get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
 from fastapi.responses import HTMLResponse, PlainTextResponse, Response
@@ -42,7 +41,6 @@ from shapewatch.collector import (
     Store,
     UncheckedOutputs,
     Writer,
-    guarded_protocol,
     install_error_handlers,
     limits_from_settings,
     require_token,
@@ -57,6 +55,7 @@ from shapewatch.collector.api import (
     operation_id,
     publish_limits,
 )
+from shapewatch.collector.http_policy import server_for
 from shapewatch.collector.otlp import OtlpMapping
 from shapewatch.collector.traces import runs_router, traces_router
 
@@ -182,11 +181,14 @@ def create_app(
     config: AnalyzerConfig | None = None,
     registry: CollectorRegistry | None = None,
     analyze: bool = True,
+    leader: Callable[[], bool] | None = None,
 ) -> FastAPI:
     """The service's ASGI app; opens the store now (so a locked file fails at start-up).
 
     ``analyze=False`` leaves the analyzer and notifier jobs out of the scheduler
     (tests that drive evaluations themselves through ``POST /v1/analyzer/run``).
+    ``leader``: the analyzer's jobs (evaluations, runs, notifications, probes, digest) run only
+    while it answers True (scale-out mode: every node serves the API, the elected one analyzes).
     """
     registry = registry or CollectorRegistry()
     config = config or AnalyzerConfig()
@@ -219,7 +221,7 @@ def create_app(
             # One evaluation at a time; a missed one is run once (coalesced) if it is at most
             # one interval late, else skipped: the next one judges the same window anyway.
             scheduler.add_job(
-                analyzer.run,
+                _when(leader, analyzer.run),
                 "interval",
                 seconds=seconds,
                 id="analyze",
@@ -229,7 +231,7 @@ def create_app(
                 next_run_time=datetime.now(UTC) + timedelta(seconds=min(30.0, seconds)),
             )
             scheduler.add_job(
-                _runs_job(store, settings),
+                _when(leader, _runs_job(store, settings)),
                 "interval",
                 seconds=max(5.0, min(60.0, settings.run_idle_seconds / 2)),
                 id="judge-runs",
@@ -238,7 +240,7 @@ def create_app(
                 misfire_grace_time=60,
             )
             scheduler.add_job(
-                _guarded_deliver(notifier),
+                _when(leader, _guarded_deliver(notifier)),
                 "interval",
                 seconds=10,
                 id="notify",
@@ -250,7 +252,7 @@ def create_app(
                 # Suites run daily, and at the first tick after a served-model change behind their
                 # alias or a behavioral/breaking contract version (probes/schedule.py).
                 scheduler.add_job(
-                    probes.tick,
+                    _when(leader, probes.tick),
                     "interval",
                     seconds=config.probe_tick.total_seconds(),
                     id="probes",
@@ -260,7 +262,7 @@ def create_app(
                 )
             if digest_url:
                 scheduler.add_job(
-                    _digest_job(store, digest_url),
+                    _when(leader, _digest_job(store, digest_url)),
                     "cron",
                     hour=8,
                     minute=0,
@@ -351,6 +353,18 @@ _TAGS = [
 ]
 
 
+def _when(leader: Callable[[], bool] | None, job: Callable[[], Any]) -> Callable[[], None]:
+    """``job``, run only while ``leader()`` says so (always without ``leader``)."""
+    if leader is None:
+        return job
+
+    def gated() -> None:
+        if leader():
+            job()
+
+    return gated
+
+
 def _digest_job(store: Store, url: str) -> Callable[[], None]:
     """Once a day: the warn alerts firing, to the digest webhook (page alerts went to the pager)."""
     import httpx
@@ -432,20 +446,7 @@ def run(settings: Settings, config: AnalyzerConfig | None = None) -> None:
     rather than answer 503 forever; a restart recovers the file.
     """
     app = create_app(settings, config=config)
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            host=settings.host,
-            port=settings.port,
-            log_level="warning",
-            access_log=False,
-            # The connection's own limits (http_policy.py): a request head within the header
-            # timeout and at most 16 KiB, idle keep-alive closed, at most max_connections held.
-            http=guarded_protocol(settings.header_timeout_seconds, settings.max_connections),
-            timeout_keep_alive=settings.keep_alive_seconds,
-            h11_max_incomplete_event_size=16 * 1024,
-        )
-    )
+    server = server_for(app, settings)
     store: Store = app.state.store
     store.on_invalidated = lambda _: setattr(server, "should_exit", True)  # a graceful stop, as on SIGTERM
     logging.getLogger("asyncio").addFilter(RepeatedLogLimit("socket.accept() out of system resource"))

@@ -37,13 +37,14 @@ from typing import Any
 
 import h11
 import orjson
+import uvicorn
 from fastapi import HTTPException
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from .errors import FieldError
 from .settings import Settings
 
-__all__ = ["BodyLimits", "BodyPolicy", "BodyRefused", "guarded_protocol"]
+__all__ = ["BodyLimits", "BodyPolicy", "BodyRefused", "guarded_protocol", "server_for"]
 
 log = logging.getLogger(__name__)
 
@@ -314,3 +315,22 @@ def guarded_protocol(header_timeout: float, max_connections: int) -> type[H11Pro
             super().connection_lost(exc)
 
     return GuardedH11Protocol
+
+
+def server_for(app: Any, settings: Settings) -> uvicorn.Server:
+    """The uvicorn server of ``app`` on the settings' address, with the connection's own limits:
+    a request head within the header timeout and at most 16 KiB, idle keep-alive closed, at most
+    ``max_connections`` held (``guarded_protocol``). The service and the scale-out processes serve
+    through it."""
+    return uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=settings.host,
+            port=settings.port,
+            log_level="warning",
+            access_log=False,
+            http=guarded_protocol(settings.header_timeout_seconds, settings.max_connections),
+            timeout_keep_alive=settings.keep_alive_seconds,
+            h11_max_incomplete_event_size=16 * 1024,
+        )
+    )

@@ -42,11 +42,13 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import Response
 
+from .api import guarded_route, install_error_handlers, require_token
 from .envelope import Envelope, Limits, parse_body
-from .errors import EnvelopeInvalid, ShapewatchError, StoreError
+from .errors import EnvelopeInvalid, SettingsInvalid, ShapewatchError, StoreError
+from .settings import Scope, check_tokens
 from .store.lake import LakeConfig, LakeWriter
 
 __all__ = [
@@ -64,6 +66,8 @@ log = logging.getLogger(__name__)
 LOCK_SHARDS = 0x5357_0010  # advisory lock namespace: (LOCK_SHARDS, shard)
 LOCK_WORKERS = 0x5357_0011  # shared by every live worker: how many there are
 LOCK_ANALYZER = 0x5357_0012  # the one active analyzer
+_MAX_TOKENS = 1000
+_MAX_TOKEN_LENGTH = 4096
 
 
 class ScaleOutConfigError(ShapewatchError, ValueError):
@@ -91,6 +95,10 @@ class ScaleOutConfig:
     bucket_seconds: int = 60
     max_body_bytes: int = 16 * 1024 * 1024
     max_request_events: int = 10_000
+    # Bearer tokens, as the embedded service's ``tokens`` setting (SECRET or SCOPE[+SCOPE]:SECRET):
+    # a collector asks for one with the ingest scope, an API node (``scaleout api``/``analyzer
+    # --port``) for read on GETs and admin on writes. Empty: no authentication.
+    tokens: tuple[str, ...] = ()
     # S3-compatible object storage for an s3:// data_path (MinIO, S3, R2...); unset keys use
     # DuckDB's defaults (and the AWS credential chain).
     s3_endpoint: str | None = None
@@ -161,6 +169,23 @@ class ScaleOutConfig:
                 if not isinstance(v, str) or not v.strip() or len(v) > 4096:
                     raise ScaleOutConfigError(key, "must be a non-empty string")
                 values[key] = v
+        if "tokens" in table:
+            tokens = table["tokens"]
+            if (
+                not isinstance(tokens, list)
+                or len(tokens) > _MAX_TOKENS
+                or not all(isinstance(t, str) and 0 < len(t) <= _MAX_TOKEN_LENGTH for t in tokens)
+            ):
+                raise ScaleOutConfigError(
+                    "tokens",
+                    f"must be a list of at most {_MAX_TOKENS} strings of 1 to {_MAX_TOKEN_LENGTH} characters "
+                    "(SECRET or SCOPE[+SCOPE]:SECRET)",
+                )
+            try:
+                check_tokens(tokens)
+            except SettingsInvalid as exc:  # the embedded service's rules and reasons
+                raise ScaleOutConfigError("tokens", str(exc).removeprefix("setting 'tokens': ")) from None
+            values["tokens"] = tuple(tokens)
         if "s3_url_style" in table:
             if table["s3_url_style"] not in ("path", "vhost"):
                 raise ScaleOutConfigError("s3_url_style", "must be 'path' or 'vhost'")
@@ -320,8 +345,13 @@ def collector_app(cfg: ScaleOutConfig) -> FastAPI:
         await publisher.close()
 
     app = FastAPI(title="shapewatch scale-out collector", lifespan=lifespan)
+    # The embedded service's token check (collector/api.py), before the body is read: no token
+    # or an unknown one 401, a token without the ingest scope 403, in the shared error shape.
+    app.state.token_guard = require_token(cfg.tokens, Scope.ingest)
+    install_error_handlers(app)
+    ingest = APIRouter(route_class=guarded_route(Scope.ingest))
 
-    @app.post("/v1/outputs", operation_id="ingest_events")
+    @ingest.post("/v1/outputs", operation_id="ingest_events")
     async def ingest_events(request: Request) -> Response:
         kind = (request.headers.get("content-type") or "application/json").split(";")[0].strip().lower()
         if kind not in ("application/json", "application/x-ndjson", "application/jsonl"):
@@ -381,6 +411,8 @@ def collector_app(cfg: ScaleOutConfig) -> FastAPI:
         if single and counts["rejected"]:
             return _error(422, "the envelope was rejected", results[0]["errors"])
         return Response(orjson.dumps({**counts, "results": results}), media_type="application/json")
+
+    app.include_router(ingest)
 
     @app.get("/healthz", operation_id="get_health")
     async def get_health() -> Response:

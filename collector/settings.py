@@ -14,7 +14,7 @@ import dataclasses
 import math
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from pathlib import Path
@@ -23,7 +23,16 @@ from typing import Any, NamedTuple
 from .errors import SettingsInvalid
 from .tiers import DAY, HOUR, TierPolicy
 
-__all__ = ["Scope", "Settings", "TokenEntry", "load_settings", "parse_token", "settings_help", "size_bytes"]
+__all__ = [
+    "Scope",
+    "Settings",
+    "TokenEntry",
+    "check_tokens",
+    "load_settings",
+    "parse_token",
+    "settings_help",
+    "size_bytes",
+]
 
 
 class Scope(StrEnum):
@@ -80,6 +89,19 @@ def parse_token(entry: str) -> TokenEntry:
             "use a random string such as `python -c 'import secrets; print(secrets.token_urlsafe())'`",
         )
     return TokenEntry(secret, scopes)
+
+
+def check_tokens(tokens: Sequence[str]) -> list[TokenEntry]:
+    """Every entry parsed (``parse_token``), and no secret given twice; SettingsInvalid names
+    ``tokens`` and what is wrong. The embedded service's settings and the scale-out
+    configuration check their tokens here, so both refuse the same entries the same way."""
+    entries = [parse_token(t) for t in tokens]
+    secrets = [e.secret for e in entries]
+    if len(set(secrets)) != len(secrets):
+        raise SettingsInvalid(
+            "tokens", "two entries share a secret; give each secret once, with all its scopes (SCOPE+SCOPE:SECRET)"
+        )
+    return entries
 
 
 # A size as DuckDB reads it (memory_limit, checkpoint_threshold): a number and a unit.
@@ -316,11 +338,7 @@ class Settings:
     )
 
     def __post_init__(self) -> None:
-        secrets = [parse_token(t).secret for t in self.tokens]
-        if len(set(secrets)) != len(secrets):
-            raise SettingsInvalid(
-                "tokens", "two entries share a secret; give each secret once, with all its scopes (SCOPE+SCOPE:SECRET)"
-            )
+        check_tokens(self.tokens)
         from .privacy import RedactPatterns
 
         RedactPatterns.parse(self.redact_paths)

@@ -31,7 +31,8 @@ from __future__ import annotations
 import importlib
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -46,7 +47,8 @@ from ..errors import StoreError, StoreUnavailable
 from ..rollup import RollupBatch, RollupConfig
 from . import merge
 from .batch import BatchBuilder, Purged, WriteResult, _results
-from .schema import _COHORT_EVENTS
+from .schema import _COHORT_EVENTS, Schema
+from .shared_state import SharedState, shared_tables
 from .store import Store
 
 __all__ = ["LAKE_TABLES", "LakeBoundStore", "LakeConfig", "LakeWriter", "compact_lake", "load_lake_extensions"]
@@ -466,6 +468,7 @@ class LakeBoundStore(Store):
     """
 
     lake: LakeConfig | None = None
+    shared: SharedState | None = None
 
     def bind_lake(self, cfg: LakeConfig) -> None:
         try:
@@ -476,6 +479,71 @@ class LakeBoundStore(Store):
         self.lake = cfg
         self._shadow(self._con)
         self._local = threading.local()  # cursors made before bind have no views
+
+    # --- the analyzer's records, shared through PostgreSQL (shared_state.py) ---------------------
+
+    def bind_shared_state(self, schemas: Sequence[Schema]) -> None:
+        """Share this store's records (the tables of ``schemas`` and the contract versions) with
+        every node through the lake's PostgreSQL; until ``take_over`` this node only reads them."""
+        assert self.lake is not None, "bind_lake first"
+        shared = SharedState(self._con, self.lake.dsn, shared_tables(schemas))
+        with self._write_lock:
+            shared.attach()
+            shared.pull()
+        self.shared = shared
+
+    @property
+    def is_leader(self) -> bool:
+        """Whether this node writes the shared records (always, without shared state)."""
+        return self.shared is None or self.shared.epoch is not None
+
+    def take_over(self, name: str, api_url: str | None) -> int:
+        """Become the writer of the shared records (the caller won the analyzer election)."""
+        assert self.shared is not None
+        with self._write_lock:
+            return self.shared.take_over(name, api_url)
+
+    def refresh(self) -> bool:
+        """A standby's copy of the shared records brought up to PostgreSQL's; True when it
+        changed. The leader's copy is the source: nothing to do there."""
+        if self.shared is None or self.shared.epoch is not None:
+            return False
+        _, version, _, _ = self.shared.meta()
+        if version == self.shared.version:
+            return False
+        with self._write_lock:
+            return self.shared.pull(version=version)
+
+    def leader_url(self) -> tuple[str | None, str | None]:
+        """(name, API URL) of the elected analyzer, as it registered them (None: none yet)."""
+        assert self.shared is not None
+        _, _, leader, url = self.shared.meta()
+        return leader, url
+
+    @contextmanager
+    def transaction(self, doing: str) -> Iterator[duckdb.DuckDBPyConnection]:
+        """The embedded write transaction; with shared records, only on the elected analyzer,
+        and the write is copied to PostgreSQL before this returns (so a 2xx means every node
+        will see it, and a takeover carries it)."""
+        shared = self.shared
+        if shared is None:
+            with super().transaction(doing) as con:
+                yield con
+            return
+        if shared.epoch is None:
+            raise StoreUnavailable(f"{doing}: this node is not the elected analyzer; send writes there", retry_after=1)
+        with self._write_lock:
+            with self._transaction(doing) as con:
+                yield con
+            shared.push()
+
+    def purge_runs(self, before: datetime) -> int:
+        return super().purge_runs(before) if self.is_leader else 0
+
+    def close(self) -> None:
+        if self.shared is not None:
+            self.shared.close()
+        super().close()
 
     def _shadow(self, con: duckdb.DuckDBPyConnection) -> None:
         assert self.lake is not None
@@ -503,6 +571,8 @@ class LakeBoundStore(Store):
     def compact(self, since: datetime | None = None, until: datetime | None = None) -> int:
         if self.lake is None:
             return super().compact(since, until)
+        if not self.is_leader:  # the elected analyzer keeps the lake; two would collide
+            return 0
         return self.compact_lake()["rollup_rows_removed"]
 
     def compact_by_day(self) -> int:

@@ -354,12 +354,47 @@ ack_wait_seconds = 20
             self.root / f"worker-{name}.log",
         )
 
-    def analyzer(self, name: str, state: Path, port: int | None = None) -> Proc:
+    def analyzer(self, name: str, state: Path, port: int | None = None, rules: Path | None = None) -> Proc:
         serve = [] if port is None else ["--port", str(port)]
+        more = [] if rules is None else ["--rules", str(rules)]
         return shapewatch_proc(
             f"analyzer-{name}",
-            ["scaleout", "analyzer", "--config", str(self.config), "--state", str(state), "--name", name, *serve],
+            [
+                "scaleout",
+                "analyzer",
+                "--config",
+                str(self.config),
+                "--state",
+                str(state),
+                "--name",
+                name,
+                *serve,
+                *more,
+            ],
             self.root / f"analyzer-{name}.log",
+            port,
+        )
+
+    def api(self, name: str, state: Path, port: int, rules: Path | None = None) -> Proc:
+        """``shapewatch scaleout api``: a node serving the API that never runs for election."""
+        more = [] if rules is None else ["--rules", str(rules)]
+        return shapewatch_proc(
+            f"api-{name}",
+            [
+                "scaleout",
+                "api",
+                "--config",
+                str(self.config),
+                "--state",
+                str(state),
+                "--name",
+                name,
+                "--port",
+                str(port),
+                *more,
+            ],
+            self.root / f"api-{name}.log",
+            port,
         )
 
     @property

@@ -254,9 +254,12 @@ def test_kills_during_ingest_lose_nothing_and_store_nothing_twice(cluster: Clust
     # The analyzer on the lake and on the embedded store, over the events the clients sent.
     from shapewatch.analysis.scaleout import open_lake_store
     from shapewatch.collector.scaleout import ScaleOutConfig
+    from shapewatch.collector.store.lake import LakeBoundStore
 
     assert cluster.config is not None
     with open_lake_store(ScaleOutConfig.from_toml(cluster.config), tmp_path / "analyzer.duckdb") as lake_store:
+        assert isinstance(lake_store, LakeBoundStore)
+        lake_store.take_over("cluster-test", None)  # the writer of the shared records, as if elected
         lake_alerts = _alerts(lake_store)
     with Store.open(tmp_path / "embedded.duckdb", schemas=SCHEMAS) as embedded:
         lim = Limits()
@@ -309,7 +312,7 @@ def test_a_second_analyzer_takes_over_when_the_elected_one_dies(cluster: Cluster
     try:
         _wait_for(lambda: "analyzer a1 elected" in a.log.read_text(errors="replace"), 90)
         b.start()
-        # the elected one serves the read API on the lake; the standby serves nothing yet
+        # the elected one serves the read API on the lake
         _wait_for(lambda: _status(ports[0], "/healthz") == 200, 60)
         cohorts = httpx.get(f"http://127.0.0.1:{ports[0]}/v1/cohorts", timeout=30)
         assert cohorts.status_code == 200, cohorts.text
@@ -323,7 +326,11 @@ def test_a_second_analyzer_takes_over_when_the_elected_one_dies(cluster: Cluster
         assert "collector" in ingest.json()["error"]["message"]
         time.sleep(5)  # b asks every second: five refusals
         assert "elected" not in b.log.read_text(errors="replace")
-        assert _status(ports[1], "/healthz") is None
+        # the standby serves the same reads from the start (docs/scale-out.md: every node serves the API)
+        _wait_for(lambda: _status(ports[1], "/healthz") == 200, 60)
+        standby = httpx.get(f"http://127.0.0.1:{ports[1]}/v1/cohorts", timeout=30)
+        assert standby.status_code == 200
+        assert standby.json() == cohorts.json()
         a.kill()
         t0 = time.monotonic()
         _wait_for(lambda: "analyzer a2 elected" in b.log.read_text(errors="replace"), 60)

@@ -57,6 +57,15 @@ def test_a_minimal_file_gets_the_documented_defaults(tmp_path: Path) -> None:
         ({"ack_wait_seconds": float("inf")}, "ack_wait_seconds", "between 1 and 3600"),
         ({"batch_events": -1}, "batch_events", "between 1 and 100000"),
         ({"shard": 3}, "shard", "unknown key"),
+        ({"tokens": "s3cret"}, "tokens", "must be a list of at most 1000 strings"),
+        ({"tokens": [5]}, "tokens", "must be a list of at most 1000 strings"),
+        ({"tokens": [""]}, "tokens", "must be a list of at most 1000 strings"),
+        ({"tokens": ["x" * 5000]}, "tokens", "of 1 to 4096 characters"),
+        ({"tokens": [f"t{i}" for i in range(1001)]}, "tokens", "at most 1000 strings"),
+        ({"tokens": ["ingest:a", "read:a"]}, "tokens", "two entries share a secret"),
+        ({"tokens": ["write:abc"]}, "tokens", "scope 'write' of an entry is unknown"),
+        ({"tokens": ["read:"]}, "tokens", "an empty secret or one with white space"),
+        ({"tokens": ["has space"]}, "tokens", "an empty secret or one with white space"),
     ],
 )
 def test_hostile_values_are_refused_naming_the_key(change: dict[str, Any], key: str, reason: str) -> None:
@@ -121,3 +130,19 @@ def test_an_envelope_crosses_the_stream_unchanged_but_for_its_parsed_output() ->
 def test_a_message_that_is_not_an_envelope_of_the_stream_is_refused(data: bytes) -> None:
     with pytest.raises((ValueError, TypeError)):
         decode_envelope(data)
+
+
+def test_tokens_are_read_as_the_embedded_service_reads_them() -> None:
+    cfg = ScaleOutConfig.from_mapping({**VALID, "tokens": ["ingest:i-secret", "read+admin:r-secret", "all-secret"]})
+    assert cfg.tokens == ("ingest:i-secret", "read+admin:r-secret", "all-secret")
+    # the same entries refused by the embedded settings, with the same reason
+    from shapewatch.collector.errors import SettingsInvalid
+    from shapewatch.collector.settings import check_tokens
+
+    with pytest.raises(SettingsInvalid) as embedded:
+        check_tokens(["ingest:a", "read:a"])
+    with pytest.raises(ScaleOutConfigError) as scaled:
+        ScaleOutConfig.from_mapping({**VALID, "tokens": ["ingest:a", "read:a"]})
+    assert str(scaled.value) == "scale-out configuration: tokens: " + str(embedded.value).removeprefix(
+        "setting 'tokens': "
+    )
