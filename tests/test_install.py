@@ -174,3 +174,18 @@ def test_version_from_the_command_line() -> None:
     out = subprocess.run([sys.executable, "-m", "shapewatch", "--version"], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert out.stdout == f"shapewatch 0.1.0 (accelerator: {IMPLEMENTATION})\n"
+
+
+def test_every_package_folder_is_installed() -> None:
+    """Setuptools installs the packages pyproject.toml lists, no others: a package folder left off
+    the list is missing from every install but an editable one (collector/store and
+    analysis/probes were, so ``shapewatch serve`` failed to import in an installed copy)."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {"shapewatch"} | {
+        "shapewatch." + ".".join(init.parent.relative_to(ROOT).parts)
+        for top in ("collector", "baselines", "analysis", "dashboard")
+        for init in (ROOT / top).rglob("__init__.py")
+    }
+    assert listed == found
