@@ -40,6 +40,7 @@ from shapewatch.collector import (
     holds_free_text,
     mask_output,
     read_profile,
+    read_step_profiles,
     served_aliases,
 )
 from shapewatch.collector.adapters import WITH_OUTPUT
@@ -475,11 +476,12 @@ def field_series(
     rules = config.rules_for(cohort.contract, path)
     known = set(base.values) if base else set()
     step = (until - since) / points
-    steps: list[tuple[datetime, datetime, FieldProfile | None, Any]] = []
-    for i in range(points):
-        lo, hi = since + step * i, since + step * (i + 1)
-        profile = read_profile(store, cohort_id, lo, hi)
-        steps.append((lo, hi, profile.fields.get(path), profile))
+    edges = [since + step * i for i in range(points + 1)]
+    # one grouped read of the path over every step (each step what read_profile gives for it)
+    steps: list[tuple[datetime, datetime, FieldProfile | None, Any]] = [
+        (lo, hi, profile.fields.get(path), profile)
+        for lo, hi, profile in zip(edges, edges[1:], read_step_profiles(store, cohort_id, edges, [path]), strict=True)
+    ]
     period = _period_field(path, [f for _, _, f, _ in steps if f is not None])
     kind = _values_kind(path, base, period, enum_like(base, rules) if base else None, _redact(store))
     shown = kind == "enum"
