@@ -12,6 +12,7 @@ unresolved page alerts is not a reference anyone should choose by accident.
 
 from __future__ import annotations
 
+import itertools
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -480,7 +481,9 @@ def field_series(
     # one grouped read of the path over every step (each step what read_profile gives for it)
     steps: list[tuple[datetime, datetime, FieldProfile | None, Any]] = [
         (lo, hi, profile.fields.get(path), profile)
-        for lo, hi, profile in zip(edges, edges[1:], read_step_profiles(store, cohort_id, edges, [path]), strict=True)
+        for (lo, hi), profile in zip(
+            itertools.pairwise(edges), read_step_profiles(store, cohort_id, edges, [path]), strict=True
+        )
     ]
     period = _period_field(path, [f for _, _, f, _ in steps if f is not None])
     kind = _values_kind(path, base, period, enum_like(base, rules) if base else None, _redact(store))
