@@ -277,6 +277,15 @@ def test_field_page_draws_presence_against_the_baseline(sample_url: str, monkeyp
     fields = at.dataframe[-1].value
     assert set(fields["field"]) >= {"customer.tier", "priority", "intent", "tags"}
     assert at.query_params == {"cohort": str(cid), "field": "customer.tier"}
+    # The alert's sample outputs are drawn when opened: a JSON viewer costs the browser on every load.
+    assert len(at.json) == 0 and len(at.expander) == 3
+    first = visible(at.expander[0].label).split(" · ")[0]
+    at.session_state["field-sample-" + first] = True
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    (shown,) = at.json
+    (stored,) = api(sample_url).get("/v1/events", params={"ids": [first]}).json()
+    assert json.loads(shown.proto.body) == stored["output"]
 
 
 def test_field_page_highlights_new_values_and_draws_array_sizes(
