@@ -203,6 +203,12 @@ def test_no_page_renders_a_stored_value_as_markdown(
         query = {"cohort": str(cohort_id), "field": "status"}
     at = _open(hostile_url, page, monkeypatch, query)
     _assert_inert(markdown_strings(at))
+    if page == "views/baselines.py":  # only the open tab is drawn: every tab in turn
+        for label in ("Compare and freeze", "Weekly review"):
+            at.session_state["baselines-tab"] = label
+            at.run()
+            assert not at.exception, [e.value for e in at.exception]
+            _assert_inert(markdown_strings(at))
 
 
 def test_the_values_still_show_as_their_text(hostile: tuple[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -213,6 +219,8 @@ def test_the_values_still_show_as_their_text(hostile: tuple[str, str], monkeypat
         assert value in seen, value
     # and the baseline's note and author on the compare tab
     at = _open(hostile_url, "views/baselines.py", monkeypatch)
+    at.session_state["baselines-tab"] = "Compare and freeze"  # only the open tab is drawn
+    at.run()
     seen = " ".join(visible(s) for s in markdown_strings(at))
     assert NOTE in seen and HTML in seen
 
@@ -221,6 +229,8 @@ def test_the_review_shown_on_the_dashboard_holds_no_live_markdown(
     hostile_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     at = _open(hostile_url, "views/baselines.py", monkeypatch)
+    at.session_state["baselines-tab"] = "Weekly review"  # only the open tab is drawn
+    at.run()
     at.toggle(key="review-on").set_value(True).run()  # the review is built on demand
     (review,) = [m.value for m in at.markdown if m.value.startswith("# shapewatch weekly review")]
     _assert_inert([review])

@@ -178,6 +178,12 @@ def test_silence_from_the_page(writable_url: str, monkeypatch: pytest.MonkeyPatc
     assert alert["silenced_until"] is None
     fp = alert["fingerprint"]
     at = open_page(writable_url, monkeypatch=monkeypatch)
+    # The form is drawn when its expander is opened (six forms cost the browser on every load).
+    assert [f.key for f in at.text_input] == ["author"]
+    assert len(at.expander) == 6
+    at.session_state[f"silence-open-{fp}"] = True
+    at.run()
+    assert sorted(f.key for f in at.text_input) == ["author", f"silence-for-{fp}", f"silence-reason-{fp}"]
     # Without a reason nothing is written.
     at.text_input(key=f"silence-for-{fp}").input("3h")
     at.button(key=f"FormSubmitter:silence-{fp}-Silence").click().run()
@@ -355,8 +361,42 @@ def _normal_window(url: str) -> tuple[str, str]:
     return _iso(since), _iso(since + timedelta(hours=4))
 
 
+def _open_tab(at: AppTest, label: str) -> None:
+    """Open a tab of the baselines page: only the open one is drawn, as in the browser."""
+    at.session_state["baselines-tab"] = label
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+
+
 def _pick_cohort(at: AppTest, url: str) -> None:
+    _open_tab(at, "Compare and freeze")
     at.selectbox(key="baselines-cohort").set_value(_cohort_id(url, "sample-intake", "intake-v3"))
+
+
+def test_the_baselines_page_draws_the_open_tab_only(sample_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = open_page(sample_url, "views/baselines.py", monkeypatch=monkeypatch)
+    assert [t.label for t in at.tabs] == ["Baselines", "Compare and freeze", "Weekly review"]
+    drawn = [
+        (len(at.dataframe), [x.key for x in at.selectbox], [t.key for t in at.toggle], [f.key for f in at.text_input])
+    ]
+    _open_tab(at, "Compare and freeze")
+    drawn.append(
+        (len(at.dataframe), [x.key for x in at.selectbox], [t.key for t in at.toggle], [f.key for f in at.text_input])
+    )
+    _open_tab(at, "Weekly review")
+    drawn.append(
+        (len(at.dataframe), [x.key for x in at.selectbox], [t.key for t in at.toggle], [f.key for f in at.text_input])
+    )
+    assert drawn == [
+        (1, [], [], ["author"]),  # the listing (and the sidebar's name)
+        (
+            1,
+            ["baselines-cohort", "baselines-compare"],
+            [],
+            ["baselines-since", "baselines-until", "freeze-note", "freeze-force", "author"],
+        ),
+        (0, ["review-period"], ["review-on"], ["author"]),
+    ]
 
 
 def test_freezing_asks_for_confirmation_first(fresh_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -420,13 +460,14 @@ def test_baselines_page_lists_compares_and_renders_the_review(sample_url: str, m
     now = datetime.now(UTC).replace(second=0, microsecond=0)
     at.text_input(key="baselines-since").input(_iso(now - timedelta(hours=5)))
     at.text_input(key="baselines-until").input(_iso(now + timedelta(minutes=1))).run()
-    rows = {r["field"]: r for r in at.dataframe[1].value.to_dict("records")}
+    rows = {r["field"]: r for r in at.dataframe[0].value.to_dict("records")}  # the compare tab's
     assert (
         rows["customer.tier"]["presence (baseline)"],
         rows["customer.tier"]["presence (window)"],
         rows["customer.tier"]["move (points)"],
     ) == ("100.0%", "50.0%", -50.0)
     assert rows["priority"]["new values"] == "URGENT"
+    _open_tab(at, "Weekly review")
     assert not any(m.startswith("# shapewatch weekly review") for m in markdown(at))  # built on demand
     at.toggle(key="review-on").set_value(True).run()
     assert any(m.startswith("# shapewatch weekly review") for m in markdown(at))
