@@ -36,7 +36,7 @@ def _index(options: list[Any], wanted: Any, fallback: int = 0) -> int:
 
 
 def _field_table(fields: dict[str, Any]) -> pd.DataFrame:
-    return pd.DataFrame(
+    table = pd.DataFrame(
         [
             {
                 "field": f["path"],
@@ -52,6 +52,11 @@ def _field_table(fields: dict[str, Any]) -> pd.DataFrame:
             for f in fields["fields"]
         ]
     )
+    if any(f.get("values_withheld") for f in fields["fields"]):
+        # counts beside "withheld" are text, as the table shows them: a column of mixed types
+        # fails Arrow's conversion first, on every run, before Streamlit turns it into text itself
+        table["distinct values"] = table["distinct values"].astype("string")
+    return table
 
 
 def render(s: ui.Session) -> None:

@@ -282,6 +282,9 @@ def test_field_page_draws_presence_against_the_baseline(sample_url: str, monkeyp
     assert "**:red[PAGE]** presence_drop: presence 100.0% -> 50.0% (p < 1e-6)" in markdown(at)
     fields = at.dataframe[-1].value
     assert set(fields["field"]) >= {"customer.tier", "priority", "intent", "tags"}
+    # a free-text field's count of values is withheld: the counts beside it are text, as shown
+    distinct = dict(zip(fields["field"], fields["distinct values"], strict=True))
+    assert (distinct["customer.email"], distinct["customer.tier"], distinct["priority"]) == ("withheld", "3", "4")
     assert at.query_params == {"cohort": str(cid), "field": "customer.tier"}
     # The alert's sample outputs are drawn when opened: a JSON viewer costs the browser on every load.
     assert len(at.json) == 0 and len(at.expander) == 3
