@@ -61,22 +61,30 @@ def _choice(label: str, options: list[str], key: str) -> str | None:
     return None if picked == ALL else picked
 
 
+def filter_label(state: dict[str, Any]) -> str:
+    """The filter button's label: the filters in force (``state``: the session state), as Markdown."""
+    shown = [str(state.get("alerts-state", next(iter(STATES)))), str(state.get("alerts-source", SOURCES[0]))]
+    shown += [
+        str(state[k])
+        for k in ("alerts-model", "alerts-prompt", "alerts-contract", "alerts-kind")
+        if state.get(k) not in (None, ALL)
+    ]
+    return "Filters: " + ", ".join(ui.literal(v) for v in shown)
+
+
 def _filters(cohorts: list[dict[str, Any]]) -> dict[str, str | None]:
     def values(k: str) -> list[str]:
         return sorted({c["cohort"][k] for c in cohorts})
 
-    cols = st.columns(6)
-    with cols[5]:  # production first: what every view shows unless asked for another source
+    # In a popover: the select boxes keep their state on every run, and the browser draws them only
+    # when it is opened (six of them cost a tenth of the page's load on every visit).
+    with st.popover(filter_label(st.session_state), icon=":material/filter_list:"):
+        # production first: what every view shows unless asked for another source
         source = st.selectbox("Source", SOURCES, key="alerts-source")
-    with cols[0]:
         state = STATES[st.selectbox("State", list(STATES), key="alerts-state")]
-    with cols[1]:
         model = _choice("Model", values("model"), "alerts-model")
-    with cols[2]:
         prompt_version = _choice("Prompt version", values("prompt_version"), "alerts-prompt")
-    with cols[3]:
         contract = _choice("Contract", values("contract"), "alerts-contract")
-    with cols[4]:
         kind = _choice("Kind", list(ALERT_KINDS), "alerts-kind")
     return {
         "state": state,

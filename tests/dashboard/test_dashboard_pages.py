@@ -146,9 +146,21 @@ def test_alerts_page_shows_page_alerts_first_with_their_diff(sample_url: str, mo
     assert any(m.startswith("silenced until") for m in markdown(at))
 
 
+def _popover_labels(at: AppTest) -> list[str]:
+    def nodes(node: Any) -> Iterator[Any]:
+        yield node
+        for child in (getattr(node, "children", None) or {}).values():
+            yield from nodes(child)
+
+    return [visible(n.proto.popover.label) for n in nodes(at._tree) if getattr(n, "type", None) == "popover"]
+
+
 def test_alert_filters_narrow_the_list(sample_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     at = open_page(sample_url, monkeypatch=monkeypatch)
+    # the filters sit in a popover (drawn when opened) whose label names those in force
+    assert _popover_labels(at) == ["Filters: open (pending and firing), production"]
     at.selectbox(key="alerts-kind").select("new_type").run()
+    assert _popover_labels(at) == ["Filters: open (pending and firing), production, new_type"]
     assert [h.value for h in at.subheader] == ["Page (1)", "Resolved (0)"]
     assert any(m.startswith("**:red[PAGE]** `score` · **new_type** = `string`") for m in markdown(at))
     at.selectbox(key="alerts-kind").select("(all)")
