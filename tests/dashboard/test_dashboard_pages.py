@@ -252,6 +252,17 @@ def test_cohorts_page_lists_cohorts_with_the_unpinned_marker(sample_url: str, mo
         "detected": None,
     }
     assert [m.value for m in at.metric] == ["6", "0", "1", "2"]
+    # a cohort's fields open from a popover: its select box picks the cohort the link opens
+    assert _popover_labels(at) == ["Open a cohort's fields"]
+    triage = next(
+        c["cohort_id"]
+        for c in api(sample_url).get("/v1/cohorts").json()
+        if (c["cohort"]["model"], c["cohort"]["contract"]) == ("gpt-4o", "sample-triage")
+    )
+    at.selectbox(key="cohorts-open").select("gpt-4o / triage-v2 / sample-triage").run()
+    assert [(visible(ln.proto.label), ln.proto.query_string) for ln in at.get("page_link")] == [
+        ("Field detail of this cohort", f"cohort={triage}")
+    ]
 
 
 def _cohort_id(url: str, contract: str, prompt_version: str | None = None) -> int:
