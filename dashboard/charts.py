@@ -122,7 +122,7 @@ def with_contract_changes(doc: dict[str, Any], chart: Chart) -> Chart:
     labels = (
         alt.Chart(frame)
         .mark_text(align="left", dx=3, dy=-4, color="#7a3db8")
-        .encode(x=alt.X("time:T"), y=alt.YValue(8), text=alt.Text("contract:N"))
+        .encode(x=alt.X("time:T"), y=alt.YValue(8), text=alt.Text("contract:N"))  # type: ignore[no-untyped-call]
     )
     return alt.layer(chart, rules, labels)
 

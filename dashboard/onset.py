@@ -102,6 +102,6 @@ def marked(chart: Any, alerts: Sequence[Mapping[str, Any]]) -> Any:
     labels = (
         alt.Chart(frame)
         .mark_text(align="left", dx=3, dy=-4, color="#c0392b")
-        .encode(x=alt.X("time:T"), y=alt.YValue(20), text=alt.Text("mark:N"))
+        .encode(x=alt.X("time:T"), y=alt.YValue(20), text=alt.Text("mark:N"))  # type: ignore[no-untyped-call]
     )
     return alt.layer(chart, rules, labels)

@@ -8,6 +8,7 @@ seconds. Resolved alerts follow as history.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import pandas as pd
@@ -61,7 +62,7 @@ def _choice(label: str, options: list[str], key: str) -> str | None:
     return None if picked == ALL else picked
 
 
-def filter_label(state: dict[str, Any]) -> str:
+def filter_label(state: Mapping[Any, Any]) -> str:
     """The filter button's label: the filters in force (``state``: the session state), as Markdown."""
     shown = [str(state.get("alerts-state", next(iter(STATES)))), str(state.get("alerts-source", SOURCES[0]))]
     shown += [
