@@ -503,7 +503,7 @@ def field_series(
                 "units": f.units if f else 0,
                 "presence_rate": round(f.presence_rate, 6) if f else None,
                 "types": {t: round(f.type_share(t), 6) for t in sorted(f.types)} if f else {},
-                "values": dict(sorted(f.values.items(), key=lambda kv: -kv[1])[:20]) if f and shown else {},
+                "values": dict(sorted(f.values.items(), key=lambda kv: (-kv[1], kv[0]))[:20]) if f and shown else {},
                 # over every filled value: a number field's strings are not 100% unknown when 28% are strings
                 "unknown_share": round(unknown / f.filled, 6) if f and f.filled and base and shown else None,
                 # outputs breaking their registered contract at this path, of those checked
@@ -531,7 +531,7 @@ def field_series(
                 "presence_rate": round(base.presence_rate, 6),
                 "tolerance": rules.tolerance,
                 "types": {t: round(base.type_share(t), 6) for t in sorted(base.types)},
-                "values": dict(sorted(base.values.items(), key=lambda kv: -kv[1])[:50]) if shown else {},
+                "values": dict(sorted(base.values.items(), key=lambda kv: (-kv[1], kv[0]))[:50]) if shown else {},
                 "enum_like": enum_like(base, rules),
                 "array": (
                     {

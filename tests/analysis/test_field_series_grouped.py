@@ -67,6 +67,19 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
             output=_output(rnd, late=ts > T0 + SPAN - timedelta(hours=12)),
         )
         envelopes.append(parse_envelope(orjson.dumps(raw), LIMITS))
+    # 30 codes twice each in one minute: a tie across the top-20 cut of a step's values
+    tied = T0 + SPAN - timedelta(hours=2)
+    for i in range(60):
+        raw = make_envelope(
+            event_id=f"code{i}",
+            ts=(tied + timedelta(seconds=i)).isoformat(),
+            model=COHORT.model,
+            served_model=COHORT.model,
+            prompt_version=COHORT.prompt_version,
+            contract=COHORT.contract,
+            output={**_output(rnd, late=False), "code": f"c{29 - i % 30:02d}"},
+        )
+        envelopes.append(parse_envelope(orjson.dumps(raw), LIMITS))
     for i in range(0, len(envelopes), 100):
         s.write_batch(envelopes[i : i + 100])
     s.flush_rollups()
@@ -81,7 +94,9 @@ def _one_by_one(store: Store, cohort_id: int, edges: Sequence[datetime], paths: 
     return [read_profile(store, cohort_id, lo, hi) for lo, hi in itertools.pairwise(edges)]
 
 
-@pytest.mark.parametrize("path", ["customer.tier", "intent", "entities", "entities[].score", "flagged", "latency_ms"])
+@pytest.mark.parametrize(
+    "path", ["customer.tier", "intent", "entities", "entities[].score", "flagged", "latency_ms", "code"]
+)
 @pytest.mark.parametrize(
     ("since", "until", "points"),
     [
@@ -101,7 +116,7 @@ def test_the_series_is_what_one_window_per_step_gave(
         before = admin.field_series(store, AnalyzerConfig(), cid, path, since=since, until=until, points=points)
     assert grouped == before
     assert len(grouped["series"]) == points and sum(p["units"] for p in grouped["series"]) > 0
-    assert grouped["baseline"] is not None and grouped["baseline"]["present"]
+    assert grouped["baseline"] is not None and grouped["baseline"]["present"] == (path != "code")  # code is new
 
 
 def test_the_comparison_sees_drift_values_and_violations(store: Store) -> None:
@@ -118,3 +133,13 @@ def test_the_comparison_sees_drift_values_and_violations(store: Store) -> None:
     )
     rates = [p["presence_rate"] for p in tier["series"] if p["presence_rate"] is not None]
     assert max(rates) > 0.7 and min(rates) < 0.5
+
+
+def test_a_step_gives_its_twenty_most_frequent_values_ties_by_value(store: Store) -> None:
+    cid = store.cohort_id(*COHORT)
+    assert cid is not None
+    until = T0 + SPAN
+    doc = admin.field_series(store, AnalyzerConfig(), cid, "code", since=until - timedelta(hours=24), until=until)
+    (step,) = [p for p in doc["series"] if p["values"]]
+    assert step["values"] == {f"c{i:02d}": 2 for i in range(20)}  # 30 tied: the first 20 by value
+    assert list(step["values"]) == [f"c{i:02d}" for i in range(20)]
