@@ -12,6 +12,7 @@ unresolved page alerts is not a reference anyone should choose by accident.
 
 from __future__ import annotations
 
+import itertools
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -40,6 +41,7 @@ from shapewatch.collector import (
     holds_free_text,
     mask_output,
     read_profile,
+    read_step_profiles,
     served_aliases,
 )
 from shapewatch.collector.adapters import WITH_OUTPUT
@@ -475,11 +477,14 @@ def field_series(
     rules = config.rules_for(cohort.contract, path)
     known = set(base.values) if base else set()
     step = (until - since) / points
-    steps: list[tuple[datetime, datetime, FieldProfile | None, Any]] = []
-    for i in range(points):
-        lo, hi = since + step * i, since + step * (i + 1)
-        profile = read_profile(store, cohort_id, lo, hi)
-        steps.append((lo, hi, profile.fields.get(path), profile))
+    edges = [since + step * i for i in range(points + 1)]
+    # one grouped read of the path over every step (each step what read_profile gives for it)
+    steps: list[tuple[datetime, datetime, FieldProfile | None, Any]] = [
+        (lo, hi, profile.fields.get(path), profile)
+        for (lo, hi), profile in zip(
+            itertools.pairwise(edges), read_step_profiles(store, cohort_id, edges, [path]), strict=True
+        )
+    ]
     period = _period_field(path, [f for _, _, f, _ in steps if f is not None])
     kind = _values_kind(path, base, period, enum_like(base, rules) if base else None, _redact(store))
     shown = kind == "enum"
@@ -498,7 +503,7 @@ def field_series(
                 "units": f.units if f else 0,
                 "presence_rate": round(f.presence_rate, 6) if f else None,
                 "types": {t: round(f.type_share(t), 6) for t in sorted(f.types)} if f else {},
-                "values": dict(sorted(f.values.items(), key=lambda kv: -kv[1])[:20]) if f and shown else {},
+                "values": dict(sorted(f.values.items(), key=lambda kv: (-kv[1], kv[0]))[:20]) if f and shown else {},
                 # over every filled value: a number field's strings are not 100% unknown when 28% are strings
                 "unknown_share": round(unknown / f.filled, 6) if f and f.filled and base and shown else None,
                 # outputs breaking their registered contract at this path, of those checked
@@ -526,7 +531,7 @@ def field_series(
                 "presence_rate": round(base.presence_rate, 6),
                 "tolerance": rules.tolerance,
                 "types": {t: round(base.type_share(t), 6) for t in sorted(base.types)},
-                "values": dict(sorted(base.values.items(), key=lambda kv: -kv[1])[:50]) if shown else {},
+                "values": dict(sorted(base.values.items(), key=lambda kv: (-kv[1], kv[0]))[:50]) if shown else {},
                 "enum_like": enum_like(base, rules),
                 "array": (
                     {

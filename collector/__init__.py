@@ -61,6 +61,7 @@ _WHERE = {
     "Profile": "profile",
     "read_profile": "profile",
     "read_profiles": "profile",
+    "read_step_profiles": "profile",
     "served_aliases": "profile",
     "contract_changes": "profile",
     "RollupConfig": "rollup",
@@ -210,6 +211,7 @@ __all__ = [
     "read_contract",
     "read_profile",
     "read_profiles",
+    "read_step_profiles",
     "register_contract",
     "require_token",
     "send_files",
@@ -310,7 +312,15 @@ if TYPE_CHECKING:
     from .http_policy import BodyLimits, BodyPolicy, BodyRefused, guarded_protocol
     from .ingest import ImportSummary, import_files, quarantine_path
     from .metrics import CollectorMetrics, UncheckedOutputs
-    from .profile import FieldProfile, Profile, contract_changes, read_profile, read_profiles, served_aliases
+    from .profile import (
+        FieldProfile,
+        Profile,
+        contract_changes,
+        read_profile,
+        read_profiles,
+        read_step_profiles,
+        served_aliases,
+    )
     from .rollup import RollupConfig
     from .sdk import Client, parse_retry_after
     from .settings import Scope, Settings, TokenEntry, load_settings, parse_token, settings_help

@@ -15,14 +15,23 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
 
 from .rules import PRODUCTION
-from .store import Store
+from .store import CohortRow, Store, WindowRollups
 
-__all__ = ["FieldProfile", "Profile", "contract_changes", "read_profile", "read_profiles", "served_aliases"]
+__all__ = [
+    "FieldProfile",
+    "Profile",
+    "contract_changes",
+    "read_profile",
+    "read_profiles",
+    "read_step_profiles",
+    "served_aliases",
+]
 
 TYPES = ("null", "boolean", "integer", "number", "string", "array", "object")
 
@@ -214,10 +223,38 @@ def read_profile(store: Store, cohort_id: int, since: datetime, until: datetime)
     return _read(store, cohort_id, since, until)[0]
 
 
+def read_step_profiles(
+    store: Store, cohort_id: int, edges: Sequence[datetime], paths: Sequence[str] | None = None
+) -> list[Profile]:
+    """The profiles of one cohort over consecutive windows ``[edges[i], edges[i + 1])``, oldest first.
+
+    Each equals ``read_profile(store, cohort_id, edges[i], edges[i + 1])``, read for all the windows
+    at once (one query per rollup table): a chart's steps. With ``paths``, each profile holds the
+    fields of these paths only (and the contract violations at them); everything else is whole.
+    """
+    store.flush_rollups()
+    row = store.cohort(cohort_id)
+    if row is None:
+        raise LookupError(f"no cohort {cohort_id}")
+    rows = {cohort_id: row}
+    return [
+        _profiles(r, rows, [cohort_id], lo, hi)[0]
+        for r, lo, hi in zip(store.step_rollups(cohort_id, edges, paths), edges, edges[1:], strict=False)
+    ]
+
+
 def _read(
     store: Store, cohort_id: int | None, since: datetime, until: datetime, *, numbers: bool = True
 ) -> list[Profile]:
     r = store.window_rollups(since, until, cohort_id, numbers=numbers)
+    wanted = [cohort_id] if cohort_id is not None else sorted(r.events)
+    return _profiles(r, {row.cohort_id: row for row in store.cohorts()}, wanted, since, until)
+
+
+def _profiles(
+    r: WindowRollups, rows: Mapping[int, CohortRow], wanted: Sequence[int], since: datetime, until: datetime
+) -> list[Profile]:
+    """The profiles of the cohorts ``wanted`` from the rollups of one window."""
     events = r.events
     fields: dict[int, dict[str, FieldProfile]] = {}
     for row in r.fields:
@@ -239,8 +276,6 @@ def _read(
             r.numbers.get((c, path), {}),
             counts[10] if counts[11] == types.get("boolean", 0) else None,
         )
-    wanted = [cohort_id] if cohort_id is not None else sorted(events)
-    rows = {row.cohort_id: row for row in store.cohorts()}
     return [
         Profile(
             c,

@@ -117,12 +117,12 @@ def with_contract_changes(doc: dict[str, Any], chart: Chart) -> Chart:
     rules = (
         alt.Chart(frame)
         .mark_rule(color="#7a3db8", strokeDash=[2, 2])
-        .encode(x="time:T", tooltip=[_WHEN_TIP, "contract:N"])
+        .encode(x=alt.X("time:T"), tooltip=[_WHEN_TIP, alt.Tooltip("contract:N")])
     )
     labels = (
         alt.Chart(frame)
         .mark_text(align="left", dx=3, dy=-4, color="#7a3db8")
-        .encode(x="time:T", y=alt.value(8), text="contract:N")
+        .encode(x=alt.X("time:T"), y=alt.YValue(8), text=alt.Text("contract:N"))  # type: ignore[no-untyped-call]
     )
     return alt.layer(chart, rules, labels)
 
@@ -171,11 +171,15 @@ def presence_chart(doc: dict[str, Any], tolerance: float = TOLERANCE) -> Chart:
                 "hi": [min(1.0, base + tolerance)] * 2,
             }
         )
-        layers.append(alt.Chart(band).mark_area(opacity=0.15, color="#2f6fdf").encode(x="time:T", y="lo:Q", y2="hi:Q"))
+        layers.append(
+            alt.Chart(band)
+            .mark_area(opacity=0.15, color="#2f6fdf")
+            .encode(x=alt.X("time:T"), y=alt.Y("lo:Q"), y2=alt.Y2("hi:Q"))
+        )
         layers.append(
             alt.Chart(pd.DataFrame({"baseline": [base]}))
             .mark_rule(strokeDash=[6, 3], color="#555")
-            .encode(y="baseline:Q")
+            .encode(y=alt.Y("baseline:Q"))
         )
     return with_contract_changes(doc, alt.layer(*layers, line))
 
@@ -195,7 +199,7 @@ def type_chart(doc: dict[str, Any]) -> Chart:
             x=_x(doc),
             y=alt.Y("share:Q", stack="zero", axis=alt.Axis(format="%"), title="share"),
             color=alt.Color("type:N"),
-            tooltip=[_WHEN_TIP, "type:N", alt.Tooltip("share:Q", format=".1%")],
+            tooltip=[_WHEN_TIP, alt.Tooltip("type:N"), alt.Tooltip("share:Q", format=".1%")],
         )
     )
     return with_contract_changes(doc, chart)
@@ -232,7 +236,7 @@ def array_chart(doc: dict[str, Any]) -> Chart:
             x=_x(doc),
             y=alt.Y("length:Q", title="items"),
             color=alt.Color("percentile:N"),
-            tooltip=[_WHEN_TIP, "percentile:N", "length:Q"],
+            tooltip=[_WHEN_TIP, alt.Tooltip("percentile:N"), alt.Tooltip("length:Q")],
         )
     )
     layers: list[Any] = [lines]
@@ -242,7 +246,7 @@ def array_chart(doc: dict[str, Any]) -> Chart:
             [{"percentile": k, "length": base[k]} for k in ("p50", "p90", "p99") if base.get(k) is not None]
         )
         layers.append(
-            alt.Chart(levels).mark_rule(strokeDash=[6, 3]).encode(y="length:Q", color=alt.Color("percentile:N"))
+            alt.Chart(levels).mark_rule(strokeDash=[6, 3]).encode(y=alt.Y("length:Q"), color=alt.Color("percentile:N"))
         )
     return with_contract_changes(doc, alt.layer(*layers))
 
@@ -265,7 +269,12 @@ def values_chart(values: pd.DataFrame, top: int = 20) -> Chart:
                 title=None,
                 scale=alt.Scale(domain=["new (not in the baseline)", "in the baseline"], range=["#e8590c", "#9aa5b1"]),
             ),
-            tooltip=["value:N", "count (period):Q", "count (baseline):Q", "seen:N"],
+            tooltip=[
+                alt.Tooltip("value:N"),
+                alt.Tooltip("count (period):Q"),
+                alt.Tooltip("count (baseline):Q"),
+                alt.Tooltip("seen:N"),
+            ],
         )
     )
     return chart
@@ -321,7 +330,12 @@ def version_violation_chart(usage: dict[str, Any]) -> Chart:
             x=_x(usage),
             y=alt.Y("violations:Q", axis=alt.Axis(format=".0%"), title="breaking it", scale=alt.Scale(domainMin=0)),
             color=alt.Color("version:N", title="version"),
-            tooltip=[_WHEN_TIP, "version:N", alt.Tooltip("violations:Q", format=".1%"), "checked:Q"],
+            tooltip=[
+                _WHEN_TIP,
+                alt.Tooltip("version:N"),
+                alt.Tooltip("violations:Q", format=".1%"),
+                alt.Tooltip("checked:Q"),
+            ],
         )
     )
     return chart
@@ -337,7 +351,7 @@ def version_outputs_chart(usage: dict[str, Any]) -> Chart:
             x=_x(usage),
             y=alt.Y("outputs:Q", stack="zero", title="outputs"),
             color=alt.Color("version:N", title="version"),
-            tooltip=[_WHEN_TIP, "version:N", "outputs:Q", "checked:Q"],
+            tooltip=[_WHEN_TIP, alt.Tooltip("version:N"), alt.Tooltip("outputs:Q"), alt.Tooltip("checked:Q")],
         )
     )
     return chart

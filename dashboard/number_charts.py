@@ -48,7 +48,7 @@ def number_chart(doc: dict[str, Any]) -> charts.Chart:
             x=charts._x(doc),
             y=alt.Y("value:Q", title="value"),
             color=alt.Color("level:N", title="percentile", sort=list(_LEVELS)),
-            tooltip=["time:T", "level:N", "value:Q"],
+            tooltip=[alt.Tooltip("time:T"), alt.Tooltip("level:N"), alt.Tooltip("value:Q")],
         )
     )
     layers: list[Any] = [lines]
@@ -58,7 +58,7 @@ def number_chart(doc: dict[str, Any]) -> charts.Chart:
         layers.append(
             alt.Chart(levels)
             .mark_rule(strokeDash=[6, 3])
-            .encode(y="value:Q", color=alt.Color("level:N", sort=list(_LEVELS)))
+            .encode(y=alt.Y("value:Q"), color=alt.Color("level:N", sort=list(_LEVELS)))
         )
     return charts.with_contract_changes(doc, alt.layer(*layers))
 
@@ -79,14 +79,14 @@ def true_share_chart(doc: dict[str, Any]) -> charts.Chart:
         .encode(
             x=charts._x(doc),
             y=alt.Y("true share:Q", axis=alt.Axis(format="%"), scale=alt.Scale(domain=[0, 1])),
-            tooltip=["time:T", alt.Tooltip("true share:Q", format=".1%")],
+            tooltip=[alt.Tooltip("time:T"), alt.Tooltip("true share:Q", format=".1%")],
         )
     )
     layers: list[Any] = [line]
     base = (doc.get("baseline") or {}).get("true_share")
     if base is not None:
         layers.append(
-            alt.Chart(pd.DataFrame([{"true share": base}])).mark_rule(strokeDash=[6, 3]).encode(y="true share:Q")
+            alt.Chart(pd.DataFrame([{"true share": base}])).mark_rule(strokeDash=[6, 3]).encode(y=alt.Y("true share:Q"))
         )
     return charts.with_contract_changes(doc, alt.layer(*layers))
 

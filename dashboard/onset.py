@@ -95,11 +95,13 @@ def marked(chart: Any, alerts: Sequence[Mapping[str, Any]]) -> Any:
     frame = pd.DataFrame(rows).drop_duplicates()
     frame["time"] = pd.to_datetime(frame["time"], utc=True)
     rules = (
-        alt.Chart(frame).mark_rule(color="#c0392b", strokeDash=[4, 2]).encode(x="time:T", tooltip=["mark:N", "time:T"])
+        alt.Chart(frame)
+        .mark_rule(color="#c0392b", strokeDash=[4, 2])
+        .encode(x=alt.X("time:T"), tooltip=[alt.Tooltip("mark:N"), alt.Tooltip("time:T")])
     )
     labels = (
         alt.Chart(frame)
         .mark_text(align="left", dx=3, dy=-4, color="#c0392b")
-        .encode(x="time:T", y=alt.value(20), text="mark:N")
+        .encode(x=alt.X("time:T"), y=alt.YValue(20), text=alt.Text("mark:N"))  # type: ignore[no-untyped-call]
     )
     return alt.layer(chart, rules, labels)

@@ -8,6 +8,7 @@ bucket starts, as everywhere.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -162,6 +163,95 @@ class Reads(DeferredRollups):
             params,
         ):
             out.violations.setdefault(int(c), {}).setdefault(str(path), {})[str(keyword)] = int(n)
+        return out
+
+    def step_rollups(
+        self, cohort_id: int, edges: Sequence[datetime], paths: Sequence[str] | None = None
+    ) -> list[WindowRollups]:
+        """The rollups of one cohort over consecutive windows ``[edges[i], edges[i + 1])``, summed per
+        key and window: what ``window_rollups(edges[i], edges[i + 1], cohort_id)`` reads for each i,
+        in one query per rollup table for all the windows (a chart's 24 to 200 steps cost about as
+        much as one window, not one window each). ``edges`` must not decrease (a step of no length is
+        empty); fewer than two, no window.
+
+        With ``paths``, the per-path rows (fields, values, numbers, violations) are those of these
+        paths only, and array lengths those of these paths and of the arrays they sit in (the units
+        of a path under an array); events, served models and contract checks are the cohort's.
+        """
+        if len(edges) < 2:
+            return []
+        if any(a > b for a, b in itertools.pairwise(edges)):
+            raise ValueError("step edges must not decrease")
+        out = [WindowRollups() for _ in range(len(edges) - 1)]
+        lo, hi = list(edges[:-1]), list(edges[1:])
+        whole: dict[str, Any] = {"cohort": cohort_id, "since": edges[0], "until": edges[-1], "lo": lo, "hi": hi}
+        # Each bucket joins the one step holding its start: the same [lo, hi) test as a window's.
+        steps = f"""WITH steps AS (SELECT unnest($lo::TIMESTAMPTZ[]) AS lo, unnest($hi::TIMESTAMPTZ[]) AS hi,
+                                          unnest(range({len(lo)})) AS step)"""
+        joined = (
+            "JOIN steps s ON r.bucket >= s.lo AND r.bucket < s.hi "
+            "WHERE r.cohort_id = $cohort AND r.bucket >= $since AND r.bucket < $until"
+        )
+
+        def only(column: str, wanted: Sequence[str] | None = paths) -> tuple[str, dict[str, Any]]:
+            """The condition keeping the rows of the paths asked for, and the parameters with it."""
+            if wanted is None:
+                return "", whole
+            return f" AND list_contains($paths::VARCHAR[], {column})", {**whole, "paths": sorted(set(wanted))}
+
+        for step, n in self.query(
+            f"{steps} SELECT s.step, sum(r.events)::BIGINT FROM cohort_buckets r {joined} GROUP BY ALL", whole
+        ):
+            out[step].events[cohort_id] = int(n)
+        cond, params = only("r.path")
+        fields = self.query(
+            f"""{steps} SELECT s.step, r.cohort_id, r.path, r.scope, sum(r.present), sum(r.n_null), sum(r.n_boolean),
+                       sum(r.n_integer), sum(r.n_number), sum(r.n_string), sum(r.n_array), sum(r.n_object),
+                       sum(r.long_strings), sum(r.values_overflow), coalesce(sum(r.n_true), 0),
+                       coalesce(sum(r.n_boolean) FILTER (WHERE r.n_true IS NOT NULL), 0)
+                FROM field_rollups r {joined}{cond}
+                GROUP BY s.step, r.cohort_id, r.path, r.scope ORDER BY s.step, r.cohort_id, r.path""",
+            params,
+        )
+        for row in fields:
+            out[row[0]].fields.append(tuple(row[1:]))
+        # the arrays the paths sit in count their units
+        scopes = None if paths is None else [*paths, *(str(row[3]) for row in fields if row[3] is not None)]
+        cond, params = only("r.path", scopes)
+        for step, path, length, n in self.query(
+            f"{steps} SELECT s.step, r.path, r.length, sum(r.n)::BIGINT FROM array_rollups r {joined}{cond} GROUP BY ALL",
+            params,
+        ):
+            out[step].lengths.setdefault((cohort_id, path), {})[int(length)] = int(n)
+        cond, params = only("r.path")
+        for step, path, value, n in self.query(
+            f"{steps} SELECT s.step, r.path, r.value, sum(r.n)::BIGINT FROM value_rollups r {joined}{cond} GROUP BY ALL",
+            params,
+        ):
+            out[step].values.setdefault((cohort_id, path), {})[value] = int(n)
+        for step, path, value, n in self.query(
+            f"{steps} SELECT s.step, r.path, r.value, sum(r.n)::BIGINT FROM number_rollups r {joined}{cond} GROUP BY ALL",
+            params,
+        ):
+            out[step].numbers.setdefault((cohort_id, path), {})[float(value)] = int(n)
+        for step, m, n in self.query(
+            f"{steps} SELECT s.step, r.served_model, sum(r.n)::BIGINT FROM served_models r {joined} GROUP BY ALL",
+            whole,
+        ):
+            out[step].served.setdefault(cohort_id, {})[str(m)] = int(n)
+        for step, version, status, n in self.query(
+            f"{steps} SELECT s.step, r.contract_version, r.status, sum(r.n)::BIGINT FROM contract_rollups r {joined} "
+            "GROUP BY ALL",
+            whole,
+        ):
+            out[step].checks.setdefault(cohort_id, {}).setdefault(str(version), {})[str(status)] = int(n)
+        cond, params = only("coalesce(r.path, '$')")
+        for step, path, keyword, n in self.query(
+            f"""{steps} SELECT s.step, coalesce(r.path, '$'), r.keyword, sum(r.n)::BIGINT
+                FROM violation_rollups r {joined}{cond} GROUP BY ALL""",
+            params,
+        ):
+            out[step].violations.setdefault(cohort_id, {}).setdefault(str(path), {})[str(keyword)] = int(n)
         return out
 
     def events_by_cohort(self, since: datetime, until: datetime) -> dict[int, int]:

@@ -8,6 +8,7 @@ seconds. Resolved alerts follow as history.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import pandas as pd
@@ -52,6 +53,7 @@ STATES = {
     "all": None,
 }
 ALL = "(all)"
+SILENCE_KEY = "silence-open-"  # the key of an alert's silence expander: this, then its fingerprint
 SOURCES = ["production", "probe", "shadow"]
 
 
@@ -60,22 +62,30 @@ def _choice(label: str, options: list[str], key: str) -> str | None:
     return None if picked == ALL else picked
 
 
+def filter_label(state: Mapping[Any, Any]) -> str:
+    """The filter button's label: the filters in force (``state``: the session state), as Markdown."""
+    shown = [str(state.get("alerts-state", next(iter(STATES)))), str(state.get("alerts-source", SOURCES[0]))]
+    shown += [
+        str(state[k])
+        for k in ("alerts-model", "alerts-prompt", "alerts-contract", "alerts-kind")
+        if state.get(k) not in (None, ALL)
+    ]
+    return "Filters: " + ", ".join(ui.literal(v) for v in shown)
+
+
 def _filters(cohorts: list[dict[str, Any]]) -> dict[str, str | None]:
     def values(k: str) -> list[str]:
         return sorted({c["cohort"][k] for c in cohorts})
 
-    cols = st.columns(6)
-    with cols[5]:  # production first: what every view shows unless asked for another source
+    # In a popover: the select boxes keep their state on every run, and the browser draws them only
+    # when it is opened (six of them cost a tenth of the page's load on every visit).
+    with st.popover(filter_label(st.session_state), icon=":material/filter_list:"):
+        # production first: what every view shows unless asked for another source
         source = st.selectbox("Source", SOURCES, key="alerts-source")
-    with cols[0]:
         state = STATES[st.selectbox("State", list(STATES), key="alerts-state")]
-    with cols[1]:
         model = _choice("Model", values("model"), "alerts-model")
-    with cols[2]:
         prompt_version = _choice("Prompt version", values("prompt_version"), "alerts-prompt")
-    with cols[3]:
         contract = _choice("Contract", values("contract"), "alerts-contract")
-    with cols[4]:
         kind = _choice("Kind", list(ALERT_KINDS), "alerts-kind")
     return {
         "state": state,
@@ -108,7 +118,13 @@ def _actions(s: ui.Session, a: dict[str, Any]) -> None:
                 ui.after_write(
                     f"Acknowledged {ui.literal(a['kind'])} on {ui.literal(a['field'])} as {ui.literal(s.author)}."
                 )
-    with right, st.expander("Silence this alert"):
+    with right:
+        # The form is drawn when the expander is opened (a switch reruns the page): six forms cost
+        # the browser a tenth of the page's load on every visit, opened or not.
+        box = st.expander("Silence this alert", key=f"{SILENCE_KEY}{fp}", on_change="rerun")
+    if not box.open:
+        return
+    with box:
         with st.form(f"silence-{fp}", border=False):
             duration = st.text_input("For how long", value="2h", help="e.g. 30m, 2h, 3d", key=f"silence-for-{fp}")
             reason = st.text_input("Reason", key=f"silence-reason-{fp}")

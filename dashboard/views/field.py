@@ -18,6 +18,8 @@ import streamlit as st
 
 from shapewatch.dashboard import charts, number_charts, onset, ui
 
+SAMPLE_KEY = "field-sample-"  # the key of a sample output's expander: this, then the event id
+
 PERIODS = {
     "last 24 hours": (timedelta(hours=24), 24),
     "last 3 days": (timedelta(days=3), 36),
@@ -34,7 +36,7 @@ def _index(options: list[Any], wanted: Any, fallback: int = 0) -> int:
 
 
 def _field_table(fields: dict[str, Any]) -> pd.DataFrame:
-    return pd.DataFrame(
+    table = pd.DataFrame(
         [
             {
                 "field": f["path"],
@@ -50,6 +52,11 @@ def _field_table(fields: dict[str, Any]) -> pd.DataFrame:
             for f in fields["fields"]
         ]
     )
+    if any(f.get("values_withheld") for f in fields["fields"]):
+        # counts beside "withheld" are text, as the table shows them: a column of mixed types
+        # fails Arrow's conversion first, on every run, before Streamlit turns it into text itself
+        table["distinct values"] = table["distinct values"].astype("string")
+    return table
 
 
 def render(s: ui.Session) -> None:
@@ -184,8 +191,15 @@ def render(s: ui.Session) -> None:
     if ids_:
         st.subheader("Sample outputs that show the change")
         for e in s.read("/v1/events", ids=ids_)[:6]:
-            with st.expander(f"{ui.literal(e['event_id'])} · {ui.literal(e['ts'])}"):
-                st.json(e["output"], expanded=True)
+            # Drawn when opened: a JSON viewer costs the browser on every load, open or not.
+            box = st.expander(
+                f"{ui.literal(e['event_id'])} · {ui.literal(e['ts'])}",
+                key=f"{SAMPLE_KEY}{e['event_id']}",
+                on_change="rerun",
+            )
+            if box.open:
+                with box:
+                    st.json(e["output"], expanded=True)
 
     st.subheader("Every field of the cohort")
     st.caption(

@@ -4,9 +4,11 @@ analyzer's view of the lake, and the DuckLake 1.5.5 behaviours the store works a
 
 from __future__ import annotations
 
+import itertools
 import sys
 import threading
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,7 @@ from harness import make_envelope
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "analysis"))
 from drift_outputs import output
 
-from shapewatch.collector import Store
+from shapewatch.collector import Store, read_profile, read_step_profiles
 from shapewatch.collector.envelope import Limits, parse_envelope
 from shapewatch.collector.store.lake import LakeBoundStore, LakeConfig, LakeWriter, _lake_connection
 
@@ -142,6 +144,14 @@ def test_the_analyzers_store_reads_the_lake_with_the_embedded_reads(lake: LakeCo
         t.start()
         t.join()
         assert seen == [50]
+        # a chart's steps read at once over the lake's views equal its windows read one by one
+        cid = store.cohort_id("claude-sonnet-4-5-20250929", "intake-v3", "intake")
+        assert cid is not None
+        t0 = datetime(2026, 11, 29, tzinfo=UTC)
+        edges = [t0 + timedelta(seconds=20 * i) for i in range(-3, 10)]
+        steps = read_step_profiles(store, cid, edges)
+        assert steps == [read_profile(store, cid, lo, hi) for lo, hi in itertools.pairwise(edges)]
+        assert sum(p.events for p in steps) == read_profile(store, cid, edges[0], edges[-1]).events == 50
 
 
 def test_ducklake_stores_a_uhugeint_through_a_double_so_the_lake_keeps_keys_as_text(lake: LakeConfig) -> None:

@@ -147,7 +147,8 @@ def _nodes(node: Any) -> Iterator[Any]:
 
 def markdown_strings(at: AppTest) -> list[str]:
     """Every string of the page that Streamlit renders as Markdown: element bodies (markdown,
-    captions, headings, alerts), labels and help of widgets, links, expanders and tabs, metric values."""
+    captions, headings, alerts), labels and help of widgets, links, expanders, tabs and popovers,
+    metric values."""
     found: list[str] = []
     for node in _nodes(at._tree):
         if getattr(node, "type", None) in _UNRENDERED:
@@ -158,7 +159,7 @@ def markdown_strings(at: AppTest) -> list[str]:
         for desc, value in proto.ListFields():
             if desc.name in ("body", "label", "help") and isinstance(value, str):
                 found.append(value)
-            elif desc.name == "expandable" or desc.name == "tab":  # an expander block: its label
+            elif desc.name in ("expandable", "tab", "popover"):  # an expander, tab or popover: its label
                 found.append(value.label)
     return found
 
@@ -203,6 +204,12 @@ def test_no_page_renders_a_stored_value_as_markdown(
         query = {"cohort": str(cohort_id), "field": "status"}
     at = _open(hostile_url, page, monkeypatch, query)
     _assert_inert(markdown_strings(at))
+    if page == "views/baselines.py":  # only the open tab is drawn: every tab in turn
+        for label in ("Compare and freeze", "Weekly review"):
+            at.session_state["baselines-tab"] = label
+            at.run()
+            assert not at.exception, [e.value for e in at.exception]
+            _assert_inert(markdown_strings(at))
 
 
 def test_the_values_still_show_as_their_text(hostile: tuple[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -213,14 +220,33 @@ def test_the_values_still_show_as_their_text(hostile: tuple[str, str], monkeypat
         assert value in seen, value
     # and the baseline's note and author on the compare tab
     at = _open(hostile_url, "views/baselines.py", monkeypatch)
+    at.session_state["baselines-tab"] = "Compare and freeze"  # only the open tab is drawn
+    at.run()
     seen = " ".join(visible(s) for s in markdown_strings(at))
     assert NOTE in seen and HTML in seen
+
+
+def test_the_alert_filters_label_names_stored_values_as_text(hostile_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The filter button's label names the filters in force, stored names among them: as text."""
+    at = _open(hostile_url, "views/alerts.py", monkeypatch)
+    at.selectbox(key="alerts-model").select(COHORT["model"])
+    at.selectbox(key="alerts-prompt").select(COHORT["prompt_version"])
+    at.selectbox(key="alerts-contract").select(COHORT["contract"]).run()
+    assert not at.exception, [e.value for e in at.exception]
+    (label,) = [n.proto.popover.label for n in _nodes(at._tree) if getattr(n, "type", None) == "popover"]
+    _assert_inert([label])
+    assert visible(label) == (
+        f"Filters: open (pending and firing), production, {COHORT['model']}, {COHORT['prompt_version']}, "
+        f"{COHORT['contract']}"
+    )
 
 
 def test_the_review_shown_on_the_dashboard_holds_no_live_markdown(
     hostile_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     at = _open(hostile_url, "views/baselines.py", monkeypatch)
+    at.session_state["baselines-tab"] = "Weekly review"  # only the open tab is drawn
+    at.run()
     at.toggle(key="review-on").set_value(True).run()  # the review is built on demand
     (review,) = [m.value for m in at.markdown if m.value.startswith("# shapewatch weekly review")]
     _assert_inert([review])

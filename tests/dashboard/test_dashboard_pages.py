@@ -146,9 +146,21 @@ def test_alerts_page_shows_page_alerts_first_with_their_diff(sample_url: str, mo
     assert any(m.startswith("silenced until") for m in markdown(at))
 
 
+def _popover_labels(at: AppTest) -> list[str]:
+    def nodes(node: Any) -> Iterator[Any]:
+        yield node
+        for child in (getattr(node, "children", None) or {}).values():
+            yield from nodes(child)
+
+    return [visible(n.proto.popover.label) for n in nodes(at._tree) if getattr(n, "type", None) == "popover"]
+
+
 def test_alert_filters_narrow_the_list(sample_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     at = open_page(sample_url, monkeypatch=monkeypatch)
+    # the filters sit in a popover (drawn when opened) whose label names those in force
+    assert _popover_labels(at) == ["Filters: open (pending and firing), production"]
     at.selectbox(key="alerts-kind").select("new_type").run()
+    assert _popover_labels(at) == ["Filters: open (pending and firing), production, new_type"]
     assert [h.value for h in at.subheader] == ["Page (1)", "Resolved (0)"]
     assert any(m.startswith("**:red[PAGE]** `score` · **new_type** = `string`") for m in markdown(at))
     at.selectbox(key="alerts-kind").select("(all)")
@@ -178,6 +190,12 @@ def test_silence_from_the_page(writable_url: str, monkeypatch: pytest.MonkeyPatc
     assert alert["silenced_until"] is None
     fp = alert["fingerprint"]
     at = open_page(writable_url, monkeypatch=monkeypatch)
+    # The form is drawn when its expander is opened (six forms cost the browser on every load).
+    assert [f.key for f in at.text_input] == ["author"]
+    assert len(at.expander) == 6
+    at.session_state[f"silence-open-{fp}"] = True
+    at.run()
+    assert sorted(f.key for f in at.text_input) == ["author", f"silence-for-{fp}", f"silence-reason-{fp}"]
     # Without a reason nothing is written.
     at.text_input(key=f"silence-for-{fp}").input("3h")
     at.button(key=f"FormSubmitter:silence-{fp}-Silence").click().run()
@@ -234,6 +252,17 @@ def test_cohorts_page_lists_cohorts_with_the_unpinned_marker(sample_url: str, mo
         "detected": None,
     }
     assert [m.value for m in at.metric] == ["6", "0", "1", "2"]
+    # a cohort's fields open from a popover: its select box picks the cohort the link opens
+    assert _popover_labels(at) == ["Open a cohort's fields"]
+    triage = next(
+        c["cohort_id"]
+        for c in api(sample_url).get("/v1/cohorts").json()
+        if (c["cohort"]["model"], c["cohort"]["contract"]) == ("gpt-4o", "sample-triage")
+    )
+    at.selectbox(key="cohorts-open").select("gpt-4o / triage-v2 / sample-triage").run()
+    assert [(visible(ln.proto.label), ln.proto.query_string) for ln in at.get("page_link")] == [
+        ("Field detail of this cohort", f"cohort={triage}")
+    ]
 
 
 def _cohort_id(url: str, contract: str, prompt_version: str | None = None) -> int:
@@ -276,7 +305,19 @@ def test_field_page_draws_presence_against_the_baseline(sample_url: str, monkeyp
     assert "**:red[PAGE]** presence_drop: presence 100.0% -> 50.0% (p < 1e-6)" in markdown(at)
     fields = at.dataframe[-1].value
     assert set(fields["field"]) >= {"customer.tier", "priority", "intent", "tags"}
+    # a free-text field's count of values is withheld: the counts beside it are text, as shown
+    distinct = dict(zip(fields["field"], fields["distinct values"], strict=True))
+    assert (distinct["customer.email"], distinct["customer.tier"], distinct["priority"]) == ("withheld", "3", "4")
     assert at.query_params == {"cohort": str(cid), "field": "customer.tier"}
+    # The alert's sample outputs are drawn when opened: a JSON viewer costs the browser on every load.
+    assert len(at.json) == 0 and len(at.expander) == 3
+    first = visible(at.expander[0].label).split(" · ")[0]
+    at.session_state["field-sample-" + first] = True
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    (shown,) = at.json
+    (stored,) = api(sample_url).get("/v1/events", params={"ids": [first]}).json()
+    assert json.loads(shown.proto.body) == stored["output"]
 
 
 def test_field_page_highlights_new_values_and_draws_array_sizes(
@@ -346,8 +387,42 @@ def _normal_window(url: str) -> tuple[str, str]:
     return _iso(since), _iso(since + timedelta(hours=4))
 
 
+def _open_tab(at: AppTest, label: str) -> None:
+    """Open a tab of the baselines page: only the open one is drawn, as in the browser."""
+    at.session_state["baselines-tab"] = label
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+
+
 def _pick_cohort(at: AppTest, url: str) -> None:
+    _open_tab(at, "Compare and freeze")
     at.selectbox(key="baselines-cohort").set_value(_cohort_id(url, "sample-intake", "intake-v3"))
+
+
+def test_the_baselines_page_draws_the_open_tab_only(sample_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = open_page(sample_url, "views/baselines.py", monkeypatch=monkeypatch)
+    assert [t.label for t in at.tabs] == ["Baselines", "Compare and freeze", "Weekly review"]
+    drawn = [
+        (len(at.dataframe), [x.key for x in at.selectbox], [t.key for t in at.toggle], [f.key for f in at.text_input])
+    ]
+    _open_tab(at, "Compare and freeze")
+    drawn.append(
+        (len(at.dataframe), [x.key for x in at.selectbox], [t.key for t in at.toggle], [f.key for f in at.text_input])
+    )
+    _open_tab(at, "Weekly review")
+    drawn.append(
+        (len(at.dataframe), [x.key for x in at.selectbox], [t.key for t in at.toggle], [f.key for f in at.text_input])
+    )
+    assert drawn == [
+        (1, [], [], ["author"]),  # the listing (and the sidebar's name)
+        (
+            1,
+            ["baselines-cohort", "baselines-compare"],
+            [],
+            ["baselines-since", "baselines-until", "freeze-note", "freeze-force", "author"],
+        ),
+        (0, ["review-period"], ["review-on"], ["author"]),
+    ]
 
 
 def test_freezing_asks_for_confirmation_first(fresh_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -411,13 +486,14 @@ def test_baselines_page_lists_compares_and_renders_the_review(sample_url: str, m
     now = datetime.now(UTC).replace(second=0, microsecond=0)
     at.text_input(key="baselines-since").input(_iso(now - timedelta(hours=5)))
     at.text_input(key="baselines-until").input(_iso(now + timedelta(minutes=1))).run()
-    rows = {r["field"]: r for r in at.dataframe[1].value.to_dict("records")}
+    rows = {r["field"]: r for r in at.dataframe[0].value.to_dict("records")}  # the compare tab's
     assert (
         rows["customer.tier"]["presence (baseline)"],
         rows["customer.tier"]["presence (window)"],
         rows["customer.tier"]["move (points)"],
     ) == ("100.0%", "50.0%", -50.0)
     assert rows["priority"]["new values"] == "URGENT"
+    _open_tab(at, "Weekly review")
     assert not any(m.startswith("# shapewatch weekly review") for m in markdown(at))  # built on demand
     at.toggle(key="review-on").set_value(True).run()
     assert any(m.startswith("# shapewatch weekly review") for m in markdown(at))

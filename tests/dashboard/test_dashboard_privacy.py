@@ -6,6 +6,7 @@ every element they produce is searched, charts' data and tables included."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -51,6 +52,17 @@ def _protos(node: Any) -> Iterator[Any]:
         yield from _protos(child)
 
 
+def open_samples(at: AppTest) -> int:
+    """Open every sample output of the field page (drawn only when its expander is opened, whose
+    key is ``field-sample-`` and the event id); how many there are."""
+    labels = [re.sub(r"\\(.)", r"\1", e.label) for e in at.expander]
+    for label in labels:
+        at.session_state["field-sample-" + label.split(" · ")[0]] = True
+    at.run()
+    assert len(at.json) == len(labels), (len(at.json), labels)
+    return len(labels)
+
+
 def page_bytes(at: AppTest) -> bytes:
     """Everything the page sent to the browser: every element's message, serialized (chart specs
     and their data, table Arrow buffers, Markdown, JSON, captions)."""
@@ -91,7 +103,16 @@ def test_no_page_shows_an_address(
         at.query_params.update({"cohort": str(intake_id(sample_url)), **query} if query else {})
         at.switch_page(page).run()
     assert not at.exception, [e.value for e in at.exception]
+    if page == "views/field.py":  # the sample outputs, which show outputs holding addresses, opened
+        assert open_samples(at) == (3 if query["field"] == "customer.tier" else 0)
+        assert not at.exception, [e.value for e in at.exception]
     sent = page_bytes(at)
+    if page == "views/baselines.py":  # only the open tab is drawn: every tab in turn
+        for label in ("Compare and freeze", "Weekly review"):
+            at.session_state["baselines-tab"] = label
+            at.run()
+            assert not at.exception, [e.value for e in at.exception]
+            sent += page_bytes(at)
     assert len(sent) > 1000  # the page rendered something to search
     assert ADDRESS not in sent
     if query.get("field") == "customer.email":
