@@ -1,8 +1,11 @@
-"""Ingestion health: events by outcome, rejects by reason, duplicates, provider outcomes, the analyzer's runs.
+"""Ingestion health: what the store holds per cohort, events by outcome, rejects by reason,
+duplicates, provider outcomes, the analyzer's runs.
 
-Counters come from ``GET /metrics`` (they count since the service started);
-events per second are measured between two refreshes of this page. The
-analyzer's runs, with their errors, come from ``GET /v1/analyzer/runs``.
+What is stored (events and the last event per cohort) comes from ``GET /v1/cohorts``, read from
+the store's rollups: a restart of the service does not zero it. The counters come from
+``GET /metrics`` (they count since the service started); events per second are measured between
+two refreshes of this page. The analyzer's runs, with their errors, come from
+``GET /v1/analyzer/runs``.
 """
 
 from __future__ import annotations
@@ -15,6 +18,36 @@ import streamlit as st
 
 from shapewatch.dashboard import ui
 from shapewatch.dashboard.health import parse_metrics
+
+
+def _stored(s: ui.Session) -> None:
+    cohorts = s.read("/v1/cohorts")
+    if not cohorts:
+        st.info("Nothing is stored yet: no event was ever sent to the collector.")
+        return
+    lasts = [c["last_event_at"] for c in cohorts if c.get("last_event_at")]
+    newest = max(lasts, default=None)
+    cols = st.columns(3)
+    cols[0].metric("Events stored", f"{sum(c.get('events_total') or 0 for c in cohorts):,}")
+    cols[1].metric("Cohorts", f"{len(cohorts):,}")
+    cols[2].metric("Last event", ui.literal(ui.relative(newest)), help=ui.literal(ui.ago(newest)))
+    st.dataframe(
+        pd.DataFrame(
+            [
+                {
+                    "source": c["cohort"]["source"],
+                    "model": c["cohort"]["model"],
+                    "prompt version": c["cohort"]["prompt_version"],
+                    "contract": c["cohort"]["contract"],
+                    "events stored": c.get("events_total") or 0,
+                    "last event": ui.ago(c.get("last_event_at")),
+                }
+                for c in sorted(cohorts, key=lambda c: c.get("last_event_at") or "", reverse=True)
+            ]
+        ),
+        hide_index=True,
+    )
+    st.caption("Read from the store: a restart of the service keeps these.")
 
 
 @ui.guard
@@ -34,7 +67,7 @@ def _counters(s: ui.Session) -> None:
     cols[4].metric(
         "Events/s", "-" if rate is None else f"{rate:,.1f}", help="Between the last two refreshes of this page."
     )
-    st.caption("Counted since the service started.")
+    st.caption("Counted by this service process since it started (a restart zeroes them).")
 
     left, right = st.columns(2)
     with left:
@@ -122,6 +155,9 @@ def _analyzer(s: ui.Session) -> None:
 def render(s: ui.Session) -> None:
     st.title("Ingestion health")
     s.text("/metrics")  # unreachable or refused: one message for the page, not one per section
+    st.subheader("Stored")
+    _stored(s)
+    st.subheader("Since the service started")
     st.fragment(_counters, run_every=s.settings.refresh_seconds)(s)
     _analyzer(s)
     st.caption(f"Page built {datetime.now(UTC):%Y-%m-%d %H:%M:%S} UTC.")

@@ -17,11 +17,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 from dashboard_live import free_port, live_service
+from harness import make_envelope
 from streamlit.testing.v1 import AppTest
 
 from shapewatch.analysis.sample import SAMPLE_AUTHOR, seed_sample
+from shapewatch.collector.envelope import LIMITS, parse_envelope
+from shapewatch.collector.store import Store
 
 APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
 PAGES = [
@@ -514,6 +518,29 @@ def test_ingestion_page_shows_counts_and_the_analyzers_runs(sample_url: str, mon
     assert list(runs["run"]) == [2, 1] and runs["ok"].all()
     per_cohort = {(r["model"], r["prompt version"]): r["accepted"] for r in at.dataframe[-2].value.to_dict("records")}
     assert per_cohort[("gpt-4o", "triage-v2")] == 1560
+    # what the store holds, beside what this process counted: the sample's history stored before
+    # the service counted anything, and the 4,730 it accepted
+    stored = at.dataframe[0].value.to_dict("records")
+    total = sum(r["events stored"] for r in stored)
+    assert metrics["Events stored"] == f"{total:,}" and total > 4730
+    assert {(r["model"], r["prompt version"]): r["events stored"] for r in stored}[("gpt-4o", "triage-v2")] >= 1560
+    assert all(r["last event"].endswith("ago)") for r in stored)
+
+
+def test_ingestion_figures_read_from_the_store_survive_a_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Events stored before this service started: its counters say 0, the store's figures do not."""
+    db = tmp_path / "restarted.duckdb"
+    with Store.open(db) as store:
+        store.write_batch([parse_envelope(orjson.dumps(make_envelope(event_id=f"r{i}")), LIMITS) for i in range(37)])
+    with live_service(db) as url:
+        at = open_page(url, "views/ingestion.py", monkeypatch=monkeypatch)
+    assert not at.exception
+    metrics = {m.label: visible(m.value) for m in at.metric}
+    assert (metrics["Events stored"], metrics["Cohorts"], metrics["Accepted"]) == ("37", "1", "0")
+    (row,) = at.dataframe[0].value.to_dict("records")
+    assert row["events stored"] == 37
 
 
 # --- the service down, a wrong token ----------------------------------------------------------
