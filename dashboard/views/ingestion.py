@@ -1,8 +1,9 @@
 """Ingestion health: what the store holds per cohort, events by outcome, rejects by reason,
 duplicates, provider outcomes, the analyzer's runs.
 
-What is stored (events and the last event per cohort) comes from ``GET /v1/cohorts``, read from
-the store's rollups: a restart of the service does not zero it. The counters come from
+What is stored comes from the store, so a restart of the service does not zero it: the raw
+events held (``GET /healthz``), and per cohort the events counted and the last event
+(``GET /v1/cohorts``, from the rollups). The counters come from
 ``GET /metrics`` (they count since the service started); events per second are measured between
 two refreshes of this page. The analyzer's runs, with their errors, come from
 ``GET /v1/analyzer/runs``.
@@ -28,7 +29,11 @@ def _stored(s: ui.Session) -> None:
     lasts = [c["last_event_at"] for c in cohorts if c.get("last_event_at")]
     newest = max(lasts, default=None)
     cols = st.columns(3)
-    cols[0].metric("Events stored", f"{sum(c.get('events_total') or 0 for c in cohorts):,}")
+    cols[0].metric(
+        "Events stored",
+        f"{s.read('/healthz')['events']:,}",
+        help="Raw events the store holds now (older ones go after the retention period).",
+    )
     cols[1].metric("Cohorts", f"{len(cohorts):,}")
     cols[2].metric("Last event", ui.literal(ui.relative(newest)), help=ui.literal(ui.ago(newest)))
     st.dataframe(
@@ -39,7 +44,7 @@ def _stored(s: ui.Session) -> None:
                     "model": c["cohort"]["model"],
                     "prompt version": c["cohort"]["prompt_version"],
                     "contract": c["cohort"]["contract"],
-                    "events stored": c.get("events_total") or 0,
+                    "events counted": c.get("events_total") or 0,
                     "last event": ui.ago(c.get("last_event_at")),
                 }
                 for c in sorted(cohorts, key=lambda c: c.get("last_event_at") or "", reverse=True)
@@ -47,7 +52,11 @@ def _stored(s: ui.Session) -> None:
         ),
         hide_index=True,
     )
-    st.caption("Read from the store: a restart of the service keeps these.")
+    st.caption(
+        "Read from the store: a restart of the service keeps these. Events counted per cohort since its "
+        "first (raw events purged by retention included); a model that answered for an alias counts "
+        "those outputs in its own cohort too."
+    )
 
 
 @ui.guard
