@@ -4,6 +4,8 @@ memory the key index needs, and DuckDB's errors as the store's own."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -94,3 +96,21 @@ def _is_space_error(exc: BaseException) -> bool:
         s in msg
         for s in ("no space left", "disk full", "out of disk", "could not write", "i/o error", "input/output error")
     )
+
+
+@contextmanager
+def explicit_transaction(con: duckdb.DuckDBPyConnection) -> Iterator[duckdb.DuckDBPyConnection]:
+    """``BEGIN`` ... ``COMMIT`` on a connection of its own (a lake's, one attached to PostgreSQL),
+    for a caller that maps errors itself: any exception rolls back and goes on. A failing
+    rollback is ignored, so the error that caused it is the one raised. (The store's own
+    transactions, with their error mapping, are ``StoreCore._transaction``.)"""
+    con.execute("BEGIN TRANSACTION")
+    try:
+        yield con
+        con.execute("COMMIT")
+    except BaseException:
+        try:
+            con.execute("ROLLBACK")
+        except duckdb.Error:
+            pass
+        raise

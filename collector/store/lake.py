@@ -47,6 +47,7 @@ from ..errors import StoreError, StoreUnavailable
 from ..rollup import RollupBatch, RollupConfig
 from . import merge
 from .batch import BatchBuilder, Purged, WriteResult, _results
+from .connection import explicit_transaction
 from .schema import _COHORT_EVENTS, Schema
 from .shared_state import SharedState, shared_tables
 from .store import Store
@@ -346,8 +347,7 @@ class LakeWriter:
                 ids = pa.array([by_key[key] for key in batch.cohorts], pa.int32())
                 table = batch.table.append_column("cohort_id", ids.take(batch.table["cohort_key"]))
                 con = self._con
-                con.execute("BEGIN TRANSACTION")
-                try:
+                with explicit_transaction(con):
                     wanted = list(dict.fromkeys(batch.event_ids))
                     existing = dict(
                         con.execute(
@@ -385,13 +385,6 @@ class LakeWriter:
                         inserted = set(table["event_id"].to_pylist())
                         rollups = batch.rollups if len(inserted) == batch.unique else self._rollups_of(batch, inserted)
                         merge.merge_rollups(con, [rollups], self.rollup, keyed=False)
-                    con.execute("COMMIT")
-                except BaseException:
-                    try:
-                        con.execute("ROLLBACK")
-                    except duckdb.Error:
-                        pass
-                    raise
             except (duckdb.Error, _pg_error()) as exc:
                 raise StoreError("writing a batch to the lake", exc) from exc
             return _results(batch, inserted, existing)
@@ -431,20 +424,12 @@ def compact_lake(
     done: dict[str, int] = {}
     now = datetime.now(UTC)
     try:
-        con.execute("BEGIN TRANSACTION")
-        try:
+        with explicit_transaction(con):
             done["rollup_rows_removed"] = merge.compact_rollups(con, until=now - older_than)
             row = con.execute("SELECT count(*) FROM event_keys WHERE received_at < ?", [now - dedup_ttl]).fetchone()
             if row and row[0]:
                 con.execute("DELETE FROM event_keys WHERE received_at < ?", [now - dedup_ttl])
             done["keys_purged"] = int(row[0]) if row else 0
-            con.execute("COMMIT")
-        except BaseException:
-            try:
-                con.execute("ROLLBACK")
-            except duckdb.Error:
-                pass
-            raise
         merged = con.execute(f"CALL ducklake_merge_adjacent_files('{cfg.name}')").fetchall()
         done["files_merged"] = len(merged)
         con.execute(

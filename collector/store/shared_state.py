@@ -37,6 +37,7 @@ from typing import Any
 import duckdb
 
 from ..errors import StoreError, StoreUnavailable
+from .connection import explicit_transaction
 from .schema import Schema, tables_of
 
 __all__ = [
@@ -173,12 +174,10 @@ class SharedState:
     def _pull(self) -> bool:
         con = self.con
         try:
-            con.execute("BEGIN TRANSACTION")
-            try:
+            with explicit_transaction(con):
                 row = con.execute(f"SELECT version FROM {STATE_ALIAS}.state_meta").fetchone()
                 now = int(row[0]) if row else 0
-                if now == self.version:
-                    con.execute("ROLLBACK")
+                if now == self.version:  # nothing changed: the read-only transaction ends
                     return False
                 full = self._full_pull
                 for table in self.tables:
@@ -195,13 +194,6 @@ class SharedState:
                         continue
                     con.execute(f"DELETE FROM main.{table}")
                     con.execute(f"INSERT INTO main.{table} ({cols}) SELECT {cols} FROM {STATE_ALIAS}.{table}")
-                con.execute("COMMIT")
-            except BaseException:
-                try:
-                    con.execute("ROLLBACK")
-                except duckdb.Error:
-                    pass
-                raise
         except duckdb.Error as exc:
             raise StoreUnavailable(f"copying the shared analyzer state from PostgreSQL: {exc}") from exc
         self.version = now
@@ -271,8 +263,7 @@ class SharedState:
             changed = [t for t in self.tables if digests[t] != self._digests.get(t)]
             if not changed:
                 return
-            con.execute("BEGIN TRANSACTION")
-            try:
+            with explicit_transaction(con):
                 rows = con.execute(
                     f"UPDATE {STATE_ALIAS}.state_meta SET version = version + 1, pushed_at = now() WHERE epoch = ?",
                     [self.epoch],
@@ -299,13 +290,6 @@ class SharedState:
                     con.execute(f"DELETE FROM {STATE_ALIAS}.{table}")
                     con.execute(f"INSERT INTO {STATE_ALIAS}.{table} ({cols}) SELECT {cols} FROM main.{table}")
                 row = con.execute(f"SELECT version FROM {STATE_ALIAS}.state_meta").fetchone()
-                con.execute("COMMIT")
-            except BaseException:
-                try:
-                    con.execute("ROLLBACK")
-                except duckdb.Error:
-                    pass
-                raise
         except NotLeader:
             self.epoch = None
             raise
