@@ -77,6 +77,17 @@ def _connect(cfg: ScaleOutConfig, name: str) -> Any:
         raise StoreError("connecting to the lake's PostgreSQL catalog", exc) from exc
 
 
+def _wait_for_the_lock(pg: Any, stop: threading.Event) -> bool:
+    """Ask for the analyzer lock on this session every second until it is held (True) or
+    ``stop`` is set (False)."""
+    while not stop.is_set():
+        row = pg.execute("SELECT pg_try_advisory_lock(%s)", [LOCK_ANALYZER]).fetchone()
+        if row and row[0]:
+            return True
+        stop.wait(1.0)
+    return False
+
+
 def _campaign(
     cfg: ScaleOutConfig, store: LakeBoundStore, name: str, api_url: str | None, stop: threading.Event
 ) -> None:
@@ -89,12 +100,7 @@ def _campaign(
         pg = None
         try:
             pg = _connect(cfg, name)
-            while not stop.is_set():
-                row = pg.execute("SELECT pg_try_advisory_lock(%s)", [LOCK_ANALYZER]).fetchone()
-                if row and row[0]:
-                    break
-                stop.wait(1.0)
-            if stop.is_set():
+            if not _wait_for_the_lock(pg, stop):
                 return
             t0 = time.monotonic()
             epoch = store.take_over(name, api_url)
@@ -179,12 +185,7 @@ def _analyze_when_elected(
 
     pg = _connect(cfg, name)
     try:
-        while not stop.is_set():
-            row = pg.execute("SELECT pg_try_advisory_lock(%s)", [LOCK_ANALYZER]).fetchone()
-            if row and row[0]:
-                break
-            stop.wait(1.0)
-        if stop.is_set():
+        if not _wait_for_the_lock(pg, stop):
             return
         store.take_over(name, None)
         log.warning("analyzer %s elected: it evaluates the lake from now on", name)

@@ -422,3 +422,13 @@ ack_wait_seconds = 20
             text = log.read_text(errors="replace").splitlines()[-15:]
             out.append(f"--- {log.name}\n" + "\n".join(text))
         return "\n".join(out)
+
+
+def own_database(pg: Postgres, tmp_path: Path, prefix: str) -> str:
+    """A database of its own for one test (a catalog never sees another test's tables); its DSN."""
+    import psycopg
+
+    name = f"{prefix}_{tmp_path.name.lower().replace('-', '_')}"[:60]
+    with psycopg.connect(pg.dsn, autocommit=True) as con:
+        con.execute(f'CREATE DATABASE "{name}"')
+    return pg.dsn.replace("dbname=postgres", f"dbname={name}")

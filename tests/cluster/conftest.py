@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
-from cluster_harness import missing_tools
+from cluster_harness import Postgres, missing_tools
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -14,3 +15,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         missing = missing_tools()
         if missing:
             raise pytest.UsageError(f"the scale-out cluster tests need: {', '.join(missing)}")
+
+
+@pytest.fixture(scope="module")
+def pg(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Postgres]:
+    """A PostgreSQL server of the module's own."""
+    p = Postgres(tmp_path_factory.mktemp("pg"))
+    p.start()
+    yield p
+    p.stop()

@@ -7,14 +7,13 @@ from __future__ import annotations
 import itertools
 import sys
 import threading
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
-from cluster_harness import Postgres, missing_tools
+from cluster_harness import Postgres, missing_tools, own_database
 from harness import make_envelope
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "analysis"))
@@ -30,23 +29,9 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def pg(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Postgres]:
-    p = Postgres(tmp_path_factory.mktemp("pg"))
-    p.start()
-    yield p
-    p.stop()
-
-
 @pytest.fixture
 def lake(pg: Postgres, tmp_path: Path) -> LakeConfig:
-    # a database of its own per test: the catalog of one test never sees another's tables
-    import psycopg
-
-    name = f"lake_{tmp_path.name.lower().replace('-', '_')}"[:60]
-    with psycopg.connect(pg.dsn, autocommit=True) as con:
-        con.execute(f'CREATE DATABASE "{name}"')
-    return LakeConfig(pg.dsn.replace("dbname=postgres", f"dbname={name}"), f"{tmp_path / 'data'}/")
+    return LakeConfig(own_database(pg, tmp_path, "lake"), f"{tmp_path / 'data'}/")
 
 
 def _envs(n: int, start: int = 0, **kw: Any) -> list[Any]:

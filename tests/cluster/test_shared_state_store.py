@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from cluster_harness import Postgres, missing_tools
+from cluster_harness import Postgres, missing_tools, own_database
 
 from shapewatch.analysis.alerts import AlertBook
 from shapewatch.analysis.scaleout import open_lake_store
@@ -28,25 +28,12 @@ pytestmark = [
 NOW = datetime(2026, 12, 1, 12, tzinfo=UTC)
 
 
-@pytest.fixture(scope="module")
-def pg(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Postgres]:
-    p = Postgres(tmp_path_factory.mktemp("pg"))
-    p.start()
-    yield p
-    p.stop()
-
-
 @pytest.fixture
 def cfg(pg: Postgres, tmp_path: Path) -> ScaleOutConfig:
-    import psycopg
-
-    name = f"state_{tmp_path.name.lower().replace('-', '_')}"[:60]
-    with psycopg.connect(pg.dsn, autocommit=True) as con:
-        con.execute(f'CREATE DATABASE "{name}"')
     return ScaleOutConfig.from_mapping(
         {
             "nats_servers": ["nats://127.0.0.1:1"],
-            "pg_dsn": pg.dsn.replace("dbname=postgres", f"dbname={name}"),
+            "pg_dsn": own_database(pg, tmp_path, "state"),
             "data_path": f"{tmp_path / 'lake'}/",
         }
     )
