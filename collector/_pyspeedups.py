@@ -731,6 +731,10 @@ class Acc:
         long, true); slot i is row i."""
         return [tuple(row) for row in self._rows]
 
+    def count_rows(self) -> bytes:
+        """``counts`` packed: per slot, its twelve values as native int64, slot after slot."""
+        return array("q", [x for row in self._rows for x in row]).tobytes()
+
     def value_rows(self) -> tuple[bytes, bytes, bytes, bytes]:
         """Short string values: slots (int64), offsets (int32, rows + 1) and UTF-8 data of an
         Arrow string column, counts (int64), packed native."""

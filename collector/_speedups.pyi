@@ -110,6 +110,8 @@ class Acc:
     def add_json(self, text: str | bytes, group: int, /) -> None:
         """Count one output given as JSON text, as ``add(json.loads(text), group)`` would."""
     def counts(self) -> list[tuple[int, ...]]: ...
+    def count_rows(self) -> bytes:
+        """``counts`` packed: per slot, its twelve values as native int64, slot after slot."""
     def value_rows(self) -> tuple[bytes, bytes, bytes, bytes]:
         """Short string values: slots (int64), offsets (int32, rows + 1) and UTF-8 data of an
         Arrow string column, counts (int64), packed native."""

@@ -45,6 +45,7 @@ from datetime import datetime
 from enum import Enum
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute
 
@@ -420,21 +421,19 @@ class RollupBatch:
                 "coarse": pa.array([i in self._coarse for _, i in groups], pa.bool_()),
             }
         )
-        counts = acc.counts()
-        cols: list[tuple[Any, ...]] = (
-            list(zip(*counts, strict=True)) if counts else [() for _ in range(2 + len(_FIELD_COLS))]
-        )
+        # per slot: group, path id, then the counts (packed native int64, no object per count)
+        cols = np.frombuffer(acc.count_rows(), dtype=np.int64).reshape(-1, 2 + len(_FIELD_COLS)).T
         names = pa.array([p for p, _ in self._paths], pa.string())
         scopes = pa.array([s for _, s in self._paths], pa.string())
-        path_ids = pa.array(cols[1], pa.int64())
+        path_ids = pa.array(cols[1])
         f = {
-            "slot": pa.array(range(len(counts)), pa.int64()),
-            "g": pa.array(cols[0], pa.int64()),
+            "slot": pa.array(np.arange(cols.shape[1], dtype=np.int64)),
+            "g": pa.array(cols[0]),
             "path": names.take(path_ids),
             "scope": scopes.take(path_ids),
         }
         for i, name in enumerate(_FIELD_COLS):
-            f[name] = pa.array(cols[2 + i], pa.int64())
+            f[name] = pa.array(cols[2 + i])
         vs, voff, vdata, vn = acc.value_rows()  # packed Arrow buffers, wrapped without a copy
         vrows = len(vs) // 8
         v = pa.table(

@@ -266,8 +266,9 @@ static inline uint64_t vt_hash(const char *p, Py_ssize_t n) {  /* FNV-1a */
     return h;
 }
 
-/* Count one short string value (its UTF-8 bytes) in its slot. */
-static int vt_bump(Acc *self, Py_ssize_t slot, const char *p, Py_ssize_t len) {
+/* Count one short string value (its UTF-8 bytes) in its slot. `valid`: the bytes are known to be
+ * UTF-8 (taken as they are from a str), so a new value need not be checked. */
+static int vt_bump(Acc *self, Py_ssize_t slot, const char *p, Py_ssize_t len, int valid) {
     struct vt_table *t = &self->vals[slot];
     uint64_t h = vt_hash(p, len);
     uint32_t mask = t->icap - 1, i = (uint32_t)h & mask;
@@ -281,9 +282,11 @@ static int vt_bump(Acc *self, Py_ssize_t slot, const char *p, Py_ssize_t len) {
         }
     }
     /* a new value: its text must be UTF-8 (it becomes an Arrow string) */
-    PyObject *check = PyUnicode_DecodeUTF8(p, len, "strict");
-    if (check == NULL) return -1;
-    Py_DECREF(check);
+    if (!valid) {
+        PyObject *check = PyUnicode_DecodeUTF8(p, len, "strict");
+        if (check == NULL) return -1;
+        Py_DECREF(check);
+    }
     if (self->arena_len + len > self->arena_cap) {
         Py_ssize_t cap = self->arena_cap ? self->arena_cap * 2 : 4096;
         while (cap < self->arena_len + len) cap *= 2;
@@ -476,7 +479,7 @@ static int acc_value(Acc *self, PyObject *v, Py_ssize_t group, Py_ssize_t path) 
         if (PyUnicode_GET_LENGTH(v) <= self->max_value_length) {
             Py_ssize_t len;
             const char *u = PyUnicode_AsUTF8AndSize(v, &len);
-            if (u == NULL || vt_bump(self, slot, u, len) < 0) return -1;
+            if (u == NULL || vt_bump(self, slot, u, len, 1) < 0) return -1;
         } else {
             c[C_LONG]++;
         }
@@ -540,6 +543,7 @@ typedef struct {
     const unsigned char *p, *end;
     char *tmp;            /* scratch for strings with escapes and number literals */
     Py_ssize_t tmp_cap;
+    int utf8;             /* the text is a str's UTF-8: its bytes between quotes are valid UTF-8 */
 } jtext;
 
 static int jt_room(jtext *t, Py_ssize_t n) {
@@ -755,14 +759,14 @@ static int jt_value(Acc *self, jtext *t, Py_ssize_t group, Py_ssize_t path) {
             Py_ssize_t len = q - a;
             t->p = q + 1;
             if (len <= self->max_value_length || utf8_chars(a, len) <= self->max_value_length)
-                return vt_bump(self, slot, (const char *)a, len);
+                return vt_bump(self, slot, (const char *)a, len, t->utf8);
             c[C_LONG]++;
             return 0;
         }
         Py_ssize_t chars, len;
         const char *u;
         if (jt_unescape(t, &u, &len, &chars) < 0) return -1;
-        if (chars <= self->max_value_length) return vt_bump(self, slot, u, len);
+        if (chars <= self->max_value_length) return vt_bump(self, slot, u, len, 0);
         c = self->counts + slot * NCOUNT;
         c[C_LONG]++;
         return 0;
@@ -874,9 +878,9 @@ static int jt_members(Acc *self, jtext *t, Py_ssize_t group, Py_ssize_t path) {
 }
 
 /* Count one output's JSON text in its group (the text as add_json takes it). */
-static int acc_count_text(Acc *self, const char *text, Py_ssize_t len, Py_ssize_t group) {
+static int acc_count_text(Acc *self, const char *text, Py_ssize_t len, Py_ssize_t group, int utf8) {
     if (acc_group(self, group) < 0) return -1;
-    jtext t = {(const unsigned char *)text, (const unsigned char *)text + len, NULL, 0};
+    jtext t = {(const unsigned char *)text, (const unsigned char *)text + len, NULL, 0, utf8};
     jt_ws(&t);
     int r;
     if (t.p >= t.end || *t.p != '{') r = jt_bad("an output is a JSON object");
@@ -886,10 +890,21 @@ static int acc_count_text(Acc *self, const char *text, Py_ssize_t len, Py_ssize_
 }
 
 static PyObject *acc_add_json(Acc *self, PyObject *args) {
-    const char *text;
-    Py_ssize_t len, group;
-    if (!PyArg_ParseTuple(args, "s#n", &text, &len, &group)) return NULL;
-    if (acc_count_text(self, text, len, group) < 0) return NULL;
+    PyObject *obj;
+    Py_ssize_t group;
+    if (!PyArg_ParseTuple(args, "On", &obj, &group)) return NULL;
+    int r;
+    if (PyUnicode_Check(obj)) {
+        Py_ssize_t len;
+        const char *text = PyUnicode_AsUTF8AndSize(obj, &len);
+        r = text == NULL ? -1 : acc_count_text(self, text, len, group, 1);
+    } else if (PyBytes_Check(obj)) {
+        r = acc_count_text(self, PyBytes_AS_STRING(obj), PyBytes_GET_SIZE(obj), group, 0);
+    } else {
+        PyErr_Format(PyExc_TypeError, "an output's text is str or bytes, not %.100s", Py_TYPE(obj)->tp_name);
+        return NULL;
+    }
+    if (r < 0) return NULL;
     Py_RETURN_NONE;
 }
 
@@ -914,7 +929,7 @@ static PyObject *acc_add_many(Acc *self, PyObject *args) {
         if (PyUnicode_Check(o)) {
             Py_ssize_t len;
             const char *text = PyUnicode_AsUTF8AndSize(o, &len);
-            r = text == NULL ? -1 : acc_count_text(self, text, len, g);
+            r = text == NULL ? -1 : acc_count_text(self, text, len, g, 1);
         } else {
             r = acc_count_dict(self, o, g);
         }
@@ -935,6 +950,23 @@ static PyObject *acc_counts(Acc *self, PyObject *unused) {
                                       c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8], c[9]);
         if (!row) { Py_DECREF(out); return NULL; }
         PyList_SET_ITEM(out, s, row);
+    }
+    return out;
+}
+
+/* count_rows() -> bytes: counts() packed, one row of 2 + NCOUNT native int64 per slot (group,
+ * path, then the counts in counts()' order): a batch of sparse traffic holds a slot per output
+ * and path, and a tuple of twelve boxed ints per slot cost more than counting them. */
+static PyObject *acc_count_rows(Acc *self, PyObject *Py_UNUSED(ignored)) {
+    if (self->namer == NULL) { PyErr_SetString(PyExc_RuntimeError, "Acc is not initialised"); return NULL; }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, self->nslots * (2 + NCOUNT) * 8);
+    if (!out) return NULL;
+    int64_t *p = (int64_t *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t s = 0; s < self->nslots; s++) {
+        *p++ = self->slot_group[s];
+        *p++ = self->slot_path[s];
+        const long long *c = self->counts + s * NCOUNT;
+        for (int k = 0; k < NCOUNT; k++) *p++ = c[k];
     }
     return out;
 }
@@ -1056,7 +1088,9 @@ static PyMethodDef acc_methods[] = {
      "add_json(text, group): count one output given as JSON text, as add(json.loads(text), group)."},
     {"value_rows", (PyCFunction)acc_value_rows, METH_NOARGS,
      "value_rows() -> (slots, offsets, data, counts): the values as packed Arrow buffers."},
-    {"counts", (PyCFunction)acc_counts, METH_NOARGS, "Per slot: (group, path, nine counts); slot i is row i."},
+    {"counts", (PyCFunction)acc_counts, METH_NOARGS, "Per slot: (group, path, ten counts); slot i is row i."},
+    {"count_rows", (PyCFunction)acc_count_rows, METH_NOARGS,
+     "count_rows() -> bytes: counts() packed, 12 native int64 per slot."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -68,6 +68,7 @@ def test_the_interface_is_what_the_callers_use() -> None:
         "add_many": 2,
         "add_json": 2,
         "counts": 0,
+        "count_rows": 0,
         "value_rows": 0,
         "rows": 1,
     }

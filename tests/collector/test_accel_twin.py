@@ -9,6 +9,7 @@ same counts, the same buffers. Skipped where the C extension is not built.
 from __future__ import annotations
 
 import json
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta, timezone
@@ -150,12 +151,16 @@ def _acc_state(impl: Any, adds: list[tuple[Any, int, bool]]) -> tuple[Any, ...]:
         return len(names) - 1
 
     acc = impl.Acc(namer, 5)
-    for output, group, as_text in adds:
-        if as_text:
-            acc.add_json(orjson.dumps(output).decode(), group)
+    for i, (output, group, as_text) in enumerate(adds):
+        if as_text:  # as a str and as bytes, turn about: bytes are checked as UTF-8, a str's need not be
+            text = orjson.dumps(output)
+            acc.add_json(text if i % 2 else text.decode(), group)
         else:
             acc.add(output, group)
-    return names, acc.counts(), acc.value_rows(), acc.rows(0), _packed(acc.rows(1), "q"), _packed(acc.rows(2), "d")
+    counts = acc.counts()
+    packed = array("q", acc.count_rows())
+    assert [tuple(packed[i : i + 12]) for i in range(0, len(packed), 12)] == counts
+    return names, counts, acc.value_rows(), acc.rows(0), _packed(acc.rows(1), "q"), _packed(acc.rows(2), "d")
 
 
 def _packed(rows: tuple[bytes, bytes, bytes], value_format: str) -> list[tuple[int, Any, int]]:
