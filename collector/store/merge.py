@@ -8,6 +8,7 @@ never rewrites what an earlier one stored (``compact_rollups`` does that, range 
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 import duckdb
 import numpy as np
@@ -270,17 +271,17 @@ def _register_hard_slots(con: duckdb.DuckDBPyConnection, f: pa.Table, v: pa.Tabl
     ).to_arrow_table()
     rows = f.num_rows
     fg = f["g"].to_numpy()
-    paths = f["path"].combine_chunks()
-    codes = pa.compute.dictionary_encode(paths).indices.to_numpy().astype(np.int64)
-    _, where, repeats = np.unique(fg * (int(codes.max(initial=0)) + 1) + codes, return_inverse=True, return_counts=True)
+    # paths as a dictionary: a row taken copies its index, not its text (memory at a sparse merge)
+    paths = pa.compute.dictionary_encode(f["path"].combine_chunks())
+    codes = paths.indices.to_numpy().astype(np.int64)
+    _, where, repeats = np.unique(fg * (len(paths.dictionary) + 1) + codes, return_inverse=True, return_counts=True)
     vslot = v["slot"].to_numpy()
     slot_ok = (repeats[where] == 1) & (np.bincount(vslot, minlength=rows) <= cap)
-    gs = groups["g"].to_numpy()
-    size = int(max(gs.max(initial=-1), fg.max(initial=-1))) + 1
-    fields, values, hard = [], [], []
+    del where, repeats, codes
+    size = int(max(groups["g"].to_numpy().max(initial=-1), fg.max(initial=-1))) + 1
+    hard = []
     for served in (False, True):
-        mine = pa.compute.equal(groups["served"], served)
-        part = groups.filter(mine)
+        part = groups.filter(pa.compute.equal(groups["served"], served))
         if not part.num_rows:
             continue
         row_of_g = np.full(size, -1, dtype=np.int64)
@@ -289,31 +290,25 @@ def _register_hard_slots(con: duckdb.DuckDBPyConnection, f: pa.Table, v: pa.Tabl
         has = r >= 0
         easy = has & slot_ok
         easy[has] &= ~part["busy"].to_numpy(zero_copy_only=False)[r[has]]
-        if easy.any():
-            at = np.flatnonzero(easy)
-            cols = {
-                "cohort_id": part["cohort_id"].take(r[at]),
-                "bucket": part["bucket"].take(r[at]),
-                "path": paths.take(at),
-                "scope": f["scope"].take(at),
-            }
-            cols.update((c, f[c].take(at)) for c in _FIELD_COLS)
-            cols["values_overflow"] = f["dropped"].take(at)
-            fields.append(pa.table(cols))
+        at = np.flatnonzero(easy)
+        if len(at):
+            _append(con, "field_rollups", [
+                ("cohort_id", part["cohort_id"].take(r[at])),
+                ("bucket", part["bucket"].take(r[at])),
+                ("path", paths.take(at)),
+                *((c, _rows_of(f[c], at)) for c in ["scope", *_FIELD_COLS]),
+                ("values_overflow", _rows_of(f["dropped"], at)),
+            ])  # fmt: skip
             keep = np.flatnonzero(easy[vslot])
             if len(keep):
                 vr = r[vslot[keep]]
-                values.append(
-                    pa.table(
-                        {
-                            "cohort_id": part["cohort_id"].take(vr),
-                            "bucket": part["bucket"].take(vr),
-                            "path": paths.take(vslot[keep]),
-                            "value": v["value"].take(keep),
-                            "n": v["n"].take(keep),
-                        }
-                    )
-                )
+                _append(con, "value_rollups", [
+                    ("cohort_id", part["cohort_id"].take(vr)),
+                    ("bucket", part["bucket"].take(vr)),
+                    ("path", paths.take(vslot[keep])),
+                    ("value", _rows_of(v["value"], keep)),
+                    ("n", _rows_of(v["n"], keep)),
+                ])  # fmt: skip
         at = np.flatnonzero(has & ~easy)
         hard.append(
             pa.table(
@@ -321,21 +316,10 @@ def _register_hard_slots(con: duckdb.DuckDBPyConnection, f: pa.Table, v: pa.Tabl
                     "slot": pa.array(at, pa.int64()),
                     "cohort_id": part["cohort_id"].take(r[at]),
                     "bucket": part["bucket"].take(r[at]),
-                    "path": paths.take(at),
+                    "path": paths.dictionary.take(paths.indices.take(at)),
                 }
             )
         )
-    if fields:
-        con.register("_fe", pa.concat_tables(fields))
-        con.execute(
-            f"""INSERT INTO field_rollups (cohort_id, bucket, path, scope, {", ".join(_FIELD_COLS)}, values_overflow)
-                SELECT * FROM _fe"""
-        )
-        con.unregister("_fe")
-    if values:
-        con.register("_ve", pa.concat_tables(values))
-        con.execute("INSERT INTO value_rollups SELECT * FROM _ve")
-        con.unregister("_ve")
     if not hard:
         empty = {
             "slot": pa.int64(),
@@ -345,6 +329,20 @@ def _register_hard_slots(con: duckdb.DuckDBPyConnection, f: pa.Table, v: pa.Tabl
         }
         hard.append(pa.table({name: pa.array([], t) for name, t in empty.items()}))
     con.register("_slots", pa.concat_tables(hard))
+
+
+def _rows_of(column: pa.ChunkedArray, at: np.ndarray) -> pa.ChunkedArray | pa.Array:
+    """The rows ``at`` (ascending) of ``column``: the column itself when they are all of them."""
+    return column if len(at) == len(column) else column.take(at)
+
+
+def _append(con: duckdb.DuckDBPyConnection, table: str, columns: list[tuple[str, Any]]) -> None:
+    """Append Arrow columns, named as the table's, to a rollup table."""
+    con.register("_append", pa.table(dict(columns)))
+    try:
+        con.execute(f"INSERT INTO {table} ({', '.join(name for name, _ in columns)}) SELECT * FROM _append")
+    finally:
+        con.unregister("_append")
 
 
 def _merge_numbers(con: duckdb.DuckDBPyConnection, f: pa.Table, nums: pa.Table) -> None:
