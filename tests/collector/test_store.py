@@ -117,6 +117,35 @@ def test_a_new_file_is_created_at_the_current_schema_version(db_path: Path) -> N
     assert db_path.exists()
 
 
+def _storage_version(path: Path) -> str:
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        row = con.execute("SELECT tags['storage_version'] FROM duckdb_databases() WHERE path = ?", [str(path)]).fetchone()
+    finally:
+        con.close()
+    assert row is not None
+    return str(row[0])
+
+
+def test_a_new_file_is_written_in_the_newer_storage_format_and_an_older_one_keeps_its_own(
+    tmp_path: Path, envelope: MakeEnvelope
+) -> None:
+    # The older format makes every checkpoint convert the key index back to its layout.
+    new = tmp_path / "new.duckdb"
+    with Store.open(new) as store:
+        store.write_batch([parse(envelope(event_id="a"))])
+    assert _storage_version(new) == "v1.2.0+"
+    old = tmp_path / "old.duckdb"
+    duckdb.connect(str(old)).close()  # DuckDB's default for a new file: the v1.0 format
+    assert _storage_version(old) == "v1.0.0+"
+    with Store.open(old) as store:
+        assert statuses(store.write_batch([parse(envelope(event_id="b"))])) == [("b", A)]
+        store.checkpoint()
+    assert _storage_version(old) == "v1.0.0+"
+    with Store.open(old, read_only=True) as store:
+        assert store.query("SELECT event_id FROM events") == [("b",)]
+
+
 def test_the_log_is_checkpointed_at_the_configured_size_not_at_16_mib(db_path: Path, envelope: MakeEnvelope) -> None:
     """DuckDB's default (16 MiB) checkpoints every few seconds of traffic, each one costing more as
     the file grows; the store asks for 256 MB unless told otherwise, and a batch stays in the log."""
