@@ -120,7 +120,9 @@ def test_a_new_file_is_created_at_the_current_schema_version(db_path: Path) -> N
 def _storage_version(path: Path) -> str:
     con = duckdb.connect(str(path), read_only=True)
     try:
-        row = con.execute("SELECT tags['storage_version'] FROM duckdb_databases() WHERE path = ?", [str(path)]).fetchone()
+        row = con.execute(
+            "SELECT tags['storage_version'] FROM duckdb_databases() WHERE path = ?", [str(path)]
+        ).fetchone()
     finally:
         con.close()
     assert row is not None
