@@ -148,14 +148,28 @@ def merge_rollups(
     con.register("_rc", checks)
     con.register("_rx", violations)
     try:
-        _merge(con, cfg, f, v, nums, keyed=keyed)
+        _merge(con, cfg, f, v, nums, keyed=keyed, distinct_paths=_distinct_paths(batches))
     finally:
         for name in ("_rg", "_rf", "_rv", "_ra", "_rs", "_rn", "_rc", "_rx", "_slots"):
             con.unregister(name)
 
 
+def _distinct_paths(batches: list[RollupBatch]) -> bool:
+    """Whether no batch names two of its path ids with the same path. An id names one path in its
+    batch, so a slot's row is then alone in its group without looking; two ids naming the same
+    path would take a key that escaping failed to keep apart."""
+    return all(len({path for path, _ in b._paths}) == len(b._paths) for b in batches)
+
+
 def _merge(
-    con: duckdb.DuckDBPyConnection, cfg: RollupConfig, f: pa.Table, v: pa.Table, nums: pa.Table, *, keyed: bool
+    con: duckdb.DuckDBPyConnection,
+    cfg: RollupConfig,
+    f: pa.Table,
+    v: pa.Table,
+    nums: pa.Table,
+    *,
+    keyed: bool,
+    distinct_paths: bool,
 ) -> None:
     # A group counts in its cohort and, when an alias was answered by another model, in the
     # served cohort (that model, same prompt version and contract) too, created here when it
@@ -200,7 +214,7 @@ def _merge(
     # every value is kept as it is, and their field row is the only one of its key ("easy").
     # Those rows are placed in Arrow and appended as they are (_register_hard_slots); SQL
     # ranks and sums only the rest.
-    _register_hard_slots(con, f, v, cfg.enum_values_per_path)
+    _register_hard_slots(con, f, v, cfg.enum_values_per_path, distinct_paths)
     con.execute(
         """CREATE OR REPLACE TEMP TABLE _vr AS
            WITH b AS (SELECT cohort_id, bucket, path, value, sum(v.n) AS n
@@ -253,7 +267,9 @@ def _merge(
         con.execute(f"DROP TABLE {t}")
 
 
-def _register_hard_slots(con: duckdb.DuckDBPyConnection, f: pa.Table, v: pa.Table, cap: int) -> None:
+def _register_hard_slots(
+    con: duckdb.DuckDBPyConnection, f: pa.Table, v: pa.Table, cap: int, distinct_paths: bool
+) -> None:
     """Append the field rows and values of this merge's easy slots; register the rest as ``_slots``.
 
     A slot (a group's path) counts in its group's cohort and, for an alias answered by another
@@ -273,11 +289,12 @@ def _register_hard_slots(con: duckdb.DuckDBPyConnection, f: pa.Table, v: pa.Tabl
     fg = f["g"].to_numpy()
     # paths as a dictionary: a row taken copies its index, not its text (memory at a sparse merge)
     paths = pa.compute.dictionary_encode(f["path"].combine_chunks())
-    codes = paths.indices.to_numpy().astype(np.int64)
-    _, where, repeats = np.unique(fg * (len(paths.dictionary) + 1) + codes, return_inverse=True, return_counts=True)
     vslot = v["slot"].to_numpy()
-    slot_ok = (repeats[where] == 1) & (np.bincount(vslot, minlength=rows) <= cap)
-    del where, repeats, codes
+    slot_ok = np.bincount(vslot, minlength=rows) <= cap
+    if not distinct_paths:  # a slot's row is alone when no other slot of its group has its path
+        codes = paths.indices.to_numpy().astype(np.int64)
+        _, where, repeats = np.unique(fg * (len(paths.dictionary) + 1) + codes, return_inverse=True, return_counts=True)
+        slot_ok &= repeats[where] == 1
     size = int(max(groups["g"].to_numpy().max(initial=-1), fg.max(initial=-1))) + 1
     hard = []
     for served in (False, True):

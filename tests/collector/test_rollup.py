@@ -21,12 +21,14 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 
 from shapewatch.collector import register_contract
 from shapewatch.collector.envelope import LIMITS, Envelope, parse_envelope
 from shapewatch.collector.flatten import JsonType, flatten_output, items_path, join_key
 from shapewatch.collector.rollup import ROLLUP_TABLES, RollupConfig, number_bin
 from shapewatch.collector.store import Store, WriteStatus
+from shapewatch.collector.store import merge as store_merge
 from shapewatch.collector.store.merge import compact_rollups
 
 MakeEnvelope = Callable[..., dict[str, Any]]
@@ -281,6 +283,24 @@ def test_one_batch_and_many_small_batches_give_the_same_sums(tmp_path: Path, env
     assert many.query("SELECT count(*) > count(DISTINCT (cohort_id, bucket, path)) FROM field_rollups") == [(True,)]
     one.close()
     many.close()
+
+
+def test_the_merge_checking_each_row_alone_gives_what_the_one_taking_paths_as_distinct_gives(
+    tmp_path: Path, envelope: MakeEnvelope, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A merge takes each slot's row as alone in its group when its batches name no path twice (it
+    # never sees two ids for one path); otherwise it checks row by row. Both must count alike.
+    events = random_envelopes(envelope, 120, seed=5)
+    batches = chunks(events, [1, 7, 13])
+    fast = open_store(tmp_path, "fast")
+    write_all(fast, batches)
+    monkeypatch.setattr(store_merge, "_distinct_paths", lambda batches: False)
+    checked = open_store(tmp_path, "checked")
+    write_all(checked, batches)
+    assert rollup_sums(checked) == rollup_sums(fast)
+    assert checked.query("SELECT count(*) FROM field_rollups") == fast.query("SELECT count(*) FROM field_rollups")
+    fast.close()
+    checked.close()
 
 
 # --- agreement with the reference flattening -------------------------------------------------------
