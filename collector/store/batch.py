@@ -103,8 +103,10 @@ class BatchBuilder:
             raise RuntimeError("BatchBuilder.add after finish()")
         if not envs:
             return
-        event_ids: Sequence[str] = [env.event_id for env in envs]
-        hashes: Sequence[str] = [env.payload_hash for env in envs]
+        # the columns of the envelopes (in Envelope's field order), taken once
+        columns = tuple(zip(*envs, strict=True))
+        event_ids: Sequence[str] = columns[_F["event_id"]]
+        hashes: Sequence[str] = columns[_F["payload_hash"]]
         first = self._first
         fresh = dict(zip(event_ids, hashes, strict=True))
         if len(fresh) == len(envs) and first.keys().isdisjoint(fresh):  # the usual case: no repeat
@@ -126,41 +128,49 @@ class BatchBuilder:
                         )
                     )
             unique = kept
+            columns = tuple(zip(*unique, strict=True))
         self._event_ids.extend(event_ids)
         self._hashes.extend(hashes)
         self._early.extend(early)
         if not unique:
             return
-        # the columns of the new envelopes (in Envelope's field order)
-        (_, _, tss, models, prompt_versions, contracts, texts, _, served_models, versions, sources, *_, outputs) = zip(
-            *unique, strict=True
+        (_, _, tss, models, prompt_versions, contracts, texts, _, served_models, versions, sources, *_, outputs) = (
+            columns
         )
         # An envelope sent without a source is production's (the events table keeps it as sent).
         if None in sources:
             sources = tuple(PRODUCTION if s is None else s for s in sources)
         cohorts = list(zip(models, prompt_versions, contracts, sources, strict=True))
         order = self._order
-        if not order.keys() >= set(cohorts):
+        keys: list[int | None] | list[int] = list(map(order.get, cohorts))
+        if None in keys:  # a cohort new to the batch
             firsts = dict(zip(reversed(cohorts), reversed(tss), strict=True))  # each cohort's first ts
             for cohort in dict.fromkeys(cohorts):
                 if cohort not in order:
                     order[cohort] = len(order)
                     self._cohorts[cohort] = firsts[cohort]
-        self._keys.extend(map(order.__getitem__, cohorts))
-        # distinct (served, requested) pairs first: most batches have no alias answered by another model
-        if any(s is not None and s != m for s, m in set(zip(served_models, models, strict=True))):
+            keys = list(map(order.__getitem__, cohorts))
+        self._keys.extend(keys)  # type: ignore[arg-type]  # no None left: every cohort is in order
+        # Most envelopes name the model that answered as the one asked (or none): no alias to look
+        # for; else distinct (served, requested) pairs first
+        if served_models != models and any(
+            s is not None and s != m for s, m in set(zip(served_models, models, strict=True))
+        ):
             for served, cohort, ts in zip(served_models, cohorts, tss, strict=True):
                 if served is not None and served != cohort[0]:
                     self._served.setdefault((served, cohort[1], cohort[2], cohort[3]), ts)
         # An envelope read by the C scanner has no parsed output: its text is counted as it is.
+        read_by_c = outputs.count(None) == len(outputs)
         self._rollups.add_many(
-            [text if output is None else output for text, output in zip(texts, outputs, strict=True)],
+            texts
+            if read_by_c
+            else [text if output is None else output for text, output in zip(texts, outputs, strict=True)],
             cohorts,
             tss,
             served_models,
             versions,
         )
-        if outputs.count(None) == len(outputs):  # read by the C scanner: no parsed output to let go
+        if read_by_c:  # no parsed output to let go
             self._unique.extend(unique)
         else:
             self._unique.extend(env[:_KEPT] for env in unique)
