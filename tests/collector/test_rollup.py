@@ -24,6 +24,7 @@ import orjson
 import pytest
 
 from shapewatch.collector import register_contract
+from shapewatch.collector import rollup as rollup_module
 from shapewatch.collector.envelope import LIMITS, Envelope, parse_envelope
 from shapewatch.collector.flatten import JsonType, flatten_output, items_path, join_key
 from shapewatch.collector.rollup import ROLLUP_TABLES, RollupConfig, number_bin
@@ -301,6 +302,29 @@ def test_the_merge_checking_each_row_alone_gives_what_the_one_taking_paths_as_di
     assert checked.query("SELECT count(*) FROM field_rollups") == fast.query("SELECT count(*) FROM field_rollups")
     fast.close()
     checked.close()
+
+
+def test_two_path_ids_of_one_name_in_a_group_are_summed_into_one_row(
+    tmp_path: Path, envelope: MakeEnvelope, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # With escaping broken on purpose, the key "a.b" and the key b inside "a" name the same path:
+    # two path ids, one name, in one group. The merge must see it (_distinct_paths) and sum their
+    # counts into one row per key, as it did before any row was appended as it is.
+    monkeypatch.setattr(rollup_module, "join_key", lambda parent, key: key if parent is None else f"{parent}.{key}")
+    store = open_store(tmp_path, "clash")
+    ts = "2026-11-29T12:00:05Z"
+    write_all(
+        store,
+        [
+            [
+                parse_envelope(orjson.dumps(envelope(event_id="x", ts=ts, output={"a.b": "x"})), LIMITS),
+                parse_envelope(orjson.dumps(envelope(event_id="y", ts=ts, output={"a": {"b": "y"}})), LIMITS),
+            ]
+        ],
+    )
+    assert store.query("SELECT present, n_string FROM field_rollups WHERE path = 'a.b'") == [(2, 2)]
+    assert sorted(store.query("SELECT value, n FROM value_rollups WHERE path = 'a.b'")) == [("x", 1), ("y", 1)]
+    store.close()
 
 
 # --- agreement with the reference flattening -------------------------------------------------------
