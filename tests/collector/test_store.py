@@ -148,6 +148,64 @@ def test_a_new_file_is_written_in_the_newer_storage_format_and_an_older_one_keep
         assert store.query("SELECT event_id FROM events") == [("b",)]
 
 
+def _output_compression(path: Path) -> set[str]:
+    """The compressions DuckDB used for the stored outputs (after a checkpoint)."""
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        rows = con.execute(
+            "SELECT DISTINCT compression FROM pragma_storage_info('events') WHERE column_name = 'output'"
+        ).fetchall()
+    finally:
+        con.close()
+    return {r[0] for r in rows} - {"Constant"}  # the validity mask's
+
+
+def test_a_new_file_stores_outputs_with_zstd_and_a_file_of_the_older_format_keeps_its_compression(
+    tmp_path: Path, envelope: MakeEnvelope
+) -> None:
+    many = [envelope(event_id=f"e{i}", output={"intent": f"refund {i}", "n": i}) for i in range(3000)]
+    new = tmp_path / "new.duckdb"
+    with Store.open(new) as store:
+        store.write_batch([parse(e) for e in many])
+    assert _output_compression(new) == {"ZSTD"}
+    # A file made before schema version 12 in DuckDB's v1.0 format, which has no zstd for text
+    # (named for a column, DuckDB stores it uncompressed there): the outputs keep DuckDB's choice.
+    old = tmp_path / "old.duckdb"
+    con = duckdb.connect(str(old))
+    for step in MIGRATIONS[:11]:
+        step(con) if callable(step) else con.execute(step.replace("{bucket}", "60"))
+    con.execute("INSERT INTO meta VALUES ('schema_version', '11'), ('bucket_seconds', '60')")
+    con.close()
+    with Store.open(old) as store:
+        store.write_batch([parse(e) for e in many])
+    compression = _output_compression(old)
+    assert "ZSTD" not in compression and "Uncompressed" not in compression, compression
+
+
+def test_schema_version_12_rebuilds_a_newer_format_file_with_its_events_in_order(
+    tmp_path: Path, envelope: MakeEnvelope
+) -> None:
+    path = tmp_path / "v11.duckdb"
+    with Store.open(path) as store:  # the v1.2 format; written, then set back to schema version 11's table
+        store.write_batch([parse(envelope(event_id=f"e{i}", output={"i": i})) for i in range(50)])
+        held = store.query("SELECT * FROM events ORDER BY rowid")
+        viewed = store.query("SELECT event_id, cohort_id FROM cohort_events ORDER BY event_id")
+    con = duckdb.connect(str(path))
+    view = con.execute("SELECT sql FROM duckdb_views() WHERE view_name = 'cohort_events'").fetchone()
+    assert view is not None
+    con.execute("DROP VIEW cohort_events; CREATE TABLE plain AS SELECT * FROM events ORDER BY rowid")
+    con.execute("DROP TABLE events; ALTER TABLE plain RENAME TO events")
+    con.execute(view[0])
+    con.execute("UPDATE meta SET value = '11' WHERE key = 'schema_version'")
+    con.close()
+    with Store.open(path) as store:
+        assert store.query("SELECT value FROM meta WHERE key = 'schema_version'") == [(str(SCHEMA_VERSION),)]
+        assert store.query("SELECT * FROM events ORDER BY rowid") == held
+        assert store.query("SELECT event_id, cohort_id FROM cohort_events ORDER BY event_id") == viewed
+        assert statuses(store.write_batch([parse(envelope(event_id="e7", output={"i": 7}))])) == [("e7", D)]
+    assert _output_compression(path) == {"ZSTD"}
+
+
 def test_the_log_is_checkpointed_at_the_configured_size_not_at_16_mib(db_path: Path, envelope: MakeEnvelope) -> None:
     """DuckDB's default (16 MiB) checkpoints every few seconds of traffic, each one costing more as
     the file grows; the store asks for 256 MB unless told otherwise, and a batch stays in the log."""
