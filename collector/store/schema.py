@@ -196,20 +196,23 @@ _V11 = """
 ALTER TABLE field_rollups ADD COLUMN n_true BIGINT;
 """
 
-# Version 12: outputs compressed with zstd. In a bulk import DuckDB spent about a third of
+# Version 12: each text column of the raw events that never repeats gets the compression
+# DuckDB would end up with, named, or a better one. In a bulk import DuckDB spent about a third of
 # its time storing events in choosing and applying a compression for the outputs' text (a
 # dictionary tried on text that never repeats, then FSST); zstd, named for the column, takes
 # two thirds of that time and the column is 2.5x smaller (bench/README.md, measured on 1M
 # events: 3.4 -> 2.2 s of CPU, 277 -> 110 MiB). A selective read decompresses a block of
-# outputs instead of one (20 sampled outputs of 1M: 0.1 -> 0.2 s).
+# outputs instead of one (20 sampled outputs of 1M: 0.1 -> 0.2 s). Event ids and payload hashes
+# (hex) end up in FSST anyway: naming it spares the dictionary tried first (0.2-0.4 s per 1M).
 _ZSTD_SINCE = (1, 2)  # the first storage format with zstd for text
 
 
-def _v12_outputs_in_zstd(con: duckdb.DuckDBPyConnection) -> None:
-    """Version 12: ``events.output`` is stored with zstd, in a file whose storage format has it
-    (DuckDB's v1.2 and later: every file this store creates). A file of an older format cannot
-    hold zstd (DuckDB would store the column uncompressed): it keeps its compression, chosen
-    by DuckDB. The table is rebuilt, its rows in their order, and the view over it made again
+def _v12_compression_named(con: duckdb.DuckDBPyConnection) -> None:
+    """Version 12: ``events.output`` is stored with zstd, event ids and payload hashes (in
+    ``events`` and ``event_keys``) with FSST, in a file whose storage format has zstd (DuckDB's
+    v1.2 and later: every file this store creates). A file of an older format cannot hold zstd
+    (DuckDB would store the column uncompressed): it keeps the compressions DuckDB chooses.
+    Both tables are rebuilt, their rows in their order, and the view over events made again
     as it was."""
     row = con.execute(
         "SELECT tags['storage_version'] FROM duckdb_databases() WHERE database_name = current_database()"
@@ -222,15 +225,22 @@ def _v12_outputs_in_zstd(con: duckdb.DuckDBPyConnection) -> None:
         raise RuntimeError("schema version 11 has a cohort_events view; this file has none")
     con.execute(
         """DROP VIEW cohort_events;
-CREATE TABLE events_zstd (
-    id_key UHUGEINT NOT NULL, event_id VARCHAR NOT NULL, payload_hash VARCHAR NOT NULL,
+CREATE TABLE events_named (
+    id_key UHUGEINT NOT NULL, event_id VARCHAR NOT NULL USING COMPRESSION fsst,
+    payload_hash VARCHAR NOT NULL USING COMPRESSION fsst,
     generated_id BOOLEAN NOT NULL, cohort_id INTEGER NOT NULL, ts TIMESTAMPTZ NOT NULL,
     received_at TIMESTAMPTZ NOT NULL, served_model VARCHAR, contract_version VARCHAR, source VARCHAR,
     run_id VARCHAR, agent_release VARCHAR, finish_reason VARCHAR, attributes VARCHAR,
     output VARCHAR NOT NULL USING COMPRESSION zstd);
-INSERT INTO events_zstd SELECT * FROM events;
+INSERT INTO events_named SELECT * FROM events;
 DROP TABLE events;
-ALTER TABLE events_zstd RENAME TO events;"""
+ALTER TABLE events_named RENAME TO events;
+CREATE TABLE event_keys_named (
+    id_key UHUGEINT PRIMARY KEY, payload_hash VARCHAR NOT NULL USING COMPRESSION fsst,
+    received_at TIMESTAMPTZ NOT NULL);
+INSERT INTO event_keys_named SELECT * FROM event_keys;
+DROP TABLE event_keys;
+ALTER TABLE event_keys_named RENAME TO event_keys;"""
     )
     con.execute(view[0])
 
@@ -306,7 +316,7 @@ MIGRATIONS: list[str | Callable[[duckdb.DuckDBPyConnection], None]] = [
     _V9,
     _V10,
     _V11,
-    _v12_outputs_in_zstd,
+    _v12_compression_named,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -148,28 +148,38 @@ def test_a_new_file_is_written_in_the_newer_storage_format_and_an_older_one_keep
         assert store.query("SELECT event_id FROM events") == [("b",)]
 
 
-def _output_compression(path: Path) -> set[str]:
-    """The compressions DuckDB used for the stored outputs (after a checkpoint)."""
+_NAMED = {("events", "output"): {"ZSTD"}, ("events", "event_id"): {"FSST"}, ("events", "payload_hash"): {"FSST"},
+          ("event_keys", "payload_hash"): {"FSST"}}
+
+
+def _compressions(path: Path) -> dict[tuple[str, str], set[str]]:
+    """The compressions DuckDB used for the text that never repeats (after a checkpoint)."""
     con = duckdb.connect(str(path), read_only=True)
     try:
-        rows = con.execute(
-            "SELECT DISTINCT compression FROM pragma_storage_info('events') WHERE column_name = 'output'"
-        ).fetchall()
+        return {
+            (table, column): {
+                r[0]
+                for r in con.execute(
+                    f"SELECT DISTINCT compression FROM pragma_storage_info('{table}') WHERE column_name = ?", [column]
+                ).fetchall()
+            }
+            - {"Constant"}  # the validity mask's
+            for table, column in _NAMED
+        }
     finally:
         con.close()
-    return {r[0] for r in rows} - {"Constant"}  # the validity mask's
 
 
-def test_a_new_file_stores_outputs_with_zstd_and_a_file_of_the_older_format_keeps_its_compression(
+def test_a_new_file_names_the_compression_of_text_that_never_repeats_and_an_older_format_keeps_duckdbs(
     tmp_path: Path, envelope: MakeEnvelope
 ) -> None:
     many = [envelope(event_id=f"e{i}", output={"intent": f"refund {i}", "n": i}) for i in range(3000)]
     new = tmp_path / "new.duckdb"
     with Store.open(new) as store:
         store.write_batch([parse(e) for e in many])
-    assert _output_compression(new) == {"ZSTD"}
+    assert _compressions(new) == _NAMED
     # A file made before schema version 12 in DuckDB's v1.0 format, which has no zstd for text
-    # (named for a column, DuckDB stores it uncompressed there): the outputs keep DuckDB's choice.
+    # (named for a column, DuckDB stores it uncompressed there): the columns keep DuckDB's choice.
     old = tmp_path / "old.duckdb"
     con = duckdb.connect(str(old))
     for step in MIGRATIONS[:11]:
@@ -178,8 +188,8 @@ def test_a_new_file_stores_outputs_with_zstd_and_a_file_of_the_older_format_keep
     con.close()
     with Store.open(old) as store:
         store.write_batch([parse(e) for e in many])
-    compression = _output_compression(old)
-    assert "ZSTD" not in compression and "Uncompressed" not in compression, compression
+    compression = _compressions(old)
+    assert compression[("events", "output")] == {"FSST"}, compression  # DuckDB's choice, not zstd
 
 
 def test_schema_version_12_rebuilds_a_newer_format_file_with_its_events_in_order(
@@ -189,21 +199,27 @@ def test_schema_version_12_rebuilds_a_newer_format_file_with_its_events_in_order
     with Store.open(path) as store:  # the v1.2 format; written, then set back to schema version 11's table
         store.write_batch([parse(envelope(event_id=f"e{i}", output={"i": i})) for i in range(50)])
         held = store.query("SELECT * FROM events ORDER BY rowid")
+        keys = store.query("SELECT * FROM event_keys ORDER BY id_key")
         viewed = store.query("SELECT event_id, cohort_id FROM cohort_events ORDER BY event_id")
     con = duckdb.connect(str(path))
     view = con.execute("SELECT sql FROM duckdb_views() WHERE view_name = 'cohort_events'").fetchone()
     assert view is not None
     con.execute("DROP VIEW cohort_events; CREATE TABLE plain AS SELECT * FROM events ORDER BY rowid")
     con.execute("DROP TABLE events; ALTER TABLE plain RENAME TO events")
+    con.execute("""CREATE TABLE plain_keys (id_key UHUGEINT PRIMARY KEY, payload_hash VARCHAR NOT NULL,
+                   received_at TIMESTAMPTZ NOT NULL)""")
+    con.execute("INSERT INTO plain_keys SELECT * FROM event_keys; DROP TABLE event_keys")
+    con.execute("ALTER TABLE plain_keys RENAME TO event_keys")
     con.execute(view[0])
     con.execute("UPDATE meta SET value = '11' WHERE key = 'schema_version'")
     con.close()
     with Store.open(path) as store:
         assert store.query("SELECT value FROM meta WHERE key = 'schema_version'") == [(str(SCHEMA_VERSION),)]
         assert store.query("SELECT * FROM events ORDER BY rowid") == held
+        assert store.query("SELECT * FROM event_keys ORDER BY id_key") == keys
         assert store.query("SELECT event_id, cohort_id FROM cohort_events ORDER BY event_id") == viewed
         assert statuses(store.write_batch([parse(envelope(event_id="e7", output={"i": 7}))])) == [("e7", D)]
-    assert _output_compression(path) == {"ZSTD"}
+    assert _compressions(path) == _NAMED
 
 
 def test_the_log_is_checkpointed_at_the_configured_size_not_at_16_mib(db_path: Path, envelope: MakeEnvelope) -> None:
