@@ -232,14 +232,16 @@ class RollupBatch:
         else:
             gids = self._tiered_group_ids(cohorts, served_models, starts)
         self._events.extend([0] * (len(self._groups) - len(self._events)))
-        for g, n in Counter(gids).items():
-            self._events[g] += n
         self._acc.add_many(outputs, gids)
-        served = self._served
-        for (g, model), n in Counter(zip(gids, served_models, strict=True)).items():
+        # the outputs per group, per model that answered and per contract version, in one count
+        # (few distinct triples): three counts over the outputs were 3% of a bulk import's reading
+        tallied = Counter(zip(gids, served_models, contract_versions, strict=True))
+        events, served = self._events, self._served
+        for (g, model, _), n in tallied.items():
+            events[g] += n
             if model is not None:
                 served[(g, model)] = served.get((g, model), 0) + n
-        self._count_contracts(outputs, cohorts, contract_versions, starts, gids)
+        self._count_contracts(outputs, cohorts, contract_versions, starts, gids, tallied)
 
     def _tiered_group_ids(
         self, cohorts: Sequence[tuple[str, str, str, str]], served_models: Sequence[str | None], starts: list[int]
@@ -273,8 +275,10 @@ class RollupBatch:
         versions: Sequence[str | None],
         starts: list[int],
         gids: list[int],
+        tallied: Counter[tuple[int, str | None, str | None]],
     ) -> None:
-        """The contract status of each output (and the violations of those checked)."""
+        """The contract status of each output (and the violations of those checked); ``tallied``:
+        the outputs per (group, model that answered, contract version)."""
         checked: set[tuple[str, str]] = set()  # registered, or not asked yet: checked one by one
         if self._check is not None:
             checked = {
@@ -282,7 +286,7 @@ class RollupBatch:
             } - self._unregistered
         tally = self._contracts
         if not checked:
-            for (g, v), n in Counter(zip(gids, versions, strict=True)).items():
+            for (g, _, v), n in tallied.items():
                 ck = (g, v or "", ContractStatus.untagged if v is None else ContractStatus.unregistered)
                 tally[ck] = tally.get(ck, 0) + n
             return
