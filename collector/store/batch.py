@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
+from itertools import repeat
 from typing import Any, NamedTuple
 
 import pyarrow as pa
@@ -196,8 +197,11 @@ class BatchBuilder:
 def _results(batch: PreparedBatch, inserted: set[str], existing: dict[str, str]) -> list[WriteResult]:
     """One result per envelope of a written batch, in order."""
     if len(inserted) == len(batch.event_ids):  # every envelope new: the usual case
-        accepted = WriteStatus.accepted
-        return [WriteResult(event_id, accepted) for event_id in batch.event_ids]
+        # built by tuple.__new__ in C, not by the named tuple's own __new__, a Python function:
+        # 3.2 ms a 30,720-event batch instead of 6.7 (measured), held GIL that bulk import's
+        # reading thread waits for
+        pairs = zip(batch.event_ids, repeat(WriteStatus.accepted))
+        return list(map(tuple.__new__, repeat(WriteResult), pairs))
     # A repeat is judged against what the key holds now: the payload stored before, or the
     # one this batch stored. (Against the batch's first occurrence alone, a repeat of the
     # stored payload behind a conflicting line would be called a conflict.)
