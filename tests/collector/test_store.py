@@ -148,8 +148,12 @@ def test_a_new_file_is_written_in_the_newer_storage_format_and_an_older_one_keep
         assert store.query("SELECT event_id FROM events") == [("b",)]
 
 
-_NAMED = {("events", "output"): {"ZSTD"}, ("events", "event_id"): {"FSST"}, ("events", "payload_hash"): {"FSST"},
-          ("event_keys", "payload_hash"): {"FSST"}}
+_NAMED = {
+    ("events", "output"): {"ZSTD"},
+    ("events", "event_id"): {"FSST"},
+    ("events", "payload_hash"): {"FSST"},
+    ("event_keys", "payload_hash"): {"FSST"},
+}
 
 
 def _compressions(path: Path) -> dict[tuple[str, str], set[str]]:
