@@ -177,7 +177,8 @@ def _compressions(path: Path) -> dict[tuple[str, str], set[str]]:
 def test_a_new_file_names_the_compression_of_text_that_never_repeats_and_an_older_format_keeps_duckdbs(
     tmp_path: Path, envelope: MakeEnvelope
 ) -> None:
-    many = [envelope(event_id=f"e{i}", output={"intent": f"refund {i}", "n": i}) for i in range(3000)]
+    # text that compresses well whatever DuckDB samples of it: its own choice is never "Uncompressed"
+    many = [envelope(event_id=f"e{i}", output={"note": "a refund for order " * 10 + str(i)}) for i in range(3000)]
     new = tmp_path / "new.duckdb"
     with Store.open(new) as store:
         store.write_batch([parse(e) for e in many])
@@ -193,7 +194,29 @@ def test_a_new_file_names_the_compression_of_text_that_never_repeats_and_an_olde
     with Store.open(old) as store:
         store.write_batch([parse(e) for e in many])
     compression = _compressions(old)
-    assert compression[("events", "output")] == {"FSST"}, compression  # DuckDB's choice, not zstd
+    assert compression[("events", "output")] <= {"FSST", "Dictionary"} and compression[("events", "output")], (
+        compression
+    )  # DuckDB's choice, not zstd
+
+
+def test_a_duckdb_that_refuses_the_compression_clause_leaves_duckdb_its_choice(
+    tmp_path: Path, envelope: MakeEnvelope, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from shapewatch.collector.store import schema
+
+    assert schema._compression_clause()  # this DuckDB takes it
+    monkeypatch.setattr(schema, "_compression_clause", lambda: False)
+    path = tmp_path / "plain.duckdb"
+    with Store.open(path) as store:
+        store.write_batch(
+            [
+                parse(envelope(event_id=f"e{i}", output={"note": "a refund for order " * 10 + str(i)}))
+                for i in range(3000)
+            ]
+        )
+        assert store.query("SELECT value FROM meta WHERE key = 'schema_version'") == [(str(SCHEMA_VERSION),)]
+    assert _storage_version(path) == "v1.2.0+"
+    assert _compressions(path)[("events", "output")] <= {"FSST", "Dictionary"}  # DuckDB's choice, not zstd
 
 
 def test_schema_version_12_rebuilds_a_newer_format_file_with_its_events_in_order(
