@@ -204,7 +204,7 @@ ALTER TABLE field_rollups ADD COLUMN n_true BIGINT;
 # two thirds of that time and the column is 2.5x smaller (bench/README.md, measured on 1M
 # events: 3.4 -> 2.2 s of CPU, 277 -> 110 MiB). A selective read decompresses a block of
 # outputs instead of one (20 sampled outputs of 1M: 0.1 -> 0.2 s). Event ids and payload hashes
-# (hex) end up in FSST anyway: naming it spares the dictionary tried first (0.2-0.4 s per 1M).
+# (hex) end up in FSST anyway: naming it spares the dictionary tried first (0.15-0.4 s per 1M).
 _ZSTD_SINCE = (1, 2)  # the first storage format with zstd for text
 
 
