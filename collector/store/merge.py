@@ -7,7 +7,7 @@ never rewrites what an earlier one stored (``compact_rollups`` does that, range 
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import duckdb
@@ -19,6 +19,8 @@ from ..privacy import RedactPatterns
 from ..rollup import _FIELD_COLS, ROLLUP_TABLES, RollupBatch, RollupConfig, summed
 
 __all__ = ["compact_rollups", "merge_rollups"]
+
+_NO_BUCKET = datetime(1970, 1, 1, tzinfo=UTC)  # before any bucket a store holds
 
 
 def _combined(batches: list[RollupBatch]) -> tuple[pa.Table, ...]:
@@ -142,7 +144,6 @@ def merge_rollups(
     f, v, nums = _drop_redacted(f, v, nums, cfg)
     con.register("_rg", g)
     con.register("_rf", f)
-    con.register("_rv", v)
     con.register("_ra", a)
     con.register("_rs", served)
     con.register("_rc", checks)
@@ -215,13 +216,19 @@ def _merge(
     # Those rows are placed in Arrow and appended as they are (_register_hard_slots); SQL
     # ranks and sums only the rest.
     _register_hard_slots(con, f, v, cfg.enum_values_per_path, distinct_paths)
+    # The buckets earlier merges stored, as constants: DuckDB then skips the row groups of
+    # value_rollups outside them (with the bounds as subqueries it scanned the whole table at
+    # every merge). None stored: bounds no row has; the IN below keeps the result exact either way.
+    lo, hi = con.execute("SELECT min(bucket), max(bucket) FROM _buckets WHERE existed").fetchone() or (None, None)
+    if lo is None:
+        lo = hi = _NO_BUCKET
     con.execute(
         """CREATE OR REPLACE TEMP TABLE _vr AS
            WITH b AS (SELECT cohort_id, bucket, path, value, sum(v.n) AS n
                       FROM _rv v JOIN _slots s USING (slot) GROUP BY ALL),
            seen AS (SELECT cohort_id, bucket FROM _buckets WHERE existed),
            old AS (SELECT DISTINCT cohort_id, bucket, path, value FROM value_rollups
-                   WHERE bucket BETWEEN (SELECT min(bucket) FROM seen) AND (SELECT max(bucket) FROM seen)
+                   WHERE bucket BETWEEN $lo AND $hi
                      AND (cohort_id, bucket) IN (SELECT cohort_id, bucket FROM seen)),
            known AS (SELECT b.*, old.value IS NOT NULL AS kept FROM b LEFT JOIN old
                      USING (cohort_id, bucket, path, value)),
@@ -231,7 +238,7 @@ def _merge(
                                                 ORDER BY n DESC, value) AS rn
                       FROM known LEFT JOIN room USING (cohort_id, bucket, path))
            SELECT cohort_id, bucket, path, value, n, kept OR used + rn <= $cap AS admitted FROM ranked""",
-        {"cap": cfg.enum_values_per_path},
+        {"cap": cfg.enum_values_per_path, "lo": lo, "hi": hi},
     )
     sums = ", ".join(f"sum({c}) AS {c}" for c in _FIELD_COLS)
     con.execute(
@@ -345,7 +352,11 @@ def _register_hard_slots(
             "path": pa.string(),
         }
         hard.append(pa.table({name: pa.array([], t) for name, t in empty.items()}))
-    con.register("_slots", pa.concat_tables(hard))
+    slots = pa.concat_tables(hard)
+    con.register("_slots", slots)
+    # Only the values of those slots are ranked and summed (most are appended above): joining
+    # every value of the merge to ``_slots`` in SQL cost about as much as the ranking itself.
+    con.register("_rv", v.filter(pa.compute.is_in(v["slot"], value_set=slots["slot"])))
 
 
 def _rows_of(column: pa.ChunkedArray, at: np.ndarray) -> pa.ChunkedArray | pa.Array:
