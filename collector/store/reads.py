@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NamedTuple
 
+import duckdb
+
+from ..errors import StoreError
 from ..rules import PRODUCTION
 from .deferred import DeferredRollups
 
@@ -162,18 +165,24 @@ class Reads(DeferredRollups):
     def _counts_by_path(self, table: str, where: str, params: list[Any]) -> dict[tuple[int, str], dict[Any, int]]:
         """{(cohort id, path): {value: summed n}} of a value or number table over ``where``.
 
-        Each (cohort, path) comes back as one row holding its values and counts as two lists, made
-        into a dict in C (``dict(zip(...))``): a row per value, each put into its dict by Python, took
-        about twice as long for the hundreds of thousands of free-text values a busy day holds
-        (measured: 380,000 values of a 24-hour window, 0.85 s against 0.6 s; the SQL alone 0.36 s).
+        Each (cohort, path) comes back as one row holding its values and counts as two lists, in
+        Arrow, made into a dict in C (``dict(zip(...))``): a row per value, each put into its dict
+        by Python, took about twice as long for the hundreds of thousands of free-text values a
+        busy day holds (measured: 380,000 values of a 24-hour window, 0.85 s against 0.45 s; the
+        SQL alone 0.36 s).
         """
+        sql = f"""SELECT cohort_id, path, list(value) AS vs, list(n) AS ns FROM (
+                      SELECT cohort_id, path, value, sum(n)::BIGINT AS n FROM {table} WHERE {where} GROUP BY ALL)
+                  GROUP BY ALL"""
+        try:
+            # con.sql, not con.execute: DuckDB 2.0 warns on execute(...).to_arrow_table()
+            t = self.cursor().sql(sql, params=params).to_arrow_table()
+        except duckdb.Error as exc:
+            raise StoreError("reading", exc) from exc
         return {
-            (int(c), path): dict(zip(values, counts, strict=True))
-            for c, path, values, counts in self.query(
-                f"""SELECT cohort_id, path, list(value), list(n) FROM (
-                        SELECT cohort_id, path, value, sum(n)::BIGINT AS n FROM {table} WHERE {where} GROUP BY ALL)
-                    GROUP BY ALL""",
-                params,
+            (c, path): dict(zip(values, counts, strict=True))
+            for c, path, values, counts in zip(
+                t["cohort_id"].to_pylist(), t["path"].to_pylist(), t["vs"].to_pylist(), t["ns"].to_pylist(), strict=True
             )
         }
 
