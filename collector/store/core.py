@@ -17,6 +17,7 @@ from typing import Any, cast
 
 import duckdb
 import orjson
+import pyarrow as pa
 
 from ..contracts import ContractStore, ValidatorCache
 from ..errors import StoreError, StoreInvalidated, StoreVersionTooNew
@@ -241,6 +242,17 @@ class StoreCore:
         """Run a read query on this thread's connection; errors become StoreError."""
         try:
             return self.cursor().execute(sql, params).fetchall()
+        except duckdb.Error as exc:
+            raise StoreError("reading", exc) from exc
+
+    def query_arrow(self, sql: str, params: Any = None) -> pa.Table:
+        """``query``, its result as an Arrow table (for reads of many rows); errors become StoreError.
+
+        ``execute``, not ``sql(..., params=...)``: DuckDB's relation with parameters cost 0.2 s
+        more for a day's values (0.77 s against 0.56, medians of six; the query alone 0.44 s).
+        """
+        try:
+            return self.cursor().execute(sql, params).to_arrow_table()
         except duckdb.Error as exc:
             raise StoreError("reading", exc) from exc
 

@@ -219,9 +219,10 @@ def _merge(
     # The buckets earlier merges stored, as constants: DuckDB then skips the row groups of
     # value_rollups outside them (with the bounds as subqueries it scanned the whole table at
     # every merge). None stored: bounds no row has; the IN below keeps the result exact either way.
-    lo, hi = con.execute("SELECT min(bucket), max(bucket) FROM _buckets WHERE existed").fetchone() or (None, None)
-    if lo is None:
-        lo = hi = _NO_BUCKET
+    lo, hi = con.execute(
+        "SELECT coalesce(min(bucket), $none), coalesce(max(bucket), $none) FROM _buckets WHERE existed",
+        {"none": _NO_BUCKET},
+    ).fetchone()  # type: ignore[misc]  # an aggregate: always one row
     con.execute(
         """CREATE OR REPLACE TEMP TABLE _vr AS
            WITH b AS (SELECT cohort_id, bucket, path, value, sum(v.n) AS n

@@ -14,9 +14,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NamedTuple
 
-import duckdb
-
-from ..errors import StoreError
 from ..rules import PRODUCTION
 from .deferred import DeferredRollups
 
@@ -167,20 +164,15 @@ class Reads(DeferredRollups):
 
         Each (cohort, path) comes back as one row holding its values and counts as two lists, in
         Arrow, made into a dict in C (``dict(zip(...))``): a row per value, each put into its dict
-        by Python, took about twice as long for the hundreds of thousands of free-text values a
-        busy day holds (measured: 380,000 values of a 24-hour window, 0.85 s against 0.45 s; the
-        SQL alone 0.36 s).
+        by Python, took 0.84-0.87 s for the 380,000 values of a busy 24-hour window, this 0.56 s
+        (the SQL alone 0.44 s).
         """
-        sql = f"""SELECT cohort_id, path, list(value) AS vs, list(n) AS ns FROM (
-                      SELECT cohort_id, path, value, sum(n)::BIGINT AS n FROM {table} WHERE {where} GROUP BY ALL)
-                  GROUP BY ALL"""
-        try:
-            # execute, not sql(..., params=...): the relation cost 0.2 s more for a day's values
-            # (0.77 s against 0.56, medians of six; the query alone 0.44 s). DuckDB 2.0 is said to
-            # warn on execute(...).to_arrow_table(); 1.5, which the project pins, does not.
-            t = self.cursor().execute(sql, params).to_arrow_table()
-        except duckdb.Error as exc:
-            raise StoreError("reading", exc) from exc
+        t = self.query_arrow(
+            f"""SELECT cohort_id, path, list(value) AS vs, list(n) AS ns FROM (
+                    SELECT cohort_id, path, value, sum(n)::BIGINT AS n FROM {table} WHERE {where} GROUP BY ALL)
+                GROUP BY ALL""",
+            params,
+        )
         return {
             (c, path): dict(zip(values, counts, strict=True))
             for c, path, values, counts in zip(
