@@ -22,11 +22,15 @@ up: $(STAMP)
 # (collector/_pyspeedups.py, what runs where the C cannot be built): both must pass them. Left out
 # of that run: the store's memory-limit test (a minute of writes, about DuckDB) and the import CLI's
 # tests other than those reading whole files through scan_lines.
+# Both runs spread their tests over TEST_WORKERS processes (pytest-xdist): on the 2-core CI machine
+# the default run took 14 minutes in one process and under 8 in two (many tests wait on a server or
+# a subprocess). TEST_WORKERS=0 runs them in this process (a debugger, -x, print output).
+TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m mypy
-	$(BIN)/python -m pytest -q
-	SHAPEWATCH_ACCEL=python $(BIN)/python -m pytest -q \
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS)
+	SHAPEWATCH_ACCEL=python $(BIN)/python -m pytest -q -n $(TEST_WORKERS) \
 		tests/collector/test_accel.py tests/collector/test_envelope.py tests/collector/test_envelope_fast_path.py \
 		tests/collector/test_scanner.py tests/collector/test_flatten.py tests/collector/test_rollup.py \
 		tests/collector/test_number_rollups.py tests/collector/test_store.py tests/collector/test_tiers.py \
