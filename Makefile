@@ -22,9 +22,10 @@ up: $(STAMP)
 # (collector/_pyspeedups.py, what runs where the C cannot be built): both must pass them. Left out
 # of that run: the store's memory-limit test (a minute of writes, about DuckDB) and the import CLI's
 # tests other than those reading whole files through scan_lines.
-# Both runs spread their tests over TEST_WORKERS processes (pytest-xdist): on the 2-core CI machine
-# the default run took 14 minutes in one process and under 8 in two (many tests wait on a server or
-# a subprocess). TEST_WORKERS=0 runs them in this process (a debugger, -x, print output).
+# Both runs spread their tests over TEST_WORKERS processes (pytest-xdist): on the 2-core machine
+# (2026-12-03) the default run took 14 minutes in one process and under 8 in two (many tests wait
+# on a server or a subprocess). TEST_WORKERS=0 runs them in this process (a debugger, -x, print
+# output); TEST_WORKERS=auto takes one per core.
 TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(BIN)/ruff check .
