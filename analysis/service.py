@@ -39,6 +39,7 @@ from shapewatch.collector import (
     CollectorMetrics,
     Settings,
     Store,
+    StoreInvalidated,
     UncheckedOutputs,
     Writer,
     install_error_handlers,
@@ -438,6 +439,34 @@ class RepeatedLogLimit(logging.Filter):
         return True
 
 
+class QuietAfterInvalidation(logging.Filter):
+    """Log a failure caused by an invalidated database in one line, without its traceback.
+
+    The invalidation itself is logged once, at CRITICAL, with its cause (a full disk, say).
+    Until the service has stopped, every job or request still running fails on it too; their
+    tracebacks would bury that cause under stacks that say nothing new.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None and _invalidation_in(exc):
+            record.msg, record.args = f"{record.getMessage()}: {exc}", ()
+            record.exc_info = record.exc_text = None
+        return True
+
+
+def _invalidation_in(exc: BaseException) -> bool:
+    """Whether ``exc`` is, or was raised from or while handling, a StoreInvalidated."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, StoreInvalidated):
+            return True
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return False
+
+
 def run(settings: Settings, config: AnalyzerConfig | None = None) -> None:
     """Serve until interrupted (SIGINT/SIGTERM commit what is queued, then exit).
 
@@ -450,6 +479,10 @@ def run(settings: Settings, config: AnalyzerConfig | None = None) -> None:
     store: Store = app.state.store
     store.on_invalidated = lambda _: setattr(server, "should_exit", True)  # a graceful stop, as on SIGTERM
     logging.getLogger("asyncio").addFilter(RepeatedLogLimit("socket.accept() out of system resource"))
+    quiet = QuietAfterInvalidation()
+    for name in ("", "uvicorn", "uvicorn.access"):  # uvicorn's loggers have handlers of their own
+        for handler in logging.getLogger(name).handlers:
+            handler.addFilter(quiet)
     log.info("shapewatch serving %s on http://%s:%d", settings.db_path, settings.host, settings.port)
     server.run()
     if store.invalidated is not None:

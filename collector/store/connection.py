@@ -79,8 +79,13 @@ def _epoch_us(t: datetime) -> int:
     return (t - _EPOCH) // timedelta(microseconds=1)
 
 
+def _is_fatal(exc: duckdb.Error) -> bool:
+    """DuckDB invalidated the database (this error, or an earlier one that every statement repeats)."""
+    return isinstance(exc, duckdb.FatalException) or "database has been invalidated" in str(exc).lower()
+
+
 def _store_error(doing: str, exc: duckdb.Error) -> StoreError:
-    if isinstance(exc, duckdb.FatalException) or "database has been invalidated" in str(exc).lower():
+    if _is_fatal(exc):
         return StoreInvalidated(doing, exc)
     if "out of memory" in str(exc).lower():
         return StoreUnavailable(

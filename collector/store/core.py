@@ -23,7 +23,7 @@ from ..contracts import ContractStore, ValidatorCache
 from ..errors import StoreError, StoreInvalidated, StoreVersionTooNew
 from ..rollup import ContractStatus, RollupBatch, RollupConfig
 from ..tiers import Horizons
-from .connection import _INDEX_BYTES_PER_EVENT, _INDEX_STEP_EVENTS, _store_error
+from .connection import _INDEX_BYTES_PER_EVENT, _INDEX_STEP_EVENTS, _is_fatal, _store_error
 from .schema import MIGRATIONS, SCHEMA_VERSION, Schema
 
 __all__ = ["StoreCore"]
@@ -228,6 +228,11 @@ class StoreCore:
                     log.exception("on_invalidated failed")
         return err
 
+    def _read_error(self, exc: duckdb.Error) -> StoreError:
+        """A failed read is a StoreError; one that meets an invalidated database is reported as
+        such (a read can be the first statement to find it: the service must stop then too)."""
+        return self._failed("reading", exc) if _is_fatal(exc) else StoreError("reading", exc)
+
     # --- reading ----------------------------------------------------------------------------
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
@@ -243,7 +248,7 @@ class StoreCore:
         try:
             return self.cursor().execute(sql, params).fetchall()
         except duckdb.Error as exc:
-            raise StoreError("reading", exc) from exc
+            raise self._read_error(exc) from exc
 
     def query_arrow(self, sql: str, params: Any = None) -> pa.Table:
         """``query``, its result as an Arrow table (for reads of many rows); errors become StoreError.
@@ -254,7 +259,7 @@ class StoreCore:
         try:
             return self.cursor().execute(sql, params).to_arrow_table()
         except duckdb.Error as exc:
-            raise StoreError("reading", exc) from exc
+            raise self._read_error(exc) from exc
 
     def healthcheck(self) -> dict[str, Any]:
         """A real query: the schema version and the number of stored events."""

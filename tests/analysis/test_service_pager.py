@@ -262,3 +262,47 @@ def test_a_repeated_accept_failure_is_logged_once_a_minute_with_a_count() -> Non
     now[0] = 61.0
     assert passes(accept) == f"{accept} (and 1000 more like it in the last 60 s)"
     assert passes(accept) is None
+
+
+def test_a_failure_caused_by_an_invalidated_database_is_logged_without_its_traceback() -> None:
+    """The invalidation is logged once with its cause; a job still running when it happens (the
+    notifier's read, say) fails on it too, and says so in one line."""
+    import io
+
+    from shapewatch.analysis.service import QuietAfterInvalidation
+    from shapewatch.collector.errors import StoreError, StoreInvalidated
+
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.addFilter(QuietAfterInvalidation())
+    logger = logging.getLogger("shapewatch.test-quiet-after-invalidation")
+    logger.addHandler(handler)
+    logger.propagate = False
+    fatal = StoreInvalidated("reading", "FATAL Error: database has been invalidated")
+    try:
+        for raised in (fatal, StoreError("rendering", "a wrapper")):
+            try:
+                try:
+                    raise fatal
+                except StoreInvalidated as exc:
+                    if raised is not fatal:
+                        raise raised from exc
+                    raise
+            except StoreError:
+                logger.exception("notification delivery failed")
+        try:
+            raise StoreError("reading", "Binder Error: no such column")
+        except StoreError:
+            logger.exception("daily digest failed")
+    finally:
+        logger.removeHandler(handler)
+    lines = out.getvalue().splitlines()
+    assert lines[:2] == [
+        f"notification delivery failed: {fatal}",
+        "notification delivery failed: " + str(StoreError("rendering", "a wrapper")),
+    ]
+    assert lines[2] == "daily digest failed"  # any other failure keeps its traceback
+    assert lines[3] == "Traceback (most recent call last):"
+    assert (
+        lines[-1] == f"shapewatch.collector.errors.StoreError: {StoreError('reading', 'Binder Error: no such column')}"
+    )

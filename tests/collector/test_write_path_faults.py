@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import resource
 import weakref
 from concurrent.futures import Future
 from datetime import UTC, datetime, timedelta
@@ -140,6 +141,35 @@ def test_an_invalidated_database_is_remembered_and_reported_once(store: Store, m
         "(FATAL Error: Failed to create checkpoint because of error: File too large)"
     )
     assert told == [store.invalidated] and store.invalidated is not None
+
+
+def test_a_read_that_meets_an_invalidated_database_reports_it_once(store: Store) -> None:
+    """A read can be the first statement to meet an invalidated database (a checkpoint ran on
+    another connection): it must stop the service as a failed write does. The invalidation is
+    real: a checkpoint that cannot grow the file (a file-size limit; Python ignores SIGXFSZ, so
+    the write fails with EFBIG)."""
+    store.write_batch(envs(2000, "r"))
+    store.checkpoint()
+    told: list[StoreInvalidated] = []
+    store.on_invalidated = told.append
+    other = store.cursor()  # in the WAL, more than the file has room for: the checkpoint must grow it
+    other.execute("CREATE TABLE scratch AS SELECT md5(i::VARCHAR) AS s FROM range(100000) r(i)")
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (store.path.stat().st_size, hard))
+    try:
+        with pytest.raises(duckdb.FatalException, match="Failed to create checkpoint"):
+            other.execute("CHECKPOINT")
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    for _ in range(2):
+        with pytest.raises(
+            StoreInvalidated, match=r"^DuckDB invalidated the database after a fatal error while reading"
+        ):
+            store.pending_notifications(["pager"])
+    assert told == [store.invalidated] and store.invalidated is not None
+    with pytest.raises(StoreInvalidated):
+        store.write_batch(envs(1, "w"))
+    assert len(told) == 1
 
 
 def test_a_failure_after_the_commit_neither_fails_the_batch_nor_loses_its_counts(
