@@ -547,6 +547,61 @@ def test_metrics_count_events_by_outcome_and_rejections_by_reason(service: Servi
     assert metric_samples(text, "shapewatch_dedup_hits_total") == {(): 1.0}
 
 
+def test_a_request_without_rejections_is_answered_and_counted_as_one_with_them(service: Service) -> None:
+    """A request whose every event is stored or found stored takes a shorter path to its answer
+    (no loop over the events): the same answer and counts as a request that also holds a rejection."""
+    a, b = make_envelope(model="m-a"), make_envelope(model="m-b", prompt_version="p2")
+    anon = make_envelope(model="m-a", event_id=None)
+    bad = make_envelope(model=None)
+    with service.client() as c:
+        clean = post(c, [a, b, anon, a]).json()  # a twice: the second a duplicate within the request
+        mixed = post(c, [a, b, anon, a, bad]).json()
+        text = c.get("/metrics").text
+    ids = [x["event_id"] for x in clean["results"]]
+    assert clean == {
+        "accepted": 3,
+        "duplicate": 1,
+        "rejected": 0,
+        "results": [
+            {"index": 0, "event_id": a["event_id"], "status": "accepted"},
+            {"index": 1, "event_id": b["event_id"], "status": "accepted"},
+            {"index": 2, "event_id": ids[2], "status": "accepted", "generated_id": True},
+            {"index": 3, "event_id": a["event_id"], "status": "duplicate"},
+        ],
+        "rejected_by_reason": {},
+        "rejections_omitted": 0,
+    }
+    assert mixed == {
+        "accepted": 1,  # the id-less event again: a new event
+        "duplicate": 3,
+        "rejected": 1,
+        "results": [
+            {"index": 0, "event_id": a["event_id"], "status": "duplicate"},
+            {"index": 1, "event_id": b["event_id"], "status": "duplicate"},
+            {"index": 2, "event_id": mixed["results"][2]["event_id"], "status": "accepted", "generated_id": True},
+            {"index": 3, "event_id": a["event_id"], "status": "duplicate"},
+            {
+                "index": 4,
+                "event_id": bad["event_id"],
+                "status": "rejected",
+                "errors": [{"path": "model", "reason": "is required"}],
+            },
+        ],
+        "rejected_by_reason": {"missing": 1},
+        "rejections_omitted": 0,
+    }
+    assert mixed["results"][2]["event_id"] != ids[2]
+    pv = a["prompt_version"]
+    assert metric_samples(text, "shapewatch_events_total") == {
+        ev("accepted", "m-a", pv): 3.0,
+        ev("duplicate", "m-a", pv): 3.0,
+        ev("accepted", "m-b", "p2"): 1.0,
+        ev("duplicate", "m-b", "p2"): 1.0,
+        ev("rejected", "other", "other"): 1.0,
+    }
+    assert metric_samples(text, "shapewatch_dedup_hits_total") == {(): 4.0}
+
+
 def test_metrics_count_a_rejected_event_once_whatever_its_faults(service: Service) -> None:
     with service.client() as c:
         r = post(c, make_envelope(model=None, output=[1]))  # missing + wrong_type
