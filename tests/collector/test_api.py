@@ -299,6 +299,16 @@ def test_every_failing_field_is_named_at_once(http: httpx.Client) -> None:
 # --- batches: per-event results, NDJSON, idempotency ---------------------------------------
 
 
+def model_missing(index: int, event_id: str) -> dict[str, Any]:
+    """A batch reply's entry for an envelope rejected for having no model."""
+    return {
+        "index": index,
+        "event_id": event_id,
+        "status": "rejected",
+        "errors": [{"path": "model", "reason": "is required"}],
+    }
+
+
 def test_array_answers_per_event_and_a_resend_stores_nothing(http: httpx.Client) -> None:
     a, b, c = make_envelope(), make_envelope(output={"x": [1, 2]}), make_envelope(model=None)
     before = events_stored(http)
@@ -311,12 +321,7 @@ def test_array_answers_per_event_and_a_resend_stores_nothing(http: httpx.Client)
         "results": [
             {"index": 0, "event_id": a["event_id"], "status": "accepted"},
             {"index": 1, "event_id": b["event_id"], "status": "accepted"},
-            {
-                "index": 2,
-                "event_id": c["event_id"],
-                "status": "rejected",
-                "errors": [{"path": "model", "reason": "is required"}],
-            },
+            model_missing(2, c["event_id"]),
         ],
         "rejected_by_reason": {"missing": 1},
         "rejections_omitted": 0,
@@ -580,12 +585,7 @@ def test_a_request_without_rejections_is_answered_and_counted_as_one_with_them(s
             {"index": 1, "event_id": b["event_id"], "status": "duplicate"},
             {"index": 2, "event_id": mixed["results"][2]["event_id"], "status": "accepted", "generated_id": True},
             {"index": 3, "event_id": a["event_id"], "status": "duplicate"},
-            {
-                "index": 4,
-                "event_id": bad["event_id"],
-                "status": "rejected",
-                "errors": [{"path": "model", "reason": "is required"}],
-            },
+            model_missing(4, bad["event_id"]),
         ],
         "rejected_by_reason": {"missing": 1},
         "rejections_omitted": 0,
