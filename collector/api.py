@@ -631,14 +631,18 @@ class CollectorApi:
             if item.generated_id:
                 entry["generated_id"] = True
             out.append(entry)
-        for (outcome, model, prompt_version), n in stored.items():
-            self.metrics.count_events(outcome, model, prompt_version, n)
+        self._count_stored(stored)
         return {
             **counts,
             "results": out,
             "rejected_by_reason": dict(sorted(by_reason.items())),
             "rejections_omitted": omitted,
         }
+
+    def _count_stored(self, stored: Counter[tuple[str, str, str]]) -> None:
+        """Count the events stored or found stored, per (outcome, model, prompt version)."""
+        for (outcome, model, prompt_version), n in stored.items():
+            self.metrics.count_events(outcome, model, prompt_version, n)
 
     def _stored_reply(self, items: Sequence[Any], results: list[WriteResult], statuses: list[str]) -> dict[str, Any]:
         """``_reply`` for a request whose every event was stored or found stored (no rejection,
@@ -651,9 +655,7 @@ class CollectorApi:
         ]
         for i in compress(count(), map(_GENERATED_ID, items)):
             out[i]["generated_id"] = True
-        stored = Counter(zip(statuses, map(_MODEL, items), map(_PROMPT_VERSION, items), strict=True))
-        for (outcome, model, prompt_version), n in stored.items():
-            self.metrics.count_events(outcome, model, prompt_version, n)
+        self._count_stored(Counter(zip(statuses, map(_MODEL, items), map(_PROMPT_VERSION, items), strict=True)))
         accepted = statuses.count("accepted")
         return {
             "accepted": accepted,

@@ -279,30 +279,23 @@ def test_a_failure_caused_by_an_invalidated_database_is_logged_without_its_trace
     logger.addHandler(handler)
     logger.propagate = False
     fatal = StoreInvalidated("reading", "FATAL Error: database has been invalidated")
-    try:
-        for raised in (fatal, StoreError("rendering", "a wrapper")):
-            try:
-                try:
-                    raise fatal
-                except StoreInvalidated as exc:
-                    if raised is not fatal:
-                        raise raised from exc
-                    raise
-            except StoreError:
-                logger.exception("notification delivery failed")
+    wrapper = StoreError("rendering", "a wrapper")
+    other = StoreError("reading", "Binder Error: no such column")
+
+    def log_failure(what: str, exc: BaseException, cause: BaseException | None = None) -> None:
         try:
-            raise StoreError("reading", "Binder Error: no such column")
-        except StoreError:
-            logger.exception("daily digest failed")
+            raise exc from cause
+        except BaseException:
+            logger.exception(what)
+
+    try:
+        log_failure("notification delivery failed", fatal)
+        log_failure("notification delivery failed", wrapper, cause=fatal)  # raised from it
+        log_failure("daily digest failed", other)
     finally:
         logger.removeHandler(handler)
     lines = out.getvalue().splitlines()
-    assert lines[:2] == [
-        f"notification delivery failed: {fatal}",
-        "notification delivery failed: " + str(StoreError("rendering", "a wrapper")),
-    ]
+    assert lines[:2] == [f"notification delivery failed: {fatal}", f"notification delivery failed: {wrapper}"]
     assert lines[2] == "daily digest failed"  # any other failure keeps its traceback
     assert lines[3] == "Traceback (most recent call last):"
-    assert (
-        lines[-1] == f"shapewatch.collector.errors.StoreError: {StoreError('reading', 'Binder Error: no such column')}"
-    )
+    assert lines[-1] == f"shapewatch.collector.errors.StoreError: {other}"
