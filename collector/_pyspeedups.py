@@ -16,6 +16,7 @@ buffers the store wraps as Arrow columns.
 
 from __future__ import annotations
 
+import itertools
 import math
 import operator
 import re
@@ -42,6 +43,7 @@ __all__ = [
     "group_ids",
     "item_spans",
     "scan_envelope",
+    "scan_items",
     "scan_lines",
     "set_ts_range",
     "string_column",
@@ -459,6 +461,56 @@ def scan_lines(
         origin.append(line_no)
         added += 1
     return pos, line_no, declined_start, declined_end
+
+
+_JSON_BLANKS = b" \t\n\r"
+
+
+def scan_items(
+    raw: bytes,
+    max_items: int,
+    envelope_type: type,
+    now: datetime,
+    new_id: Callable[[], str],
+    max_event_bytes: int,
+    max_tag: int,
+    max_depth: int,
+    max_array: int,
+    max_key: int,
+    max_leaves: int,
+    /,
+) -> list[Any] | None:
+    """The envelopes of a JSON array body (bytes) when every item is the plain case, in order (ts
+    ``now`` when absent; event_id ``new_id()`` when absent, generated True); None for anything
+    else: more than ``max_items`` items, one over ``max_event_bytes``, one declined, or a body
+    that is not blanks, "[", objects separated by commas, "]" and blanks (JSON's blanks only)."""
+    if not isinstance(raw, bytes):
+        raise TypeError(f"argument 1 must be bytes, not {_type_name(raw)}")
+    if not isinstance(envelope_type, type) or not issubclass(envelope_type, tuple):
+        raise TypeError("envelope_type must be a tuple type")
+    if not callable(new_id):
+        raise TypeError("new_id must be callable")
+    spans = item_spans(raw)
+    if not spans or len(spans) > max_items:
+        return None
+    gaps = [raw[: spans[0][0]], *(raw[a:b] for (_, a), (b, _) in itertools.pairwise(spans)), raw[spans[-1][1] :]]
+    if [gap.strip(_JSON_BLANKS) for gap in gaps] != [b"[", *[b","] * (len(spans) - 1), b"]"]:
+        return None
+    limits = (max_tag, max_depth, max_array, max_key, max_leaves)
+    found = []
+    for start, end in spans:
+        fast = scan_envelope(raw[start:end], *limits) if end - start <= max_event_bytes else None
+        if fast is None:
+            return None
+        found.append(fast)
+    out = []
+    for fast in found:
+        event_id = fast[0]
+        if event_id is None and not isinstance(event_id := new_id(), str):
+            raise TypeError("new_id must return a str")
+        items = (event_id, fast[0] is None, fast[1] or now, fast[2], fast[3], fast[4] or "default", fast[11], fast[12])
+        out.append(tuple.__new__(envelope_type, (*items, *fast[5:11], None, None)))
+    return out
 
 
 # --- timestamps and string columns -----------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Types of the C fast paths (collector/_speedups_src/, built as the module _speedups)."""
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, Literal, overload
 
@@ -101,6 +101,26 @@ def scan_lines(
     envelope goes to ``out`` and its number to ``origin``, until ``room`` were added, the text
     ends or a line is declined. Returns (offset of the next line, number of the last line read,
     start, end): ``text[start:end]`` is the declined line, the caller's to read (-1, -1: none)."""
+
+def scan_items(
+    raw: bytes,
+    max_items: int,
+    envelope_type: type,
+    now: datetime,
+    new_id: Callable[[], str],
+    max_event_bytes: int,
+    max_tag: int,
+    max_depth: int,
+    max_array: int,
+    max_key: int,
+    max_leaves: int,
+    /,
+) -> list[Any] | None:
+    """The envelopes of a JSON array body when every item is the plain case, in order (ts ``now``
+    when absent; event_id ``new_id()`` when absent, generated True); None for anything else (more
+    than ``max_items`` items, one over ``max_event_bytes``, one declined, a body of another
+    shape): the reference path then answers each item. The items' text is read with the GIL
+    released; only the Python objects are made with it."""
 
 class Acc:
     def __init__(self, namer: Any, max_value_length: int, /) -> None: ...

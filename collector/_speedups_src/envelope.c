@@ -253,181 +253,204 @@ static PyObject *tag_value(PyObject **cache, int k, const unsigned char *a, cons
     return v;
 }
 
-/* One envelope's text, read in one pass: 1 with f[0..NFIELDS) set (new references, NULL for
- * None) in scan_envelope's order; 0 when it is not the plain case (nothing set); -1 with an
- * exception set. cache: see tag_value. */
-static int scan_core(const speedups_state *ms, const unsigned char *buf, Py_ssize_t len, const scan_limits *lim,
-                     PyObject **cache,
-                     PyObject **f) {
+/* What the first phase of a scan found in one envelope's text (pointers into that text and
+ * into w): the second phase makes the envelope's Python objects from it. */
+typedef struct {
+    const unsigned char *span[NKEYS][2];  /* a tag's text between its quotes; NULL: absent or null */
+    const unsigned char *out_start, *out_end;  /* the output's text as sent */
+    char *w;         /* the output's text with its keys in order, w[0..wo) (see scan_t) */
+    Py_ssize_t wo;
+    int ws, unsorted;
+} scanned_text;
+
+/* The first phase: one envelope's text read in one pass, its tags located and its output checked
+ * and written in key order into w. No Python object is touched, so it runs without the GIL.
+ * w and tmp each have room for len bytes (the output's text is no longer). 1 with *t set; 0 when
+ * it is not the plain case. */
+static int scan_text(const unsigned char *buf, Py_ssize_t len, const scan_limits *lim, char *w, char *tmp,
+                     scanned_text *t) {
     scan_t s = {0};
-    const unsigned char *out_start = NULL, *out_end = NULL;
-    char *compact = NULL, *sorted = NULL, wbuf[8192];
     s.max_depth = lim->max_depth;
     s.max_array = lim->max_array;
     s.max_key = lim->max_key;
     s.max_leaves = lim->max_leaves;
     s.p = buf;
     s.end = s.p + len;
-    const unsigned char *span[NKEYS][2];  /* a tag's text between its quotes; NULL: absent or null */
+    s.w = w;
+    s.tmp = tmp;
     int seen[NKEYS] = {0};
-    memset(span, 0, sizeof span);
-    PyObject *val[NKEYS] = {0}, *ts = NULL;
-    int r = SC_NO, done_ok = 0;
+    memset(t, 0, sizeof *t);
     sc_ws(&s);
-    if (s.p >= s.end || *s.p != '{') goto done;
+    if (s.p >= s.end || *s.p != '{') return 0;
     s.p++;
     sc_ws(&s);
-    if (s.p < s.end && *s.p == '}') goto done; /* no output */
+    if (s.p < s.end && *s.p == '}') return 0; /* no output */
     for (;;) {
         sc_ws(&s);
-        if (s.p >= s.end || *s.p != '"') goto done;
+        if (s.p >= s.end || *s.p != '"') return 0;
         const unsigned char *a, *b;
         Py_ssize_t chars;
-        if ((r = sc_string(&s, &a, &b, &chars, 0)) < 0) goto done;
+        if (sc_string(&s, &a, &b, &chars, 0) < 0) return 0;
         int k = -1;
         for (int i = 0; i < NKEYS; i++)
             if ((size_t)(b - a - 2) == strlen(key_names[i]) && memcmp(a + 1, key_names[i], (size_t)(b - a - 2)) == 0) {
                 k = i;
                 break;
             }
-        r = SC_NO;
-        if (k < 0 || k == K_ATTRIBUTES || seen[k]) goto done;
+        if (k < 0 || k == K_ATTRIBUTES || seen[k]) return 0;
         seen[k] = 1;
         sc_ws(&s);
-        if (s.p >= s.end || *s.p != ':') goto done;
+        if (s.p >= s.end || *s.p != ':') return 0;
         s.p++;
         sc_ws(&s);
-        if (s.p >= s.end) goto done;
+        if (s.p >= s.end) return 0;
         if (k == K_OUTPUT) {
-            if (*s.p != '{') goto done;
-            out_start = s.p;
-            Py_ssize_t room = s.end - s.p;  /* the output's text is no longer than what is left */
-            if (2 * room <= (Py_ssize_t)sizeof wbuf) {
-                s.w = wbuf;
-            } else if ((s.w = sorted = PyMem_Malloc(2 * (size_t)room)) == NULL) {
-                PyErr_NoMemory();
-                r = SC_ERR;
-                goto done;
-            }
-            s.tmp = s.w + room;
-            if ((r = sc_container(&s, 1)) < 0) goto done;
-            out_end = s.p;
+            if (*s.p != '{') return 0;
+            t->out_start = s.p;
+            if (sc_container(&s, 1) < 0) return 0;
+            t->out_end = s.p;
         } else if (*s.p == '"') {
-            if ((r = sc_string(&s, &a, &b, &chars, 0)) < 0) goto done;
-            span[k][0] = a + 1;
-            span[k][1] = b - 1;
+            if (sc_string(&s, &a, &b, &chars, 0) < 0) return 0;
+            t->span[k][0] = a + 1;
+            t->span[k][1] = b - 1;
         } else if (s.end - s.p >= 4 && memcmp(s.p, "null", 4) == 0) {
             s.p += 4; /* as if absent (model and prompt_version are required: refused below) */
         } else {
-            goto done;
+            return 0;
         }
-        r = SC_NO;
         sc_ws(&s);
         if (s.p < s.end && *s.p == ',') { s.p++; continue; }
         if (s.p < s.end && *s.p == '}') { s.p++; break; }
-        goto done;
+        return 0;
     }
     sc_ws(&s);
-    if (s.p != s.end || !seen[K_OUTPUT] || span[K_MODEL][0] == NULL || span[K_PROMPT_VERSION][0] == NULL) goto done;
+    if (s.p != s.end || !seen[K_OUTPUT] || t->span[K_MODEL][0] == NULL || t->span[K_PROMPT_VERSION][0] == NULL)
+        return 0;
+    t->w = s.w;
+    t->wo = s.wo;
+    t->ws = s.ws;
+    t->unsorted = s.unsorted;
+    return 1;
+}
+
+/* The second phase, with the GIL: the envelope's fields from what scan_text found. 1 with
+ * f[0..NFIELDS) set (new references, NULL for None) in scan_envelope's order; 0 when it is not
+ * the plain case after all (a tag's rules, ts); -1 with an exception set. cache: see tag_value. */
+static int scan_fields(const speedups_state *ms, const scanned_text *t, const scan_limits *lim, PyObject **cache,
+                       PyObject **f) {
+    PyObject *val[NKEYS] = {0}, *ts = NULL;
+    char *compact = NULL;
+    int r = 0;
     for (int k = 0; k < NKEYS; k++) {
-        if (span[k][0] == NULL) continue;
-        val[k] = tag_value(cache, k, span[k][0], span[k][1]);
-        if (val[k] == NULL) { r = SC_ERR; goto done; }
+        if (t->span[k][0] == NULL) continue;
+        val[k] = tag_value(cache, k, t->span[k][0], t->span[k][1]);
+        if (val[k] == NULL) { r = -1; goto done; }
     }
     if (!plain_fields(val, lim->max_tag)) goto done;
     int64_t ts_us = 0;
     if (val[K_TS] != NULL && (ts = parse_ts(ms, val[K_TS], &ts_us)) == NULL) {
-        if (PyErr_Occurred()) r = SC_ERR;
+        if (PyErr_Occurred()) r = -1;
         goto done;
     }
-    {
-        /* the payload hash: the output's text with its keys in order, then the tags as
-         * orjson.dumps writes the list [model, prompt_version, contract or DEFAULT_CONTRACT, ts in
-         * microseconds since the epoch or null, source, attributes, served_model,
-         * contract_version, run_id, agent_release, finish_reason] (envelope._finish) */
-        static const int order[] = {K_MODEL, K_PROMPT_VERSION, K_CONTRACT, K_TS, K_SOURCE, K_ATTRIBUTES,
-                                    K_SERVED_MODEL, K_CONTRACT_VERSION, K_RUN_ID, K_AGENT_RELEASE, K_FINISH_REASON};
-        const char *text_at = (const char *)out_start;
-        Py_ssize_t text_len = out_end - out_start;
-        if (s.ws && !s.unsorted) {  /* written with white space: the canonical text is the same without it */
-            text_at = s.w;
-            text_len = s.wo;
-        } else if (s.ws) {  /* and its keys out of order too: w is not the text as sent */
-            if ((compact = PyMem_Malloc((size_t)text_len)) == NULL) { PyErr_NoMemory(); r = SC_ERR; goto done; }
-            text_len = sc_compact(out_start, text_len, compact);
-            text_at = compact;
-        }
-        /* ts_us is positive (in the accepted range): written as an unsigned number */
-        char num[24];
-        int nn = 24;
-        if (span[K_TS][0] != NULL) {
-            uint64_t v = (uint64_t)ts_us;
-            do { num[--nn] = (char)('0' + v % 10); v /= 10; } while (v);
-        }
-        /* the hashed text's length first, then the text itself, written once into a bytes */
-        Py_ssize_t hn = s.wo + 1;
-        for (size_t j = 0; j < sizeof order / sizeof order[0]; j++) {
-            int k = order[j];
-            hn += 1;
-            if (k == K_TS && span[k][0] != NULL) hn += 24 - nn;
-            else if (span[k][0] != NULL) hn += span[k][1] - span[k][0] + 2;
-            else if (k == K_CONTRACT) hn += sizeof DEFAULT_CONTRACT + 1;
-            else hn += 4;
-        }
-        PyObject *hashed = PyBytes_FromStringAndSize(NULL, hn);
-        if (hashed == NULL) { r = SC_ERR; goto done; }
-        char *o = PyBytes_AS_STRING(hashed);
-#define PUT(src, n) (memcpy(o, (src), (size_t)(n)), o += (n))
-        PUT(s.w, s.wo);  /* the keys in order; the text is stored as sent */
-        for (size_t j = 0; j < sizeof order / sizeof order[0]; j++) {
-            int k = order[j];
-            *o++ = j ? ',' : '[';
-            if (k == K_TS && span[k][0] != NULL) {
-                PUT(num + nn, 24 - nn);
-            } else if (span[k][0] != NULL) {
-                *o++ = '"';
-                PUT(span[k][0], span[k][1] - span[k][0]);
-                *o++ = '"';
-            } else if (k == K_CONTRACT) {
-                PUT("\"" DEFAULT_CONTRACT "\"", sizeof DEFAULT_CONTRACT + 1);
-            } else {
-                PUT("null", 4);
-            }
-        }
-        *o++ = ']';
-#undef PUT
-        PyObject *digest = b2_hex(ms, hashed, PAYLOAD_DIGEST_SIZE);
-        Py_DECREF(hashed);
-        if (digest == NULL) { r = SC_ERR; goto done; }
-        PyObject *text = PyUnicode_DecodeUTF8(text_at, text_len, "strict");
-        if (text == NULL) {
-            Py_DECREF(digest);
-            r = SC_ERR;
-            goto done;
-        }
-        static const int from[] = {K_EVENT_ID, K_TS, K_MODEL, K_PROMPT_VERSION, K_CONTRACT, K_SERVED_MODEL,
-                                   K_CONTRACT_VERSION, K_SOURCE, K_RUN_ID, K_AGENT_RELEASE, K_FINISH_REASON};
-        for (int j = 0; j < F_TEXT; j++) {
-            int k = from[j];
-            if (k == K_TS) {
-                f[j] = ts;
-                ts = NULL;
-            } else {
-                f[j] = val[k];
-                val[k] = NULL;
-            }
-        }
-        f[F_TEXT] = text;
-        f[F_HASH] = digest;
-        done_ok = 1;
+    /* the payload hash: the output's text with its keys in order, then the tags as
+     * orjson.dumps writes the list [model, prompt_version, contract or DEFAULT_CONTRACT, ts in
+     * microseconds since the epoch or null, source, attributes, served_model,
+     * contract_version, run_id, agent_release, finish_reason] (envelope._finish) */
+    static const int order[] = {K_MODEL, K_PROMPT_VERSION, K_CONTRACT, K_TS, K_SOURCE, K_ATTRIBUTES,
+                                K_SERVED_MODEL, K_CONTRACT_VERSION, K_RUN_ID, K_AGENT_RELEASE, K_FINISH_REASON};
+    const char *text_at = (const char *)t->out_start;
+    Py_ssize_t text_len = t->out_end - t->out_start;
+    if (t->ws && !t->unsorted) {  /* written with white space: the canonical text is the same without it */
+        text_at = t->w;
+        text_len = t->wo;
+    } else if (t->ws) {  /* and its keys out of order too: w is not the text as sent */
+        if ((compact = PyMem_Malloc((size_t)text_len)) == NULL) { PyErr_NoMemory(); r = -1; goto done; }
+        text_len = sc_compact(t->out_start, text_len, compact);
+        text_at = compact;
     }
+    /* ts_us is positive (in the accepted range): written as an unsigned number */
+    char num[24];
+    int nn = 24;
+    if (t->span[K_TS][0] != NULL) {
+        uint64_t v = (uint64_t)ts_us;
+        do { num[--nn] = (char)('0' + v % 10); v /= 10; } while (v);
+    }
+    /* the hashed text's length first, then the text itself, written once into a bytes */
+    Py_ssize_t hn = t->wo + 1;
+    for (size_t j = 0; j < sizeof order / sizeof order[0]; j++) {
+        int k = order[j];
+        hn += 1;
+        if (k == K_TS && t->span[k][0] != NULL) hn += 24 - nn;
+        else if (t->span[k][0] != NULL) hn += t->span[k][1] - t->span[k][0] + 2;
+        else if (k == K_CONTRACT) hn += sizeof DEFAULT_CONTRACT + 1;
+        else hn += 4;
+    }
+    PyObject *hashed = PyBytes_FromStringAndSize(NULL, hn);
+    if (hashed == NULL) { r = -1; goto done; }
+    char *o = PyBytes_AS_STRING(hashed);
+#define PUT(src, n) (memcpy(o, (src), (size_t)(n)), o += (n))
+    PUT(t->w, t->wo);  /* the keys in order; the text is stored as sent */
+    for (size_t j = 0; j < sizeof order / sizeof order[0]; j++) {
+        int k = order[j];
+        *o++ = j ? ',' : '[';
+        if (k == K_TS && t->span[k][0] != NULL) {
+            PUT(num + nn, 24 - nn);
+        } else if (t->span[k][0] != NULL) {
+            *o++ = '"';
+            PUT(t->span[k][0], t->span[k][1] - t->span[k][0]);
+            *o++ = '"';
+        } else if (k == K_CONTRACT) {
+            PUT("\"" DEFAULT_CONTRACT "\"", sizeof DEFAULT_CONTRACT + 1);
+        } else {
+            PUT("null", 4);
+        }
+    }
+    *o++ = ']';
+#undef PUT
+    PyObject *digest = b2_hex(ms, hashed, PAYLOAD_DIGEST_SIZE);
+    Py_DECREF(hashed);
+    if (digest == NULL) { r = -1; goto done; }
+    PyObject *text = PyUnicode_DecodeUTF8(text_at, text_len, "strict");
+    if (text == NULL) {
+        Py_DECREF(digest);
+        r = -1;
+        goto done;
+    }
+    static const int from[] = {K_EVENT_ID, K_TS, K_MODEL, K_PROMPT_VERSION, K_CONTRACT, K_SERVED_MODEL,
+                               K_CONTRACT_VERSION, K_SOURCE, K_RUN_ID, K_AGENT_RELEASE, K_FINISH_REASON};
+    for (int j = 0; j < F_TEXT; j++) {
+        int k = from[j];
+        if (k == K_TS) {
+            f[j] = ts;
+            ts = NULL;
+        } else {
+            f[j] = val[k];
+            val[k] = NULL;
+        }
+    }
+    f[F_TEXT] = text;
+    f[F_HASH] = digest;
+    r = 1;
 done:
     for (int k = 0; k < NKEYS; k++) Py_XDECREF(val[k]);
     Py_XDECREF(ts);
     PyMem_Free(compact);
-    PyMem_Free(sorted);
-    if (done_ok) return 1;
-    return r == SC_ERR ? -1 : 0;
+    return r;
+}
+
+/* One envelope's text, both phases with the GIL held (scan_envelope, scan_lines): 1 with f set
+ * as scan_fields sets it; 0 when it is not the plain case; -1 with an exception set. */
+static int scan_core(const speedups_state *ms, const unsigned char *buf, Py_ssize_t len, const scan_limits *lim,
+                     PyObject **cache, PyObject **f) {
+    char wbuf[8192], *w = wbuf;
+    if (2 * len > (Py_ssize_t)sizeof wbuf && (w = PyMem_Malloc(2 * (size_t)len)) == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    scanned_text t;
+    int r = scan_text(buf, len, lim, w, w + len, &t) ? scan_fields(ms, &t, lim, cache, f) : 0;
+    if (w != wbuf) PyMem_Free(w);
+    return r;
 }
 
 PyObject *py_scan_envelope(PyObject *self, PyObject *args) {
@@ -460,6 +483,27 @@ static inline int ascii_space(unsigned char c) {  /* what bytes.strip() strips *
     return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\x0b' || c == '\x0c';
 }
 
+
+/* An Envelope (envelope_type) of f (references taken, f cleared), as envelope._scanned makes
+ * it: ts `now` and contract DEFAULT_CONTRACT when absent; f[F_EVENT_ID] set by the caller. */
+static PyObject *envelope_of(const speedups_state *ms, PyTypeObject *tp, PyObject *now, int generated,
+                             PyObject **f) {
+    PyObject *env = tp->tp_alloc(tp, ENVELOPE_ITEMS);
+    if (env != NULL) {
+        PyObject *items[ENVELOPE_ITEMS] = {
+            f[F_EVENT_ID], generated ? Py_True : Py_False, f[F_TS] ? f[F_TS] : now, f[F_MODEL],
+            f[F_PROMPT_VERSION], f[F_CONTRACT] ? f[F_CONTRACT] : ms->str_default, f[F_TEXT], f[F_HASH],
+            f[F_SERVED_MODEL], f[F_CONTRACT_VERSION], f[F_SOURCE], f[F_RUN_ID], f[F_AGENT_RELEASE],
+            f[F_FINISH_REASON], NULL, NULL};
+        for (int j = 0; j < ENVELOPE_ITEMS; j++) {
+            PyObject *v = items[j] ? items[j] : Py_None;
+            Py_INCREF(v);
+            PyTuple_SET_ITEM(env, j, v);
+        }
+    }
+    for (int j = 0; j < NFIELDS; j++) Py_CLEAR(f[j]);
+    return env;
+}
 
 /* scan_lines(text, pos, line_no, id_prefix, envelope_type, now, room, out, origin, max_event_bytes,
  *            max_tag, max_depth, max_array, max_key, max_leaves) -> (next, line_no, start, end)
@@ -525,20 +569,8 @@ PyObject *py_scan_lines(PyObject *self, PyObject *args) {
                 Py_DECREF(hex);
             }
         }
-        if (f[F_EVENT_ID] != NULL) env = tp->tp_alloc(tp, ENVELOPE_ITEMS);
-        if (env != NULL) {
-            PyObject *items[ENVELOPE_ITEMS] = {
-                f[F_EVENT_ID], generated ? Py_True : Py_False, f[F_TS] ? f[F_TS] : now, f[F_MODEL],
-                f[F_PROMPT_VERSION], f[F_CONTRACT] ? f[F_CONTRACT] : ms->str_default, f[F_TEXT], f[F_HASH],
-                f[F_SERVED_MODEL], f[F_CONTRACT_VERSION], f[F_SOURCE], f[F_RUN_ID], f[F_AGENT_RELEASE],
-                f[F_FINISH_REASON], NULL, NULL};
-            for (int j = 0; j < ENVELOPE_ITEMS; j++) {
-                PyObject *v = items[j] ? items[j] : Py_None;
-                Py_INCREF(v);
-                PyTuple_SET_ITEM(env, j, v);
-            }
+        if (f[F_EVENT_ID] != NULL && (env = envelope_of(ms, tp, now, generated, f)) != NULL)
             where = PyLong_FromSsize_t(line_no);
-        }
         for (int j = 0; j < NFIELDS; j++) Py_CLEAR(f[j]);
         if (where == NULL || PyList_Append(out, env) < 0 || PyList_Append(origin, where) < 0) failed = 1;
         Py_XDECREF(env);
@@ -550,6 +582,102 @@ PyObject *py_scan_lines(PyObject *self, PyObject *args) {
     PyBuffer_Release(&text);
     if (failed) return NULL;
     return Py_BuildValue("(nnnn)", pos, line_no, dstart, dend);
+}
+
+/* scan_items(raw, max_items, envelope_type, now, new_id, max_event_bytes, max_tag, max_depth,
+ *            max_array, max_key, max_leaves) -> list[Envelope] | None
+ *
+ * The envelopes of a JSON array body (bytes) when every item is the plain case, in order (ts
+ * `now` when absent; event_id new_id() when absent, generated True); None for anything else
+ * (more than max_items items, one over max_event_bytes, one declined, a body of another shape:
+ * array_items): the reference path then answers each item. The first phase (the items found,
+ * each read and its output written in key order) runs without the GIL, so other threads (the
+ * service's writer above all) go on meanwhile; the second makes the Python objects. */
+PyObject *py_scan_items(PyObject *self, PyObject *args) {
+    PyObject *body, *type, *now, *new_id;
+    Py_ssize_t max_items, max_bytes;
+    scan_limits lim;
+    if (!PyArg_ParseTuple(args, "O!nOOOnnnnnn", &PyBytes_Type, &body, &max_items, &type, &now, &new_id,
+                          &max_bytes, &lim.max_tag, &lim.max_depth, &lim.max_array, &lim.max_key, &lim.max_leaves))
+        return NULL;
+    if (!PyType_Check(type) || !PyType_IsSubtype((PyTypeObject *)type, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "envelope_type must be a tuple type");
+        return NULL;
+    }
+    if (!PyCallable_Check(new_id)) {
+        PyErr_SetString(PyExc_TypeError, "new_id must be callable");
+        return NULL;
+    }
+    const speedups_state *ms = get_state(self);
+    /* bytes are immutable: the text cannot change while the GIL is let go */
+    const unsigned char *base = (const unsigned char *)PyBytes_AS_STRING(body);
+    Py_ssize_t len = PyBytes_GET_SIZE(body);
+    Py_ssize_t *spans = NULL, n = 0, plain = 0;
+    scanned_text *found = NULL;
+    char *w = NULL, *tmp = NULL;
+    int oom = 0;
+    Py_BEGIN_ALLOW_THREADS
+    n = array_items(base, len, max_items, &spans);
+    if (n < 0) {
+        oom = 1;
+    } else if (n > 0) {
+        Py_ssize_t longest = 0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            Py_ssize_t item = spans[2 * i + 1] - spans[2 * i];
+            if (item > max_bytes) { n = 0; break; }
+            if (item > longest) longest = item;
+        }
+        if (n > 0) {
+            /* each item's output is written in key order at its own offset of w (it is no
+             * longer than the item); tmp is the scratch of one item at a time */
+            found = PyMem_RawMalloc((size_t)n * sizeof *found);
+            w = PyMem_RawMalloc((size_t)len);
+            tmp = PyMem_RawMalloc((size_t)longest);
+            if (found == NULL || w == NULL || tmp == NULL) oom = 1;
+            for (Py_ssize_t i = 0; !oom && i < n; i++) {
+                Py_ssize_t at = spans[2 * i];
+                if (!scan_text(base + at, spans[2 * i + 1] - at, &lim, w + at, tmp, &found[i])) break;
+                plain++;
+            }
+        }
+    }
+    Py_END_ALLOW_THREADS
+    PyObject *result = NULL, *cache[NKEYS] = {0}, *f[NFIELDS] = {0};
+    if (oom) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (n == 0 || plain < n) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    if ((result = PyList_New(n)) == NULL) goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int r = scan_fields(ms, &found[i], &lim, cache, f);
+        if (r <= 0) {  /* an exception, or a tag the second phase declines: the reference decides */
+            Py_SETREF(result, r < 0 ? NULL : Py_NewRef(Py_None));
+            goto done;
+        }
+        int generated = f[F_EVENT_ID] == NULL;
+        if (generated && (f[F_EVENT_ID] = PyObject_CallNoArgs(new_id)) != NULL && !PyUnicode_Check(f[F_EVENT_ID])) {
+            PyErr_SetString(PyExc_TypeError, "new_id must return a str");
+            Py_CLEAR(f[F_EVENT_ID]);
+        }
+        PyObject *env = f[F_EVENT_ID] != NULL ? envelope_of(ms, (PyTypeObject *)type, now, generated, f) : NULL;
+        if (env == NULL) {
+            Py_CLEAR(result);
+            goto done;
+        }
+        PyList_SET_ITEM(result, i, env);
+    }
+done:
+    for (int j = 0; j < NFIELDS; j++) Py_XDECREF(f[j]);
+    for (int k = 0; k < NKEYS; k++) Py_XDECREF(cache[k]);
+    PyMem_RawFree(found);
+    PyMem_RawFree(w);
+    PyMem_RawFree(tmp);
+    PyMem_RawFree(spans);
+    return result;
 }
 
 int envelope_setup(speedups_state *ms) {

@@ -73,6 +73,63 @@ PyObject *py_item_spans(PyObject *self, PyObject *arg) {
     return spans;
 }
 
+/* The objects of a JSON array body: (*spans)[2i], (*spans)[2i + 1] are the [start, end) offsets of
+ * item i, for text that is white space, "[", objects separated by commas and white space, "]" and
+ * white space (JSON's white space only). Returns the number of items; 0 for text of another
+ * shape (an empty array, an item that is not an object, text around it: the reference path
+ * reads those), or when there are more than max_items; -1 when memory ran out. An item's end is
+ * found by counting brackets outside strings: the scanner then reads each item whole, and
+ * declines any that is not one JSON object. No Python object is touched (it runs without the
+ * GIL); *spans is the caller's to free with PyMem_RawFree. */
+Py_ssize_t array_items(const unsigned char *p, Py_ssize_t len, Py_ssize_t max_items, Py_ssize_t **spans) {
+    const unsigned char *base = p, *end = p + len;
+    Py_ssize_t n = 0, cap = 0, *out = NULL;
+    *spans = NULL;
+    p = json_skip_ws(p, end);
+    if (p >= end || *p != '[') return 0;
+    p = json_skip_ws(p + 1, end);
+    for (;;) {
+        if (p >= end || *p != '{' || n >= max_items) goto other;
+        const unsigned char *start = p;
+        Py_ssize_t depth = 0;
+        do {
+            unsigned char c = *p++;
+            if (c == '"') {
+                if ((p = json_string_end(p, end)) == NULL) goto other;
+            } else if (c == '{' || c == '[') {
+                depth++;
+            } else if (c == '}' || c == ']') {
+                depth--;
+            }
+        } while (depth > 0 && p < end);
+        if (depth != 0) goto other;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 64;
+            Py_ssize_t *grown = PyMem_RawRealloc(out, 2 * (size_t)cap * sizeof *out);
+            if (grown == NULL) {
+                PyMem_RawFree(out);
+                return -1;
+            }
+            out = grown;
+        }
+        out[2 * n] = start - base;
+        out[2 * n + 1] = p - base;
+        n++;
+        p = json_skip_ws(p, end);
+        if (p < end && *p == ',') {
+            p = json_skip_ws(p + 1, end);
+            continue;
+        }
+        if (p < end && *p == ']' && json_skip_ws(p + 1, end) == end) break;
+        goto other;
+    }
+    *spans = out;
+    return n;
+other:
+    PyMem_RawFree(out);
+    return 0;
+}
+
 /* Byte classes inside a string: 0 an ASCII character that stands for itself, 1 the closing
  * quote, 2 a backslash, 3 a control character (not JSON), 4 the lead byte of a UTF-8 sequence. */
 static unsigned char sc_class[256];

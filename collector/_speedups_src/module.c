@@ -5,8 +5,9 @@
  * interface is _speedups.pyi; collector/_pyspeedups.py is its pure-Python twin, with the same
  * results (collector/accel.py picks one). The files, by concern:
  *   rules.h     the envelope rules copied from Python (a test holds them to it)
- *   json.c      reading JSON text: the envelope scanner's tokenizer, count_keys, item_spans
- *   envelope.c  walk, check_envelope, scan_envelope, scan_lines, the payload hash
+ *   json.c      reading JSON text: the envelope scanner's tokenizer, count_keys, item_spans,
+ *               array_items
+ *   envelope.c  walk, check_envelope, scan_envelope, scan_lines, scan_items, the payload hash
  *   time.c      RFC 3339 ts, epoch_micros, bucket_starts
  *   rollup.c    Acc (the rollup accumulator, with its own reader of JSON text), group_ids
  *   arrow.c     string_column
@@ -25,6 +26,8 @@ static PyMethodDef methods[] = {
      "The fields, canonical output text and payload hash of an envelope's JSON text when it is plainly valid, or None."},
     {"scan_lines", py_scan_lines, METH_VARARGS,
      "Bulk import's envelopes from a block of lines, until one is not the plain case (see the C source)."},
+    {"scan_items", py_scan_items, METH_VARARGS,
+     "The envelopes of a JSON array body when every item is the plain case, or None (see the C source)."},
     {"epoch_micros", py_epoch_micros, METH_VARARGS,
      "epoch_micros(rows, index) -> bytes: item index (a datetime) of each row as int64 microseconds since the epoch."},
     {"group_ids", py_group_ids, METH_VARARGS,

@@ -98,6 +98,7 @@ int sc_string(scan_t *s, const unsigned char **start, const unsigned char **stop
               int allow_escapes);
 int sc_container(scan_t *s, Py_ssize_t depth);
 Py_ssize_t sc_compact(const unsigned char *p, Py_ssize_t n, char *out);
+Py_ssize_t array_items(const unsigned char *p, Py_ssize_t len, Py_ssize_t max_items, Py_ssize_t **spans);
 PyObject *py_count_keys(PyObject *self, PyObject *arg);
 PyObject *py_item_spans(PyObject *self, PyObject *arg);
 
@@ -114,6 +115,7 @@ PyObject *py_walk(PyObject *self, PyObject *args);
 PyObject *py_check_envelope(PyObject *self, PyObject *args);
 PyObject *py_scan_envelope(PyObject *self, PyObject *args);
 PyObject *py_scan_lines(PyObject *self, PyObject *args);
+PyObject *py_scan_items(PyObject *self, PyObject *args);
 
 /* rollup.c */
 extern PyTypeObject AccType;

@@ -60,6 +60,7 @@ def test_the_interface_is_what_the_callers_use() -> None:
         "check_envelope": 6,
         "scan_envelope": 6,
         "scan_lines": 15,
+        "scan_items": 11,
         "Acc": -1,
     }
     assert METHODS == {

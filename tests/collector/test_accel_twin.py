@@ -77,6 +77,14 @@ def test_the_same_envelopes_are_scanned_and_checked(
     _both(lambda impl: impl.count_keys(raw))
     _both(lambda impl: impl.item_spans(b" [" + raw + b" , " + raw + b"]"))
     _both(lambda impl: impl.item_spans(raw))
+    for body in (b" [" + raw + b" , " + raw + b"]", b"[" + raw + b"]", raw):
+        _both(lambda impl, body=body: _scan_items(impl, body, lim or LIMITS))
+
+
+def _scan_items(impl: Any, body: bytes, lim: Limits = LIMITS, max_items: int = 10) -> Any:
+    """``scan_items`` of ``impl``, its made-up ids numbered from 0 in each call."""
+    made = iter(range(100))
+    return impl.scan_items(body, max_items, Envelope, NOW, lambda: f"new{next(made)}", lim.max_event_bytes, *_args(lim))
 
 
 def test_plain_envelopes_are_recognised_by_both() -> None:
@@ -108,6 +116,9 @@ def test_keys_and_items_are_found_alike_in_any_bytes(raw: bytes) -> None:
     _both(lambda impl: impl.count_keys(raw))
     _both(lambda impl: impl.item_spans(raw))
     _both(lambda impl: impl.item_spans(b"[" + raw))
+    _both(lambda impl: _scan_items(impl, raw))
+    _both(lambda impl: _scan_items(impl, b"[" + raw))
+    _both(lambda impl: _scan_items(impl, b'[{"model":"m","prompt_version":"p","output":{}},' + raw))
 
 
 _ODD = st.sampled_from([float("nan"), float("inf"), -float("inf"), (1, 2), b"x", 1.5 + 0j])
@@ -232,6 +243,9 @@ def test_columns_and_groups_are_built_alike(
     _both(grouped)
 
 
+_ID_LESS = b'[{"model":"m","prompt_version":"p","output":{}}]'
+
+
 def _acc(impl: Any) -> Any:
     return impl.Acc(lambda parent, key: 0, 5)
 
@@ -259,6 +273,11 @@ def _acc(impl: Any) -> Any:
         lambda m: m.scan_lines(b"", 0, 0, "f", list, NOW, 1, [], [], 1, *_args(LIMITS)),
         lambda m: m.scan_lines(b"", 0, 0, 5, Envelope, NOW, 1, [], [], 1, *_args(LIMITS)),
         lambda m: m.scan_lines(b"", 0, 0, "f", Envelope, NOW, 1, [], (), 1, *_args(LIMITS)),
+        lambda m: m.scan_items("[]", 1, Envelope, NOW, str, 1, *_args(LIMITS)),
+        lambda m: m.scan_items(b"[]", 1, list, NOW, str, 1, *_args(LIMITS)),
+        lambda m: m.scan_items(b"[]", 1, Envelope, NOW, "id", 1, *_args(LIMITS)),
+        lambda m: m.scan_items(_ID_LESS, 1, Envelope, NOW, lambda: 5, 100, *_args(LIMITS)),
+        lambda m: m.scan_items(_ID_LESS, 1, Envelope, NOW, lambda: 1 / 0, 100, *_args(LIMITS)),
         lambda m: _acc(m).add(OrderedDict(a=1), 0),
         lambda m: _acc(m).add([1], 0),
         lambda m: _acc(m).add({"a": (1,)}, 0),

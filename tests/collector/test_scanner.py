@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta, timezone
 from functools import partial
@@ -23,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shapewatch.collector import envelope
-from shapewatch.collector.accel import speedups
+from shapewatch.collector.accel import IMPLEMENTATION, speedups
 from shapewatch.collector.envelope import LIMITS, Envelope, Limits, parse_body, parse_envelope
 from shapewatch.collector.errors import EnvelopeInvalid
 
@@ -743,3 +744,126 @@ def test_an_output_that_is_not_a_plain_dict_or_text_is_refused_by_name() -> None
         with pytest.raises(TypeError, match="an output is a dict or its JSON text"):
             acc.add_many([bad], [0])
     assert acc.counts() == []  # nothing counted half-way
+
+
+# --- scan_items: the objects of a JSON array body, all or none --------------------------------------
+
+
+def _scan_items(body: bytes, lim: Limits = LIMITS, max_items: int = 100, ids: list[str] | None = None) -> Any:
+    made = iter(ids or [f"new{i}" for i in range(100)])
+    return speedups.scan_items(
+        body,
+        max_items,
+        Envelope,
+        NOW,
+        lambda: next(made),
+        lim.max_event_bytes,
+        lim.max_tag_length,
+        lim.max_depth,
+        lim.max_array_length,
+        lim.max_key_length,
+        lim.max_leaves,
+    )
+
+
+@PROPERTY
+@given(
+    lines=st.lists(_lines(), min_size=1, max_size=8),
+    blanks=st.lists(st.sampled_from([b"", b" ", b"\n", b"\t\r\n "]), min_size=2, max_size=2),
+)
+def test_scan_items_makes_what_the_reference_makes_of_every_item_or_declines(
+    lines: list[bytes], blanks: list[bytes]
+) -> None:
+    """Every item is taken (each the reference's envelope, a made-up id where it has none, in
+    order) or the whole body is declined: never a part of it."""
+    lim = Limits(max_event_bytes=250)
+    body = blanks[0] + b"[" + blanks[1] + (blanks[1] + b"," + blanks[0]).join(lines) + blanks[0] + b"]" + blanks[1]
+    got = _scan_items(body, lim)
+    refs = [reference(line, lim) if len(line.strip()) <= 250 else None for line in lines]
+    if got is None:
+        return
+    assert all(ref is not None for ref in refs), body
+    assert all(line.strip().startswith(b"{") for line in lines)  # an item is one object
+    made = iter(f"new{i}" for i in range(100))
+    want = [
+        ref._replace(event_id=next(made), output=None) if ref.generated_id else ref._replace(output=None)
+        for ref in refs
+        if ref is not None
+    ]
+    assert got == want
+    assert all(type(env) is Envelope for env in got)
+
+
+def test_scan_items_takes_a_plain_array_and_declines_anything_else() -> None:
+    items = [orjson.dumps(make_envelope(event_id=f"e{i}", output={"i": i})) for i in range(3)]
+    items.append(orjson.dumps({"model": "m", "prompt_version": "p", "output": {"z": [1, {"k": "v"}]}}))
+    body = b" [ " + b" ,\n".join(items) + b" ]\n"
+    got = _scan_items(body, ids=["made-up"])
+    assert got == [parse_envelope(i, LIMITS, now=NOW) for i in items[:3]] + [
+        parse_envelope(items[3], LIMITS, now=NOW, default_id="made-up")
+    ]
+    assert [env.generated_id for env in got] == [False, False, False, True]
+    assert _scan_items(body, max_items=4) is not None
+    longest = max(len(i) for i in items)
+    assert _scan_items(body, Limits(max_event_bytes=longest)) is not None
+    declined = {
+        "more items than max_items": _scan_items(body, max_items=3),
+        "an item over max_event_bytes": _scan_items(body, Limits(max_event_bytes=longest - 1)),
+        "an empty array": _scan_items(b"[]"),
+        "an item that is not an object": _scan_items(b"[" + items[0] + b",1]"),
+        "an array in an array": _scan_items(b"[[" + items[0] + b"]]"),
+        "a blank JSON does not allow": _scan_items(b"\x0b" + body),
+        "text after the array": _scan_items(body + b"x"),
+        "a second array": _scan_items(body + body),
+        "two commas": _scan_items(body.replace(b" ,\n", b",,", 1)),
+        "a trailing comma": _scan_items(b"[" + items[0] + b",]"),
+        "no comma": _scan_items(b"[" + items[0] + items[1] + b"]"),
+        "an unclosed array": _scan_items(b"[" + items[0]),
+        "an unclosed item": _scan_items(b"[" + items[0][:-1] + b"]"),
+        "an unclosed string": _scan_items(b'[{"model":"m]'),
+        "a declined item": _scan_items(body.replace(b'{"i":1}', b'{"i":1e0}')),
+        "an invalid item": _scan_items(body.replace(b'"model":"m"', b'"model":""', 1)),
+        "an object, not an array": _scan_items(items[0]),
+    }
+    assert declined == dict.fromkeys(declined)
+
+
+def test_scan_items_refuses_what_is_not_bytes() -> None:
+    for body in ("[]", bytearray(b"[]"), memoryview(b"[]")):
+        with pytest.raises(TypeError):
+            _scan_items(body)  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(IMPLEMENTATION != "c", reason="the pure-Python twin holds the GIL, as Python does")
+def test_scan_items_lets_other_threads_run_while_it_reads_the_text() -> None:
+    """The first phase runs without the GIL. With forced switches put off (a 30 s interval), a
+    thread that wants the GIL gets it only when the scanning thread lets it go: it counts while the
+    body is read, and its count is read before it can take the GIL again."""
+    import sys
+    import threading
+
+    item = orjson.dumps(make_envelope(output={"a": [1, 2, {"b": "c" * 40}], "d": {"e": True}}))
+    body = b"[" + b",".join([item] * 20_000) + b"]"
+    go, stop = threading.Event(), threading.Event()
+    counted = [0]
+
+    def count() -> None:
+        go.wait()
+        while not stop.is_set():
+            counted[0] += 1
+            time.sleep(0)  # lets go of the GIL between counts: the scan takes it back
+
+    interval = sys.getswitchinterval()
+    thread = threading.Thread(target=count)
+    thread.start()
+    sys.setswitchinterval(30)
+    try:
+        go.set()
+        got = _scan_items(body, max_items=20_000, ids=["x"] * 20_000)
+        during = counted[0]
+    finally:
+        stop.set()
+        sys.setswitchinterval(interval)
+        thread.join()
+    assert got is not None and len(got) == 20_000
+    assert during > 0
