@@ -505,6 +505,14 @@ static PyObject *envelope_of(const speedups_state *ms, PyTypeObject *tp, PyObjec
     return env;
 }
 
+/* One line scan_lines read in its first phase. */
+typedef struct {
+    scanned_text t;
+    Py_ssize_t start, len;         /* the line stripped: text[start:start + len] */
+    Py_ssize_t line_at, line_end;  /* the line as split, without its newline */
+    Py_ssize_t next, line_no;      /* the offset of the line after it; its number */
+} line_read;
+
 /* scan_lines(text, pos, line_no, id_prefix, envelope_type, now, room, out, origin, max_event_bytes,
  *            max_tag, max_depth, max_array, max_key, max_leaves) -> (next, line_no, start, end)
  *
@@ -516,7 +524,10 @@ static PyObject *envelope_of(const speedups_state *ms, PyTypeObject *tp, PyObjec
  * until room envelopes were added, the text ends, or a line is not the plain case (or is over
  * max_event_bytes). Returns the offset of the next line, the number of the last line read, and
  * [start, end) of that last line when it was declined (-1, -1 otherwise): the caller's to read
- * the reference way before going on from next. No Python object is made for a line itself. */
+ * the reference way before going on from next. No Python object is made for a line itself.
+ * The lines are read without the GIL (scan_text), then their envelopes made with it: the
+ * import's storing and merging threads run their Python meanwhile. The text must not change
+ * while the call runs (the import's reading thread owns its block). */
 PyObject *py_scan_lines(PyObject *self, PyObject *args) {
     Py_buffer text;
     PyObject *prefix, *type, *now, *out, *origin;
@@ -538,12 +549,22 @@ PyObject *py_scan_lines(PyObject *self, PyObject *args) {
     }
     PyTypeObject *tp = (PyTypeObject *)type;
     const speedups_state *ms = get_state(self);
-    PyObject *cache[NKEYS] = {0};
-    PyObject *f[NFIELDS] = {0};
     const unsigned char *base = text.buf, *end = base + text.len;
-    Py_ssize_t added = 0, dstart = -1, dend = -1;
-    int failed = 0;
-    while (pos < text.len && added < room) {
+    /* The first phase, without the GIL: up to room lines read (scan_text), until the text ends or
+     * a line is declined. Each line's output is written in key order at the line's own offset of
+     * w; tmp is the scratch of one line at a time. */
+    line_read *lines = NULL;
+    char *w = NULL, *tmp = NULL;
+    Py_ssize_t nlines = 0, dstart = -1, dend = -1, from = pos;
+    int oom = 0;
+    Py_BEGIN_ALLOW_THREADS
+    Py_ssize_t left = text.len - pos;
+    Py_ssize_t most = room < left + 1 ? room : left + 1;  /* a line holds a byte at least */
+    lines = PyMem_RawMalloc((size_t)(most < 1 ? 1 : most) * sizeof *lines);
+    w = PyMem_RawMalloc((size_t)(left ? left : 1));
+    tmp = PyMem_RawMalloc((size_t)(left ? left : 1));
+    if (lines == NULL || w == NULL || tmp == NULL) oom = 1;
+    while (!oom && pos < text.len && nlines < room) {
         const unsigned char *p = base + pos;
         const unsigned char *nl = memchr(p, '\n', (size_t)(end - p));
         Py_ssize_t a = 0, b = (nl ? nl : end) - p;
@@ -553,32 +574,58 @@ PyObject *py_scan_lines(PyObject *self, PyObject *args) {
         while (a < b && ascii_space(p[a])) a++;
         while (b > a && ascii_space(p[b - 1])) b--;
         if (a == b) continue;
-        int r = b - a > max_bytes ? 0 : scan_core(ms, p + a, b - a, &lim, cache, f);
-        if (r < 0) { failed = 1; break; }
-        if (r == 0) {
+        line_read *l = &lines[nlines];
+        Py_ssize_t at = line_at + a - from;  /* the line's offset in w */
+        if (b - a > max_bytes || !scan_text(p + a, b - a, &lim, w + at, tmp, &l->t)) {
             dstart = line_at;
             dend = line_at + (nl ? nl : end) - p;
+            break;
+        }
+        l->start = line_at + a;
+        l->len = b - a;
+        l->line_at = line_at;
+        l->line_end = line_at + ((nl ? nl : end) - p);
+        l->next = pos;
+        l->line_no = line_no;
+        nlines++;
+    }
+    Py_END_ALLOW_THREADS
+    /* The second phase: each line's envelope. A line it declines (a tag's rules, ts) is the last:
+     * the caller reads it the reference way and calls again from the line after it. */
+    PyObject *cache[NKEYS] = {0}, *f[NFIELDS] = {0};
+    int failed = oom;
+    if (oom) PyErr_NoMemory();
+    for (Py_ssize_t i = 0; !failed && i < nlines; i++) {
+        const line_read *l = &lines[i];
+        int r = scan_fields(ms, &l->t, &lim, cache, f);
+        if (r < 0) { failed = 1; break; }
+        if (r == 0) {
+            pos = l->next;
+            line_no = l->line_no;
+            dstart = l->line_at;
+            dend = l->line_end;
             break;
         }
         PyObject *env = NULL, *where = NULL;
         int generated = f[F_EVENT_ID] == NULL;
         if (generated) {
-            PyObject *hex = b2_hex_of(ms, p + a, b - a, LINE_ID_DIGEST_SIZE);
+            PyObject *hex = b2_hex_of(ms, base + l->start, l->len, LINE_ID_DIGEST_SIZE);
             if (hex != NULL) {
-                f[F_EVENT_ID] = PyUnicode_FromFormat(LINE_ID_FORMAT, prefix, line_no, hex);
+                f[F_EVENT_ID] = PyUnicode_FromFormat(LINE_ID_FORMAT, prefix, l->line_no, hex);
                 Py_DECREF(hex);
             }
         }
         if (f[F_EVENT_ID] != NULL && (env = envelope_of(ms, tp, now, generated, f)) != NULL)
-            where = PyLong_FromSsize_t(line_no);
+            where = PyLong_FromSsize_t(l->line_no);
         for (int j = 0; j < NFIELDS; j++) Py_CLEAR(f[j]);
         if (where == NULL || PyList_Append(out, env) < 0 || PyList_Append(origin, where) < 0) failed = 1;
         Py_XDECREF(env);
         Py_XDECREF(where);
-        if (failed) break;
-        added++;
     }
     for (int k = 0; k < NKEYS; k++) Py_XDECREF(cache[k]);
+    PyMem_RawFree(lines);
+    PyMem_RawFree(w);
+    PyMem_RawFree(tmp);
     PyBuffer_Release(&text);
     if (failed) return NULL;
     return Py_BuildValue("(nnnn)", pos, line_no, dstart, dend);
