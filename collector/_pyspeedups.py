@@ -644,6 +644,7 @@ class Acc:
     __slots__ = (
         "_bin",
         "_bins",
+        "_busy",
         "_column",
         "_float_column",
         "_lengths",
@@ -661,6 +662,7 @@ class Acc:
         from .flatten import JsonType
 
         self._namer = namer
+        self._busy = False  # add_many is counting texts (the C does it without the GIL)
         self._max_value_length = operator.index(max_value_length)
         self._bin = number_bin
         # the column of each JSON type (null, boolean, ..., object), and of each Python type whose
@@ -748,14 +750,25 @@ class Acc:
             raise ValueError("group must be >= 0")
         return group
 
+    def _free(self) -> None:
+        """Refuse a call while add_many counts texts (from its namer, say): the C walks them without
+        the GIL, so nothing else may reach the accumulator meanwhile."""
+        if self._busy:
+            raise RuntimeError("the accumulator is in use by another call")
+
     def add(self, output: dict[str, Any], group: int, /) -> None:
         """Count one parsed output (a dict, not a subclass) in its group."""
+        self._free()
         if type(output) is not dict:
             raise TypeError(f"an output is a dict or its JSON text, not {_type_name(output)}")
         self._members(output, self._group(group), -1)
 
     def add_json(self, text: str | bytes, group: int, /) -> None:
         """Count one output given as JSON text, as ``add(json.loads(text), group)`` would."""
+        self._free()
+        self._add_json(text, group)
+
+    def _add_json(self, text: str | bytes, group: int) -> None:
         if not isinstance(text, str | bytes):
             raise TypeError(f"an output's text is str or bytes, not {_type_name(text)}")
         group = self._group(group)
@@ -769,9 +782,18 @@ class Acc:
 
     def add_many(self, outputs: Sequence[dict[str, Any] | str], groups: Sequence[int], /) -> None:
         """``add`` or ``add_json`` of each (output, group), in order."""
+        self._free()
         os_, gs = _as_list(outputs, "outputs"), _as_list(groups, "groups")
         if len(os_) != len(gs):
             raise ValueError("outputs and groups differ in length")
+        if all(isinstance(o, str) for o in os_):
+            self._busy = True
+            try:
+                for o, g in zip(os_, gs, strict=True):
+                    self._add_json(o, g)
+            finally:
+                self._busy = False
+            return
         for o, g in zip(os_, gs, strict=True):
             if isinstance(o, str):
                 self.add_json(o, g)
@@ -781,15 +803,18 @@ class Acc:
     def counts(self) -> list[tuple[int, ...]]:
         """Per slot: (group, path, present, null, boolean, integer, number, string, array, object,
         long, true); slot i is row i."""
+        self._free()
         return [tuple(row) for row in self._rows]
 
     def count_rows(self) -> bytes:
         """``counts`` packed: per slot, its twelve values as native int64, slot after slot."""
+        self._free()
         return array("q", [x for row in self._rows for x in row]).tobytes()
 
     def value_rows(self) -> tuple[bytes, bytes, bytes, bytes]:
         """Short string values: slots (int64), offsets (int32, rows + 1) and UTF-8 data of an
         Arrow string column, counts (int64), packed native."""
+        self._free()
         slots, counts, parts = array("q"), array("q"), []
         offsets = array("i", [0])
         at = 0
@@ -813,6 +838,7 @@ class Acc:
         """The values (0) as three lists: slots, values, counts; array lengths (1): slots, lengths,
         counts (int64 each); number bins (2): slots (int64), representative values (float64),
         counts (int64); packed native."""
+        self._free()
         which = operator.index(which)
         if which == 0:
             rows = [(slot, v, n) for slot, values in enumerate(self._values) for v, n in values.items()]

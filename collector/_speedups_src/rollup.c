@@ -110,32 +110,67 @@ typedef struct {
      * before costs a memcmp instead of a str and a dict lookup (children stays the truth). */
     struct kc_list *kc;
     Py_ssize_t kc_cap;
+    /* add_many walks a sequence of texts with the GIL released: `released` is the thread state it
+     * saved (NULL otherwise), `holding` whether a step that needs Python took the GIL back, and
+     * `busy` refuses any other call into the accumulator meanwhile (its arrays are being grown).
+     * Its memory is the raw allocator's, which needs no GIL. */
+    PyThreadState *released;
+    int holding, busy;
 } Acc;
+
+/* The steps of a walk without the GIL that need Python (a path never seen: the namer; a number
+ * beyond C; an error) take it back for their while: gil_take answers whether it did, for gil_give.
+ * With the GIL held all along (released NULL) both do nothing. */
+static int gil_take(Acc *self) {
+    if (self->released == NULL || self->holding) return 0;
+    PyEval_RestoreThread(self->released);
+    self->holding = 1;
+    return 1;
+}
+
+static void gil_give(Acc *self, int took) {
+    if (!took) return;
+    self->holding = 0;
+    self->released = PyEval_SaveThread();
+}
+
+static int acc_nomem(Acc *self) {
+    int took = gil_take(self);
+    PyErr_NoMemory();
+    gil_give(self, took);
+    return -1;
+}
+
+static int acc_in_use(Acc *self) {
+    if (!self->busy) return 0;
+    PyErr_SetString(PyExc_RuntimeError, "the accumulator is in use by another call");
+    return -1;
+}
 
 static void acc_dealloc(Acc *self) {
     for (Py_ssize_t i = 0; i < self->kc_cap; i++) {
-        for (int j = 0; j < self->kc[i].n; j++) PyMem_Free(self->kc[i].e[j].key);
-        PyMem_Free(self->kc[i].e);
+        for (int j = 0; j < self->kc[i].n; j++) PyMem_RawFree(self->kc[i].e[j].key);
+        PyMem_RawFree(self->kc[i].e);
     }
-    PyMem_Free(self->kc);
+    PyMem_RawFree(self->kc);
     Py_XDECREF(self->namer);
     Py_XDECREF(self->children);
     for (Py_ssize_t s = 0; s < self->nslots; s++) {
-        PyMem_Free(self->lens[s].entries);
-        PyMem_Free(self->vals[s].e);
-        PyMem_Free(self->vals[s].idx);
+        PyMem_RawFree(self->lens[s].entries);
+        PyMem_RawFree(self->vals[s].e);
+        PyMem_RawFree(self->vals[s].idx);
     }
-    PyMem_Free(self->vals);
-    PyMem_Free(self->lens);
-    PyMem_Free(self->arena);
-    for (Py_ssize_t g = 0; g < self->ngroups; g++) PyMem_Free(self->groups[g].slot_of_path);
-    for (Py_ssize_t s = 0; s < self->nslots; s++) PyMem_Free(self->numbers[s].entries);
-    PyMem_Free(self->numbers);
-    PyMem_Free(self->groups);
-    PyMem_Free(self->items);
-    PyMem_Free(self->counts);
-    PyMem_Free(self->slot_group);
-    PyMem_Free(self->slot_path);
+    PyMem_RawFree(self->vals);
+    PyMem_RawFree(self->lens);
+    PyMem_RawFree(self->arena);
+    for (Py_ssize_t g = 0; g < self->ngroups; g++) PyMem_RawFree(self->groups[g].slot_of_path);
+    for (Py_ssize_t s = 0; s < self->nslots; s++) PyMem_RawFree(self->numbers[s].entries);
+    PyMem_RawFree(self->numbers);
+    PyMem_RawFree(self->groups);
+    PyMem_RawFree(self->items);
+    PyMem_RawFree(self->counts);
+    PyMem_RawFree(self->slot_group);
+    PyMem_RawFree(self->slot_path);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -169,7 +204,7 @@ static Py_ssize_t new_path(Acc *self, Py_ssize_t parent, PyObject *key) {
     }
     if (self->items_cap < r + 2) {
         Py_ssize_t cap = (r + 2) * 2;
-        Py_ssize_t *it = PyMem_Realloc(self->items, sizeof(Py_ssize_t) * cap);
+        Py_ssize_t *it = PyMem_RawRealloc(self->items, sizeof(Py_ssize_t) * cap);
         if (!it) { PyErr_NoMemory(); return -2; }
         memset(it + self->items_cap, 0, sizeof(Py_ssize_t) * (cap - self->items_cap));
         self->items = it;
@@ -184,7 +219,7 @@ static int ensure_root(Acc *self) {
     if (!d || PyList_Append(self->children, d) < 0) { Py_XDECREF(d); return -1; }
     Py_DECREF(d);
     if (self->items_cap < 1) {
-        self->items = PyMem_Calloc(16, sizeof(Py_ssize_t));
+        self->items = PyMem_RawCalloc(16, sizeof(Py_ssize_t));
         if (!self->items) { PyErr_NoMemory(); return -1; }
         self->items_cap = 16;
     }
@@ -208,7 +243,9 @@ static Py_ssize_t child_id(Acc *self, Py_ssize_t parent, PyObject *key) {
 static Py_ssize_t items_id(Acc *self, Py_ssize_t parent) {
     Py_ssize_t known = self->items[parent + 1];
     if (known) return known - 1;
+    int took = gil_take(self);
     Py_ssize_t r = new_path(self, parent, Py_None);
+    gil_give(self, took);
     if (r < 0) return -2;
     self->items[parent + 1] = r + 1;
     return r;
@@ -218,8 +255,8 @@ static Py_ssize_t slot_of(Acc *self, Py_ssize_t group, Py_ssize_t path) {
     group_map *gm = &self->groups[group];
     if (path >= gm->cap) {
         Py_ssize_t cap = (path + 1) * 2;
-        Py_ssize_t *m = PyMem_Realloc(gm->slot_of_path, sizeof(Py_ssize_t) * cap);
-        if (!m) { PyErr_NoMemory(); return -1; }
+        Py_ssize_t *m = PyMem_RawRealloc(gm->slot_of_path, sizeof(Py_ssize_t) * cap);
+        if (!m) return acc_nomem(self);
         memset(m + gm->cap, 0, sizeof(Py_ssize_t) * (cap - gm->cap));
         gm->slot_of_path = m;
         gm->cap = cap;
@@ -228,23 +265,23 @@ static Py_ssize_t slot_of(Acc *self, Py_ssize_t group, Py_ssize_t path) {
     if (s) return s - 1;
     if (self->nslots == self->cap) {
         Py_ssize_t cap = self->cap ? self->cap * 2 : 256;
-        long long *c = PyMem_Realloc(self->counts, sizeof(long long) * NCOUNT * cap);
-        if (!c) { PyErr_NoMemory(); return -1; }
+        long long *c = PyMem_RawRealloc(self->counts, sizeof(long long) * NCOUNT * cap);
+        if (!c) return acc_nomem(self);
         self->counts = c;
-        Py_ssize_t *sg = PyMem_Realloc(self->slot_group, sizeof(Py_ssize_t) * cap);
-        if (!sg) { PyErr_NoMemory(); return -1; }
+        Py_ssize_t *sg = PyMem_RawRealloc(self->slot_group, sizeof(Py_ssize_t) * cap);
+        if (!sg) return acc_nomem(self);
         self->slot_group = sg;
-        Py_ssize_t *sp = PyMem_Realloc(self->slot_path, sizeof(Py_ssize_t) * cap);
-        if (!sp) { PyErr_NoMemory(); return -1; }
+        Py_ssize_t *sp = PyMem_RawRealloc(self->slot_path, sizeof(Py_ssize_t) * cap);
+        if (!sp) return acc_nomem(self);
         self->slot_path = sp;
-        nb_table *nt = PyMem_Realloc(self->numbers, sizeof(nb_table) * cap);
-        if (!nt) { PyErr_NoMemory(); return -1; }
+        nb_table *nt = PyMem_RawRealloc(self->numbers, sizeof(nb_table) * cap);
+        if (!nt) return acc_nomem(self);
         self->numbers = nt;
-        struct vt_table *vt = PyMem_Realloc(self->vals, sizeof(struct vt_table) * cap);
-        if (!vt) { PyErr_NoMemory(); return -1; }
+        struct vt_table *vt = PyMem_RawRealloc(self->vals, sizeof(struct vt_table) * cap);
+        if (!vt) return acc_nomem(self);
         self->vals = vt;
-        nb_table *lt = PyMem_Realloc(self->lens, sizeof(nb_table) * cap);
-        if (!lt) { PyErr_NoMemory(); return -1; }
+        nb_table *lt = PyMem_RawRealloc(self->lens, sizeof(nb_table) * cap);
+        if (!lt) return acc_nomem(self);
         self->lens = lt;
         self->cap = cap;
     }
@@ -283,23 +320,25 @@ static int vt_bump(Acc *self, Py_ssize_t slot, const char *p, Py_ssize_t len, in
     }
     /* a new value: its text must be UTF-8 (it becomes an Arrow string) */
     if (!valid) {
+        int took = gil_take(self);
         PyObject *check = PyUnicode_DecodeUTF8(p, len, "strict");
+        Py_XDECREF(check);
+        gil_give(self, took);
         if (check == NULL) return -1;
-        Py_DECREF(check);
     }
     if (self->arena_len + len > self->arena_cap) {
         Py_ssize_t cap = self->arena_cap ? self->arena_cap * 2 : 4096;
         while (cap < self->arena_len + len) cap *= 2;
-        char *a = PyMem_Realloc(self->arena, (size_t)cap);
-        if (!a) { PyErr_NoMemory(); return -1; }
+        char *a = PyMem_RawRealloc(self->arena, (size_t)cap);
+        if (!a) return acc_nomem(self);
         self->arena = a;
         self->arena_cap = cap;
     }
     if (len) memcpy(self->arena + self->arena_len, p, (size_t)len);  /* "" first: no arena yet (NULL) */
     if (t->n == t->cap) {
         uint32_t cap = t->cap ? t->cap * 2 : 4;
-        vt_entry *e = PyMem_Realloc(t->e, sizeof(vt_entry) * cap);
-        if (!e) { PyErr_NoMemory(); return -1; }
+        vt_entry *e = PyMem_RawRealloc(t->e, sizeof(vt_entry) * cap);
+        if (!e) return acc_nomem(self);
         t->e = e;
         t->cap = cap;
     }
@@ -310,14 +349,14 @@ static int vt_bump(Acc *self, Py_ssize_t slot, const char *p, Py_ssize_t len, in
     if (t->n * 2 > t->icap) {  /* (re)build the index */
         uint32_t icap = t->icap ? t->icap * 2 : 8;
         while (t->n * 2 > icap) icap *= 2;
-        uint32_t *idx = PyMem_Calloc(icap, sizeof(uint32_t));
-        if (!idx) { PyErr_NoMemory(); return -1; }
+        uint32_t *idx = PyMem_RawCalloc(icap, sizeof(uint32_t));
+        if (!idx) return acc_nomem(self);
         for (uint32_t j = 0; j < t->n; j++) {
             uint32_t k = (uint32_t)t->e[j].hash & (icap - 1);
             while (idx[k]) k = (k + 1) & (icap - 1);
             idx[k] = j + 1;
         }
-        PyMem_Free(t->idx);
+        PyMem_RawFree(t->idx);
         t->idx = idx;
         t->icap = icap;
     } else {
@@ -386,8 +425,8 @@ static inline uint32_t nb_hash(int32_t code) {
 
 static int nb_grow(nb_table *t) {
     uint32_t cap = t->cap ? t->cap * 2 : 8;
-    nb_entry *e = PyMem_Calloc(cap, sizeof(nb_entry));
-    if (!e) { PyErr_NoMemory(); return -1; }
+    nb_entry *e = PyMem_RawCalloc(cap, sizeof(nb_entry));
+    if (!e) return -1;  /* the caller reports it (acc_nomem) */
     for (uint32_t j = 0; j < t->cap; j++) {
         nb_entry *old = &t->entries[j];
         if (old->n == 0) continue;
@@ -395,7 +434,7 @@ static int nb_grow(nb_table *t) {
         while (e[i].n) i = (i + 1) & (cap - 1);
         e[i] = *old;
     }
-    PyMem_Free(t->entries);
+    PyMem_RawFree(t->entries);
     t->entries = e;
     t->cap = cap;
     return 0;
@@ -421,12 +460,17 @@ static int tb_count(nb_table *t, int32_t code, Py_ssize_t *total) {
 
 static int nb_count(Acc *self, Py_ssize_t slot, int32_t code) {
     if (code == NB_NONE) return 0;
-    return tb_count(&self->numbers[slot], code, &self->nnumbers);
+    return tb_count(&self->numbers[slot], code, &self->nnumbers) < 0 ? acc_nomem(self) : 0;
 }
 
 static int len_count(Acc *self, Py_ssize_t slot, Py_ssize_t n) {
-    if (n > INT32_MAX) { PyErr_SetString(PyExc_OverflowError, "an array too long to count"); return -1; }
-    return tb_count(&self->lens[slot], (int32_t)n, &self->nlens);
+    if (n > INT32_MAX) {
+        int took = gil_take(self);
+        PyErr_SetString(PyExc_OverflowError, "an array too long to count");
+        gil_give(self, took);
+        return -1;
+    }
+    return tb_count(&self->lens[slot], (int32_t)n, &self->nlens) < 0 ? acc_nomem(self) : 0;
 }
 
 static int acc_value(Acc *self, PyObject *v, Py_ssize_t group, Py_ssize_t path);
@@ -502,7 +546,7 @@ static int acc_group(Acc *self, Py_ssize_t group) {
     if (self->namer == NULL) { PyErr_SetString(PyExc_RuntimeError, "Acc is not initialised"); return -1; }
     if (ensure_root(self) < 0) return -1;
     if (group >= self->ngroups) {
-        group_map *gs = PyMem_Realloc(self->groups, sizeof(group_map) * (group + 1));
+        group_map *gs = PyMem_RawRealloc(self->groups, sizeof(group_map) * (group + 1));
         if (!gs) { PyErr_NoMemory(); return -1; }
         memset(gs + self->ngroups, 0, sizeof(group_map) * (group + 1 - self->ngroups));
         self->groups = gs;
@@ -525,6 +569,7 @@ static int acc_count_dict(Acc *self, PyObject *output, Py_ssize_t group) {
 }
 
 static PyObject *acc_add(Acc *self, PyObject *args) {
+    if (acc_in_use(self) < 0) return NULL;
     PyObject *output;
     Py_ssize_t group;
     if (!PyArg_ParseTuple(args, "On", &output, &group)) return NULL;
@@ -540,6 +585,7 @@ static PyObject *acc_add(Acc *self, PyObject *args) {
  * Python objects at all. The text must be valid JSON (an object); it is not validated here. */
 
 typedef struct {
+    Acc *acc;             /* whose walk this is (for the GIL, see gil_take) */
     const unsigned char *p, *end;
     char *tmp;            /* scratch for strings with escapes and number literals */
     Py_ssize_t tmp_cap;
@@ -549,8 +595,8 @@ typedef struct {
 static int jt_room(jtext *t, Py_ssize_t n) {
     if (n <= t->tmp_cap) return 0;
     Py_ssize_t cap = n < 256 ? 256 : n * 2;
-    char *b = PyMem_Realloc(t->tmp, (size_t)cap);
-    if (!b) { PyErr_NoMemory(); return -1; }
+    char *b = PyMem_RawRealloc(t->tmp, (size_t)cap);
+    if (!b) return acc_nomem(t->acc);
     t->tmp = b;
     t->tmp_cap = cap;
     return 0;
@@ -560,8 +606,10 @@ static inline void jt_ws(jtext *t) {
     t->p = json_skip_ws(t->p, t->end);
 }
 
-static int jt_bad(const char *what) {
+static int jt_bad(jtext *t, const char *what) {
+    int took = gil_take(t->acc);
     PyErr_Format(PyExc_ValueError, "add_json: %s", what);
+    gil_give(t->acc, took);
     return -1;
 }
 
@@ -584,7 +632,7 @@ static int jt_unescape(jtext *t, const char **out, Py_ssize_t *outlen, Py_ssize_
         if ((*p & 0xC0) != 0x80) n++;
         p++;
     }
-    if (p >= t->end) return jt_bad("unterminated string");
+    if (p >= t->end) return jt_bad(t, "unterminated string");
     t->p = p + 1;
     if (!escaped) {
         *chars = n;
@@ -607,11 +655,11 @@ static int jt_unescape(jtext *t, const char **out, Py_ssize_t *outlen, Py_ssize_
         case 'r': *o++ = '\r'; break;
         case 't': *o++ = '\t'; break;
         case 'u': {
-            if (p - q < 4) return jt_bad("short \\u escape");
+            if (p - q < 4) return jt_bad(t, "short \\u escape");
             uint32_t cp = 0;
             for (int i = 0; i < 4; i++) {
                 int h = hexval(q[i]);
-                if (h < 0) return jt_bad("bad \\u escape");
+                if (h < 0) return jt_bad(t, "bad \\u escape");
                 cp = cp * 16 + (uint32_t)h;
             }
             q += 4;
@@ -628,7 +676,7 @@ static int jt_unescape(jtext *t, const char **out, Py_ssize_t *outlen, Py_ssize_
                     q += 6;
                 }
             }
-            if (cp >= 0xD800 && cp <= 0xDFFF) return jt_bad("lone surrogate");
+            if (cp >= 0xD800 && cp <= 0xDFFF) return jt_bad(t, "lone surrogate");
             if (cp < 0x80) *o++ = (char)cp;
             else if (cp < 0x800) { *o++ = (char)(0xC0 | (cp >> 6)); *o++ = (char)(0x80 | (cp & 0x3F)); }
             else if (cp < 0x10000) {
@@ -640,7 +688,7 @@ static int jt_unescape(jtext *t, const char **out, Py_ssize_t *outlen, Py_ssize_
             }
             break;
         }
-        default: return jt_bad("bad escape");
+        default: return jt_bad(t, "bad escape");
         }
     }
     *out = t->tmp;
@@ -670,7 +718,7 @@ static int jt_number(jtext *t, int32_t *code, int *integer) {
     }
     t->p = p;
     Py_ssize_t len = p - s;
-    if (len == 0 || len > 4096) return jt_bad("bad number");
+    if (len == 0 || len > 4096) return jt_bad(t, "bad number");
     if (!frac) {
         *integer = 1;
         Py_ssize_t digits = len - (*s == '-');
@@ -684,10 +732,11 @@ static int jt_number(jtext *t, int32_t *code, int *integer) {
         if (jt_room(t, len + 1) < 0) return -1;
         memcpy(t->tmp, s, (size_t)len);
         t->tmp[len] = 0;
+        int took = gil_take(t->acc);
         PyObject *v = PyLong_FromString(t->tmp, NULL, 10);
-        if (!v) return -1;
-        int r = nb_code_of_long(v, code);
-        Py_DECREF(v);
+        int r = v == NULL ? -1 : nb_code_of_long(v, code);
+        Py_XDECREF(v);
+        gil_give(t->acc, took);
         return r;
     }
     {
@@ -717,8 +766,11 @@ static int jt_number(jtext *t, int32_t *code, int *integer) {
     if (jt_room(t, len + 1) < 0) return -1;
     memcpy(t->tmp, s, (size_t)len);
     t->tmp[len] = 0;
+    int took = gil_take(t->acc);
     double d = PyOS_string_to_double(t->tmp, NULL, NULL);
-    if (d == -1.0 && PyErr_Occurred()) return -1;
+    int failed = d == -1.0 && PyErr_Occurred();
+    gil_give(t->acc, took);
+    if (failed) return -1;
     *integer = d == floor(d);
     *code = nb_code_of_double(d);
     return 0;
@@ -745,7 +797,7 @@ static int jt_value(Acc *self, jtext *t, Py_ssize_t group, Py_ssize_t path) {
     long long *c = self->counts + slot * NCOUNT;
     c[C_PRESENT]++;
     jt_ws(t);
-    if (t->p >= t->end) return jt_bad("text ends early");
+    if (t->p >= t->end) return jt_bad(t, "text ends early");
     unsigned char ch = *t->p;
     if (ch == 'n') { c[C_NULL]++; t->p += 4; return 0; }
     if (ch == 't') { c[C_BOOLEAN]++; c[C_TRUE]++; t->p += 4; return 0; }
@@ -772,8 +824,8 @@ static int jt_value(Acc *self, jtext *t, Py_ssize_t group, Py_ssize_t path) {
         return 0;
     }
     if (ch == '-' || (ch >= '0' && ch <= '9')) {
-        int32_t code;
-        int integer;
+        int32_t code = 0;
+        int integer = 0;
         if (jt_number(t, &code, &integer) < 0) return -1;
         c = self->counts + slot * NCOUNT;
         c[integer ? C_INTEGER : C_NUMBER]++;
@@ -794,7 +846,7 @@ static int jt_value(Acc *self, jtext *t, Py_ssize_t group, Py_ssize_t path) {
                 jt_ws(t);
                 if (t->p < t->end && *t->p == ',') { t->p++; continue; }
                 if (t->p < t->end && *t->p == ']') { t->p++; break; }
-                return jt_bad("bad array");
+                return jt_bad(t, "bad array");
             }
         }
         return len_count(self, slot, n);
@@ -804,7 +856,7 @@ static int jt_value(Acc *self, jtext *t, Py_ssize_t group, Py_ssize_t path) {
         t->p++;
         return jt_members(self, t, group, path);
     }
-    return jt_bad("unexpected character");
+    return jt_bad(t, "unexpected character");
 }
 
 static Py_ssize_t kc_find(Acc *self, Py_ssize_t parent, const unsigned char *key, Py_ssize_t len) {
@@ -823,8 +875,8 @@ static Py_ssize_t kc_find(Acc *self, Py_ssize_t parent, const unsigned char *key
 static int kc_add(Acc *self, Py_ssize_t parent, const unsigned char *key, Py_ssize_t len, Py_ssize_t child) {
     if (parent + 1 >= self->kc_cap) {
         Py_ssize_t cap = (parent + 1) * 2 + 16;
-        struct kc_list *kc = PyMem_Realloc(self->kc, sizeof(struct kc_list) * (size_t)cap);
-        if (!kc) { PyErr_NoMemory(); return -1; }
+        struct kc_list *kc = PyMem_RawRealloc(self->kc, sizeof(struct kc_list) * (size_t)cap);
+        if (!kc) return acc_nomem(self);
         memset(kc + self->kc_cap, 0, sizeof(struct kc_list) * (size_t)(cap - self->kc_cap));
         self->kc = kc;
         self->kc_cap = cap;
@@ -833,13 +885,13 @@ static int kc_add(Acc *self, Py_ssize_t parent, const unsigned char *key, Py_ssi
     if (l->n >= 64) return 0; /* a wide object: its keys go through the dict alone */
     if (l->n == l->cap) {
         int cap = l->cap ? l->cap * 2 : 8;
-        kc_entry *e = PyMem_Realloc(l->e, sizeof(kc_entry) * (size_t)cap);
-        if (!e) { PyErr_NoMemory(); return -1; }
+        kc_entry *e = PyMem_RawRealloc(l->e, sizeof(kc_entry) * (size_t)cap);
+        if (!e) return acc_nomem(self);
         l->e = e;
         l->cap = cap;
     }
-    char *copy = PyMem_Malloc(len ? (size_t)len : 1);
-    if (!copy) { PyErr_NoMemory(); return -1; }
+    char *copy = PyMem_RawMalloc(len ? (size_t)len : 1);
+    if (!copy) return acc_nomem(self);
     memcpy(copy, key, (size_t)len);
     l->e[l->n++] = (kc_entry){copy, len, child};
     return 0;
@@ -851,45 +903,94 @@ static int jt_members(Acc *self, jtext *t, Py_ssize_t group, Py_ssize_t path) {
     if (t->p < t->end && *t->p == '}') { t->p++; return 0; }
     for (;;) {
         jt_ws(t);
-        if (t->p >= t->end || *t->p != '"') return jt_bad("expected a key");
+        if (t->p >= t->end || *t->p != '"') return jt_bad(t, "expected a key");
         const unsigned char *key = t->p + 1, *q = key;
         while (q < t->end && *q != '"') q += *q == '\\' ? 2 : 1;
-        if (q >= t->end) return jt_bad("unterminated string");
+        if (q >= t->end) return jt_bad(t, "unterminated string");
         Py_ssize_t child = kc_find(self, path, key, q - key);
         if (child >= 0) {
             t->p = q + 1;
-        } else {
+        } else {  /* a key not seen at this place: its str, the namer, the cache, with the GIL */
             Py_ssize_t chars;
+            int took = gil_take(self);
             PyObject *k = jt_string(t, &chars);
-            if (!k) return -1;
-            child = child_id(self, path, k);
-            Py_DECREF(k);
-            if (child < 0 || kc_add(self, path, key, q - key, child) < 0) return -1;
+            child = k == NULL ? -2 : child_id(self, path, k);
+            Py_XDECREF(k);
+            int failed = child < 0 || kc_add(self, path, key, q - key, child) < 0;
+            gil_give(self, took);
+            if (failed) return -1;
         }
         jt_ws(t);
-        if (t->p >= t->end || *t->p != ':') return jt_bad("expected ':'");
+        if (t->p >= t->end || *t->p != ':') return jt_bad(t, "expected ':'");
         t->p++;
         if (jt_value(self, t, group, child) < 0) return -1;
         jt_ws(t);
         if (t->p < t->end && *t->p == ',') { t->p++; continue; }
         if (t->p < t->end && *t->p == '}') { t->p++; return 0; }
-        return jt_bad("bad object");
+        return jt_bad(t, "bad object");
     }
 }
 
 /* Count one output's JSON text in its group (the text as add_json takes it). */
-static int acc_count_text(Acc *self, const char *text, Py_ssize_t len, Py_ssize_t group, int utf8) {
-    if (acc_group(self, group) < 0) return -1;
-    jtext t = {(const unsigned char *)text, (const unsigned char *)text + len, NULL, 0, utf8};
+static int acc_walk_text(Acc *self, const char *text, Py_ssize_t len, Py_ssize_t group, int utf8) {
+    jtext t = {self, (const unsigned char *)text, (const unsigned char *)text + len, NULL, 0, utf8};
     jt_ws(&t);
     int r;
-    if (t.p >= t.end || *t.p != '{') r = jt_bad("an output is a JSON object");
+    if (t.p >= t.end || *t.p != '{') r = jt_bad(&t, "an output is a JSON object");
     else { t.p++; r = jt_members(self, &t, group, -1); }
-    PyMem_Free(t.tmp);
+    PyMem_RawFree(t.tmp);
     return r;
 }
 
+static int acc_count_text(Acc *self, const char *text, Py_ssize_t len, Py_ssize_t group, int utf8) {
+    if (acc_group(self, group) < 0) return -1;
+    return acc_walk_text(self, text, len, group, utf8);
+}
+
+/* add_many's outputs when every one is a str: each text and group is taken with the GIL (its
+ * UTF-8, its group's map), then the texts are walked, in order, with the GIL released (the
+ * service's request threads count while its writer commits). n_ok: the outputs before the first
+ * that could not be taken, whose error (set) is raised after those before it are counted, as one
+ * at a time would. */
+typedef struct {
+    const char *text;
+    Py_ssize_t len, group;
+} text_item;
+
+static int acc_count_texts(Acc *self, PyObject *fo, PyObject *fg, Py_ssize_t n) {
+    text_item *items = PyMem_RawMalloc((size_t)(n ? n : 1) * sizeof *items);
+    if (items == NULL) { PyErr_NoMemory(); return -1; }
+    Py_ssize_t n_ok = 0;
+    for (; n_ok < n; n_ok++) {
+        text_item *it = &items[n_ok];
+        it->group = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(fg, n_ok));
+        if (it->group == -1 && PyErr_Occurred()) break;
+        it->text = PyUnicode_AsUTF8AndSize(PySequence_Fast_GET_ITEM(fo, n_ok), &it->len);
+        if (it->text == NULL || acc_group(self, it->group) < 0) break;
+    }
+    PyObject *exc_type, *exc_value, *exc_tb;  /* an error of the first pass, held over the walk */
+    PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
+    int r = 0;
+    self->busy = 1;
+    self->holding = 0;
+    self->released = PyEval_SaveThread();
+    for (Py_ssize_t i = 0; r == 0 && i < n_ok; i++) r = acc_walk_text(self, items[i].text, items[i].len, items[i].group, 1);
+    PyEval_RestoreThread(self->released);
+    self->released = NULL;
+    self->busy = 0;
+    PyMem_RawFree(items);
+    if (r < 0) {  /* the walk's own error comes first: it is of an earlier output */
+        Py_XDECREF(exc_type);
+        Py_XDECREF(exc_value);
+        Py_XDECREF(exc_tb);
+        return -1;
+    }
+    PyErr_Restore(exc_type, exc_value, exc_tb);
+    return n_ok < n ? -1 : 0;
+}
+
 static PyObject *acc_add_json(Acc *self, PyObject *args) {
+    if (acc_in_use(self) < 0) return NULL;
     PyObject *obj;
     Py_ssize_t group;
     if (!PyArg_ParseTuple(args, "On", &obj, &group)) return NULL;
@@ -910,6 +1011,7 @@ static PyObject *acc_add_json(Acc *self, PyObject *args) {
 
 /* add_many(outputs, groups): add_json(text, group) or add(dict, group) of each pair, in order. */
 static PyObject *acc_add_many(Acc *self, PyObject *args) {
+    if (acc_in_use(self) < 0) return NULL;
     PyObject *outputs, *groups;
     if (!PyArg_ParseTuple(args, "OO", &outputs, &groups)) return NULL;
     PyObject *fo = PySequence_Fast(outputs, "outputs must be a sequence");
@@ -921,6 +1023,12 @@ static PyObject *acc_add_many(Acc *self, PyObject *args) {
     if (PySequence_Fast_GET_SIZE(fg) != n) {
         PyErr_SetString(PyExc_ValueError, "outputs and groups differ in length");
         r = -1;
+    }
+    int texts = r == 0;
+    for (Py_ssize_t i = 0; texts && i < n; i++) texts = PyUnicode_Check(PySequence_Fast_GET_ITEM(fo, i));
+    if (texts) {
+        r = acc_count_texts(self, fo, fg, n);
+        n = 0;
     }
     for (Py_ssize_t i = 0; r == 0 && i < n; i++) {
         PyObject *o = PySequence_Fast_GET_ITEM(fo, i);
@@ -942,6 +1050,7 @@ static PyObject *acc_add_many(Acc *self, PyObject *args) {
 
 /* counts() -> list of (group, path, present, null, boolean, integer, number, string, array, object, long, true) */
 static PyObject *acc_counts(Acc *self, PyObject *unused) {
+    if (acc_in_use(self) < 0) return NULL;
     PyObject *out = PyList_New(self->nslots);
     if (!out) return NULL;
     for (Py_ssize_t s = 0; s < self->nslots; s++) {
@@ -958,6 +1067,7 @@ static PyObject *acc_counts(Acc *self, PyObject *unused) {
  * path, then the counts in counts()' order): a batch of sparse traffic holds a slot per output
  * and path, and a tuple of twelve boxed ints per slot cost more than counting them. */
 static PyObject *acc_count_rows(Acc *self, PyObject *Py_UNUSED(ignored)) {
+    if (acc_in_use(self) < 0) return NULL;
     if (self->namer == NULL) { PyErr_SetString(PyExc_RuntimeError, "Acc is not initialised"); return NULL; }
     PyObject *out = PyBytes_FromStringAndSize(NULL, self->nslots * (2 + NCOUNT) * 8);
     if (!out) return NULL;
@@ -1012,6 +1122,7 @@ static PyObject *acc_table_rows(Acc *self, int bins) {
  * UTF-8 data of a string column, counts int64. A batch keeps about as many value rows as
  * events, and boxing each into lists that Arrow then converts cost about 1 us per event. */
 static PyObject *acc_value_rows(Acc *self, PyObject *Py_UNUSED(ignored)) {
+    if (acc_in_use(self) < 0) return NULL;
     if (self->namer == NULL) { PyErr_SetString(PyExc_RuntimeError, "Acc is not initialised"); return NULL; }
     Py_ssize_t n = self->nvalues, nbytes = self->arena_len;
     if (nbytes > INT32_MAX) { PyErr_SetString(PyExc_OverflowError, "value rows exceed 2 GiB of text"); return NULL; }
@@ -1049,6 +1160,7 @@ fail:
 /* rows(which) -> (slots, keys, counts): the values (which=0) as three parallel lists; the array
  * lengths (which=1) or number bins (which=2) as three packed arrays (see acc_table_rows). */
 static PyObject *acc_rows(Acc *self, PyObject *arg) {
+    if (acc_in_use(self) < 0) return NULL;
     if (self->namer == NULL) { PyErr_SetString(PyExc_RuntimeError, "Acc is not initialised"); return NULL; }
     long which = PyLong_AsLong(arg);
     if (which == -1 && PyErr_Occurred()) return NULL;

@@ -340,3 +340,90 @@ def test_json_text_that_is_not_an_object_is_refused_by_both() -> None:
     for impl in (c, py):
         with pytest.raises(ValueError, match=r"^add_json: "):
             _acc(impl).add_json('{"a": ', 0)
+
+
+def test_an_accumulator_counting_texts_is_refused_to_any_other_call_alike() -> None:
+    """add_many walks a sequence of texts without the GIL (the C): meanwhile the accumulator refuses
+    every other call, here one from its own namer. A sequence with a parsed output holds the GIL,
+    and its namer may read the accumulator."""
+
+    def run(impl: Any, outputs: list[Any]) -> Any:
+        acc: list[Any] = []
+        named: list[str | None] = []
+
+        def namer(parent: int, key: str | None) -> int:
+            acc[0].counts()
+            named.append(key)
+            return len(named) - 1
+
+        acc.append(impl.Acc(namer, 5))
+        try:
+            acc[0].add_many(outputs, [0] * len(outputs))
+        except RuntimeError as exc:
+            return "refused", str(exc)
+        return acc[0].counts()
+
+    assert _both(lambda impl: run(impl, ['{"a": 1}']))[1] == ("refused", "the accumulator is in use by another call")
+    # (group, path, present, null, boolean, integer, ...): "a" is path 0, "b" path 1
+    assert _both(lambda impl: run(impl, ['{"a": 1}', {"b": 2}]))[1] == [
+        (0, 0, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0),
+        (0, 1, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0),
+    ]
+
+
+def test_a_failed_sequence_of_texts_counts_the_outputs_before_the_fault_alike() -> None:
+    """As one at a time would: the outputs before the first that cannot be taken are counted, then
+    its error is raised (a bad group, a text that is not an output)."""
+
+    def run(impl: Any, outputs: list[Any], groups: list[Any]) -> Any:
+        acc = _acc(impl)
+        try:
+            acc.add_many(outputs, groups)
+            error = None
+        except (ValueError, TypeError) as exc:
+            error = type(exc).__name__
+        return error, acc.counts(), acc.rows(0)
+
+    for outputs, groups in (
+        (['{"a": "x"}', '{"b": 2}', '{"c": 3}'], [0, -1, 0]),
+        (['{"a": "x"}', '{"b": 2}'], [0, "1"]),
+        (['{"a": "x"}', "[1]", '{"c": 3}'], [0, 1, -1]),
+    ):
+        error, counts, _ = _both(lambda impl, o=outputs, g=groups: run(impl, o, g))[1]
+        assert error is not None and len(counts) == 1  # the first output alone
+
+
+def test_an_accumulator_counts_texts_while_other_threads_run() -> None:
+    """The C walks a sequence of texts without the GIL: with forced switches put off, a thread that
+    wants the GIL counts while the texts are walked (see the scanner's test of the same)."""
+    import sys
+    import threading
+    import time
+
+    text = orjson.dumps({"a": [1, 2, {"b": "c" * 40}], "d": {"e": True, "f": 1.5}}).decode()
+    texts = [text] * 50_000
+    ids: dict[tuple[int, str | None], int] = {}
+    acc = c.Acc(lambda parent, key: ids.setdefault((parent, key), len(ids)), 16)
+    go, stop = threading.Event(), threading.Event()
+    counted = [0]
+
+    def count() -> None:
+        go.wait()
+        while not stop.is_set():
+            counted[0] += 1
+            time.sleep(0)
+
+    interval = sys.getswitchinterval()
+    thread = threading.Thread(target=count)
+    thread.start()
+    sys.setswitchinterval(30)
+    try:
+        go.set()
+        acc.add_many(texts, [0] * len(texts))
+        during = counted[0]
+    finally:
+        stop.set()
+        sys.setswitchinterval(interval)
+        thread.join()
+    assert acc.counts()[0][2] == 50_000  # the first path ("a"), once per output
+    assert during > 0
