@@ -953,6 +953,7 @@ static int acc_count_text(Acc *self, const char *text, Py_ssize_t len, Py_ssize_
  * that could not be taken, whose error (set) is raised after those before it are counted, as one
  * at a time would. */
 typedef struct {
+    PyObject *str;  /* held over the walk: another thread may empty the caller's list meanwhile */
     const char *text;
     Py_ssize_t len, group;
 } text_item;
@@ -965,8 +966,12 @@ static int acc_count_texts(Acc *self, PyObject *fo, PyObject *fg, Py_ssize_t n) 
         text_item *it = &items[n_ok];
         it->group = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(fg, n_ok));
         if (it->group == -1 && PyErr_Occurred()) break;
-        it->text = PyUnicode_AsUTF8AndSize(PySequence_Fast_GET_ITEM(fo, n_ok), &it->len);
-        if (it->text == NULL || acc_group(self, it->group) < 0) break;
+        it->str = Py_NewRef(PySequence_Fast_GET_ITEM(fo, n_ok));
+        it->text = PyUnicode_AsUTF8AndSize(it->str, &it->len);
+        if (it->text == NULL || acc_group(self, it->group) < 0) {
+            Py_DECREF(it->str);
+            break;
+        }
     }
     PyObject *exc_type, *exc_value, *exc_tb;  /* an error of the first pass, held over the walk */
     PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
@@ -978,6 +983,7 @@ static int acc_count_texts(Acc *self, PyObject *fo, PyObject *fg, Py_ssize_t n) 
     PyEval_RestoreThread(self->released);
     self->released = NULL;
     self->busy = 0;
+    for (Py_ssize_t i = 0; i < n_ok; i++) Py_DECREF(items[i].str);
     PyMem_RawFree(items);
     if (r < 0) {  /* the walk's own error comes first: it is of an earlier output */
         Py_XDECREF(exc_type);

@@ -427,3 +427,21 @@ def test_an_accumulator_counts_texts_while_other_threads_run() -> None:
         thread.join()
     assert acc.counts()[0][2] == 50_000  # the first path ("a"), once per output
     assert during > 0
+
+
+def test_an_accumulator_holds_the_texts_it_walks() -> None:
+    """The walk without the GIL reads the texts' bytes: another thread (here the namer, which runs
+    with the GIL taken back) may empty the caller's list meanwhile, and each text must outlive it
+    (under the sanitizers, a freed text would be a report)."""
+    outputs = [orjson.dumps({f"k{i}": "v" * 60}).decode() for i in range(40)]  # each held by the list alone
+    ids: dict[tuple[int, str | None], int] = {}
+
+    def namer(parent: int, key: str | None) -> int:
+        outputs.clear()
+        return ids.setdefault((parent, key), len(ids))
+
+    acc = c.Acc(namer, 100)
+    acc.add_many(outputs, [0] * len(outputs))
+    assert outputs == []
+    assert [row[1:3] for row in acc.counts()] == [(i, 1) for i in range(40)]  # every text counted whole
+    assert acc.rows(0)[1] == ["v" * 60] * 40
