@@ -12,8 +12,10 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,6 +52,35 @@ def make_envelope(**overrides: Any) -> dict[str, Any]:
         else:
             env[k] = v
     return env
+
+
+def counted_beside(call: Callable[[], Any]) -> tuple[Any, int]:
+    """``call()``'s answer, and how often a second thread counted while it ran. Forced switches are
+    put off (a 30 s interval), so the second thread gets the GIL only when ``call`` lets it go (it
+    lets it go itself between counts): a count above 0 says the call ran part of its work without
+    the GIL. The count is read before the thread can take the GIL again."""
+    go, stop = threading.Event(), threading.Event()
+    counted = [0]
+
+    def count() -> None:
+        go.wait()
+        while not stop.is_set():
+            counted[0] += 1
+            time.sleep(0)
+
+    interval = sys.getswitchinterval()
+    thread = threading.Thread(target=count)
+    thread.start()
+    sys.setswitchinterval(30)
+    try:
+        go.set()
+        answer = call()
+        during = counted[0]
+    finally:
+        stop.set()
+        sys.setswitchinterval(interval)
+        thread.join()
+    return answer, during
 
 
 def free_port() -> int:

@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 import pytest
+from harness import counted_beside
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_scanner import _LIMITS, _NOISE, _TEXT, _VALUES, _dumps, _envelopes, _lines
@@ -394,37 +395,12 @@ def test_a_failed_sequence_of_texts_counts_the_outputs_before_the_fault_alike() 
 
 
 def test_an_accumulator_counts_texts_while_other_threads_run() -> None:
-    """The C walks a sequence of texts without the GIL: with forced switches put off, a thread that
-    wants the GIL counts while the texts are walked (see the scanner's test of the same)."""
-    import sys
-    import threading
-    import time
-
+    """The C walks a sequence of texts without the GIL: another thread counts meanwhile."""
     text = orjson.dumps({"a": [1, 2, {"b": "c" * 40}], "d": {"e": True, "f": 1.5}}).decode()
     texts = [text] * 50_000
     ids: dict[tuple[int, str | None], int] = {}
     acc = c.Acc(lambda parent, key: ids.setdefault((parent, key), len(ids)), 16)
-    go, stop = threading.Event(), threading.Event()
-    counted = [0]
-
-    def count() -> None:
-        go.wait()
-        while not stop.is_set():
-            counted[0] += 1
-            time.sleep(0)
-
-    interval = sys.getswitchinterval()
-    thread = threading.Thread(target=count)
-    thread.start()
-    sys.setswitchinterval(30)
-    try:
-        go.set()
-        acc.add_many(texts, [0] * len(texts))
-        during = counted[0]
-    finally:
-        stop.set()
-        sys.setswitchinterval(interval)
-        thread.join()
+    _, during = counted_beside(lambda: acc.add_many(texts, [0] * len(texts)))
     assert acc.counts()[0][2] == 50_000  # the first path ("a"), once per output
     assert during > 0
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta, timezone
 from functools import partial
@@ -19,7 +18,7 @@ from typing import Any
 
 import orjson
 import pytest
-from harness import make_envelope
+from harness import counted_beside, make_envelope
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -836,34 +835,9 @@ def test_scan_items_refuses_what_is_not_bytes() -> None:
 
 @pytest.mark.skipif(IMPLEMENTATION != "c", reason="the pure-Python twin holds the GIL, as Python does")
 def test_scan_items_lets_other_threads_run_while_it_reads_the_text() -> None:
-    """The first phase runs without the GIL. With forced switches put off (a 30 s interval), a
-    thread that wants the GIL gets it only when the scanning thread lets it go: it counts while the
-    body is read, and its count is read before it can take the GIL again."""
-    import sys
-    import threading
-
+    """The first phase runs without the GIL: another thread counts while the body is read."""
     item = orjson.dumps(make_envelope(output={"a": [1, 2, {"b": "c" * 40}], "d": {"e": True}}))
     body = b"[" + b",".join([item] * 20_000) + b"]"
-    go, stop = threading.Event(), threading.Event()
-    counted = [0]
-
-    def count() -> None:
-        go.wait()
-        while not stop.is_set():
-            counted[0] += 1
-            time.sleep(0)  # lets go of the GIL between counts: the scan takes it back
-
-    interval = sys.getswitchinterval()
-    thread = threading.Thread(target=count)
-    thread.start()
-    sys.setswitchinterval(30)
-    try:
-        go.set()
-        got = _scan_items(body, max_items=20_000, ids=["x"] * 20_000)
-        during = counted[0]
-    finally:
-        stop.set()
-        sys.setswitchinterval(interval)
-        thread.join()
+    got, during = counted_beside(lambda: _scan_items(body, max_items=20_000, ids=["x"] * 20_000))
     assert got is not None and len(got) == 20_000
     assert during > 0
