@@ -405,6 +405,13 @@ def scan_envelope(
 _NEWLINE = re.compile(b"\n")
 
 
+def _envelope_of(envelope_type: type, fast: tuple[Any, ...], event_id: str, generated: bool, now: datetime) -> Any:
+    """The Envelope of what ``scan_envelope`` read, as envelope._scanned makes it (ts ``now`` and
+    the default contract when absent)."""
+    items = (event_id, generated, fast[1] or now, fast[2], fast[3], fast[4] or "default", fast[11], fast[12])
+    return tuple.__new__(envelope_type, (*items, *fast[5:11], None, None))
+
+
 def scan_lines(
     text: bytes | memoryview,
     pos: int,
@@ -456,8 +463,7 @@ def scan_lines(
         generated = event_id is None
         if generated:
             event_id = line_id(id_prefix, line_no, line)
-        items = (event_id, generated, fast[1] or now, fast[2], fast[3], fast[4] or "default", fast[11], fast[12])
-        out.append(tuple.__new__(envelope_type, (*items, *fast[5:11], None, None)))
+        out.append(_envelope_of(envelope_type, fast, event_id, generated, now))
         origin.append(line_no)
         added += 1
     return pos, line_no, declined_start, declined_end
@@ -508,8 +514,7 @@ def scan_items(
         event_id = fast[0]
         if event_id is None and not isinstance(event_id := new_id(), str):
             raise TypeError("new_id must return a str")
-        items = (event_id, fast[0] is None, fast[1] or now, fast[2], fast[3], fast[4] or "default", fast[11], fast[12])
-        out.append(tuple.__new__(envelope_type, (*items, *fast[5:11], None, None)))
+        out.append(_envelope_of(envelope_type, fast, event_id, fast[0] is None, now))
     return out
 
 
