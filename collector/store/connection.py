@@ -18,6 +18,17 @@ log = logging.getLogger(__name__)
 _WAL_COPIES_KEPT = 5
 
 
+def silence_progress_bar(con: duckdb.DuckDBPyConnection) -> None:
+    """Keep DuckDB's progress bar off stdout on ``con``. DuckDB's Python client turns the bar on
+    for a connection it opens (not for its cursors) and draws it on stdout for any statement over
+    two seconds, in the middle of whatever the process prints there (a command's JSON summary, a
+    report another program parses). Both settings are the session's only: DuckDB refuses them in
+    ``connect``'s config and as ``SET GLOBAL``. Printing is turned off as well as the bar because
+    setting ``progress_bar_time`` turns the bar back on."""
+    con.execute("SET enable_progress_bar = false")
+    con.execute("SET enable_progress_bar_print = false")
+
+
 def _copy_wal(path: Path) -> Path | None:
     """Copy ``<db>.wal`` (when present and not empty) to ``quarantine/`` beside the database;
     the newest copies are kept, older ones deleted. None when there is none or it cannot be copied."""

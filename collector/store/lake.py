@@ -47,7 +47,7 @@ from ..errors import StoreError, StoreUnavailable
 from ..rollup import RollupBatch, RollupConfig
 from . import merge
 from .batch import BatchBuilder, Purged, WriteResult, _results
-from .connection import explicit_transaction
+from .connection import explicit_transaction, silence_progress_bar
 from .schema import _COHORT_EVENTS, Schema
 from .shared_state import SharedState, shared_tables
 from .store import Store
@@ -153,6 +153,7 @@ def _lake_connection(cfg: LakeConfig, *, threads: int = 2, memory_limit: str = "
         }
     )
     try:
+        silence_progress_bar(con)
         load_lake_extensions(con)
         attach_lake(con, cfg)
         con.execute(f"USE {cfg.name}")

@@ -16,7 +16,7 @@ from ..tiers import HOUR, Horizons, TierPolicy
 from .alerts import AlertRecords
 from .backend import StoreBackend
 from .baselines import BaselineRecords
-from .connection import _copy_wal, _is_lock_error, _is_wal_error, _wal_refusal
+from .connection import _copy_wal, _is_lock_error, _is_wal_error, _wal_refusal, silence_progress_bar
 from .contract_usage import ContractUsage
 from .incidents import IncidentRecords
 from .outbox import OutboxRecords
@@ -121,6 +121,7 @@ class Store(
                 path,
                 wal_copy,
             )
+        silence_progress_bar(con)
         store = cls(con, path, bucket_seconds=bucket_seconds, rollup=rollup or RollupConfig(), read_only=read_only)
         try:
             store._migrate()

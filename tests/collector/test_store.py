@@ -427,6 +427,39 @@ def test_the_file_opens_in_another_process_once_released(store: Store, db_path: 
     assert (child.returncode, child.stderr) == (0, "opened\n")
 
 
+_LONG_QUERY_CHILD = """
+import sys, threading
+from shapewatch.collector.store import Store
+store = Store.open(sys.argv[1], read_only=sys.argv[2] == "ro")
+# The bar's delay at 0 ms (which also turns the bar back on): any statement that reports progress
+# would draw it now.
+store._con.execute("SET progress_bar_time = 0")
+store._con.execute("SELECT sum(i * i) FROM range(3000000) t(i)").fetchall()
+# DuckDB opens the cursors each thread reads with with the bar off
+seen = []
+reader = threading.Thread(target=lambda: seen.append(store.query("SELECT current_setting('enable_progress_bar')")))
+reader.start()
+reader.join()
+store.close()
+print("done", seen)
+"""
+
+
+@pytest.mark.parametrize("mode", ["rw", "ro"])
+def test_a_store_connection_never_draws_a_progress_bar_on_stdout(db_path: Path, mode: str) -> None:
+    """DuckDB draws a progress bar on stdout for a long statement, inside what a command prints
+    there (an import's JSON summary, a child's report): the store's connection has it off."""
+    Store.open(db_path).close()
+    child = subprocess.run(
+        [sys.executable, "-c", _LONG_QUERY_CHILD, str(db_path), mode],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (child.returncode, child.stdout) == (0, "done [[(False,)]]\n"), child.stderr
+
+
 def test_read_only_open_of_a_missing_file_is_a_store_error(tmp_path: Path) -> None:
     missing = tmp_path / "nope" / "missing.duckdb"
     with pytest.raises(StoreError) as info:
