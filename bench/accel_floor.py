@@ -50,7 +50,7 @@ from shapewatch.collector.envelope import LIMITS, Envelope, _epoch_us, payload_h
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
 #: envelopes kept at once: bulk import hands them on in blocks (ingest._ADD_EVERY)
 BLOCK = 1024
-_LIM = (LIMITS.max_tag_length, LIMITS.max_depth, LIMITS.max_array_length, LIMITS.max_key_length, LIMITS.max_leaves)
+_LIM = LIMITS.scanner
 
 if HAVE_MSGSPEC:
     # the tag rules msgspec can state: a length (not "not blank", "no NUL": left to the rest)

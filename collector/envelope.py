@@ -377,9 +377,7 @@ def validate_envelope(
     ``keys_seen`` (a one-item counter) accumulates the keys of the document so
     the caller can run the duplicate-key test over a whole body at once.
     """
-    fast = _speedups.check_envelope(
-        obj, lim.max_tag_length, lim.max_depth, lim.max_array_length, lim.max_key_length, lim.max_leaves
-    )
+    fast = _speedups.check_envelope(obj, *lim.scanner)
     if fast is not None:  # plainly valid (the C twin of the rules below): skip to the end
         (
             event_id,
@@ -700,9 +698,7 @@ def parse_envelope(
         )
     # The common case in one pass of C over the text (no parsed output at all); anything it
     # is not sure of goes the reference way, which accepts it or names the fault.
-    fast = _speedups.scan_envelope(
-        raw, lim.max_tag_length, lim.max_depth, lim.max_array_length, lim.max_key_length, lim.max_leaves
-    )
+    fast = _speedups.scan_envelope(raw, *lim.scanner)
     if fast is not None:
         return _scanned(fast, now, default_id)
     return _parse_reference(raw, lim, now=now, default_id=default_id)
@@ -859,11 +855,7 @@ def _scan_items(raw: bytes, lim: Limits, now: datetime, max_items: int | None) -
         now,
         _new_event_id,
         lim.max_event_bytes,
-        lim.max_tag_length,
-        lim.max_depth,
-        lim.max_array_length,
-        lim.max_key_length,
-        lim.max_leaves,
+        *lim.scanner,
     )
 
 

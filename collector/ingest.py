@@ -432,14 +432,7 @@ def _import_one(
             merger.start()
             reported = 0
             n = 0  # the number of the last line read
-            args = (
-                limits.max_event_bytes,
-                limits.max_tag_length,
-                limits.max_depth,
-                limits.max_array_length,
-                limits.max_key_length,
-                limits.max_leaves,
-            )
+            args = (limits.max_event_bytes, *limits.scanner)
             for chunk in reader.chunks():
                 if progress is not None and reader.consumed - reported >= 1 << 20:
                     progress(reader.consumed - reported)  # per MiB, not per line: a call per line costs a few %

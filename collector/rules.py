@@ -54,6 +54,12 @@ class Limits:
     max_attributes: int = 32
     max_tag_length: int = 256
 
+    @property
+    def scanner(self) -> tuple[int, int, int, int, int]:
+        """The bounds the accelerator's envelope checks take, in the order they take them: the
+        longest tag, the deepest nesting, the longest array, the longest key, the most leaves."""
+        return (self.max_tag_length, self.max_depth, self.max_array_length, self.max_key_length, self.max_leaves)
+
 
 LIMITS = Limits()
 

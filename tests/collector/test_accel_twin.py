@@ -39,10 +39,6 @@ def _one_ts_range() -> None:
         impl.set_ts_range(envelope._epoch_us(envelope.TS_MIN), envelope._epoch_us(envelope.TS_END))
 
 
-def _args(lim: Limits) -> tuple[int, int, int, int, int]:
-    return lim.max_tag_length, lim.max_depth, lim.max_array_length, lim.max_key_length, lim.max_leaves
-
-
 def _both(call: Callable[[Any], Any]) -> Any:
     """What ``call`` answers with each implementation, asserted equal (an exception counts as an
     answer: its type and message)."""
@@ -71,7 +67,7 @@ def test_the_same_envelopes_are_scanned_and_checked(
         at, cut, noise = damage
         i = int(at * len(raw))
         raw = raw[:i] + noise + raw[i + cut :]
-    args = _args(lim or LIMITS)
+    args = (lim or LIMITS).scanner
     _both(lambda impl: impl.scan_envelope(raw, *args))
     _both(lambda impl: impl.scan_envelope(memoryview(b"[" + raw + b"]")[1:-1], *args))
     _both(lambda impl: impl.check_envelope(env, *args))
@@ -85,15 +81,17 @@ def test_the_same_envelopes_are_scanned_and_checked(
 def _scan_items(impl: Any, body: bytes, lim: Limits = LIMITS, max_items: int = 10) -> Any:
     """``scan_items`` of ``impl``, its made-up ids numbered from 0 in each call."""
     made = iter(range(100))
-    return impl.scan_items(body, max_items, Envelope, NOW, lambda: f"new{next(made)}", lim.max_event_bytes, *_args(lim))
+    return impl.scan_items(
+        body, max_items, Envelope, NOW, lambda: f"new{next(made)}", lim.max_event_bytes, *lim.scanner
+    )
 
 
 def test_plain_envelopes_are_recognised_by_both() -> None:
     """Not only declined alike: the generated ones are taken, by both."""
     for i in range(20):
         env = {"model": "m", "prompt_version": "p", "ts": "2026-11-29T12:00:00.5+01:00", "output": {"i": i, "x": [i]}}
-        assert _both(lambda impl, env=env: impl.scan_envelope(orjson.dumps(env), *_args(LIMITS)))[1] is not None
-        assert _both(lambda impl, env=env: impl.check_envelope(env, *_args(LIMITS)))[1] is not None
+        assert _both(lambda impl, env=env: impl.scan_envelope(orjson.dumps(env), *LIMITS.scanner))[1] is not None
+        assert _both(lambda impl, env=env: impl.check_envelope(env, *LIMITS.scanner))[1] is not None
 
 
 def test_objects_of_up_to_64_keys_are_taken_by_both_and_larger_ones_declined() -> None:
@@ -102,7 +100,7 @@ def test_objects_of_up_to_64_keys_are_taken_by_both_and_larger_ones_declined() -
         output = {f"o{j}": {f"k{i}": i for i in range(n)} for j, n in enumerate(sizes)}
         raw = orjson.dumps({"model": "m", "prompt_version": "p", "output": output})
         for text in (raw, raw.replace(b'"k1"', b'"k\\t1"')):  # an escape: read token by token
-            kind, fast = _both(lambda impl, text=text: impl.scan_envelope(text, *_args(LIMITS)))
+            kind, fast = _both(lambda impl, text=text: impl.scan_envelope(text, *LIMITS.scanner))
             assert (kind, fast is not None) == ("ok", taken), (sizes, text)
 
 
@@ -210,7 +208,7 @@ def test_scan_lines_reads_the_same_lines_alike(lines: list[bytes], room: int) ->
         for impl in (c, py):
             out: list[Envelope] = []
             origin: list[int] = []
-            answer = impl.scan_lines(memoryview(text), at, n, "f", Envelope, NOW, room, out, origin, 250, *_args(lim))
+            answer = impl.scan_lines(memoryview(text), at, n, "f", Envelope, NOW, room, out, origin, 250, *lim.scanner)
             outs.append((answer, out, origin, [type(e) for e in out]))
         assert outs[1] == outs[0]
         at, n = outs[0][0][0], outs[0][0][1]
@@ -269,16 +267,16 @@ def _acc(impl: Any) -> Any:
         lambda m: m.set_ts_range(1.5, 5),
         lambda m: m.count_keys("{}"),
         lambda m: m.item_spans(bytearray(b"[]")),
-        lambda m: m.scan_envelope("{}", *_args(LIMITS)),
-        lambda m: m.scan_lines(b"", 1, 0, "f", Envelope, NOW, 1, [], [], 1, *_args(LIMITS)),
-        lambda m: m.scan_lines(b"", 0, 0, "f", list, NOW, 1, [], [], 1, *_args(LIMITS)),
-        lambda m: m.scan_lines(b"", 0, 0, 5, Envelope, NOW, 1, [], [], 1, *_args(LIMITS)),
-        lambda m: m.scan_lines(b"", 0, 0, "f", Envelope, NOW, 1, [], (), 1, *_args(LIMITS)),
-        lambda m: m.scan_items("[]", 1, Envelope, NOW, str, 1, *_args(LIMITS)),
-        lambda m: m.scan_items(b"[]", 1, list, NOW, str, 1, *_args(LIMITS)),
-        lambda m: m.scan_items(b"[]", 1, Envelope, NOW, "id", 1, *_args(LIMITS)),
-        lambda m: m.scan_items(_ID_LESS, 1, Envelope, NOW, lambda: 5, 100, *_args(LIMITS)),
-        lambda m: m.scan_items(_ID_LESS, 1, Envelope, NOW, lambda: 1 / 0, 100, *_args(LIMITS)),
+        lambda m: m.scan_envelope("{}", *LIMITS.scanner),
+        lambda m: m.scan_lines(b"", 1, 0, "f", Envelope, NOW, 1, [], [], 1, *LIMITS.scanner),
+        lambda m: m.scan_lines(b"", 0, 0, "f", list, NOW, 1, [], [], 1, *LIMITS.scanner),
+        lambda m: m.scan_lines(b"", 0, 0, 5, Envelope, NOW, 1, [], [], 1, *LIMITS.scanner),
+        lambda m: m.scan_lines(b"", 0, 0, "f", Envelope, NOW, 1, [], (), 1, *LIMITS.scanner),
+        lambda m: m.scan_items("[]", 1, Envelope, NOW, str, 1, *LIMITS.scanner),
+        lambda m: m.scan_items(b"[]", 1, list, NOW, str, 1, *LIMITS.scanner),
+        lambda m: m.scan_items(b"[]", 1, Envelope, NOW, "id", 1, *LIMITS.scanner),
+        lambda m: m.scan_items(_ID_LESS, 1, Envelope, NOW, lambda: 5, 100, *LIMITS.scanner),
+        lambda m: m.scan_items(_ID_LESS, 1, Envelope, NOW, lambda: 1 / 0, 100, *LIMITS.scanner),
         lambda m: _acc(m).add(OrderedDict(a=1), 0),
         lambda m: _acc(m).add([1], 0),
         lambda m: _acc(m).add({"a": (1,)}, 0),

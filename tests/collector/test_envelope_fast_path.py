@@ -40,9 +40,7 @@ NOW = datetime(2026, 11, 29, 12, 30, tzinfo=UTC)
 
 
 def _fast(obj: Any, lim: Limits = LIMITS) -> Any:
-    return speedups.check_envelope(
-        obj, lim.max_tag_length, lim.max_depth, lim.max_array_length, lim.max_key_length, lim.max_leaves
-    )
+    return speedups.check_envelope(obj, *lim.scanner)
 
 
 def _outcome(fn: Any, obj: Any, lim: Limits) -> Any:

@@ -74,9 +74,7 @@ LINES = [
 
 @pytest.mark.parametrize(("raw", "expected"), PAYLOAD_HASHES)
 def test_the_scanner_gives_the_stored_payload_hash(raw: bytes, expected: str) -> None:
-    fields = speedups.scan_envelope(
-        raw, LIMITS.max_tag_length, LIMITS.max_depth, LIMITS.max_array_length, LIMITS.max_key_length, LIMITS.max_leaves
-    )
+    fields = speedups.scan_envelope(raw, *LIMITS.scanner)
     assert fields is not None, "the scanner must take these plain envelopes"
     assert fields[-1] == expected
 
@@ -114,11 +112,7 @@ def test_scan_lines_makes_up_the_stored_ids_and_hashes() -> None:
         out,
         origin,
         LIMITS.max_event_bytes,
-        LIMITS.max_tag_length,
-        LIMITS.max_depth,
-        LIMITS.max_array_length,
-        LIMITS.max_key_length,
-        LIMITS.max_leaves,
+        *LIMITS.scanner,
     )
     assert answer == (len(text), 3, -1, -1)
     assert origin == [1, 2, 3]

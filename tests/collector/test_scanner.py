@@ -32,9 +32,7 @@ PROPERTY = settings(max_examples=300, deadline=None, suppress_health_check=[Heal
 
 
 def scan(raw: bytes, lim: Limits = LIMITS) -> tuple[Any, ...] | None:
-    return speedups.scan_envelope(
-        raw, lim.max_tag_length, lim.max_depth, lim.max_array_length, lim.max_key_length, lim.max_leaves
-    )
+    return speedups.scan_envelope(raw, *lim.scanner)
 
 
 def reference(raw: bytes, lim: Limits = LIMITS) -> Envelope | None:
@@ -497,11 +495,7 @@ def test_scan_lines_makes_what_parse_envelope_makes_of_each_line(
             out,
             origin,
             lim.max_event_bytes,
-            lim.max_tag_length,
-            lim.max_depth,
-            lim.max_array_length,
-            lim.max_key_length,
-            lim.max_leaves,
+            *lim.scanner,
         )
         assert len(out) == len(origin) <= room
         got.extend(zip(origin, out, strict=True))
@@ -535,11 +529,7 @@ def test_scan_lines_leaves_a_line_over_the_size_limit_to_the_reference() -> None
             out,
             origin,
             lim.max_event_bytes,
-            lim.max_tag_length,
-            lim.max_depth,
-            lim.max_array_length,
-            lim.max_key_length,
-            lim.max_leaves,
+            *lim.scanner,
         )
         # the blank line is line 8, this one line 9 (declined: text[1:-1] is the caller's to read)
         assert answer == ((len(text), 9, 1, len(text) - 1) if declined else (len(text), 9, -1, -1))
@@ -578,11 +568,7 @@ def test_ts_at_the_edges_of_the_range_is_accepted_or_refused_the_same_way_on_eve
         assert (scan(raw) is not None) <= accepted, ts
         fast = speedups.check_envelope(
             env,
-            LIMITS.max_tag_length,
-            LIMITS.max_depth,
-            LIMITS.max_array_length,
-            LIMITS.max_key_length,
-            LIMITS.max_leaves,
+            *LIMITS.scanner,
         )
         assert (fast is not None) <= accepted, ts
         for read in (partial(parse_envelope, raw, LIMITS, now=NOW), partial(envelope.validate_envelope, env, LIMITS)):
@@ -757,11 +743,7 @@ def _scan_items(body: bytes, lim: Limits = LIMITS, max_items: int = 100, ids: li
         NOW,
         lambda: next(made),
         lim.max_event_bytes,
-        lim.max_tag_length,
-        lim.max_depth,
-        lim.max_array_length,
-        lim.max_key_length,
-        lim.max_leaves,
+        *lim.scanner,
     )
 
 
