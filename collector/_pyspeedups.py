@@ -20,6 +20,7 @@ import itertools
 import math
 import operator
 import re
+import threading
 from array import array
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
@@ -649,16 +650,18 @@ class Acc:
     __slots__ = (
         "_bin",
         "_bins",
-        "_busy",
         "_column",
+        "_depth",
         "_float_column",
         "_lengths",
         "_max_value_length",
         "_namer",
+        "_owner",
         "_paths",
         "_rows",
         "_slots",
         "_values",
+        "_walking",
     )
 
     def __init__(self, namer: Callable[[int, str | None], int], max_value_length: int, /) -> None:
@@ -667,7 +670,12 @@ class Acc:
         from .flatten import JsonType
 
         self._namer = namer
-        self._busy = False  # add_many is counting texts (the C does it without the GIL)
+        # One call at a time, as the C: a counting call owns the accumulator until it returns (its
+        # thread, and how many such calls that thread is in: its namer may count or read too);
+        # while add_many counts texts (the C without the GIL) no call at all.
+        self._owner = 0
+        self._depth = 0
+        self._walking = False
         self._max_value_length = operator.index(max_value_length)
         self._bin = number_bin
         # the column of each JSON type (null, boolean, ..., object), and of each Python type whose
@@ -756,22 +764,39 @@ class Acc:
         return group
 
     def _free(self) -> None:
-        """Refuse a call while add_many counts texts (from its namer, say): the C walks them without
-        the GIL, so nothing else may reach the accumulator meanwhile."""
-        if self._busy:
+        """Refuse a call while add_many counts texts (from its namer, say), or while another
+        thread is inside a counting call: the C walks texts without the GIL, and another thread's
+        call may find its arrays half grown."""
+        if self._walking or (self._depth and self._owner != threading.get_ident()):
             raise RuntimeError("the accumulator is in use by another call")
+
+    def _enter(self) -> None:
+        self._free()
+        self._owner = threading.get_ident()
+        self._depth += 1
+
+    def _leave(self) -> None:
+        self._depth -= 1
+        if not self._depth:
+            self._owner = 0
 
     def add(self, output: dict[str, Any], group: int, /) -> None:
         """Count one parsed output (a dict, not a subclass) in its group."""
-        self._free()
-        if type(output) is not dict:
-            raise TypeError(f"an output is a dict or its JSON text, not {_type_name(output)}")
-        self._members(output, self._group(group), -1)
+        self._enter()
+        try:
+            if type(output) is not dict:
+                raise TypeError(f"an output is a dict or its JSON text, not {_type_name(output)}")
+            self._members(output, self._group(group), -1)
+        finally:
+            self._leave()
 
     def add_json(self, text: str | bytes, group: int, /) -> None:
         """Count one output given as JSON text, as ``add(json.loads(text), group)`` would."""
-        self._free()
-        self._add_json(text, group)
+        self._enter()
+        try:
+            self._add_json(text, group)
+        finally:
+            self._leave()
 
     def _add_json(self, text: str | bytes, group: int) -> None:
         if not isinstance(text, str | bytes):
@@ -786,24 +811,28 @@ class Acc:
         self._members(output, group, -1)
 
     def add_many(self, outputs: Sequence[dict[str, Any] | str], groups: Sequence[int], /) -> None:
-        """``add`` or ``add_json`` of each (output, group), in order."""
-        self._free()
-        os_, gs = _as_list(outputs, "outputs"), _as_list(groups, "groups")
-        if len(os_) != len(gs):
-            raise ValueError("outputs and groups differ in length")
-        if all(isinstance(o, str) for o in os_):
-            self._busy = True
-            try:
-                for o, g in zip(os_, gs, strict=True):
-                    self._add_json(o, g)
-            finally:
-                self._busy = False
-            return
-        for o, g in zip(os_, gs, strict=True):
-            if isinstance(o, str):
-                self.add_json(o, g)
-            else:
-                self.add(o, g)
+        """``add`` or ``add_json`` of each (output, group), in order, of the outputs and groups as
+        they are when it is called (the namer may change the caller's lists meanwhile)."""
+        self._enter()
+        try:
+            os_, gs = tuple(_as_list(outputs, "outputs")), tuple(_as_list(groups, "groups"))
+            if len(os_) != len(gs):
+                raise ValueError("outputs and groups differ in length")
+            if all(isinstance(o, str) for o in os_):
+                self._walking = True
+                try:
+                    for o, g in zip(os_, gs, strict=True):
+                        self._add_json(o, g)
+                finally:
+                    self._walking = False
+                return
+            for o, g in zip(os_, gs, strict=True):
+                if isinstance(o, str):
+                    self.add_json(o, g)
+                else:
+                    self.add(o, g)
+        finally:
+            self._leave()
 
     def counts(self) -> list[tuple[int, ...]]:
         """Per slot: (group, path, present, null, boolean, integer, number, string, array, object,

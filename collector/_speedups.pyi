@@ -100,7 +100,8 @@ def scan_lines(
     (the line before numbered ``line_no``), each stripped, blank ones skipped: each plain one's
     envelope goes to ``out`` and its number to ``origin``, until ``room`` were added, the text
     ends or a line is declined. Returns (offset of the next line, number of the last line read,
-    start, end): ``text[start:end]`` is the declined line, the caller's to read (-1, -1: none)."""
+    start, end): ``text[start:end]`` is the declined line, the caller's to read (-1, -1: none).
+    The lines are read with the GIL released: a mutable ``text`` must not change during the call."""
 
 def scan_items(
     raw: bytes,
@@ -117,7 +118,8 @@ def scan_items(
     /,
 ) -> list[Any] | None:
     """The envelopes of a JSON array body when every item is the plain case, in order (ts ``now``
-    when absent; event_id ``new_id()`` when absent, generated True); None for anything else (more
+    when absent; event_id ``new_id()`` when absent, generated True, called once every item is
+    taken, so never for a body declined); None for anything else (more
     than ``max_items`` items, one over ``max_event_bytes``, one declined, a body of another
     shape): the reference path then answers each item. The items' text is read with the GIL
     released; only the Python objects are made with it."""
@@ -126,7 +128,9 @@ class Acc:
     def __init__(self, namer: Any, max_value_length: int, /) -> None: ...
     def add(self, output: dict[str, Any], group: int, /) -> None: ...
     def add_many(self, outputs: Sequence[dict[str, Any] | str], groups: Sequence[int], /) -> None:
-        """``add`` or ``add_json`` of each (output, group), in order."""
+        """``add`` or ``add_json`` of each (output, group), in order, of the sequences as they are at
+        the call. One call at a time: a call from another thread while one counts (or from any
+        thread while add_many walks texts without the GIL) raises RuntimeError."""
     def add_json(self, text: str | bytes, group: int, /) -> None:
         """Count one output given as JSON text, as ``add(json.loads(text), group)`` would."""
     def counts(self) -> list[tuple[int, ...]]: ...

@@ -705,17 +705,32 @@ PyObject *py_scan_items(PyObject *self, PyObject *args) {
             Py_SETREF(result, r < 0 ? NULL : Py_NewRef(Py_None));
             goto done;
         }
+        /* an item without an event_id gets its made-up id below, once every item is taken: a
+         * body the reference path answers made none (as the twin) */
         int generated = f[F_EVENT_ID] == NULL;
-        if (generated && (f[F_EVENT_ID] = PyObject_CallNoArgs(new_id)) != NULL && !PyUnicode_Check(f[F_EVENT_ID])) {
-            PyErr_SetString(PyExc_TypeError, "new_id must return a str");
-            Py_CLEAR(f[F_EVENT_ID]);
-        }
-        PyObject *env = f[F_EVENT_ID] != NULL ? envelope_of(ms, (PyTypeObject *)type, now, generated, f) : NULL;
+        if (generated) f[F_EVENT_ID] = Py_NewRef(Py_None);
+        PyObject *env = envelope_of(ms, (PyTypeObject *)type, now, generated, f);
         if (env == NULL) {
             Py_CLEAR(result);
             goto done;
         }
         PyList_SET_ITEM(result, i, env);
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *env = PyList_GET_ITEM(result, i);  /* new, and seen by no one else yet */
+        if (PyTuple_GET_ITEM(env, 1) != Py_True) continue;  /* generated_id */
+        PyObject *id = PyObject_CallNoArgs(new_id);
+        if (id != NULL && !PyUnicode_Check(id)) {
+            PyErr_SetString(PyExc_TypeError, "new_id must return a str");
+            Py_CLEAR(id);
+        }
+        if (id == NULL) {
+            Py_CLEAR(result);
+            goto done;
+        }
+        PyObject *placeholder = PyTuple_GET_ITEM(env, 0);
+        PyTuple_SET_ITEM(env, 0, id);
+        Py_DECREF(placeholder);
     }
 done:
     for (int j = 0; j < NFIELDS; j++) Py_XDECREF(f[j]);

@@ -110,12 +110,18 @@ typedef struct {
      * before costs a memcmp instead of a str and a dict lookup (children stays the truth). */
     struct kc_list *kc;
     Py_ssize_t kc_cap;
-    /* add_many walks a sequence of texts with the GIL released: `released` is the thread state it
-     * saved (NULL otherwise), `holding` whether a step that needs Python took the GIL back, and
-     * `busy` refuses any other call into the accumulator meanwhile (its arrays are being grown).
-     * Its memory is the raw allocator's, which needs no GIL. */
+    /* One call at a time. A counting call (add, add_json, add_many) owns the accumulator from
+     * its first line to its return: `owner` is its thread, `depth` how many of them that thread
+     * is in (its namer may count or read too, with the GIL held). Python code runs inside a call
+     * (the namer; a generator of outputs) and may let go of the GIL, so every other thread is
+     * refused meanwhile, reads included: its arrays may be half grown. add_many walks a sequence
+     * of texts with the GIL released (`walking`): every call is refused then, the namer's too.
+     * `released` is the thread state the walk saved, `holding` whether a step that needs Python
+     * took the GIL back. Its memory is the raw allocator's, which needs no GIL. */
+    unsigned long owner;
+    int depth, walking;
     PyThreadState *released;
-    int holding, busy;
+    int holding;
 } Acc;
 
 /* The steps of a walk without the GIL that need Python (a path never seen: the namer; a number
@@ -141,10 +147,26 @@ static int acc_nomem(Acc *self) {
     return -1;
 }
 
+/* Whether a call may read the accumulator now (-1 and RuntimeError if not): not during a walk
+ * without the GIL, nor while another thread is inside a counting call. */
 static int acc_in_use(Acc *self) {
-    if (!self->busy) return 0;
+    if (!self->walking && (self->depth == 0 || self->owner == PyThread_get_thread_ident())) return 0;
     PyErr_SetString(PyExc_RuntimeError, "the accumulator is in use by another call");
     return -1;
+}
+
+/* A counting call begins (acc_leave at every return of it): checked and taken with the GIL held
+ * and nothing in between that could let go of it, so no two threads both get in. */
+static int acc_enter(Acc *self) {
+    if (acc_in_use(self) < 0) return -1;
+    self->owner = PyThread_get_thread_ident();
+    self->depth++;
+    return 0;
+}
+
+static PyObject *acc_leave(Acc *self, PyObject *result) {
+    if (--self->depth == 0) self->owner = 0;
+    return result;
 }
 
 static void acc_dealloc(Acc *self) {
@@ -491,12 +513,17 @@ static int acc_children(Acc *self, PyObject *v, Py_ssize_t group, Py_ssize_t pat
         }
         return 0;
     }
-    Py_ssize_t n = PyList_GET_SIZE(v);
-    if (n == 0) return 0;
+    if (PyList_GET_SIZE(v) == 0) return 0;
     Py_ssize_t child = items_id(self, path);
     if (child < 0) return -1;
-    for (Py_ssize_t i = 0; i < n; i++)
-        if (acc_value(self, PyList_GET_ITEM(v, i), group, child) < 0) return -1;
+    /* as Python's own loop over a list: its size read at each step and the item held, for the
+     * namer (Python code, called for an item's new paths) might shorten the list meanwhile */
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(v); i++) {
+        PyObject *x = Py_NewRef(PyList_GET_ITEM(v, i));
+        int r = acc_value(self, x, group, child);
+        Py_DECREF(x);
+        if (r < 0) return -1;
+    }
     return 0;
 }
 
@@ -569,12 +596,12 @@ static int acc_count_dict(Acc *self, PyObject *output, Py_ssize_t group) {
 }
 
 static PyObject *acc_add(Acc *self, PyObject *args) {
-    if (acc_in_use(self) < 0) return NULL;
     PyObject *output;
     Py_ssize_t group;
     if (!PyArg_ParseTuple(args, "On", &output, &group)) return NULL;
-    if (acc_count_dict(self, output, group) < 0) return NULL;
-    Py_RETURN_NONE;
+    if (acc_enter(self) < 0) return NULL;
+    int r = acc_count_dict(self, output, group);
+    return acc_leave(self, r < 0 ? NULL : Py_NewRef(Py_None));
 }
 
 /* --- counting from JSON text ------------------------------------------------------------ *
@@ -953,8 +980,7 @@ static int acc_count_text(Acc *self, const char *text, Py_ssize_t len, Py_ssize_
  * that could not be taken, whose error (set) is raised after those before it are counted, as one
  * at a time would. */
 typedef struct {
-    PyObject *str;  /* held over the walk: another thread may empty the caller's list meanwhile */
-    const char *text;
+    const char *text;  /* a str of fo: fo, add_many's own tuple, holds it over the walk */
     Py_ssize_t len, group;
 } text_item;
 
@@ -966,24 +992,19 @@ static int acc_count_texts(Acc *self, PyObject *fo, PyObject *fg, Py_ssize_t n) 
         text_item *it = &items[n_ok];
         it->group = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(fg, n_ok));
         if (it->group == -1 && PyErr_Occurred()) break;
-        it->str = Py_NewRef(PySequence_Fast_GET_ITEM(fo, n_ok));
-        it->text = PyUnicode_AsUTF8AndSize(it->str, &it->len);
-        if (it->text == NULL || acc_group(self, it->group) < 0) {
-            Py_DECREF(it->str);
-            break;
-        }
+        it->text = PyUnicode_AsUTF8AndSize(PySequence_Fast_GET_ITEM(fo, n_ok), &it->len);
+        if (it->text == NULL || acc_group(self, it->group) < 0) break;
     }
     PyObject *exc_type, *exc_value, *exc_tb;  /* an error of the first pass, held over the walk */
     PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
     int r = 0;
-    self->busy = 1;
+    self->walking = 1;
     self->holding = 0;
     self->released = PyEval_SaveThread();
     for (Py_ssize_t i = 0; r == 0 && i < n_ok; i++) r = acc_walk_text(self, items[i].text, items[i].len, items[i].group, 1);
     PyEval_RestoreThread(self->released);
     self->released = NULL;
-    self->busy = 0;
-    for (Py_ssize_t i = 0; i < n_ok; i++) Py_DECREF(items[i].str);
+    self->walking = 0;
     PyMem_RawFree(items);
     if (r < 0) {  /* the walk's own error comes first: it is of an earlier output */
         Py_XDECREF(exc_type);
@@ -996,10 +1017,10 @@ static int acc_count_texts(Acc *self, PyObject *fo, PyObject *fg, Py_ssize_t n) 
 }
 
 static PyObject *acc_add_json(Acc *self, PyObject *args) {
-    if (acc_in_use(self) < 0) return NULL;
     PyObject *obj;
     Py_ssize_t group;
     if (!PyArg_ParseTuple(args, "On", &obj, &group)) return NULL;
+    if (acc_enter(self) < 0) return NULL;
     int r;
     if (PyUnicode_Check(obj)) {
         Py_ssize_t len;
@@ -1009,21 +1030,31 @@ static PyObject *acc_add_json(Acc *self, PyObject *args) {
         r = acc_count_text(self, PyBytes_AS_STRING(obj), PyBytes_GET_SIZE(obj), group, 0);
     } else {
         PyErr_Format(PyExc_TypeError, "an output's text is str or bytes, not %.100s", Py_TYPE(obj)->tp_name);
-        return NULL;
+        r = -1;
     }
-    if (r < 0) return NULL;
-    Py_RETURN_NONE;
+    return acc_leave(self, r < 0 ? NULL : Py_NewRef(Py_None));
 }
 
-/* add_many(outputs, groups): add_json(text, group) or add(dict, group) of each pair, in order. */
+/* A tuple of a sequence's items as they are at the call (a list copied): the namer is Python
+ * and may change the caller's list while its items are counted. */
+static PyObject *items_now(PyObject *seq, const char *what) {
+    PyObject *fast = PySequence_Fast(seq, what);
+    if (fast == NULL || !PyList_CheckExact(fast)) return fast;
+    PyObject *t = PyList_AsTuple(fast);
+    Py_DECREF(fast);
+    return t;
+}
+
+/* add_many(outputs, groups): add_json(text, group) or add(dict, group) of each pair, in order, of
+ * the outputs and groups as they are when it is called. */
 static PyObject *acc_add_many(Acc *self, PyObject *args) {
-    if (acc_in_use(self) < 0) return NULL;
     PyObject *outputs, *groups;
     if (!PyArg_ParseTuple(args, "OO", &outputs, &groups)) return NULL;
-    PyObject *fo = PySequence_Fast(outputs, "outputs must be a sequence");
-    if (fo == NULL) return NULL;
-    PyObject *fg = PySequence_Fast(groups, "groups must be a sequence");
-    if (fg == NULL) { Py_DECREF(fo); return NULL; }
+    if (acc_enter(self) < 0) return NULL;
+    PyObject *fo = items_now(outputs, "outputs must be a sequence");
+    if (fo == NULL) return acc_leave(self, NULL);
+    PyObject *fg = items_now(groups, "groups must be a sequence");
+    if (fg == NULL) { Py_DECREF(fo); return acc_leave(self, NULL); }
     Py_ssize_t n = PySequence_Fast_GET_SIZE(fo);
     int r = 0;
     if (PySequence_Fast_GET_SIZE(fg) != n) {
@@ -1050,8 +1081,7 @@ static PyObject *acc_add_many(Acc *self, PyObject *args) {
     }
     Py_DECREF(fo);
     Py_DECREF(fg);
-    if (r < 0) return NULL;
-    Py_RETURN_NONE;
+    return acc_leave(self, r < 0 ? NULL : Py_NewRef(Py_None));
 }
 
 /* counts() -> list of (group, path, present, null, boolean, integer, number, string, array, object, long, true) */

@@ -9,6 +9,7 @@ same counts, the same buffers. Skipped where the C extension is not built.
 from __future__ import annotations
 
 import json
+import threading
 from array import array
 from collections import OrderedDict
 from collections.abc import Callable
@@ -368,6 +369,161 @@ def test_an_accumulator_counting_texts_is_refused_to_any_other_call_alike() -> N
         (0, 0, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0),
         (0, 1, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0),
     ]
+
+
+def _names() -> Callable[[int, str | None], int]:
+    """A namer: a new id for each (parent, key) first seen."""
+    ids: dict[tuple[int, str | None], int] = {}
+    return lambda parent, key: ids.setdefault((parent, key), len(ids))
+
+
+_OUTPUT_TEXT = orjson.dumps({"a": [1, 2, {"b": "c" * 40}], "d": {"e": True, "f": 1.5}}).decode()
+_REFUSED = ("RuntimeError", "the accumulator is in use by another call")
+
+
+def _attempts(acc: Any) -> list[Any]:
+    """Each kind of call into ``acc``, answered: None, or (error type, message)."""
+    answers: list[Any] = []
+    for call in (
+        lambda: acc.add({"x": 1}, 0),
+        lambda: acc.add_json('{"x": 1}', 0),
+        lambda: acc.add_many([_OUTPUT_TEXT] * 100, [0] * 100),
+        lambda: acc.add_many([{"x": 1}], [0]),
+        acc.counts,
+        acc.count_rows,
+        acc.value_rows,
+        lambda: acc.rows(0),
+        lambda: acc.rows(2),
+    ):
+        try:
+            call()
+            answers.append(None)
+        except RuntimeError as exc:
+            answers.append(("RuntimeError", str(exc)))
+    return answers
+
+
+def test_an_accumulator_refuses_every_other_thread_while_one_counts_alike() -> None:
+    """A counting call owns the accumulator until it returns. Its namer is Python code and may let
+    go of the GIL (here it waits), so another thread could get in: every call it makes is refused,
+    reads included (the arrays may be half grown), and a walk without the GIL never starts beside
+    the call. Before the guard covered the whole call, this left two threads in one accumulator:
+    a deadlock in the C. Afterwards the accumulator is whole and takes calls again."""
+
+    def run(impl: Any) -> Any:
+        names = _names()
+        inside, release = threading.Event(), threading.Event()
+
+        def namer(parent: int, key: str | None) -> int:
+            if key == "slow":
+                inside.set()
+                assert release.wait(30)
+            return names(parent, key)
+
+        acc = impl.Acc(namer, 5)
+        owner = threading.Thread(target=lambda: acc.add_many([{"slow": [1]}, _OUTPUT_TEXT], [0, 0]))
+        owner.start()
+        assert inside.wait(30)
+        during = _attempts(acc)
+        release.set()
+        owner.join(30)
+        assert not owner.is_alive()
+        after = _attempts(acc)
+        return during, after, acc.counts()
+
+    during, after, counts = _both(run)[1]
+    assert during == [_REFUSED] * 9
+    assert after == [None] * 9
+    # "slow" (path 0) once; "a" (path 2) from the owner's text and the 100 texts counted after it
+    assert [row[:3] for row in counts][:3] == [(0, 0, 1), (0, 1, 1), (0, 2, 101)]
+
+
+def test_a_call_from_another_thread_while_texts_are_walked_is_refused_alike() -> None:
+    """While add_many walks texts (the C without the GIL), another thread's calls are refused:
+    here it calls while the walk's namer (run with the GIL taken back) waits for it."""
+
+    def run(impl: Any) -> Any:
+        names = _names()
+        answers: list[Any] = []
+
+        def namer(parent: int, key: str | None) -> int:
+            if key == "late":
+                other = threading.Thread(target=lambda: answers.extend(_attempts(acc)))
+                other.start()
+                other.join(30)
+            return names(parent, key)
+
+        acc = impl.Acc(namer, 5)
+        acc.add_many([_OUTPUT_TEXT] * 1000 + ['{"late": 1}'], [0] * 1001)
+        return answers, [row[:3] for row in acc.counts()]
+
+    answers, counts = _both(run)[1]
+    assert answers == [_REFUSED] * 9
+    assert counts[0] == (0, 0, 1000) and counts[-1] == (0, len(counts) - 1, 1)
+
+
+def test_add_many_counts_its_sequences_as_they_were_at_the_call_alike() -> None:
+    """The namer may change the caller's lists while their items are counted (here it empties
+    them at the first path): every output given is counted, in the C as in the twin (the C read a
+    parsed output's list through freed memory before)."""
+
+    def run(impl: Any, outputs: list[Any]) -> Any:
+        groups = [0] * len(outputs)
+        names = _names()
+
+        def namer(parent: int, key: str | None) -> int:
+            outputs.clear()
+            groups.clear()
+            return names(parent, key)
+
+        acc = impl.Acc(namer, 5)
+        acc.add_many(outputs, groups)
+        return acc.counts()
+
+    for outputs in ([{"a": 1}, {"b": 2}, '{"c": 3}'], ['{"a": 1}', '{"b": 2}'], [{"a": 1}] * 3):
+        counts = _both(lambda impl, o=outputs: run(impl, list(o)))[1]
+        assert sum(row[2] for row in counts) == len(outputs), outputs
+
+
+def test_an_array_shortened_by_the_namer_is_read_as_it_is_now_alike() -> None:
+    """An output's array whose items' new paths are named while the namer shortens it: the C reads
+    its length at each step, as Python's own loop does, and never past it."""
+
+    def run(impl: Any) -> Any:
+        items: list[Any] = [{"k": i} for i in range(50)]
+        names = _names()
+
+        def namer(parent: int, key: str | None) -> int:
+            if key == "k":
+                del items[1:]
+            return names(parent, key)
+
+        acc = impl.Acc(namer, 5)
+        acc.add({"xs": items}, 0)
+        return acc.counts(), acc.rows(1)
+
+    counts, lengths = _both(run)[1]
+    assert [row[:3] for row in counts] == [(0, 0, 1), (0, 1, 1), (0, 2, 1)]  # xs, its items, k: once
+    assert array("q", lengths[1]).tolist() == [50]  # the length as the array was met
+
+
+def test_scan_items_makes_no_id_for_a_body_it_declines_alike() -> None:
+    """Made-up event ids are made once every item is taken: a body declined by a later item's tags
+    (here an unknown source) made none, however new_id behaves."""
+    declined = b'[{"model":"m","prompt_version":"p","output":{}},{"model":"m","prompt_version":"p","source":"nope","output":{}}]'
+    made: list[int] = []
+
+    def new_id() -> str:
+        made.append(1)
+        raise ZeroDivisionError
+
+    assert _both(lambda impl: impl.scan_items(declined, 10, Envelope, NOW, new_id, 1000, *LIMITS.scanner)) == (
+        "ok",
+        None,
+    )
+    assert made == []
+    kind, answer = _both(lambda impl: impl.scan_items(_ID_LESS, 10, Envelope, NOW, lambda: "x1", 1000, *LIMITS.scanner))
+    assert kind == "ok" and [(e.event_id, e.generated_id) for e in answer] == [("x1", True)]
 
 
 def test_a_failed_sequence_of_texts_counts_the_outputs_before_the_fault_alike() -> None:
