@@ -414,7 +414,9 @@ static int sc_value(scan_t *s, Py_ssize_t depth) {
 }
 
 /* The canonical text of a scanned output that had white space: the same without it (outside
- * strings). `out` has room for n bytes; returns the length written. */
+ * strings). `out` has room for n bytes; returns the length written. The text was checked in the
+ * scan's first phase; a backslash as its last byte (which that check rules out) is copied alone,
+ * so that even a text changed since never writes past n. */
 Py_ssize_t sc_compact(const unsigned char *p, Py_ssize_t n, char *out) {
     Py_ssize_t o = 0;
     int in_string = 0;
@@ -422,7 +424,7 @@ Py_ssize_t sc_compact(const unsigned char *p, Py_ssize_t n, char *out) {
         unsigned char c = p[i];
         if (in_string) {
             out[o++] = (char)c;
-            if (c == '\\') out[o++] = (char)p[++i];
+            if (c == '\\' && i + 1 < n) out[o++] = (char)p[++i];
             else if (c == '"') in_string = 0;
         } else if (c == '"') {
             in_string = 1;

@@ -462,6 +462,31 @@ def test_a_call_from_another_thread_while_texts_are_walked_is_refused_alike() ->
     assert counts[0] == (0, 0, 1000) and counts[-1] == (0, len(counts) - 1, 1)
 
 
+def test_a_namer_raising_during_a_walk_alike() -> None:
+    """A namer that raises while add_many walks texts (the C has taken the GIL back for it): its
+    error comes through, the outputs before are counted, and the accumulator takes calls again."""
+
+    def run(impl: Any) -> Any:
+        names = _names()
+
+        def namer(parent: int, key: str | None) -> int:
+            if key == "boom":
+                raise ValueError("no name for boom")
+            return names(parent, key)
+
+        acc = impl.Acc(namer, 5)
+        raised = None
+        try:
+            acc.add_many([_OUTPUT_TEXT] * 3 + ['{"boom": 1}', _OUTPUT_TEXT], [0] * 5)
+        except ValueError as exc:
+            raised = str(exc)
+        before = acc.counts()[0][:3]
+        acc.add_many([_OUTPUT_TEXT], [0])
+        return raised, before, acc.counts()[0][:3]
+
+    assert _both(run)[1] == ("no name for boom", (0, 0, 3), (0, 0, 4))
+
+
 def test_add_many_counts_its_sequences_as_they_were_at_the_call_alike() -> None:
     """The namer may change the caller's lists while their items are counted (here it empties
     them at the first path): every output given is counted, in the C as in the twin (the C read a
