@@ -121,9 +121,9 @@ class Store(
                 path,
                 wal_copy,
             )
-        silence_progress_bar(con)
         store = cls(con, path, bucket_seconds=bucket_seconds, rollup=rollup or RollupConfig(), read_only=read_only)
         try:
+            silence_progress_bar(con)
             store._migrate()
             # The runs' tables are the collector's own (POST /v1/traces writes them), kept as a
             # schema of their own so their versions never interleave with the events' migrations;
