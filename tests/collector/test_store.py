@@ -435,7 +435,7 @@ store = Store.open(sys.argv[1], read_only=sys.argv[2] == "ro")
 # would draw it now.
 store._con.execute("SET progress_bar_time = 0")
 store._con.execute("SELECT sum(i * i) FROM range(3000000) t(i)").fetchall()
-# DuckDB opens the cursors each thread reads with with the bar off
+# DuckDB opens the cursor each thread reads through with the bar off
 seen = []
 reader = threading.Thread(target=lambda: seen.append(store.query("SELECT current_setting('enable_progress_bar')")))
 reader.start()
