@@ -46,6 +46,7 @@ from shapewatch.collector import (
     flatten_output,
     read_profiles,
     served_aliases,
+    with_values,
 )
 
 from .alerts import Alert, AlertBook, AlertState, Judged, Transition, step
@@ -58,7 +59,7 @@ from .oncall import TRAFFIC_FIELD, served_models, traffic_check, with_context
 from .outcome_rates import FIELD as RESPONSES
 from .outcome_rates import compare_outcomes
 from .probes.scores import probe_checks
-from .rules import Check, Insufficient, adjust_p_values, compare_profiles, compare_violations
+from .rules import Check, Insufficient, adjust_p_values, compare_profiles, compare_violations, enum_like
 from .runs import run_checks
 from .short_windows import as_presence_drop, merge_windows, scaled
 from .value_shift import compare_numbers
@@ -201,21 +202,40 @@ class Evaluation:
 _FAILURES_SHOWN = 20  # failed cohorts named in a run's error; the rest are counted
 
 
-def evaluate(store: Store, config: AnalyzerConfig, at: datetime, *, window: timedelta | None = None) -> Evaluation:
+def evaluate(
+    store: Store,
+    config: AnalyzerConfig,
+    at: datetime,
+    *,
+    window: timedelta | None = None,
+    all_values: bool = False,
+) -> Evaluation:
     """Judge every cohort with traffic in ``[at - window, at)`` against its baseline (reads only),
-    and over each shorter window of ``config.short_windows`` with its thresholds scaled."""
+    and over each shorter window of ``config.short_windows`` with its thresholds scaled.
+
+    The windows' short-string values are read for the paths whose values a rule judges
+    (``_value_keys``); ``all_values`` reads every path's, which judges the same (a test compares).
+    """
     main = ShortWindow(window or config.window, 1.0)
     since = at - main.span
-    profiles = read_profiles(store, since, at)  # with number histograms: value_shift reads them
-    shorts = [  # without: value_shift judges the analyzer's window only
-        (w, {p.cohort_id: p for p in read_profiles(store, at - w.span, at, numbers=False)})
+    # With number histograms (value_shift reads them); the short windows without (value_shift
+    # judges the analyzer's window only). Values are read below, once the baselines are known.
+    profiles = read_profiles(store, since, at, values=all_values)
+    short_profiles = [
+        (w, read_profiles(store, at - w.span, at, numbers=False, values=all_values))
         for w in config.short_windows
         if w.span < main.span
     ]
-    shared = _Shared(store, since, at)
     current: dict[Cohort, Activation] = {a.cohort: a for a in activation_history(store)}
     first_seen = {Cohort(r.model, r.prompt_version, r.contract, r.source): r.first_seen for r in store.cohorts()}
     aliases = served_aliases(store)
+    resolve = _Resolver(store, current, first_seen, aliases)
+    if not all_values:
+        keys = _value_keys(store, config, profiles, resolve)
+        profiles = with_values(store, profiles, keys)
+        short_profiles = [(w, with_values(store, ps, keys)) for w, ps in short_profiles]
+    shorts = [(w, {p.cohort_id: p for p in ps}) for w, ps in short_profiles]
+    shared = _Shared(store, since, at)
     in_window = {Cohort(*p.cohort): p for p in profiles}
     pending: list[
         tuple[Profile, Cohort, Any, list[Check], list[Insufficient], Cohort | None, str | None, list[dict[str, Any]]]
@@ -238,9 +258,7 @@ def evaluate(store: Store, config: AnalyzerConfig, at: datetime, *, window: time
                 profile,
                 cohort,
                 mirror,
-                current,
-                first_seen,
-                aliases,
+                resolve,
                 main,
                 () if twin is not None else shorts,  # a shadow is judged over the same window only
                 shared,
@@ -371,9 +389,7 @@ def _judge_cohort(
     profile: Profile,
     cohort: Cohort,
     mirror: Cohort | None,
-    current: dict[Cohort, Activation],
-    first_seen: dict[Cohort, datetime],
-    aliases: dict[tuple[str, str, str, str], list[tuple[str, str, str, str]]],
+    resolve: Callable[[Cohort], Resolved | None],
     main: ShortWindow,
     shorts: Sequence[tuple[ShortWindow, dict[int, Profile]]] = (),
     shared: _Shared | None = None,
@@ -383,7 +399,7 @@ def _judge_cohort(
     window (short windows' thresholds scaled), the fields too thin for the analyzer's window,
     and what each window held. A shadow cohort's ``twin`` (its production twin's window as a
     baseline) takes the place of a frozen baseline."""
-    resolved = twin or resolve_baseline(store, cohort, current=current, first_seen=first_seen, aliases=aliases)
+    resolved = twin or resolve(cohort)
     if mirror is not None:
         return resolved, [], [], []
     rules_for = _rules_for(config, cohort.contract, _declared_enums(store, profile))
@@ -435,6 +451,70 @@ def _judge_cohort(
         checks += [scaled(as_presence_drop(c, rules_for(c.field)), w) for c in w_checks]
         windows.append({"window": w.label, "scale": w.scale, "events": p.events, "insufficient": len(w_short)})
     return resolved, checks, short, windows
+
+
+class _Resolver:
+    """``resolve_baseline`` with the evaluation's shared inputs, each cohort resolved once (a cohort
+    whose resolving raises is tried again, so that its error reaches the cohort's report)."""
+
+    def __init__(
+        self,
+        store: Store,
+        current: dict[Cohort, Activation],
+        first_seen: dict[Cohort, datetime],
+        aliases: dict[tuple[str, str, str, str], list[tuple[str, str, str, str]]],
+    ) -> None:
+        self._store = store
+        self._current = current
+        self._first_seen = first_seen
+        self._aliases = aliases
+        self._known: dict[Cohort, Resolved | None] = {}
+
+    def __call__(self, cohort: Cohort) -> Resolved | None:
+        if cohort not in self._known:
+            self._known[cohort] = resolve_baseline(
+                self._store, cohort, current=self._current, first_seen=self._first_seen, aliases=self._aliases
+            )
+        return self._known[cohort]
+
+
+def _value_keys(
+    store: Store, config: AnalyzerConfig, profiles: Sequence[Profile], resolve: Callable[[Cohort], Resolved | None]
+) -> set[tuple[int, str]]:
+    """The (cohort id, path) keys of the window whose short-string values the rules read.
+
+    A day of busy traffic holds hundreds of thousands of distinct values, nearly all of them of
+    paths that are not enums (ids, names, sentences), and reading them was most of an evaluation.
+    The rules read a window's values only where the baseline's field is enum-like under its rules
+    (``_shape``: new values, unknown share, cardinality), and for ``max_unknown_share``
+    assertions. A shadow cohort is judged against its production twin's window, whose values
+    then act as a baseline's: both read every path's values. A cohort whose baseline cannot be
+    resolved reads every path's (its error is reported when it is judged).
+    """
+    keys: set[tuple[int, str]] = set()
+    in_window = {Cohort(*p.cohort): p for p in profiles}
+    for profile in profiles:
+        cohort = Cohort(*profile.cohort)
+        every = {(profile.cohort_id, path) for path in profile.fields}
+        for a in config.assertions.get(cohort.contract, ()):
+            if a.kind == "max_unknown_share":
+                keys.add((profile.cohort_id, a.path))
+        twin = production_twin(cohort, in_window, config.shadows) if cohort.source == "shadow" else None
+        if twin is not None:
+            keys |= every | {(in_window[twin].cohort_id, path) for path in in_window[twin].fields}
+            continue
+        try:
+            resolved = resolve(cohort)
+            if resolved is None:
+                continue
+            rules_for = _rules_for(config, cohort.contract, _declared_enums(store, profile))
+            for path, base in resolved.baseline.fields.items():
+                rules = rules_for(path)
+                if not rules.ignore and enum_like(base, rules):
+                    keys.add((profile.cohort_id, path))
+        except Exception:  # a broken baseline or rule: the cohort's judging raises it again
+            keys |= every
+    return keys
 
 
 class _Shared:

@@ -64,6 +64,8 @@ _WHERE = {
     "read_step_profiles": "profile",
     "served_aliases": "profile",
     "contract_changes": "profile",
+    "ValuesNotRead": "profile",
+    "with_values": "profile",
     "RollupConfig": "rollup",
     "RedactPatterns": "privacy",
     "holds_free_text": "privacy",
@@ -176,6 +178,7 @@ __all__ = [
     "ToolFormat",
     "UncheckedOutputs",
     "ValidatorCache",
+    "ValuesNotRead",
     "Verdict",
     "Violation",
     "WriteResult",
@@ -219,6 +222,7 @@ __all__ = [
     "settings_help",
     "tag_problem",
     "validate_envelope",
+    "with_values",
     "withhold_free_text",
 ]
 
@@ -315,11 +319,13 @@ if TYPE_CHECKING:
     from .profile import (
         FieldProfile,
         Profile,
+        ValuesNotRead,
         contract_changes,
         read_profile,
         read_profiles,
         read_step_profiles,
         served_aliases,
+        with_values,
     )
     from .rollup import RollupConfig
     from .sdk import Client, parse_retry_after

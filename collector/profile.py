@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
@@ -26,16 +26,40 @@ from .store import CohortRow, Store, WindowRollups
 __all__ = [
     "FieldProfile",
     "Profile",
+    "ValuesNotRead",
     "contract_changes",
     "read_profile",
     "read_profiles",
     "read_step_profiles",
     "served_aliases",
+    "with_values",
 ]
 
 TYPES = ("null", "boolean", "integer", "number", "string", "array", "object")
 
 _Key = TypeVar("_Key", int, float)
+
+
+class ValuesNotRead(dict[str, int]):
+    """The values of a path its reader chose not to read (``read_profiles(values=False)``, then
+    ``with_values`` for some paths): empty, and any look at them raises ``LookupError``, so that
+    a rule which starts reading the values of a path the analyzer does not name fails loudly
+    instead of judging an empty map (no value, no overflow: an enum with nothing unknown)."""
+
+    __slots__ = ()
+
+    def _refuse(self, *args: object, **kwargs: object) -> Any:
+        raise LookupError("these values were not read: name the path to with_values")
+
+    __len__ = __iter__ = __contains__ = __getitem__ = __bool__ = _refuse
+    get = items = keys = values = copy = _refuse
+    __setitem__ = __delitem__ = update = setdefault = pop = popitem = clear = _refuse
+
+    def __repr__(self) -> str:
+        return "ValuesNotRead()"
+
+
+_NOT_READ = ValuesNotRead()
 
 
 @dataclass(frozen=True)
@@ -205,14 +229,42 @@ def served_aliases(store: Store) -> dict[tuple[str, str, str, str], list[tuple[s
     return out
 
 
-def read_profiles(store: Store, since: datetime, until: datetime, *, numbers: bool = True) -> list[Profile]:
+def read_profiles(
+    store: Store, since: datetime, until: datetime, *, numbers: bool = True, values: bool = True
+) -> list[Profile]:
     """The profile of every cohort with events in ``[since, until)``, by cohort id.
 
     ``numbers=False`` leaves number histograms out (empty): a reader with no use for them (the
-    analyzer's rules) skips the largest rollup table.
+    analyzer's rules) skips the largest rollup table. ``values=False`` leaves every field's
+    short-string values unread (``ValuesNotRead``) for ``with_values`` to fill in for the paths
+    the reader judges.
     """
     store.flush_rollups()
-    return [p for p in _read(store, None, since, until, numbers=numbers) if p.events > 0]
+    return [p for p in _read(store, None, since, until, numbers=numbers, values=values) if p.events > 0]
+
+
+def with_values(store: Store, profiles: Sequence[Profile], keys: Collection[tuple[int, str]]) -> list[Profile]:
+    """``profiles`` of one window (``read_profiles(values=False)``) with the values of the (cohort id,
+    path) ``keys`` read in; the other fields' values stay unread. One query for every cohort."""
+    if not profiles:
+        return []
+    since, until = profiles[0].since, profiles[0].until
+    if any((p.since, p.until) != (since, until) for p in profiles):
+        raise ValueError("with_values reads one window: the profiles cover several")
+    wanted = set(keys)
+    read = store.window_values(since, until, wanted) if wanted else {}
+    out = []
+    for p in profiles:
+        fields = p.fields
+        if any((p.cohort_id, path) in wanted for path in fields):
+            fields = {
+                path: dataclasses.replace(f, values=read.get((p.cohort_id, path), {}))
+                if (p.cohort_id, path) in wanted
+                else f
+                for path, f in fields.items()
+            }
+        out.append(dataclasses.replace(p, fields=fields))
+    return out
 
 
 def read_profile(store: Store, cohort_id: int, since: datetime, until: datetime) -> Profile:
@@ -244,17 +296,30 @@ def read_step_profiles(
 
 
 def _read(
-    store: Store, cohort_id: int | None, since: datetime, until: datetime, *, numbers: bool = True
+    store: Store,
+    cohort_id: int | None,
+    since: datetime,
+    until: datetime,
+    *,
+    numbers: bool = True,
+    values: bool = True,
 ) -> list[Profile]:
-    r = store.window_rollups(since, until, cohort_id, numbers=numbers)
+    r = store.window_rollups(since, until, cohort_id, numbers=numbers, values=values)
     wanted = [cohort_id] if cohort_id is not None else sorted(r.events)
-    return _profiles(r, {row.cohort_id: row for row in store.cohorts()}, wanted, since, until)
+    return _profiles(r, {row.cohort_id: row for row in store.cohorts()}, wanted, since, until, values=values)
 
 
 def _profiles(
-    r: WindowRollups, rows: Mapping[int, CohortRow], wanted: Sequence[int], since: datetime, until: datetime
+    r: WindowRollups,
+    rows: Mapping[int, CohortRow],
+    wanted: Sequence[int],
+    since: datetime,
+    until: datetime,
+    *,
+    values: bool = True,
 ) -> list[Profile]:
-    """The profiles of the cohorts ``wanted`` from the rollups of one window."""
+    """The profiles of the cohorts ``wanted`` from the rollups of one window (``values=False``:
+    their values were not read)."""
     events = r.events
     fields: dict[int, dict[str, FieldProfile]] = {}
     for row in r.fields:
@@ -270,7 +335,7 @@ def _profiles(
             counts[0],
             types,
             counts[8],
-            r.values.get((c, path), {}),
+            r.values.get((c, path), {}) if values else _NOT_READ,
             counts[9],
             r.lengths.get((c, path), {}),
             r.numbers.get((c, path), {}),

@@ -7,7 +7,7 @@ The package docstring (``__init__.py``) says what each group must guarantee.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -94,8 +94,17 @@ class StoreBackend(Protocol):
     def cohort_id(self, model: str, prompt_version: str, contract: str, source: str = ...) -> int | None: ...
     def requested_cohort_ids(self) -> set[int]: ...
     def window_rollups(
-        self, since: datetime, until: datetime, cohort_id: int | None = None, *, numbers: bool = True
+        self,
+        since: datetime,
+        until: datetime,
+        cohort_id: int | None = None,
+        *,
+        numbers: bool = True,
+        values: bool = True,
     ) -> WindowRollups: ...
+    def window_values(
+        self, since: datetime, until: datetime, keys: Collection[tuple[int, str]]
+    ) -> dict[tuple[int, str], dict[str, int]]: ...
     def step_rollups(
         self, cohort_id: int, edges: Sequence[datetime], paths: Sequence[str] | None = None
     ) -> list[WindowRollups]: ...
