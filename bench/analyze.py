@@ -7,12 +7,14 @@ Steps (see bench/README.md, "The analysis benchmark"):
 1. generate a baseline day and a 24-hour window of envelopes (``gen.py``, spread over
    10 cohorts) and import both for real (``collector.import_files``);
 2. compact the rollups, freeze and activate one baseline per cohort over the baseline day;
-3. in a fresh process: time ``evaluate`` and ``Analyzer.run`` at the end of the window
-   (one warm-up, then the median of three), and DuckDB scanning the window's raw outputs;
-4. grow the window tenfold inside DuckDB (copies of its events with new ids and
-   timestamps in the same buckets, and the same counts added to the rollups, which is
-   what importing the copies would give; checked on a small sample first), compact,
-   and measure again;
+3. keep a copy of that database, then grow the window tenfold inside DuckDB (copies of its
+   events with new ids and timestamps in the same buckets, and the same counts added to the
+   rollups, which is what importing the copies would give; checked on a small sample first)
+   and compact;
+4. measure both sizes in turn, each in a fresh process, three rounds: ``evaluate`` and
+   ``Analyzer.run`` at the end of the window (one warm-up, then three of each), and in the
+   first round DuckDB scanning the window's raw outputs; a ratio between the sizes is the
+   median of the rounds' ratios, which a drift of the machine's speed moves little;
 5. distinct-value density: copies add counts, never rollup rows, so for each size the
    first hour at that rate is imported for real, its rollups repeated over 24 hours,
    and the evaluations measured again (``--skip-density`` leaves this out).
@@ -48,6 +50,7 @@ MAX_EVAL_SECONDS = 2.0  # one evaluation at the larger size
 MAX_GROWTH = 1.5  # evaluation time at the larger size / at the smaller one
 GROWTH_FACTOR = 10  # the larger size is this many times the smaller one
 REPEAT = 3
+ROUNDS = 3  # the two sizes measured in turn, each in a fresh process, this many times
 CHECK_N, CHECK_FACTOR = 10_000, 4  # the replication check: events imported, copies made by SQL
 
 AT = END  # evaluations are made at the end of the window
@@ -336,6 +339,32 @@ def measure_in_child(db: Path, args: argparse.Namespace, workdir: Path, name: st
     return figures
 
 
+def measure_alternating(dbs: Sequence[tuple[int, Path]], args: argparse.Namespace, workdir: Path, name: str, *,
+                        scans: bool = True) -> list[dict[str, Any]]:
+    """Each (size, database) measured in a fresh child, the sizes in turn, ``args.rounds`` times.
+
+    The raw scans run in the first round only (they take minutes at the larger size). Each size's
+    figures are those of its first round, with the evaluations and runs of every round (``evaluate``
+    and ``run``), each round's median (``evaluate_rounds``, ``run_rounds``), so that a ratio between
+    sizes is taken round by round, between measurements a few seconds apart.
+    """
+    rounds: list[list[dict[str, Any]]] = []
+    for r in range(args.rounds):
+        row = []
+        for i, (size, db) in enumerate(dbs):
+            _log(f"measuring at {size:,} events, round {r + 1} of {args.rounds} (fresh process)...")
+            row.append(measure_in_child(db, args, workdir, f"{name}-{i}-{r}", scans=scans and r == 0))
+        rounds.append(row)
+    out = []
+    for i, (size, _) in enumerate(dbs):
+        m = {"size": size, **rounds[0][i]}
+        for key in ("evaluate", "run"):
+            m[f"{key}_rounds"] = [statistics.median(row[i][key]) for row in rounds]
+            m[key] = [t for row in rounds for t in row[i][key]]
+        out.append(m)
+    return out
+
+
 # --- distinct-value density -----------------------------------------------------------------
 
 def repeat_first_hour(store: Any, since: datetime, hours: int) -> None:
@@ -365,7 +394,8 @@ def density_check(main_db: Path, workdir: Path, args: argparse.Namespace) -> lis
     with open_store(main_db, args) as store:
         baselines = store.query("SELECT * FROM baselines")
         activations = store.query("SELECT * FROM baseline_activations")
-    out = []
+    built: list[tuple[int, Path]] = []
+    hours: dict[int, int] = {}
     for i, size in enumerate(args.sizes):
         hour_n = size // 24
         path, db = workdir / f"density-{i}.jsonl", workdir / f"density-{i}.duckdb"
@@ -384,8 +414,11 @@ def density_check(main_db: Path, workdir: Path, args: argparse.Namespace) -> lis
                         con.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * len(rows[0]))})",
                                         [list(r) for r in rows])
         path.unlink()
-        out.append({"size": size, "hour_events": hour_n,
-                    **measure_in_child(db, args, workdir, f"density-{i}", scans=False)})
+        built.append((size, db))
+        hours[size] = hour_n
+    out = [{"hour_events": hours[m["size"]], **m}
+           for m in measure_alternating(built, args, workdir, "density", scans=False)]
+    for _, db in built:
         db.unlink()
     return out
 
@@ -449,13 +482,15 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     for f in workdir.glob("check-*"):
         f.unlink()
     db = build(workdir, args, report)
-    report["measured"] = []
-    for i, size in enumerate(args.sizes):
-        if i:
-            grow(db, args, report)
-        _log(f"measuring at {size:,} events (fresh process)...")
-        report["measured"].append({"size": size, **measure_in_child(db, args, workdir, f"measure-{i}")})
+    # The smaller size's database is kept as it is, so that both sizes are measured in turn,
+    # after the growing: this machine's speed moves by 2x within minutes, and one size measured
+    # before the growing and the other after it compared two machines, not two sizes.
+    small = workdir / "analyze-small.duckdb"
+    shutil.copyfile(db, small)
+    grow(db, args, report)
     report["db_bytes"] = db.stat().st_size
+    report["measured"] = measure_alternating(list(zip(args.sizes, [small, db], strict=True)), args, workdir, "measure")
+    small.unlink()
     if not args.skip_density:
         report["density"] = density_check(db, workdir, args)
     report["build_peak_rss"] = _peak_rss()
@@ -474,15 +509,20 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     return [fmt.format(*header), fmt.format(*("-" * w for w in widths)), *(fmt.format(*r) for r in rows)]
 
 
+def growth(large: dict[str, Any], small: dict[str, Any], key: str) -> float:
+    """The larger size's time over the smaller's: the median of the ratios of the rounds."""
+    return statistics.median(b / a for a, b in zip(small[f"{key}_rounds"], large[f"{key}_rounds"], strict=True))
+
+
 def _growth_checks(label: str, small: dict[str, Any], large: dict[str, Any]) -> list[tuple[str, str, str, bool]]:
-    e1, e2 = statistics.median(small["evaluate"]), statistics.median(large["evaluate"])
-    r1, r2 = statistics.median(small["run"]), statistics.median(large["run"])
+    e2, r2 = statistics.median(large["evaluate"]), statistics.median(large["run"])
+    eg, rg = growth(large, small, "evaluate"), growth(large, small, "run")
     big, ratio = _label(large["size"]), f"{_label(large['size'])}/{_label(small['size'])}"
     return [
         (f"evaluate at {big}{label}", f"{e2:.3f} s", f"< {MAX_EVAL_SECONDS:g} s", e2 < MAX_EVAL_SECONDS),
         (f"Analyzer.run at {big}{label}", f"{r2:.3f} s", f"< {MAX_EVAL_SECONDS:g} s", r2 < MAX_EVAL_SECONDS),
-        (f"evaluate {ratio}{label}", f"{e2 / e1:.2f}x", f"<= {MAX_GROWTH:g}x", e2 / e1 <= MAX_GROWTH),
-        (f"Analyzer.run {ratio}{label}", f"{r2 / r1:.2f}x", f"<= {MAX_GROWTH:g}x", r2 / r1 <= MAX_GROWTH),
+        (f"evaluate {ratio}{label}", f"{eg:.2f}x", f"<= {MAX_GROWTH:g}x", eg <= MAX_GROWTH),
+        (f"Analyzer.run {ratio}{label}", f"{rg:.2f}x", f"<= {MAX_GROWTH:g}x", rg <= MAX_GROWTH),
     ]
 
 
@@ -496,15 +536,15 @@ def checks(report: dict[str, Any]) -> list[tuple[str, str, str, bool]]:
 
 
 def _ratio(m: dict[str, Any], first: dict[str, Any]) -> str:
-    med = statistics.median
     if m is first:
         return "-"
-    return f"{med(m['evaluate']) / med(first['evaluate']):.2f}x / {med(m['run']) / med(first['run']):.2f}x"
+    return f"{growth(m, first, 'evaluate'):.2f}x / {growth(m, first, 'run'):.2f}x"
 
 
 def _details(m: dict[str, Any], scans: bool) -> list[str]:
     out = [f"  {_label(m['size'])}: evaluate {_runs(m['evaluate'])}; run {_runs(m['run'])}"
            + (f"; raw scan {_runs(m['scan_plain'])}; json scan {_runs(m['scan_json'])}" if scans else "")]
+    out.append(f"    medians by round: evaluate {_runs(m['evaluate_rounds'])}; run {_runs(m['run_rounds'])}")
     out.append(f"    {m['cohorts']} cohorts ({m['with_baseline']} with a baseline), {m['fields']} top-level "
                f"fields, {m['checks']} checks, {m['breaches']} breaches, {m['open_alerts']} open alerts; "
                "rollup rows: " + ", ".join(f"{t} {n:,}" for t, n in m["rollup_rows"].items()))
@@ -550,7 +590,10 @@ def render(report: dict[str, Any]) -> str:
         out += _table(("size", "events", "value rows", "number rows", "evaluate s", "run s",
                        f"ratio to {_label(first['size'])} (eval / run)", "peak RSS (eval)"), dense)
     out.append("")
-    out.append(f"medians of {len(first['evaluate'])} after one warm-up; all runs (s):")
+    rounds = len(first["evaluate_rounds"])
+    out.append(f"{rounds} rounds, the sizes measured in turn in each (fresh processes; the raw scans in the "
+               f"first); each round {len(first['evaluate']) // rounds} runs after one warm-up; medians of all "
+               "runs, ratios the median of the rounds' ratios; all runs (s):")
     for m in report["measured"]:
         out += _details(m, True)
     for m in report.get("density", []):
@@ -583,6 +626,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--memory-limit", default="4GB", help="DuckDB memory_limit (default 4GB)")
     parser.add_argument("--threads", type=int, default=1, help="DuckDB threads (default 1, as the product: see bench/repro_invisible_rows.py)")
     parser.add_argument("--repeat", type=int, default=REPEAT, help=argparse.SUPPRESS)
+    parser.add_argument("--rounds", type=int, default=ROUNDS,
+                        help=f"rounds of measuring the two sizes in turn (default {ROUNDS})")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target fails")
     parser.add_argument("--json", type=Path, metavar="OUT", help="also write every figure to OUT as JSON")
     parser.add_argument("--skip-density", action="store_true",
@@ -594,6 +639,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.sizes = [smaller, smaller * GROWTH_FACTOR]
     if args.baseline_n is not None and args.baseline_n < 1:
         parser.error("--baseline-n must be >= 1")
+    if args.rounds < 1:
+        parser.error("--rounds must be >= 1")
     return args
 
 
