@@ -148,3 +148,19 @@ def test_unread_values_refuse_every_look_and_with_values_reads_the_keys_named(st
     assert shorter
     with pytest.raises(ValueError, match="one window"):
         with_values(store, [*unread, *shorter], {(c, "priority")})
+
+
+@pytest.mark.parametrize("padding", [0, 600], ids=["listed-paths", "join-only"])
+def test_window_values_equal_the_window_rollups_values_of_the_keys_asked(store: Store, padding: int) -> None:
+    since = AT - DAY
+    every = store.window_rollups(since, AT).values
+    real = sorted(every)
+    assert len(real) > 40
+    asked = set(real[::3])
+    # Keys that match nothing, crafted to look like paths, or not: none may match or fail the read
+    # (past 512 distinct paths the read leaves the list out and keeps the keys by the join alone).
+    odd = {(real[0][0], "x' OR '1'='1"), (real[0][0], ""), (real[0][0], "é" * 5_000), (-1, real[0][1])}
+    odd |= {(2**62, real[0][1])} | {(real[0][0], f"pad.{i}") for i in range(padding)}
+    got = store.window_values(since, AT, asked | odd)
+    assert got == {k: every[k] for k in asked}
+    assert store.window_values(since, AT, set()) == {}
