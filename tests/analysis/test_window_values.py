@@ -10,6 +10,7 @@ reading every value judges, on windows where every value-reading rule has someth
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -54,7 +55,7 @@ allowed = ["refund", "billing", "shipping"]
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
+def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
     path: Path = tmp_path_factory.mktemp("values") / "values.duckdb"
     s = Store.open(path, schemas=[BASELINES_SCHEMA, ALERTS_SCHEMA])
     write_outputs(s, synth_outputs(0, 4_000), T0 + 6 * HOUR, timedelta(minutes=20))
